@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One entry point for the README's two commands and CI.
+#   scripts/run.sh main   install servetune and run the main job on built-in defaults
+#   scripts/run.sh test   install servetune + test tools (+ engines, cached) and run the whole suite
+# Idempotent: the venv is reused; reinstall happens only when pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+VENV="${SERVETUNE_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+
+ensure_venv() {
+  local extras="$1" stamp
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+  fi
+  stamp="$VENV/.servetune-installed-$extras"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]" 2>&1 \
+      | grep -v "is ignored: it is neither a file nor a directory" || true
+    "$VENV/bin/python" -c "import servetune" # fail loudly if the install did not work
+    touch "$stamp"
+  fi
+}
+
+case "${1:-}" in
+  main)
+    shift
+    ensure_venv "test"
+    exec "$VENV/bin/servetune" plan "$@"
+    ;;
+  test)
+    shift
+    ensure_venv "test"
+    echo "== ruff"
+    "$VENV/bin/ruff" check src tests benchmarks scripts
+    "$VENV/bin/ruff" format --check src tests benchmarks scripts
+    echo "== pytest"
+    set +e
+    "$VENV/bin/python" -m pytest "$@"
+    rc=$?
+    set -e
+    if [ "$rc" -eq 5 ]; then
+      echo "pytest collected no tests: failing" >&2
+      exit 1
+    fi
+    exit "$rc"
+    ;;
+  *)
+    echo "usage: scripts/run.sh main|test [args...]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,3 @@
+"""servetune: from "model + GPU + SLO" to a proven, recorded serving config."""
+
+__version__ = "0.1.0"

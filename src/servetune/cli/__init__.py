@@ -1,0 +1,1 @@
+"""Command-line interface: a thin typer layer over the library."""

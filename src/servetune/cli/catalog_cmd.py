@@ -1,0 +1,108 @@
+"""`servetune models` and `servetune gpus`: what the built-in catalogs hold."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("models", help="List the built-in model catalog.")(models)
+    app.command("gpus", help="List the built-in accelerator catalog (and --hardware-file).")(gpus)
+
+
+def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    from servetune.model.catalog import catalog_entry, catalog_names, get_model
+
+    rows = []
+    for name in catalog_names():
+        m = get_model(name)
+        rows.append(
+            {
+                "name": name,
+                "hf_repo": catalog_entry(name).get("_source"),
+                "architecture": m.architecture,
+                "params_total": m.params_total,
+                "params_active": m.params_active,
+                "layers": m.num_layers,
+                "kv_heads": m.num_kv_heads,
+                "head_dim": m.head_dim,
+                "max_position_embeddings": m.max_position_embeddings,
+                "attention": "MLA"
+                if m.mla
+                else ("sliding+full" if m.sliding_window_layers else "full"),
+            }
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="servetune model catalog")
+    for col in (
+        "name",
+        "params",
+        "active",
+        "layers",
+        "kv heads x dim",
+        "context",
+        "attention",
+        "HF repo",
+    ):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["name"],
+            f"{r['params_total'] / 1e9:.2f}B",
+            f"{r['params_active'] / 1e9:.2f}B",
+            str(r["layers"]),
+            f"{r['kv_heads']} x {r['head_dim']}",
+            f"{r['max_position_embeddings']:,}",
+            r["attention"],
+            r["hf_repo"] or "",
+        )
+    Console().print(table)
+
+
+def gpus(
+    hardware_file: Path | None = typer.Option(None, "--hardware-file"),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    from servetune.hardware.catalog import get_hardware, hardware_names
+
+    specs = [get_hardware(n, hardware_file) for n in hardware_names(hardware_file)]
+    if as_json:
+        sys.stdout.write(json.dumps([s.model_dump() for s in specs], indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="servetune accelerator catalog (dense TFLOP/s)")
+    for col in (
+        "name",
+        "memory GiB",
+        "GB/s",
+        "bf16",
+        "fp8",
+        "int8",
+        "per node",
+        "interconnect GB/s",
+    ):
+        table.add_column(col)
+    for s in specs:
+        tf = s.tflops
+        table.add_row(
+            s.name,
+            f"{s.memory_gib:g}",
+            f"{s.memory_bandwidth_gbs:,.0f}",
+            f"{tf.get('bf16', tf.get('fp16', 0)):g}",
+            f"{tf.get('fp8', 0):g}",
+            f"{tf.get('int8', 0):g}",
+            str(s.devices_per_node),
+            f"{s.interconnect} {s.interconnect_gbs:g}",
+        )
+    Console().print(table)

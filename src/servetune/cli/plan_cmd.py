@@ -1,0 +1,109 @@
+"""`servetune plan`: memory budget, KV capacity, parallelism, roofline bounds and flags."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "h100-sxm"
+DEFAULT_SCENARIO = "chat"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan", help="Will it fit, with how much KV cache, for how many users, how fast.")(
+        plan
+    )
+
+
+def plan(
+    model: str = typer.Option(
+        DEFAULT_MODEL, "--model", "-m", help="Catalog name or path to a HF config.json / model dir."
+    ),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", "-g", help="Accelerator name (see --list-gpus)."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs available (TP x PP x DP)."),
+    scenario: str = typer.Option(
+        DEFAULT_SCENARIO,
+        "--scenario",
+        "-s",
+        help="chat, rag, code, batch, long-context, cpu-edge, or none.",
+    ),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16, float32."),
+    quant: str | None = typer.Option(
+        None, "--quant", help="fp8, int8, awq, gptq, q8_0, q6_k, q5_k_m, q4_k_m, q3_k_m, q2_k."
+    ),
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp16, bf16, fp8, int8."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len"),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization"),
+    kv_cache_space: float | None = typer.Option(
+        None,
+        "--kv-cache-space",
+        help="KV pool in GiB instead of a memory fraction (CPU engines, TensorRT-LLM).",
+    ),
+    block_size: int = typer.Option(16, "--block-size"),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs"),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens"),
+    tp: int | None = typer.Option(
+        None, "--tp", help="Tensor parallel size (default: smallest that fits)."
+    ),
+    pp: int = typer.Option(1, "--pp", help="Pipeline parallel size (with --tp)."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs."),
+    avg_context: int | None = typer.Option(
+        None, "--avg-context", help="Average tokens held per sequence, for concurrency."
+    ),
+    input_len: int | None = typer.Option(
+        None, "--input-len", help="Prompt tokens for the TTFT bound."
+    ),
+    output_len: int | None = typer.Option(None, "--output-len", help="Output tokens per request."),
+    overhead: list[str] = typer.Option(
+        [], "--overhead", help="Override a fixed overhead, e.g. cuda_graphs_gib=1.0."
+    ),
+    hardware_file: Path | None = typer.Option(
+        None, "--hardware-file", help="YAML/JSON with extra accelerators."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    from servetune.plan.service import PlanArgs, plan_to_json, run_plan
+
+    args = PlanArgs(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        scenario=scenario,
+        dtype=dtype,
+        quant=quant,
+        kv_dtype=kv_dtype,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_space=kv_cache_space,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        tp=tp,
+        pp=pp,
+        enforce_eager=enforce_eager,
+        avg_context=avg_context,
+        input_len=input_len,
+        output_len=output_len,
+        overhead=overhead,
+        hardware_file=hardware_file,
+    )
+    result = run_plan(args)
+    if as_json:
+        payload: dict[str, Any] = plan_to_json(result)
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        from servetune.plan.render import render_plan
+
+        render_plan(result)
+    if not result.plan.evaluation.fits:
+        from servetune.errors import InputError
+
+        ev = result.plan.evaluation
+        raise InputError(
+            ev.breaking_term or "plan", f"does not fit: {ev.verdict}", "see the fixes listed above"
+        )

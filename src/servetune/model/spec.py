@@ -1,0 +1,88 @@
+"""ModelSpec: the architecture facts every planner, simulator and report needs.
+
+A ModelSpec is built from a HuggingFace `config.json` (see `model.hf_config`) or
+from the built-in catalog (`model.catalog`), which stores facts in the same
+config.json form. Parameter counts are computed from the shapes, never typed in.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+
+class MoESpec(BaseModel):
+    """Mixture-of-experts shape (Mixtral, Qwen-MoE, DeepSeek, GPT-OSS)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    num_experts: PositiveInt
+    experts_per_token: PositiveInt
+    expert_intermediate_size: PositiveInt
+    num_shared_experts: int = Field(0, ge=0)
+    shared_expert_intermediate_size: int = Field(0, ge=0)
+    # DeepSeek's first_k_dense_replace: the first k layers use a dense MLP.
+    first_dense_layers: int = Field(0, ge=0)
+
+
+class MLASpec(BaseModel):
+    """Multi-head latent attention dims (DeepSeek-V2/V3)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kv_lora_rank: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+    q_lora_rank: int | None = None
+
+
+class ModelSpec(BaseModel):
+    """Shapes of a decoder-only transformer, as the serving maths needs them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    architecture: str
+    model_type: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    vocab_size: PositiveInt
+    intermediate_size: PositiveInt
+    max_position_embeddings: PositiveInt
+    tie_word_embeddings: bool = False
+    # Sliding-window attention: `sliding_window_layers` of `num_layers` keep only
+    # the last `sliding_window` tokens of KV (Gemma 2/3 interleave, Mistral v0.1 all).
+    sliding_window: int | None = None
+    sliding_window_layers: int = Field(0, ge=0)
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    torch_dtype: str = "bfloat16"
+    # Computed from the shapes by model.params (not typed in).
+    params_total: int = Field(0, ge=0)
+    params_active: int = Field(0, ge=0)
+    params_embedding: int = Field(0, ge=0)  # input embedding table
+    params_lm_head: int = Field(0, ge=0)  # 0 when tied to the embedding
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def full_attention_layers(self) -> int:
+        return self.num_layers - self.sliding_window_layers
+
+    @property
+    def params_matmul_active(self) -> int:
+        """Weights that take part in a matmul per token (2 FLOPs each): the active
+        parameters minus the embedding lookup (unless it doubles as the LM head)."""
+        if self.params_lm_head == 0:
+            return self.params_active
+        return self.params_active - self.params_embedding
+
+    @property
+    def params_body(self) -> int:
+        """Transformer-block parameters (everything but embedding and LM head)."""
+        return self.params_total - self.params_embedding - self.params_lm_head

@@ -1,0 +1,167 @@
+"""Per-GPU memory budget: weights + KV cache + activation peak + fixed overheads
+(seed 000 §1 and §2.3: memory = weights + KV cache + activations + framework overhead).
+
+The KV pool follows vLLM's sizing (seed 003 §4, FIELD-NOTES "get KV block count right
+first"): pool = gpu_memory_utilization x device memory - weights - activation peak of
+the profiling prefill - non-torch overheads - CUDA graphs. An explicit KV size
+(`kv_cache_space_gib`, as vLLM-CPU's VLLM_CPU_KVCACHE_SPACE or TensorRT-LLM's
+max_tokens sizing) replaces that subtraction.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servetune.engines.config import EngineConfig
+from servetune.hardware.spec import HardwareSpec
+from servetune.model.spec import ModelSpec
+from servetune.plan import kv as kvmath
+from servetune.plan.quant import WeightFormat, kv_dtype_bytes, weight_format, weights_bytes
+from servetune.units import GiB
+
+
+class Overheads(BaseModel):
+    """Fixed per-GPU costs, GiB. Defaults are stated estimates, overridable with
+    `servetune plan --overhead name=GiB`. Seed 000 §2.3 advises reserving 1-2 GB in all."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # CUDA context + loaded kernels: ~0.3-0.6 GiB on Ampere/Hopper (measured by
+    # nvidia-smi on an idle torch process); 0.5 used.
+    cuda_context_gib: float = Field(0.5, ge=0)
+    # cuBLAS/cuBLASLt workspaces and torch's allocator slack.
+    cublas_workspace_gib: float = Field(0.25, ge=0)
+    # vLLM logs "Graph capturing finished ... took 0.5-1.5 GiB" for 7-70B models.
+    cuda_graphs_gib: float = Field(0.75, ge=0)
+    # NCCL communicator buffers, only when the replica spans more than one GPU.
+    nccl_gib: float = Field(0.5, ge=0)
+
+    def total_bytes(self, hw: HardwareSpec, cfg: EngineConfig) -> float:
+        if hw.kind == "cpu":
+            return 0.0  # no device context; the host runtime's memory is outside the pool
+        gib = self.cuda_context_gib + self.cublas_workspace_gib
+        if not cfg.enforce_eager:
+            gib += self.cuda_graphs_gib
+        if cfg.world_size > 1:
+            gib += self.nccl_gib
+        return gib * GiB
+
+
+def default_batched_tokens(hw: HardwareSpec) -> int:
+    """vLLM v1 OpenAI-server default for max_num_batched_tokens: 8192 on devices with
+    >= 70 GiB, else 2048 (vLLM EngineArgs usage-context defaults, 0.9+)."""
+    return 8192 if hw.kind == "gpu" and hw.memory_gib >= 70 else 2048
+
+
+def default_max_num_seqs(hw: HardwareSpec) -> int:
+    """vLLM v1 OpenAI-server default for max_num_seqs: 1024 on >= 70 GiB devices, else 256."""
+    return 1024 if hw.kind == "gpu" and hw.memory_gib >= 70 else 256
+
+
+def activation_peak_bytes(
+    model: ModelSpec, cfg: EngineConfig, batched_tokens: int, max_seqs: int
+) -> float:
+    """Peak activation memory of the profiling forward pass vLLM runs before sizing KV:
+    one prefill of `max_num_batched_tokens` tokens.
+
+    Estimate: per token, the live tensors of one layer at the widest point - the residual
+    and normed hidden states (2 x hidden), the QKV output, and the gated MLP's gate+up
+    output (2 x intermediate), sharded by TP - in 16-bit, plus fp32 logits for the
+    sampled positions (one per sequence, max_num_seqs x vocab x 4 B)."""
+    tp = cfg.tensor_parallel_size
+    if model.moe is not None:
+        inter = model.moe.experts_per_token * model.moe.expert_intermediate_size
+        inter += model.moe.num_shared_experts * model.moe.shared_expert_intermediate_size
+    else:
+        inter = model.intermediate_size
+    qkv = (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
+    per_token = 2 * model.hidden_size + (qkv + 2 * inter) / tp
+    logits = min(max_seqs, batched_tokens) * model.vocab_size * 4
+    return batched_tokens * per_token * 2 + logits
+
+
+def weights_per_gpu_bytes(model: ModelSpec, fmt: WeightFormat, tp: int, pp: int) -> float:
+    """Weights on the most loaded GPU: TP shards every matrix (vocab-parallel embedding
+    and LM head too); PP splits layers, the first stage also holds the embedding and the
+    last the LM head (Megatron-LM / vLLM layout)."""
+    total = weights_bytes(model, fmt)
+    embed_bits = fmt.lm_head_bits if model.params_lm_head == 0 else fmt.embedding_bits
+    embed = model.params_embedding * embed_bits / 8
+    head = model.params_lm_head * fmt.lm_head_bits / 8
+    body = total - embed - head
+    if pp == 1:
+        return total / tp
+    # A tied embedding is needed on both the first and the last stage.
+    edge = max(embed, head) if model.params_lm_head else embed
+    return (body * math.ceil(model.num_layers / pp) / model.num_layers + edge) / tp
+
+
+class MemoryBudget(BaseModel):
+    """One GPU's memory, term by term (bytes), and the KV pool it leaves."""
+
+    device_bytes: float
+    usable_bytes: float  # gpu_memory_utilization x device (or device, with an explicit pool)
+    weights_bytes: float  # on this GPU
+    weights_total_bytes: float  # whole model
+    activation_bytes: float
+    overhead_bytes: float
+    kv_pool_bytes: float
+    kv_bytes_per_token: int  # all layers on this GPU, every layer in full
+    kv_effective_bytes_per_token: float  # at max_model_len (sliding windows capped)
+    kv_dtype_bytes: int
+    weight_format: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    explicit_kv_pool: bool
+
+    @property
+    def free_after_kv_bytes(self) -> float:
+        return self.device_bytes - (
+            self.weights_bytes + self.activation_bytes + self.overhead_bytes + self.kv_pool_bytes
+        )
+
+
+def memory_budget(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    cfg: EngineConfig,
+    max_model_len: int,
+    overheads: Overheads | None = None,
+) -> MemoryBudget:
+    """The per-GPU budget for one replica (TP x PP GPUs) of `model` under `cfg`."""
+    overheads = overheads or Overheads()
+    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    kv_bytes = kv_dtype_bytes(cfg.kv_cache_dtype, fmt)
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    batched = cfg.max_num_batched_tokens or default_batched_tokens(hw)
+    seqs = cfg.max_num_seqs or default_max_num_seqs(hw)
+    weights = weights_per_gpu_bytes(model, fmt, tp, pp)
+    activation = activation_peak_bytes(model, cfg, batched, seqs) / pp
+    overhead = overheads.total_bytes(hw, cfg)
+    device = float(hw.memory_bytes)
+    if cfg.kv_cache_space_gib is not None:
+        usable = device
+        pool = cfg.kv_cache_space_gib * GiB
+    else:
+        usable = cfg.gpu_memory_utilization * device
+        pool = usable - weights - activation - overhead
+    return MemoryBudget(
+        device_bytes=device,
+        usable_bytes=usable,
+        weights_bytes=weights,
+        weights_total_bytes=weights_bytes(model, fmt),
+        activation_bytes=activation,
+        overhead_bytes=overhead,
+        kv_pool_bytes=pool,  # negative when the fixed terms already overflow
+        kv_bytes_per_token=kvmath.kv_bytes_per_token(model, kv_bytes, tp, pp),
+        kv_effective_bytes_per_token=kvmath.effective_kv_bytes_per_token(
+            model, kv_bytes, max_model_len, tp, pp
+        ),
+        kv_dtype_bytes=kv_bytes,
+        weight_format=fmt.name,
+        max_num_batched_tokens=batched,
+        max_num_seqs=seqs,
+        explicit_kv_pool=cfg.kv_cache_space_gib is not None,
+    )

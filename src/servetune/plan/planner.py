@@ -1,0 +1,383 @@
+"""`servetune plan`: will it fit, with how much KV cache, for how many users, how fast at best.
+
+`make_plan` is the one entry point (CLI, simulator and tuner call it); `evaluate` scores a
+single EngineConfig and is reused for parallelism options and the OOM fix list, so every
+number in a plan comes from the same maths.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.hardware.spec import HardwareSpec
+from servetune.model.spec import ModelSpec
+from servetune.plan import kv as kvmath
+from servetune.plan import roofline
+from servetune.plan.memory import MemoryBudget, Overheads, memory_budget
+from servetune.plan.presets import Scenario
+from servetune.plan.quant import WEIGHT_FORMATS, weight_format
+from servetune.units import GiB
+
+
+class PlanRequest(BaseModel):
+    """What the user asks: a model on some GPUs under an engine config and a workload shape."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    gpus: int = Field(1, gt=0)
+    config: EngineConfig = EngineConfig()
+    tp_given: bool = False  # the user fixed TP; otherwise the smallest TP that fits is chosen
+    avg_context: int | None = Field(None, gt=0)
+    input_tokens: int = Field(1024, gt=0)
+    output_tokens: int = Field(256, gt=0)
+    scenario: str | None = None
+    overheads: Overheads = Overheads()
+
+    @property
+    def context(self) -> int:
+        """Tokens a sequence holds at its end, for concurrency: --avg-context, else the
+        workload's prompt + output."""
+        return self.avg_context or self.input_tokens + self.output_tokens
+
+
+class Evaluation(BaseModel):
+    """One EngineConfig scored: memory terms, KV capacity, concurrency, verdict."""
+
+    config: EngineConfig
+    max_model_len: int
+    budget: MemoryBudget
+    kv_blocks: int
+    kv_capacity_tokens: int
+    max_concurrency: int  # at avg_context, capped by max_num_seqs
+    max_concurrency_at_max_model_len: int
+    concurrency_limited_by: str  # "kv_cache" | "max_num_seqs"
+    fits: bool
+    breaking_term: str | None
+    verdict: str
+
+
+class ParallelOption(BaseModel):
+    tp: int
+    pp: int
+    dp: int
+    weights_per_gpu_gib: float
+    kv_capacity_tokens: int
+    max_concurrency: int
+    fits: bool
+    tp_comm_ms_per_token: float  # all-reduce time added to each decode step at batch 1
+
+
+class Fix(BaseModel):
+    """One step of seed 003 §13's OOM handling order, with what it would give."""
+
+    step: int
+    action: str
+    change: dict[str, object]
+    fits: bool
+    kv_capacity_tokens: int
+    max_concurrency: int
+    effect: str
+
+
+class Bounds(BaseModel):
+    """Roofline lower bounds (seed 000 §4.2) for the chosen config."""
+
+    tpot_lower_bound_ms: float
+    ttft_lower_bound_ms: float
+    prefill_tokens: int
+    decode_context: int
+    decode_bound_at_batch1: str
+    compute_bound_batch: int | None
+    tp_comm_ms_per_token: float
+    throughput_curve: list[dict[str, float]]  # batch, step_ms, output_tok_s
+
+
+class Plan(BaseModel):
+    model: str
+    hardware: str
+    gpus: int
+    scenario: str | None
+    evaluation: Evaluation
+    parallelism: list[ParallelOption]
+    fixes: list[Fix]
+    bounds: Bounds
+
+
+def resolve_max_model_len(model: ModelSpec, cfg: EngineConfig) -> int:
+    """vLLM's default max_model_len is the model's max_position_embeddings."""
+    length = cfg.max_model_len or model.max_position_embeddings
+    if length > model.max_position_embeddings:
+        raise InputError(
+            "--max-model-len",
+            f"{length} exceeds {model.name}'s max_position_embeddings "
+            f"({model.max_position_embeddings})",
+            f"use at most {model.max_position_embeddings}",
+        )
+    return length
+
+
+def evaluate(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    cfg: EngineConfig,
+    avg_context: int | None = None,
+    overheads: Overheads | None = None,
+) -> Evaluation:
+    """Score one config: the KV pool, its capacity in tokens and sequences, and whether
+    the engine would start (vLLM refuses when one max_model_len sequence does not fit)."""
+    max_len = resolve_max_model_len(model, cfg)
+    budget = memory_budget(model, hw, cfg, max_len, overheads)
+    block = cfg.block_size
+    blocks = kvmath.pool_blocks(budget.kv_pool_bytes, block, budget.kv_effective_bytes_per_token)
+    capacity = blocks * block
+    context = min(avg_context or max_len, max_len)
+    # Sliding-window models: the per-token cost depends on the context length.
+    ctx_bytes = kvmath.effective_kv_bytes_per_token(
+        model,
+        budget.kv_dtype_bytes,
+        context,
+        cfg.tensor_parallel_size,
+        cfg.pipeline_parallel_size,
+    )
+    kv_seqs = kvmath.max_sequences(
+        kvmath.pool_blocks(budget.kv_pool_bytes, block, ctx_bytes), block, context
+    )
+    at_max = min(kvmath.max_sequences(blocks, block, max_len), budget.max_num_seqs)
+    concurrency = min(kv_seqs, budget.max_num_seqs)
+    limited_by = "kv_cache" if kv_seqs < budget.max_num_seqs else "max_num_seqs"
+    breaking, verdict = _verdict(budget, capacity, max_len, hw)
+    return Evaluation(
+        config=cfg,
+        max_model_len=max_len,
+        budget=budget,
+        kv_blocks=blocks,
+        kv_capacity_tokens=capacity,
+        max_concurrency=concurrency,
+        max_concurrency_at_max_model_len=at_max,
+        concurrency_limited_by=limited_by,
+        fits=breaking is None,
+        breaking_term=breaking,
+        verdict=verdict,
+    )
+
+
+def _verdict(
+    b: MemoryBudget, capacity: int, max_len: int, hw: HardwareSpec
+) -> tuple[str | None, str]:
+    """Name the first term that breaks the budget, in the order memory is claimed."""
+    gib = GiB
+    if b.weights_bytes > b.usable_bytes:
+        return "weights", (
+            f"weights need {b.weights_bytes / gib:.1f} GiB per GPU but only "
+            f"{b.usable_bytes / gib:.1f} GiB is usable"
+        )
+    if b.explicit_kv_pool:
+        total = b.weights_bytes + b.kv_pool_bytes + b.activation_bytes + b.overhead_bytes
+        if total > b.device_bytes:
+            return "kv_cache_space", (
+                f"weights + KV pool + activations = {total / gib:.1f} GiB exceed the "
+                f"{b.device_bytes / gib:.1f} GiB of {hw.display_name}"
+            )
+    elif b.kv_pool_bytes <= 0:
+        term = "activation" if b.activation_bytes >= b.overhead_bytes else "overhead"
+        return term, (
+            f"no room left for KV cache: weights {b.weights_bytes / gib:.1f} + activations "
+            f"{b.activation_bytes / gib:.1f} + overheads {b.overhead_bytes / gib:.1f} GiB "
+            f">= usable {b.usable_bytes / gib:.1f} GiB"
+        )
+    if capacity < max_len:
+        return "max_model_len", (
+            f"KV pool holds {capacity:,} tokens, less than one max_model_len={max_len:,} "
+            "sequence (the engine refuses to start)"
+        )
+    return None, f"fits: KV pool {b.kv_pool_bytes / gib:.2f} GiB holds {capacity:,} tokens"
+
+
+def tp_candidates(model: ModelSpec, hw: HardwareSpec, gpus: int) -> list[int]:
+    """TP sizes that divide the attention heads and stay within one node (seed 003 §6)."""
+    limit = min(gpus, hw.devices_per_node)
+    return [t for t in range(1, limit + 1) if model.num_attention_heads % t == 0]
+
+
+def parallel_options(req: PlanRequest) -> list[ParallelOption]:
+    """Every TP within a node (and PP across nodes when a node is not enough) with its
+    per-GPU memory, capacity and TP communication cost."""
+    model, hw = req.model, req.hardware
+    options = []
+    for tp in tp_candidates(model, hw, req.gpus):
+        pps = [1]
+        if tp == min(req.gpus, hw.devices_per_node) and req.gpus > hw.devices_per_node:
+            pps = [p for p in range(2, req.gpus // tp + 1) if model.num_layers >= p]
+        for pp in pps:
+            cfg = req.config.with_(tensor_parallel_size=tp, pipeline_parallel_size=pp)
+            ev = evaluate(model, hw, cfg, req.context, req.overheads)
+            comm = 2 * model.num_layers * roofline.allreduce_s(hw, tp, 1, model.hidden_size)
+            options.append(
+                ParallelOption(
+                    tp=tp,
+                    pp=pp,
+                    dp=req.gpus // (tp * pp),
+                    weights_per_gpu_gib=ev.budget.weights_bytes / GiB,
+                    kv_capacity_tokens=ev.kv_capacity_tokens,
+                    max_concurrency=ev.max_concurrency,
+                    fits=ev.fits,
+                    tp_comm_ms_per_token=comm * 1e3,
+                )
+            )
+    return options
+
+
+def choose_parallelism(req: PlanRequest, options: list[ParallelOption]) -> EngineConfig:
+    """Smallest TP that fits (then smallest PP); DP replicas use the remaining GPUs."""
+    if req.tp_given:
+        tp, pp = req.config.tensor_parallel_size, req.config.pipeline_parallel_size
+        if tp * pp > req.gpus:
+            raise InputError(
+                "--tp",
+                f"tp x pp = {tp * pp} needs more than the {req.gpus} GPUs given",
+                "raise --gpus or lower --tp",
+            )
+    else:
+        fitting = [o for o in options if o.fits]
+        best = min(fitting, key=lambda o: (o.tp * o.pp, o.pp)) if fitting else options[-1]
+        tp, pp = best.tp, best.pp
+    return req.config.with_(
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        data_parallel_size=max(1, req.gpus // (tp * pp)),
+    )
+
+
+def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
+    """Seed 003 §13's OOM handling order, each step evaluated on the same maths."""
+    cfg, b = base.config, base.budget
+    steps: list[tuple[str, dict[str, object]]] = [
+        (
+            "lower gpu_memory_utilization",
+            {"gpu_memory_utilization": round(max(cfg.gpu_memory_utilization - 0.05, 0.05), 2)},
+        ),
+        (
+            "lower max_num_batched_tokens",
+            {"max_num_batched_tokens": max(b.max_num_batched_tokens // 2, 256)},
+        ),
+        ("lower max_num_seqs", {"max_num_seqs": max(b.max_num_seqs // 2, 1)}),
+        ("lower max_model_len", {"max_model_len": max(base.max_model_len // 2, 256)}),
+    ]
+    if cfg.quantization is None:
+        quant = "fp8" if "fp8" in req.hardware.tflops else "awq"
+        steps.append((f"quantize weights ({WEIGHT_FORMATS[quant].note})", {"quantization": quant}))
+    if cfg.kv_cache_dtype not in ("fp8", "int8"):
+        steps.append(("fp8 KV cache", {"kv_cache_dtype": "fp8"}))
+    if not cfg.enforce_eager and req.hardware.kind == "gpu":
+        steps.append(("drop CUDA graphs (--enforce-eager)", {"enforce_eager": True}))
+    bigger = [
+        t
+        for t in tp_candidates(req.model, req.hardware, req.hardware.devices_per_node)
+        if t > cfg.tensor_parallel_size
+    ]
+    if bigger:
+        steps.append(("raise TP / add GPUs", {"tensor_parallel_size": bigger[0]}))
+    fixes = []
+    for i, (action, change) in enumerate(steps, start=1):
+        try:
+            ev = evaluate(req.model, req.hardware, cfg.with_(**change), req.context, req.overheads)
+        except (InputError, ValueError):
+            continue
+        ratio = ev.kv_capacity_tokens / base.kv_capacity_tokens if base.kv_capacity_tokens else 0
+        effect = (
+            f"{ratio:.2f}x capacity -> {ev.kv_capacity_tokens:,} tokens, "
+            f"{ev.max_concurrency} sequences"
+            if base.kv_capacity_tokens
+            else f"{ev.kv_capacity_tokens:,} tokens, {ev.max_concurrency} sequences"
+        )
+        if not ev.fits:
+            effect += f" (still does not fit: {ev.breaking_term})"
+        fixes.append(
+            Fix(
+                step=i,
+                action=action,
+                change=change,
+                fits=ev.fits,
+                kv_capacity_tokens=ev.kv_capacity_tokens,
+                max_concurrency=ev.max_concurrency,
+                effect=effect,
+            )
+        )
+    return fixes
+
+
+def bounds(req: PlanRequest, ev: Evaluation) -> Bounds:
+    """Roofline TPOT/TTFT floors and the decode throughput ceiling versus batch."""
+    model, hw, cfg = req.model, req.hardware, ev.config
+    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    w = ev.budget.weights_bytes
+    kvb = ev.budget.kv_bytes_per_token
+    context = min(req.avg_context or (req.input_tokens + req.output_tokens // 2), ev.max_model_len)
+    prompt = min(req.input_tokens, ev.max_model_len)
+    # PP: a token passes every stage in turn, so per-token time is pp x one stage.
+    step1 = roofline.decode_step(model, hw, w, kvb, 1, context, fmt.compute, tp)
+    prefill = roofline.prefill_time(model, hw, w, kvb, prompt, fmt.compute, tp)
+    max_batch = max(1, min(ev.budget.max_num_seqs, max(ev.max_concurrency, 1)))
+    curve = roofline.throughput_curve(model, hw, w, kvb, context, fmt.compute, max_batch, tp)
+    return Bounds(
+        tpot_lower_bound_ms=step1.time_s * pp * 1e3,
+        ttft_lower_bound_ms=prefill.time_s * pp * 1e3,
+        prefill_tokens=prompt,
+        decode_context=context,
+        decode_bound_at_batch1=step1.bound,
+        compute_bound_batch=roofline.compute_bound_batch(
+            model, hw, w, kvb, context, fmt.compute, tp
+        ),
+        tp_comm_ms_per_token=step1.comm_s * 1e3,
+        throughput_curve=[
+            {
+                "batch": b,
+                "step_ms": ms / 1.0 * pp,
+                "output_tok_s": tps / pp * cfg.data_parallel_size,
+            }
+            for b, ms, tps in curve
+        ],
+    )
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    """Plan a deployment: choose parallelism, size memory and KV, list fixes and bounds."""
+    options = parallel_options(req)
+    if not options:
+        raise InputError(
+            "--gpus",
+            f"no TP size divides {req.model.num_attention_heads} attention heads "
+            f"within {req.gpus} GPUs",
+            "give more GPUs",
+        )
+    cfg = choose_parallelism(req, options)
+    ev = evaluate(req.model, req.hardware, cfg, req.context, req.overheads)
+    return Plan(
+        model=req.model.name,
+        hardware=req.hardware.name,
+        gpus=req.gpus,
+        scenario=req.scenario,
+        evaluation=ev,
+        parallelism=options,
+        fixes=oom_fixes(req, ev),
+        bounds=bounds(req, ev),
+    )
+
+
+def scenario_config(
+    scenario: Scenario, base: EngineConfig, explicit: set[str], model: ModelSpec
+) -> EngineConfig:
+    """Apply a scenario's starting knobs (seed 003 §12) without overriding what the user set."""
+    knobs = {
+        "max_model_len": min(scenario.max_model_len, model.max_position_embeddings),
+        "max_num_seqs": scenario.max_num_seqs,
+        "max_num_batched_tokens": scenario.max_num_batched_tokens,
+        "gpu_memory_utilization": scenario.gpu_memory_utilization,
+        "enable_prefix_caching": scenario.prefix_caching,
+        "enable_chunked_prefill": scenario.chunked_prefill,
+        "kv_cache_dtype": scenario.kv_cache_dtype,
+    }
+    return base.with_(**{k: v for k, v in knobs.items() if k not in explicit})

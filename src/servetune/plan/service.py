@@ -1,0 +1,247 @@
+"""The edge of the planner: resolve CLI-style arguments (catalog look-ups, files) into a
+PlanRequest, run it, and shape the stable JSON output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError, from_validation_error
+from servetune.hardware.spec import HardwareSpec
+from servetune.model.spec import ModelSpec
+from servetune.plan.memory import Overheads
+from servetune.plan.planner import Plan, PlanRequest, make_plan, scenario_config
+from servetune.plan.presets import Scenario, get_scenario, recommend_engine
+from servetune.units import GiB
+
+_DTYPES = {
+    "auto": "auto",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
+
+
+@dataclass
+class PlanArgs:
+    """`servetune plan` options, as given (None = not given)."""
+
+    model: str
+    gpu: str
+    gpus: int = 1
+    scenario: str | None = "chat"
+    dtype: str = "auto"
+    quant: str | None = None
+    kv_dtype: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_space: float | None = None
+    block_size: int = 16
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    tp: int | None = None
+    pp: int = 1
+    enforce_eager: bool = False
+    avg_context: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    overhead: list[str] = field(default_factory=list)
+    hardware_file: Path | None = None
+    engine: str = "vllm"
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    model: ModelSpec
+    hardware: HardwareSpec
+    scenario: Scenario | None
+    engine: str
+    engine_reason: str
+    launch: dict[str, Any]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise InputError(_flag(name), f"must be > 0 (got {value})")
+
+
+def parse_overheads(items: list[str]) -> Overheads:
+    """`name=GiB` pairs -> Overheads, naming the bad item on error."""
+    values: dict[str, float] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise InputError(
+                "--overhead",
+                f"{item!r} is not name=GiB",
+                f"names: {', '.join(Overheads.model_fields)}",
+            )
+        try:
+            values[key.strip()] = float(raw)
+        except ValueError:
+            raise InputError("--overhead", f"{key}: {raw!r} is not a number") from None
+    try:
+        return Overheads(**values)
+    except ValidationError as exc:
+        raise from_validation_error(exc, "--overhead") from None
+
+
+def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
+    """Validate arguments and load the model and hardware (file I/O happens here)."""
+    from servetune.hardware.catalog import get_hardware
+    from servetune.model.catalog import get_model
+
+    for name in (
+        "gpus",
+        "block_size",
+        "pp",
+        "tp",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "avg_context",
+        "input_len",
+        "output_len",
+        "kv_cache_space",
+        "gpu_memory_utilization",
+    ):
+        _positive(name, getattr(args, name))
+    if args.dtype.lower() not in _DTYPES:
+        raise InputError("--dtype", f"unknown dtype {args.dtype!r}", f"use {', '.join(_DTYPES)}")
+    model = get_model(args.model)
+    hardware = get_hardware(args.gpu, args.hardware_file)
+    scenario = None
+    if args.scenario and args.scenario.lower() != "none":
+        scenario = get_scenario(args.scenario)
+    knobs: dict[str, Any] = {
+        "engine": args.engine,
+        "dtype": _DTYPES[args.dtype.lower()],
+        "quantization": args.quant.lower() if args.quant else None,
+        "kv_cache_dtype": (args.kv_dtype or "auto").lower(),
+        "tensor_parallel_size": args.tp or 1,
+        "pipeline_parallel_size": args.pp,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "kv_cache_space_gib": args.kv_cache_space,
+        "block_size": args.block_size,
+        "enforce_eager": args.enforce_eager,
+    }
+    if args.gpu_memory_utilization is not None:
+        knobs["gpu_memory_utilization"] = args.gpu_memory_utilization
+    try:
+        config = EngineConfig(**knobs)
+    except ValidationError as exc:
+        err = from_validation_error(exc)
+        raise InputError(
+            _flag(err.field.replace("kv_cache_dtype", "kv_dtype").replace("quantization", "quant")),
+            err.problem,
+        ) from None
+    explicit = {k for k, v in knobs.items() if v is not None}
+    if args.kv_dtype is None:
+        explicit.discard("kv_cache_dtype")
+    if args.gpu_memory_utilization is None:
+        explicit.discard("gpu_memory_utilization")
+    if scenario is not None:
+        config = scenario_config(scenario, config, explicit, model)
+    req = PlanRequest(
+        model=model,
+        hardware=hardware,
+        gpus=args.gpus,
+        config=config,
+        tp_given=args.tp is not None,
+        avg_context=args.avg_context,
+        input_tokens=args.input_len or (scenario.input_tokens if scenario else 1024),
+        output_tokens=args.output_len or (scenario.output_tokens if scenario else 256),
+        scenario=scenario.name if scenario else None,
+        overheads=parse_overheads(args.overhead),
+    )
+    return req, scenario
+
+
+def model_reference(given: str) -> str:
+    """What to pass an engine as --model: the HF repo for catalog models, else the path
+    the user gave (a local model directory or config.json's directory)."""
+    from servetune.model.catalog import catalog_entry, catalog_names
+
+    if given.strip().lower() in catalog_names():
+        return str(catalog_entry(given).get("_source") or given)
+    path = Path(given)
+    return str(path.parent if path.name == "config.json" else path)
+
+
+def run_plan(args: PlanArgs) -> PlanResult:
+    from servetune.engines import launch_commands
+
+    req, scenario = build_request(args)
+    plan = make_plan(req)
+    default_scenario = scenario or get_scenario("chat")
+    engine, reason = recommend_engine(req.hardware, default_scenario)
+    cfg = plan.evaluation.config
+    launch = launch_commands(cfg, model_reference(args.model))
+    return PlanResult(plan, req.model, req.hardware, scenario, engine, reason, launch)
+
+
+def plan_to_json(result: PlanResult) -> dict[str, Any]:
+    """The stable, machine-readable form of a plan (keys documented in docs/plan.md)."""
+    from servetune.plan import kv as kvmath
+
+    plan, ev = result.plan, result.plan.evaluation
+    b, cfg = ev.budget, ev.config
+    return {
+        "model": plan.model,
+        "hardware": plan.hardware,
+        "gpus": plan.gpus,
+        "scenario": plan.scenario,
+        "params_total": result.model.params_total,
+        "params_active": result.model.params_active,
+        "weight_format": b.weight_format,
+        "weights_bytes": round(b.weights_total_bytes),
+        "weights_per_gpu_bytes": round(b.weights_bytes),
+        "activation_bytes": round(b.activation_bytes),
+        "overhead_bytes": round(b.overhead_bytes),
+        "device_bytes": round(b.device_bytes),
+        "usable_bytes": round(b.usable_bytes),
+        "kv_pool_bytes": round(b.kv_pool_bytes),
+        "kv_dtype_bytes": b.kv_dtype_bytes,
+        "kv_bytes_per_token": kvmath.kv_bytes_per_token(result.model, b.kv_dtype_bytes),
+        "kv_bytes_per_token_per_gpu": b.kv_bytes_per_token,
+        "kv_blocks": ev.kv_blocks,
+        "block_size": cfg.block_size,
+        "kv_capacity_tokens": ev.kv_capacity_tokens,
+        "max_model_len": ev.max_model_len,
+        "max_concurrency": ev.max_concurrency,
+        "max_concurrency_at_max_model_len": ev.max_concurrency_at_max_model_len,
+        "concurrency_limited_by": ev.concurrency_limited_by,
+        "fits": ev.fits,
+        "breaking_term": ev.breaking_term,
+        "verdict": ev.verdict,
+        "tp": cfg.tensor_parallel_size,
+        "pp": cfg.pipeline_parallel_size,
+        "dp": cfg.data_parallel_size,
+        "tpot_lower_bound_ms": plan.bounds.tpot_lower_bound_ms,
+        "ttft_lower_bound_ms": plan.bounds.ttft_lower_bound_ms,
+        "bounds": plan.bounds.model_dump(),
+        "parallelism": [o.model_dump() for o in plan.parallelism],
+        "fixes": [f.model_dump() for f in plan.fixes],
+        "engine_config": cfg.model_dump(),
+        "engine_recommendation": {"engine": result.engine, "reason": result.engine_reason},
+        "launch": {name: spec.shell() for name, spec in result.launch.items()},
+        "launch_unsupported": {
+            name: list(spec.unsupported) for name, spec in result.launch.items()
+        },
+        "gib": {"weights": b.weights_bytes / GiB, "kv_pool": b.kv_pool_bytes / GiB},
+    }

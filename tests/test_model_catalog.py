@@ -1,0 +1,84 @@
+"""The built-in catalog: contents, name resolution, and its error messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servetune.errors import InputError
+from servetune.model.catalog import catalog_entry, catalog_names, get_model
+
+REQUIRED = {
+    *("llama-2-7b", "llama-2-13b", "llama-2-70b"),
+    *("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b"),
+    *("mistral-7b", "mixtral-8x7b", "mixtral-8x22b"),
+    *("qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b"),
+    *("qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b"),
+    *("gemma-2-9b", "gemma-2-27b", "gemma-3-27b", "gemma-3-270m"),
+    *("deepseek-v3", "deepseek-v2-lite", "phi-3-mini", "gpt-oss-20b", "gpt-oss-120b"),
+}
+
+
+def test_catalog_has_the_required_models() -> None:
+    names = catalog_names()
+    assert len(names) >= 24
+    assert set(names) >= REQUIRED
+    assert names == sorted(names)
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_entry_documents_its_source(name: str) -> None:
+    entry = catalog_entry(name)
+    assert "/" in entry["_source"]  # an HF repo id
+    for key in ("_published_params", "_published_active_params"):
+        if key in entry:
+            assert entry[key]["value"] > 0
+            assert entry[key]["source"]
+    spec = get_model(name)
+    assert spec.name == name
+    assert spec.params_total > spec.params_active or spec.moe is None
+
+
+def test_names_are_case_insensitive() -> None:
+    assert get_model("Llama-3.1-8B") == get_model("llama-3.1-8b")
+    assert get_model("  qwen3-8b ") == get_model("qwen3-8b")
+
+
+def test_hf_repo_id_resolves_to_catalog() -> None:
+    assert get_model("meta-llama/Llama-3.1-8B").name == "llama-3.1-8b"
+    assert get_model("openai/gpt-oss-20b").name == "gpt-oss-20b"
+
+
+def test_path_to_config(tmp_path: Path) -> None:
+    cfg = {k: v for k, v in catalog_entry("mixtral-8x7b").items() if not k.startswith("_")}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = get_model(str(tmp_path))
+    assert spec.params_total == get_model("mixtral-8x7b").params_total
+    assert get_model(str(tmp_path / "config.json")) == spec
+
+
+def test_unknown_name_suggests_close_names() -> None:
+    with pytest.raises(InputError) as info:
+        get_model("llama-3.1-7b")
+    msg = str(info.value)
+    assert "unknown model 'llama-3.1-7b'" in msg
+    assert "llama-3.1-8b" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_repo_id_suggests_by_last_part() -> None:
+    with pytest.raises(InputError, match="qwen3-32b"):
+        get_model("someone/Qwen3-32B-finetune")
+
+
+def test_missing_json_path() -> None:
+    with pytest.raises(InputError, match="no such file"):
+        get_model("./does/not/exist/config.json")
+
+
+def test_catalog_entry_is_a_copy() -> None:
+    entry = catalog_entry("llama-2-7b")
+    entry["hidden_size"] = 1
+    assert catalog_entry("llama-2-7b")["hidden_size"] == 4096

@@ -1,0 +1,123 @@
+"""`servetune plan` end to end through the CLI: JSON contract, tables, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+REQUIRED_KEYS = {
+    "weights_bytes",
+    "kv_bytes_per_token",
+    "kv_capacity_tokens",
+    "max_concurrency",
+    "fits",
+    "tp",
+    "tpot_lower_bound_ms",
+    "ttft_lower_bound_ms",
+    "launch",
+}
+
+
+def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_default_plan_renders_tables() -> None:
+    out = run_plan()
+    assert out.returncode == 0, out.stderr
+    for heading in (
+        "Memory per GPU",
+        "KV cache",
+        "Parallelism options",
+        "Roofline bounds",
+        "seed 003 §13",
+        "vllm",
+    ):
+        assert heading in out.stdout
+
+
+def test_json_contract() -> None:
+    out = run_plan(
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "a100-80g-sxm",
+        "--dtype",
+        "fp16",
+        "--scenario",
+        "none",
+        "--max-model-len",
+        "4096",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data) >= REQUIRED_KEYS
+    assert data["kv_bytes_per_token"] == 524_288
+    assert data["fits"] is True and data["tp"] == 1
+    assert set(data["launch"]) == {"vllm", "sglang", "tgi", "trtllm", "llamacpp"}
+    assert "--max-model-len 4096" in data["launch"]["vllm"]
+    assert 6.0 <= data["tpot_lower_bound_ms"] <= 7.2
+
+
+def test_kv_cache_space_sets_the_pool() -> None:
+    out = run_plan(
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "cpu-host",
+        "--kv-cache-space",
+        "2",
+        "--block-size",
+        "32",
+        "--scenario",
+        "none",
+        "--max-model-len",
+        "2048",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["kv_capacity_tokens"] == 4096  # 2 GiB / 512 KiB per token
+
+
+def test_does_not_fit_exits_2_with_one_line_naming_the_term() -> None:
+    out = run_plan("--model", "llama-3.1-70b", "--gpu", "l4")
+    assert out.returncode == 2
+    assert "DOES NOT FIT" in out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: weights")
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--model", "lama-3.1-8b"], "llama-3.1-8b"),
+        (["--gpu", "h100-sx"], "h100-sxm"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+        (["--block-size", "0"], "--block-size"),
+        (["--gpus", "-1"], "--gpus"),
+        (["--kv-dtype", "fp4"], "--kv-dtype"),
+        (["--quant", "int3"], "--quant"),
+        (["--scenario", "chatt"], "--scenario"),
+        (["--max-model-len", "10000000"], "--max-model-len"),
+        (["--overhead", "cuda_graphs_gib"], "--overhead"),
+        (["--overhead", "nope=1"], "--overhead"),
+        (["--model", "/no/such/config.json"], "config"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:
+    out = run_plan(*args)
+    assert out.returncode == 2, out.stdout
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert field in lines[0]
