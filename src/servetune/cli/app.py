@@ -51,20 +51,24 @@ def main() -> None:
     except InputError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        print("aborted", file=sys.stderr)
-        sys.exit(130)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            print(f"error: {exc.format_message()}", file=sys.stderr)
+    except Exception as exc:
+        # typer vendors click; its exceptions carry format_message() and exit_code.
+        fmt, code = getattr(exc, "format_message", None), getattr(exc, "exit_code", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            print(exc.ctx.get_help())  # type: ignore[attr-defined]
+            sys.exit(0)
+        if callable(fmt) and isinstance(code, int):
+            message = " ".join(str(fmt()).split())
+            param = getattr(exc, "param", None)
+            hint = getattr(param, "opts", None)
+            prefix = f"{hint[0]}: " if hint and hint[0] not in message else ""
+            print(f"error: {prefix}{message}", file=sys.stderr)
             sys.exit(2)
+        if type(exc).__name__ in ("Exit", "Abort"):
+            sys.exit(getattr(exc, "exit_code", 1))
         raise
 
 

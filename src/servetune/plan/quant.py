@@ -21,6 +21,12 @@ from dataclasses import dataclass
 
 from servetune.model.spec import ModelSpec
 
+# llama.cpp K-quants pack rows in super-blocks of 256 weights; a tensor whose rows are not
+# a multiple of 256 falls back to a legacy type (llama-quant.cpp): Q2_K/Q3_K -> IQ4_NL
+# (4.5 bpw), Q4_K -> Q5_0 (5.5), Q5_K -> Q5_1 (6.0), Q6_K -> Q8_0 (8.5).
+QK_K = 256
+K_QUANT_FALLBACK_BITS = {"q2_k": 4.5, "q3_k_m": 4.5, "q4_k_m": 5.5, "q5_k_m": 6.0, "q6_k": 8.5}
+
 
 @dataclass(frozen=True)
 class WeightFormat:
@@ -85,9 +91,39 @@ def kv_dtype_bytes(kv_cache_dtype: str, weights: WeightFormat) -> int:
 
 def weights_bytes(model: ModelSpec, fmt: WeightFormat) -> float:
     """Total weight bytes: body + embedding + LM head at their own rates (seed 000 §2.1:
-    parameters x bytes per parameter, made exact per tensor class)."""
+    parameters x bytes per parameter, made exact per tensor class).
+
+    A tied embedding is also the output layer and is stored at the LM head's rate
+    (llama.cpp's rule). GGUF K-quant tensors whose rows are not a multiple of 256 use
+    the fallback type (see K_QUANT_FALLBACK_BITS)."""
+    tied = model.params_lm_head == 0
+    embedding_bits = fmt.lm_head_bits if tied else fmt.embedding_bits
+    head_bits = fmt.lm_head_bits
+    body_bits = model.params_body * fmt.body_bits
+    if fmt.name in K_QUANT_FALLBACK_BITS:
+        body_bits += misaligned_row_params(model) * (
+            K_QUANT_FALLBACK_BITS[fmt.name] - fmt.body_bits
+        )
+        if model.hidden_size % QK_K:  # embedding and output rows are hidden_size long
+            head_bits = K_QUANT_FALLBACK_BITS["q6_k"]
+            embedding_bits = head_bits if tied else K_QUANT_FALLBACK_BITS[fmt.name]
     return (
-        model.params_body * fmt.body_bits
-        + model.params_embedding * fmt.embedding_bits
-        + model.params_lm_head * fmt.lm_head_bits
+        body_bits + model.params_embedding * embedding_bits + model.params_lm_head * head_bits
     ) / 8
+
+
+def misaligned_row_params(model: ModelSpec) -> int:
+    """Body parameters in matrices whose rows (input dim) are not a multiple of 256: the
+    Q/K/V and gate/up projections read hidden_size, the output projection reads
+    heads x head_dim, the down projection reads the MLP width."""
+    h, hd = model.hidden_size, model.head_dim
+    qkv = h * (model.num_attention_heads + 2 * model.num_kv_heads) * hd
+    o = model.num_attention_heads * hd * h
+    if model.moe is not None:
+        width, n = model.moe.expert_intermediate_size, model.moe.num_experts
+    else:
+        width, n = model.intermediate_size, 1
+    gate_up, down = 2 * h * width * n, width * h * n
+    odd = (qkv + gate_up if h % QK_K else 0) + (o if (model.num_attention_heads * hd) % QK_K else 0)
+    odd += down if width % QK_K else 0
+    return min(odd * model.num_layers, model.params_body)
