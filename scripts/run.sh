@@ -32,9 +32,12 @@ case "${1:-}" in
   test)
     shift
     ensure_venv "test"
+    echo "== engines (vLLM CPU + llama.cpp, cached: seconds after the first run)"
+    "$VENV/bin/servetune" engine install all
     echo "== ruff"
     "$VENV/bin/ruff" check src tests benchmarks scripts
     "$VENV/bin/ruff" format --check src tests benchmarks scripts
+    scripts/services.sh # PostgreSQL cluster + chromium for the store/report tests
     echo "== pytest"
     set +e
     "$VENV/bin/python" -m pytest "$@"

@@ -39,6 +39,11 @@ def _register() -> None:
 
     plan_cmd.register(app)
     catalog_cmd.register(app)
+    __import__("servetune.cli.engine_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.bench_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.sim_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.runs_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.report_cmd", fromlist=["register"]).register(app)
 
 
 _register()

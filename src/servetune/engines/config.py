@@ -42,6 +42,9 @@ class EngineConfig(BaseModel):
     # An explicit KV pool in GiB instead of a fraction (vLLM CPU's
     # VLLM_CPU_KVCACHE_SPACE, TensorRT-LLM's max_tokens sizing).
     kv_cache_space_gib: float | None = Field(None, gt=0.0)
+    # An explicit KV pool in tokens (SGLang --max-total-tokens, TGI
+    # --max-batch-total-tokens, TensorRT-LLM kv_cache_config.max_tokens, llama.cpp -c).
+    kv_cache_tokens: PositiveInt | None = None
     block_size: PositiveInt = 16
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Services the test suite uses, from Debian's packages, idempotent:
+#   PostgreSQL: a throwaway cluster (trust auth, unix socket only) under
+#               $SERVETUNE_SERVICES_DIR (default ./.cache/services); reused when running.
+#   chromium:   headless browser for the report tests (and kaleido's PNG/SVG export).
+# Usage: scripts/services.sh [all|pg|chromium|stop|url]   (default: all)
+# Prints SERVETUNE_PG_URL=... and writes it to $DIR/pg.env for the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+DIR="${SERVETUNE_SERVICES_DIR:-$ROOT/.cache/services}"
+PORT="${SERVETUNE_PG_PORT:-55432}"
+
+log() { echo "services: $*" >&2; }
+
+apt_install() {
+  if [ "$(id -u)" -ne 0 ]; then
+    log "need root to install $* (apt-get install -y $*)"
+    return 1
+  fi
+  if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' 2>/dev/null | head -1)" ]; then
+    apt-get update -q >&2
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2 || {
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2
+  }
+}
+
+pg_bin() {
+  local d
+  d="$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -1)"
+  [ -n "$d" ] && [ -x "$d/pg_ctl" ] && echo "$d"
+}
+
+# Postgres refuses to run as root: as root, the cluster belongs to the `postgres` user,
+# so its folder must be reachable by that user (else a /var/tmp folder is used).
+as_pg() {
+  if [ "$(id -u)" -eq 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+# A unix socket path must stay under ~107 bytes: deep checkouts use /var/tmp too.
+pg_dir() {
+  local d="$DIR/pg" fallback
+  fallback="/var/tmp/servetune-services-$(echo "$ROOT" | md5sum | cut -c1-8)/pg"
+  if [ "${#d}" -gt 80 ]; then
+    d="$fallback"
+  fi
+  mkdir -p "$d"
+  if [ "$(id -u)" -eq 0 ]; then
+    chown postgres:postgres "$d"
+    if ! runuser -u postgres -- test -w "$d"; then
+      d="$fallback"
+      mkdir -p "$d"
+      chown postgres:postgres "$d"
+    fi
+  fi
+  echo "$d"
+}
+
+start_pg() {
+  local bin d url
+  bin="$(pg_bin)" || true
+  if [ -z "$bin" ]; then
+    apt_install postgresql
+    bin="$(pg_bin)"
+  fi
+  d="$(pg_dir)"
+  if [ ! -f "$d/data/PG_VERSION" ]; then
+    log "initdb in $d/data"
+    as_pg "$bin/initdb" -D "$d/data" -U postgres --auth=trust -E UTF8 --no-sync >/dev/null
+    mkdir -p "$d/run"
+    [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$d/run"
+  fi
+  if ! as_pg "$bin/pg_ctl" -D "$d/data" status >/dev/null 2>&1; then
+    log "starting PostgreSQL (socket $d/run, port $PORT)"
+    as_pg "$bin/pg_ctl" -D "$d/data" -l "$d/log" -w -t 60 start \
+      -o "-k $d/run -p $PORT -c listen_addresses='' -c fsync=off -c max_connections=50" >/dev/null
+  fi
+  url="postgresql+psycopg://postgres@/postgres?host=$d/run&port=$PORT"
+  echo "SERVETUNE_PG_URL=$url" >"$DIR/pg.env"
+  echo "SERVETUNE_PG_URL=$url"
+}
+
+stop_pg() {
+  local bin d
+  bin="$(pg_bin)" || return 0
+  for d in "$DIR/pg" /var/tmp/servetune-services-*/pg; do
+    if [ -f "$d/data/PG_VERSION" ]; then
+      as_pg "$bin/pg_ctl" -D "$d/data" -m fast stop >/dev/null 2>&1 || true
+    fi
+  done
+}
+
+ensure_chromium() {
+  if ! command -v chromium >/dev/null 2>&1; then
+    apt_install chromium fonts-dejavu-core
+  fi
+  command -v chromium >/dev/null
+}
+
+mkdir -p "$DIR"
+case "${1:-all}" in
+  all) ensure_chromium && start_pg ;;
+  pg) start_pg ;;
+  chromium) ensure_chromium ;;
+  stop) stop_pg ;;
+  url) cat "$DIR/pg.env" ;;
+  *)
+    echo "usage: scripts/services.sh [all|pg|chromium|stop|url]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,1 @@
+"""`servetune bench`: the load generator (client, pacing, workers, results)."""

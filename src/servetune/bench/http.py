@@ -1,0 +1,329 @@
+"""A minimal HTTP/1.1 client on asyncio protocols, built for timing and speed.
+
+Why not httpx/aiohttp: `data_received` is the earliest point where Python sees bytes
+arrive, so the timestamp is taken there, before any parsing (field notes: stamp when
+bytes arrive); and a callback-driven client with no task per request holds several
+times the request rate of general-purpose clients on one core.
+
+Supports keep-alive connection reuse, Content-Length, chunked and read-until-close
+bodies, TLS, and servers that close after every response (llama.cpp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Protocol
+from urllib.parse import urlsplit
+
+_now_ns = time.monotonic_ns
+
+
+class HttpError(Exception):
+    """Framing error in the server's response."""
+
+
+class ResponseHandler(Protocol):
+    def on_headers(self, status: int, headers: dict[str, str], now_ns: int) -> None: ...
+
+    def on_body(self, data: bytes, now_ns: int) -> None: ...
+
+    def on_end(self, now_ns: int) -> None: ...
+
+    def on_fail(self, kind: str, detail: str, now_ns: int) -> None: ...
+
+
+class Target:
+    """Where requests go: scheme/host/port parsed once."""
+
+    def __init__(self, url: str) -> None:
+        u = urlsplit(url if "://" in url else f"http://{url}")
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"not an http(s) URL: {url}")
+        self.url = url
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = (
+            ssl.create_default_context() if u.scheme == "https" else None
+        )
+        self.base_path = u.path.rstrip("/")
+        default = (u.scheme == "http" and self.port == 80) or (
+            u.scheme == "https" and self.port == 443
+        )
+        self.host_header = self.host if default else f"{self.host}:{self.port}"
+
+    def request_bytes(
+        self, path: str, body: bytes, headers: dict[str, str] | None = None, method: str = "POST"
+    ) -> bytes:
+        """Serialised request, built once before the run so sending is one write()."""
+        lines = [
+            f"{method} {self.base_path}{path} HTTP/1.1",
+            f"Host: {self.host_header}",
+            "Content-Type: application/json",
+            "Accept: text/event-stream, application/json",
+            f"Content-Length: {len(body)}",
+        ]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+# body modes
+_LENGTH, _CHUNKED, _UNTIL_CLOSE, _NONE = range(4)
+# chunked sub-states
+_SIZE, _DATA, _DATA_END, _TRAILER = range(4)
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection; carries one request at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.handler: ResponseHandler | None = None
+        self.got_bytes = False
+        self.uses = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._buf = bytearray()
+        self._in_head = True
+        self._mode = _NONE
+        self._remaining = 0
+        self._chunk_state = _SIZE
+        self._keep_alive = True
+
+    # --- asyncio callbacks -----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        now = _now_ns()  # arrival time, before any parsing
+        h = self.handler
+        if h is None:  # bytes nobody asked for: the connection is not reusable
+            self.close()
+            return
+        self.got_bytes = True
+        try:
+            self._feed(data, now, h)
+        except HttpError as exc:
+            self._fail("malformed_response", str(exc), now)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        h = self.handler
+        if h is None:
+            return
+        now = _now_ns()
+        if not self._in_head and self._mode == _UNTIL_CLOSE and exc is None:
+            self.handler = None
+            h.on_end(now)
+            return
+        if isinstance(exc, ConnectionResetError) or not self.got_bytes:
+            kind, detail = "connection_reset", f"connection reset or closed ({exc or 'EOF'})"
+        elif self._in_head:
+            kind, detail = "malformed_response", f"closed inside the headers ({exc or 'EOF'})"
+        else:
+            kind, detail = "truncated_stream", f"closed mid-body ({exc or 'EOF'})"
+        self.handler = None
+        h.on_fail(kind, detail, now)
+
+    # --- use -------------------------------------------------------------------------
+    def send(self, data: bytes, handler: ResponseHandler) -> int:
+        """Write a whole request; returns the send time (ns)."""
+        self._reset()
+        self.handler = handler
+        self.got_bytes = False
+        self.uses += 1
+        assert self.transport is not None
+        now = _now_ns()
+        self.transport.write(data)
+        return now
+
+    def abort(self) -> None:
+        """Drop the request in flight: the socket is closed (the server sees a disconnect)."""
+        self.handler = None
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, kind: str, detail: str, now: int) -> None:
+        h = self.handler
+        self.handler = None
+        self.close()
+        if h is not None:
+            h.on_fail(kind, detail, now)
+
+    def _finish(self, now: int) -> None:
+        h = self.handler
+        self.handler = None
+        if self._keep_alive and not self.closed:
+            self.pool.release(self)
+        else:
+            self.close()
+        if h is not None:
+            h.on_end(now)
+
+    # --- parsing ---------------------------------------------------------------------
+    def _feed(self, data: bytes, now: int, h: ResponseHandler) -> None:
+        if self._in_head:
+            self._buf += data
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buf) > 65536:
+                    raise HttpError("response headers over 64 KiB")
+                return
+            head = bytes(self._buf[:end])
+            rest = bytes(self._buf[end + 4 :])
+            self._buf = bytearray()
+            self._in_head = False
+            self._parse_head(head, now, h)
+            if self.handler is None:
+                return
+            if self._mode == _NONE:
+                self._finish(now)
+                return
+            if not rest:
+                return
+            data = rest
+        mode = self._mode
+        if mode == _CHUNKED:
+            self._feed_chunked(data, now, h)
+        elif mode == _LENGTH:
+            n = len(data)
+            if n >= self._remaining:
+                h.on_body(data[: self._remaining], now)
+                self._remaining = 0
+                if self.handler is not None:
+                    self._finish(now)
+            else:
+                self._remaining -= n
+                h.on_body(data, now)
+        else:  # until close
+            h.on_body(data, now)
+
+    def _parse_head(self, head: bytes, now: int, h: ResponseHandler) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise HttpError(f"bad status line {lines[0][:80]!r}")
+        status = int(parts[1])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            k, sep, v = line.partition(":")
+            if sep:
+                headers[k.strip().lower()] = v.strip()
+        conn = headers.get("connection", "").lower()
+        self._keep_alive = parts[0] == "HTTP/1.1" and conn != "close" or conn == "keep-alive"
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self._mode = _CHUNKED
+        elif "content-length" in headers:
+            try:
+                self._remaining = int(headers["content-length"])
+            except ValueError as exc:
+                raise HttpError("bad Content-Length") from exc
+            self._mode = _LENGTH if self._remaining > 0 else _NONE
+        elif status in (204, 304) or 100 <= status < 200:
+            self._mode = _NONE
+        else:
+            self._mode = _UNTIL_CLOSE
+            self._keep_alive = False
+        h.on_headers(status, headers, now)
+
+    def _feed_chunked(self, data: bytes, now: int, h: ResponseHandler) -> None:
+        buf = self._buf
+        if buf:
+            buf += data
+            data = bytes(buf)
+            self._buf = buf = bytearray()
+        i, n = 0, len(data)
+        while i < n and self.handler is not None:
+            st = self._chunk_state
+            if st == _DATA:
+                take = min(self._remaining, n - i)
+                h.on_body(data[i : i + take], now)
+                i += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._chunk_state = _DATA_END
+            elif st == _SIZE:
+                j = data.find(b"\r\n", i)
+                if j < 0:
+                    if n - i > 1024:
+                        raise HttpError("chunk size line too long")
+                    self._buf = bytearray(data[i:])
+                    return
+                size_s = data[i:j].split(b";", 1)[0].strip()
+                try:
+                    size = int(size_s, 16)
+                except ValueError as exc:
+                    raise HttpError(f"bad chunk size {size_s[:20]!r}") from exc
+                i = j + 2
+                if size == 0:
+                    self._chunk_state = _TRAILER
+                else:
+                    self._remaining = size
+                    self._chunk_state = _DATA
+            elif st == _DATA_END:
+                if n - i < 2:
+                    self._buf = bytearray(data[i:])
+                    return
+                if data[i : i + 2] != b"\r\n":
+                    raise HttpError("chunk not followed by CRLF")
+                i += 2
+                self._chunk_state = _SIZE
+            else:  # trailer: lines until an empty one
+                j = data.find(b"\r\n", i)
+                if j < 0:
+                    self._buf = bytearray(data[i:])
+                    return
+                if j == i:
+                    self._finish(now)
+                    return
+                i = j + 2
+
+
+class Pool:
+    """Keep-alive connections to one target; one connection per request in flight."""
+
+    def __init__(self, target: Target, connect_timeout_s: float = 10.0) -> None:
+        self.target = target
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: list[Connection] = []
+        self.opened = 0
+
+    def get_idle(self) -> Connection | None:
+        while self.idle:
+            c = self.idle.pop()
+            if not c.closed:
+                return c
+        return None
+
+    def release(self, conn: Connection) -> None:
+        self.idle.append(conn)
+
+    async def connect(self) -> Connection:
+        """A new connection; raises TimeoutError (connect timeout) or OSError."""
+        loop = asyncio.get_running_loop()
+        t = self.target
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: Connection(self),
+                t.host,
+                t.port,
+                ssl=t.ssl,
+                server_hostname=t.host if t.ssl else None,
+            ),
+            self.connect_timeout_s,
+        )
+        self.opened += 1
+        return proto
+
+    def close(self) -> None:
+        for c in self.idle:
+            c.close()
+        self.idle.clear()

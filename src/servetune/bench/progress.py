@@ -1,0 +1,79 @@
+"""Live progress of a bench point (rich) and the summary table printed after each point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from servetune.results.schema import RunResult
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+class LiveProgress:
+    """done/total, achieved rate, running TTFT/TPOT percentiles and errors, 4 times a second."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live: Live | None = None
+
+    def __call__(self, s: dict[str, Any]) -> None:
+        total = f"/{s['total']}" if s.get("total") else ""
+        text = (
+            f"[bold]{s['label']}[/] {s['done']}{total} done  {s['rate_req_s']:.1f} req/s  "
+            f"TTFT p50/p99 {_ms(s['ttft_p50_ms'])}/{_ms(s['ttft_p99_ms'])} ms  "
+            f"TPOT p50/p99 {_ms(s['tpot_p50_ms'])}/{_ms(s['tpot_p99_ms'])} ms  "
+            f"errors {s['errors']}  {s['elapsed_s']:.0f}s"
+        )
+        if self.live is None:
+            self.live = Live(text, console=self.console, refresh_per_second=4, transient=True)
+            self.live.start()
+        else:
+            self.live.update(text)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def summary_table(results: list[RunResult]) -> Table:
+    """One row per load point: the headline figures, client flags and SLO verdict."""
+    t = Table(title="servetune bench", show_lines=False)
+    cols = (
+        "load", "ok/err", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+        "ITL p99", "E2E p99", "lag p99", "goodput", "SLO",
+    )  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in results:
+        m = r.metrics
+        load = (
+            f"rate {r.load['rate']}"
+            if r.load.get("kind") != "closed"
+            else f"conc {r.load['concurrency']}"
+        )
+        slo = "-" if m.slo_pass is None else ("[green]pass[/]" if m.slo_pass else "[red]fail[/]")
+        if r.client.bottleneck:
+            load += " [red]![/]"
+        t.add_row(
+            load,
+            f"{m.completed}/{m.failed}",
+            f"{m.req_s:.2f}",
+            f"{m.output_tok_s:.1f}",
+            _ms(m.ttft_ms.p50),
+            _ms(m.ttft_ms.p99),
+            _ms(m.tpot_ms.p50),
+            _ms(m.tpot_ms.p99),
+            _ms(m.itl_ms.p99),
+            _ms(m.e2e_ms.p99),
+            _ms(m.send_lag_ms.p99),
+            "-" if m.goodput_req_s is None else f"{m.goodput_req_s:.2f}",
+            slo,
+        )
+    return t

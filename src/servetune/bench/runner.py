@@ -1,0 +1,475 @@
+"""Run one load point (or a sweep) against a real server and build its RunResult.
+
+The parent materialises and serialises the requests, splits them over workers (in
+process for small loads, one process per core above that), collects records as they
+arrive (written to a JSONL log at once and streamed into the experiment store), runs the
+circuit breaker and the progress display, scrapes the server's /metrics, and computes
+every metric at the end from the raw records only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servetune.bench.client import Timeouts, build_body
+from servetune.bench.http import Target
+from servetune.bench.output import RecordLog, ResultStore, StoreLog
+from servetune.bench.server_metrics import Fetch, Scraper, running_now
+from servetune.bench.worker import (
+    Item,
+    Worker,
+    WorkerConfig,
+    WorkerStats,
+    install_fast_loop,
+    process_main,
+    raise_fd_limit,
+)
+from servetune.metrics.compute import client_warnings, compute_metrics
+from servetune.results.schema import ClientInfo, RequestRecord, RunResult
+from servetune.slo import SLO
+from servetune.workload.materialize import Request
+from servetune.workload.spec import WorkloadSpec
+from servetune.workload.tokenizer import Tokenizer
+
+# Rough per-core capacity of one worker, used only to pick the worker count.
+AUTO_RATE_PER_WORKER = 1000.0
+AUTO_USERS_PER_WORKER = 256
+
+
+@dataclass
+class BenchOptions:
+    url: str
+    api_key: str | None = field(default=None, repr=False)  # never stored in results
+    model: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    workers: int | None = None  # None: auto
+    keep_text: bool = True
+    save_text: bool = False
+    continuous_usage: bool = False
+    cancel_fraction: float = 0.0
+    cancel_after_chunks: int = 4
+    breaker_error_rate: float | None = 0.5
+    breaker_window: int = 50
+    breaker_min_requests: int = 20
+    drain_s: float | None = None
+    records_path: Path | None = None
+    metrics_fetch: Fetch | None = None
+    scrape_interval_s: float = 1.0
+    tokenizer: Tokenizer | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    progress: Callable[[dict[str, Any]], None] | None = None
+    store: ResultStore | None = None  # None: --no-store
+
+
+class BenchInterrupted(Exception):
+    """Ctrl-C during a point; carries the partial result (already measured data kept)."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
+def auto_workers(spec: WorkloadSpec) -> int:
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    arr = spec.arrival
+    if arr.open_loop:
+        need = (arr.rate or 1.0) / AUTO_RATE_PER_WORKER
+    else:
+        need = (arr.concurrency or 1) / AUTO_USERS_PER_WORKER
+    return max(1, min(cores, math.ceil(need)))
+
+
+def api_path(api: str) -> str:
+    return "/v1/chat/completions" if api == "chat" else "/v1/completions"
+
+
+def build_items(spec: WorkloadSpec, requests: list[Request], opts: BenchOptions) -> list[Item]:
+    """Serialise every request once, before the clock starts."""
+    target = Target(opts.url)
+    headers = dict(opts.headers)
+    if opts.api_key:
+        headers["Authorization"] = f"Bearer {opts.api_key}"
+    path = api_path(spec.api)
+    s = spec.sampling
+    rng = np.random.default_rng([spec.seed, 7])
+    cancel = rng.random(len(requests)) < opts.cancel_fraction if opts.cancel_fraction > 0 else None
+    items: list[Item] = []
+    for k, r in enumerate(requests):
+        body = build_body(
+            spec.api,
+            model=opts.model or spec.model,
+            prompt=r.prompt,
+            messages=r.messages,
+            max_tokens=r.output_tokens,
+            stream=spec.stream,
+            temperature=s.temperature,
+            ignore_eos=s.ignore_eos,
+            min_tokens=s.min_tokens_equal_max,
+            priority=r.priority,
+            continuous_usage=opts.continuous_usage,
+            extra=s.extra_body,
+        )
+        sched = None if r.arrival_s is None else int(r.arrival_s * 1e9)
+        cancel_after = opts.cancel_after_chunks if cancel is not None and cancel[k] else None
+        items.append((r.index, target.request_bytes(path, body, headers), sched, cancel_after))
+    return items
+
+
+def split_configs(
+    spec: WorkloadSpec, items: list[Item], opts: BenchOptions, n_workers: int
+) -> list[WorkerConfig]:
+    """Round-robin the schedule over workers; users, cap and count split evenly."""
+    arr = spec.arrival
+    closed = not arr.open_loop
+    drain = opts.drain_s if opts.drain_s is not None else (opts.timeouts.total_s or 600.0)
+    cfgs = []
+
+    def share(total: int, w: int) -> int:
+        return total // n_workers + (1 if w < total % n_workers else 0)
+
+    for w in range(n_workers):
+        users = share(arr.concurrency or 1, w) if closed else 1
+        cap = max(1, share(arr.concurrency, w)) if (not closed and arr.concurrency) else None
+        cfgs.append(
+            WorkerConfig(
+                worker_id=w,
+                url=opts.url,
+                items=items[w::n_workers],
+                closed_loop=closed,
+                users=users,
+                cap=cap,
+                max_requests=share(spec.count, w) if (closed and spec.count) else None,
+                duration_s=spec.duration_s if closed else None,
+                drain_s=drain,
+                timeouts=opts.timeouts,
+                stream=spec.stream,
+                keep_text=opts.keep_text,
+            )
+        )
+    return [c for c in cfgs if c.items and (not closed or c.users > 0)]
+
+
+class Collector:
+    """Receives record batches from workers: logs and stores them, feeds the breaker
+    and progress."""
+
+    def __init__(self, requests: list[Request], opts: BenchOptions, total: int, label: str) -> None:
+        self.by_index = {r.index: r for r in requests}
+        self.pool = len(requests)
+        self.opts = opts
+        self.log = RecordLog(opts.records_path)
+        self.stored: StoreLog | None = None
+        self.records: list[RequestRecord] = []
+        self.recent: deque[bool] = deque(maxlen=opts.breaker_window)
+        self.recent_ttft_ms: deque[float] = deque(maxlen=2000)
+        self.recent_tpot_ms: deque[float] = deque(maxlen=2000)
+        self.errors = 0
+        self.tripped: str | None = None
+        self.total = total
+        self.label = label
+        self.t0_ns = time.monotonic_ns()
+        self._last_progress = 0
+
+    def add(self, batch: list[dict[str, Any]]) -> None:
+        self.log.write(batch)
+        for d in batch:
+            req = self.by_index.get(d["index"] % self.pool if self.pool else d["index"])
+            if req is not None:
+                d.update(
+                    sub=req.sub,
+                    priority=req.priority,
+                    prefix_group=req.prefix_group,
+                    prompt_tokens=req.prompt_tokens,
+                    max_tokens=req.output_tokens,
+                )
+            rec = RequestRecord.model_construct(**d)
+            self.records.append(rec)
+            if rec.status in ("ok", "error"):
+                self.recent.append(rec.status == "error")
+            if rec.status == "error":
+                self.errors += 1
+            elif rec.status == "ok" and rec.chunk_ns:
+                self.recent_ttft_ms.append((rec.chunk_ns[0] - rec.send_ns) / 1e6)
+                n = rec.output_tokens
+                if n > 1:
+                    self.recent_tpot_ms.append((rec.chunk_ns[-1] - rec.chunk_ns[0]) / 1e6 / (n - 1))
+        if self.stored is not None:
+            self.stored.write(batch)
+        lim = self.opts.breaker_error_rate
+        if (
+            lim is not None
+            and self.tripped is None
+            and len(self.recent) >= min(self.opts.breaker_min_requests, self.recent.maxlen or 1)
+            and sum(self.recent) / len(self.recent) > lim
+        ):
+            self.tripped = (
+                f"circuit breaker: {sum(self.recent)}/{len(self.recent)} of the latest requests "
+                f"failed (> {lim:.0%})"
+            )
+        self.tick()
+
+    def tick(self, force: bool = False) -> None:
+        if self.opts.progress is None:
+            return
+        now = time.monotonic_ns()
+        if not force and now - self._last_progress < 250_000_000:
+            return
+        self._last_progress = now
+        elapsed = max((now - self.t0_ns) / 1e9, 1e-9)
+        ttft = sorted(self.recent_ttft_ms)
+        tpot = sorted(self.recent_tpot_ms)
+
+        def pct(xs: list[float], q: float) -> float | None:
+            return xs[int(q * (len(xs) - 1))] if xs else None
+
+        self.opts.progress(
+            {
+                "label": self.label,
+                "done": len(self.records),
+                "total": self.total,
+                "errors": self.errors,
+                "elapsed_s": elapsed,
+                "rate_req_s": len(self.records) / elapsed,
+                "ttft_p50_ms": pct(ttft, 0.5),
+                "ttft_p99_ms": pct(ttft, 0.99),
+                "tpot_p50_ms": pct(tpot, 0.5),
+                "tpot_p99_ms": pct(tpot, 0.99),
+            }
+        )
+
+
+def _run_in_process(
+    cfg: WorkerConfig, col: Collector, on_anchor: Callable[[int], None]
+) -> tuple[list[WorkerStats], int, str, bool]:
+    raise_fd_limit()
+    loop_name = install_fast_loop()
+    cfg.flush_s = 0.0
+    holder: dict[str, Worker] = {}
+    anchor = time.monotonic_ns() + 50_000_000
+    on_anchor(anchor)
+
+    def sink(batch: list[dict[str, Any]]) -> None:
+        col.add(batch)
+        if col.tripped and "worker" in holder:
+            holder["worker"].stop(col.tripped)
+
+    async def main() -> WorkerStats:
+        worker = Worker(cfg, sink)
+        holder["worker"] = worker
+        return await worker.run(anchor)
+
+    interrupted = False
+    stats: list[WorkerStats] = []
+    try:
+        stats = [asyncio.run(main())]
+    except KeyboardInterrupt:
+        interrupted = True
+    return stats, anchor, loop_name, interrupted
+
+
+def _run_processes(
+    cfgs: list[WorkerConfig], col: Collector, on_anchor: Callable[[int], None]
+) -> tuple[list[WorkerStats], int, bool]:
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+    conns, procs = [], []
+    for cfg in cfgs:
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=process_main, args=(child, cfg), daemon=True)
+        p.start()
+        child.close()
+        conns.append(parent)
+        procs.append(p)
+    stats: list[WorkerStats] = []
+    interrupted = False
+    stopped = False
+    anchor = time.monotonic_ns()
+    try:
+        for c in conns:  # every worker imported and serialised: start together
+            if not c.poll(120):
+                raise RuntimeError("a bench worker did not start")
+            c.recv()
+        anchor = time.monotonic_ns() + 100_000_000
+        on_anchor(anchor)
+        for c in conns:
+            c.send(anchor)
+        live = list(conns)
+        while live:
+            try:
+                ready = wait(live, timeout=0.25)
+                for c in ready:
+                    try:
+                        kind, payload = c.recv()  # type: ignore[misc]
+                    except EOFError:
+                        live.remove(c)  # type: ignore[arg-type]
+                        continue
+                    if kind == "records":
+                        col.add(payload)
+                    elif kind == "done":
+                        stats.append(payload)
+                        live.remove(c)  # type: ignore[arg-type]
+                col.tick()
+                if col.tripped and not stopped:
+                    stopped = True
+                    _broadcast(conns, ("stop", col.tripped))
+            except KeyboardInterrupt:
+                interrupted = True
+                if not stopped:
+                    stopped = True
+                    _broadcast(conns, ("stop", "interrupted"))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+    return stats, anchor, interrupted
+
+
+def _broadcast(conns: list[Any], msg: tuple[str, str]) -> None:
+    for c in conns:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            c.send(msg)
+
+
+def run_point(
+    spec: WorkloadSpec,
+    requests: list[Request],
+    opts: BenchOptions,
+    slo: SLO | None = None,
+    label: str = "",
+) -> RunResult:
+    """Measure one load point. Ctrl-C raises BenchInterrupted carrying the partial result."""
+    items = build_items(spec, requests, opts)
+    n_workers = opts.workers or auto_workers(spec)
+    cfgs = split_configs(spec, items, opts, n_workers)
+    total = spec.count or len(items) if (spec.count or spec.arrival.open_loop) else 0
+    col = Collector(requests, opts, total, label)
+    started_unix = time.time()
+    created = datetime.now(timezone.utc)
+    run_id = f"bench-{created:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+    load = {
+        "kind": spec.arrival.kind,
+        "rate": spec.arrival.rate,
+        "concurrency": spec.arrival.concurrency,
+        "burstiness": spec.arrival.burstiness if spec.arrival.kind == "gamma" else None,
+    }
+    target = {"url": opts.url, "api": spec.api, "model": opts.model or spec.model}
+    col.log.header({"id": run_id, "load": load, "url": opts.url})
+    if opts.store is not None:
+        col.stored = opts.store.begin(
+            run_id,
+            keep_text=opts.save_text,
+            created_utc=created.isoformat(timespec="seconds"),
+            target=target,
+            workload=spec.model_dump(mode="json"),
+            load=load,
+        )
+    scraper = Scraper(opts.metrics_fetch, opts.scrape_interval_s) if opts.metrics_fetch else None
+    cpu0 = time.process_time()
+    wall0 = time.monotonic_ns()
+
+    def on_anchor(anchor_ns: int) -> None:
+        if scraper is not None:
+            scraper.start(anchor_ns)
+
+    loop_name = "uvloop"
+    if len(cfgs) <= 1:
+        if not cfgs:
+            raise ValueError("the workload has no requests to send")
+        stats, anchor, loop_name, interrupted = _run_in_process(cfgs[0], col, on_anchor)
+    else:
+        stats, anchor, interrupted = _run_processes(cfgs, col, on_anchor)
+    wall_s = (time.monotonic_ns() - wall0) / 1e9
+    parent_cpu = time.process_time() - cpu0
+    col.tick(force=True)
+    col.log.close()
+
+    server = None
+    cancellation = None
+    if scraper is not None:
+        server = scraper.stop()
+        n_cancel = sum(r.status == "cancelled" for r in col.records)
+        if n_cancel:
+            time.sleep(min(2.0, opts.scrape_interval_s))
+            after = scraper.sample()
+            running = running_now(after) if after else None
+            cancellation = {
+                "cancelled": n_cancel,
+                "running_after_run": running,
+                "freed": None if running is None else running == 0,
+            }
+
+    records = col.records
+    if opts.tokenizer is not None and opts.keep_text:
+        tok = opts.tokenizer
+        for r in records:
+            if r.output_text is not None and r.status == "ok":
+                r.tokenizer_completion_tokens = len(tok.encode(r.output_text))
+    records.sort(key=lambda r: (r.send_ns, r.index))
+    metrics = compute_metrics(
+        records,
+        warmup_s=spec.warmup_s,
+        cooldown_s=spec.cooldown_s,
+        slo=slo,
+        stream=spec.stream,
+    )
+    worker_cpu = sum(s.cpu_s for s in stats) if len(cfgs) > 1 else 0.0
+    cpu_s = parent_cpu + worker_cpu
+    if len(cfgs) > 1:
+        cpu_util = max((s.cpu_s / s.wall_s for s in stats if s.wall_s > 0), default=0.0)
+    else:
+        cpu_util = parent_cpu / wall_s if wall_s > 0 else 0.0
+    warnings = client_warnings(metrics, open_loop=spec.arrival.open_loop, cpu_util=cpu_util)
+    lag = max((s.loop_lag_p99_ms for s in stats), default=0.0)
+    if lag > 10.0:
+        warnings.append(f"event-loop lag P99 {lag:.1f} ms")
+    client = ClientInfo(
+        workers=max(1, len(cfgs)),
+        cpu_s=cpu_s,
+        cpu_util=cpu_util,
+        event_loop=loop_name,
+        bottleneck=bool(warnings),
+        warnings=warnings,
+    )
+    status = "interrupted" if interrupted else "circuit_breaker" if col.tripped else "completed"
+    result = RunResult(
+        id=run_id,
+        created_utc=created.isoformat(timespec="seconds"),
+        target=target,
+        workload=spec.model_dump(mode="json"),
+        load=load,
+        slo=slo,
+        status=status,
+        stop_reason=col.tripped if status == "circuit_breaker" else None,
+        anchor_ns=anchor,
+        started_unix_s=started_unix,
+        duration_s=wall_s,
+        client=client,
+        requests=requests,
+        records=records,
+        metrics=metrics,
+        server=server,
+        cancellation=cancellation,
+    )
+    if col.stored is not None:
+        col.stored.finish(result)
+    if interrupted:
+        raise BenchInterrupted(result)
+    return result

@@ -1,0 +1,132 @@
+"""Server-side series: scrape the engine's Prometheus `/metrics` about once a second.
+
+The mapping from an engine's own names to canonical ones (running, waiting, kv_usage,
+preemptions, prefix_hit_rate, queue_time ...) belongs to the engine layer; it plugs in
+here as `adapter`: a callable from the exposition text to {canonical name: value}.
+Without one, every sample is kept under its raw name (labels summed), which is enough
+for deltas and for the cancellation check on the mock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from servetune.results.schema import ServerSeries
+
+Fetch = Callable[[], dict[str, float]]
+Adapter = Callable[[str], dict[str, float]]
+
+# Gauges that say how many requests the engine is running (canonical first, then raw names
+# of vLLM, llama.cpp and the mock), used to check that cancelled streams free their slot.
+RUNNING_KEYS = (
+    "requests_running",
+    "vllm:num_requests_running",
+    "llamacpp:requests_processing",
+    "mock:num_requests_running",
+)
+
+
+def flatten_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name: value summed over label sets}; histogram buckets
+    are dropped (their _sum and _count stay)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.endswith(("_bucket", "_created")):
+                continue
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+def engine_adapter(engine: str) -> Adapter:
+    """The engine layer's canonical mapping (servetune.engines.metrics): canonical gauges and
+    counters, plus `<histogram>_count` / `_sum` so deltas give the run's mean queue time etc."""
+
+    def adapt(text: str) -> dict[str, float]:
+        from servetune.engines.metrics import canonical
+
+        m = canonical(engine, text)
+        out = dict(m.values)
+        for name, h in m.histograms.items():
+            out[f"{name}_count"] = h.count
+            out[f"{name}_sum"] = h.sum
+        return out
+
+    return adapt
+
+
+def http_fetcher(base_url: str, adapter: Adapter | None = None, timeout_s: float = 2.0) -> Fetch:
+    """A fetch function for `<base_url>/metrics`, mapped through `adapter` if given."""
+    import httpx
+
+    client = httpx.Client(timeout=timeout_s)
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    mapper = adapter or flatten_prometheus
+
+    def fetch() -> dict[str, float]:
+        r = client.get(url)
+        r.raise_for_status()
+        return mapper(r.text)
+
+    return fetch
+
+
+class Scraper:
+    """Calls `fetch` every `interval_s` in a thread; times are ns relative to `anchor_ns`."""
+
+    def __init__(self, fetch: Fetch, interval_s: float = 1.0) -> None:
+        self.fetch = fetch
+        self.series = ServerSeries(interval_s=interval_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.anchor_ns = 0
+
+    def sample(self) -> dict[str, float] | None:
+        try:
+            values = self.fetch()
+        except Exception:  # a scrape must never break the run: counted, not raised
+            self.series.errors += 1
+            return None
+        self.series.t_ns.append(time.monotonic_ns() - self.anchor_ns)
+        self.series.values.append(values)
+        return values
+
+    def start(self, anchor_ns: int) -> None:
+        self.anchor_ns = anchor_ns
+        self.series = ServerSeries(interval_s=self.series.interval_s)
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.sample()
+                self._stop.wait(self.series.interval_s)
+
+        self._stop.clear()
+        self._thread = threading.Thread(target=loop, daemon=True, name="metrics-scraper")
+        self._thread.start()
+
+    def stop(self) -> ServerSeries:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.sample()
+        self.series.deltas = series_deltas(self.series.values)
+        return self.series
+
+
+def series_deltas(values: list[dict[str, float]]) -> dict[str, float]:
+    """Last minus first of every key present in both (counters: what the run added)."""
+    if len(values) < 2:
+        return {}
+    first, last = values[0], values[-1]
+    return {k: last[k] - first[k] for k in sorted(last) if k in first}
+
+
+def running_now(values: dict[str, float]) -> float | None:
+    for k in RUNNING_KEYS:
+        if k in values:
+            return values[k]
+    return None

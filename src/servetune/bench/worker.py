@@ -1,0 +1,347 @@
+"""The sending side: one event loop, one connection pool, exact pacing.
+
+A worker runs in the parent (small loads) or in its own process (one per core). It
+imports nothing heavy, gets its requests pre-serialised, and streams finished records
+to a sink in batches, so a crash or Ctrl-C loses at most the last 100 ms.
+
+Open loop: every send is anchored to the precomputed schedule (anchor + offset), never
+to the previous send, so a slow server cannot slow the offered load (coordinated
+omission); with a concurrency cap, requests wait in a visible client queue
+(`queue_ns`) and the send lag shows it. Closed loop: `users` senders, each starting its
+next request from the completion callback of the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from servetune.bench.client import RequestState, Timeouts
+from servetune.bench.http import Connection, Pool, Target
+
+_now_ns = time.monotonic_ns
+
+# (index, request bytes, scheduled offset ns or None, cancel after N chunks or None)
+Item = tuple[int, bytes, int | None, int | None]
+
+
+@dataclass
+class WorkerConfig:
+    worker_id: int
+    url: str
+    items: list[Item]
+    closed_loop: bool
+    users: int = 1
+    cap: int | None = None
+    max_requests: int | None = None
+    duration_s: float | None = None
+    drain_s: float = 60.0
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    stream: bool = True
+    keep_text: bool = False
+    flush_s: float = 0.1  # 0: hand every record over at once (in-process runs)
+
+
+@dataclass
+class WorkerStats:
+    worker_id: int
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    sent: int = 0
+    connections_opened: int = 0
+    loop_lag_p99_ms: float = 0.0
+    stopped: str | None = None
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig, sink: Callable[[list[dict[str, Any]]], None]) -> None:
+        self.cfg = cfg
+        self.sink = sink
+        self.pool = Pool(Target(cfg.url), cfg.timeouts.connect_s or 3600.0)
+        self.anchor_ns = 0
+        self.out: list[dict[str, Any]] = []
+        self.in_flight: set[RequestState] = set()
+        self.waiting: deque[tuple[Item, int]] = deque()
+        self.sent = 0
+        self.issuing = True
+        self.stop_reason: str | None = None
+        self._next = 0
+        self._retried: set[int] = set()
+        self._idle: asyncio.Event | None = None
+        self._items_by_index = {it[0]: it for it in cfg.items}
+        self._lags_ms: list[float] = []
+
+    # --- starting requests -------------------------------------------------------------
+    def _start(self, item: Item, queued_since_ns: int | None = None) -> None:
+        index, payload, sched, cancel_after = item
+        cfg = self.cfg
+        st = RequestState(
+            index,
+            stream=cfg.stream,
+            on_done=self._done,
+            timeouts=cfg.timeouts,
+            scheduled_ns=None if sched is None else self.anchor_ns + sched,
+            cancel_after=cancel_after,
+            keep_text=cfg.keep_text,
+        )
+        now = _now_ns()
+        st.send_ns = now
+        if queued_since_ns is not None:
+            st.queue_ns = now - queued_since_ns
+        self.in_flight.add(st)
+        self.sent += 1
+        conn = self.pool.get_idle()
+        if conn is not None:
+            st.sent(conn, conn.send(payload, st))
+        else:
+            asyncio.get_running_loop().create_task(self._connect_and_send(st, payload))
+
+    async def _connect_and_send(self, st: RequestState, payload: bytes) -> None:
+        t0 = _now_ns()
+        try:
+            conn: Connection = await self.pool.connect()
+        except (TimeoutError, asyncio.TimeoutError):
+            st.fail("connect_timeout", f"no connection within {self.cfg.timeouts.connect_s} s")
+            return
+        except OSError as exc:
+            kind = "client_error" if exc.errno == 24 else "connect_error"  # EMFILE
+            st.fail(kind, f"{type(exc).__name__}: {exc}")
+            return
+        if st.done:  # stopped while connecting
+            conn.close()
+            return
+        st.connect_ns = _now_ns() - t0
+        st.sent(conn, conn.send(payload, st))
+
+    def _done(self, st: RequestState) -> None:
+        self.in_flight.discard(st)
+        conn = st.conn
+        if (
+            st.error == "connection_reset"
+            and conn is not None
+            and conn.uses > 1
+            and not conn.got_bytes
+            and st.index not in self._retried
+        ):
+            # A reused keep-alive connection the server had closed: retry once, fresh.
+            self._retried.add(st.index)
+            self.sent -= 1
+            self._start(self._items_by_index[st.index])
+            return
+        self.out.append(self._record(st))
+        if self.cfg.flush_s <= 0:  # in-process: the breaker sees every record at once
+            self.flush()
+        if self.issuing:
+            if self.cfg.closed_loop:
+                item = self._take()
+                if item is not None:
+                    self._start(item)
+            elif self.waiting:
+                item, since = self.waiting.popleft()
+                self._start(item, since)
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
+
+    def _record(self, st: RequestState) -> dict[str, Any]:
+        a = self.anchor_ns
+        return {
+            "index": st.index,
+            "worker": self.cfg.worker_id,
+            "scheduled_ns": None if st.scheduled_ns is None else st.scheduled_ns - a,
+            "queue_ns": st.queue_ns,
+            "send_ns": st.send_ns - a,
+            "connect_ns": st.connect_ns,
+            "first_event_ns": None if st.first_event_ns is None else st.first_event_ns - a,
+            "first_answer_ns": None if st.first_answer_ns is None else st.first_answer_ns - a,
+            "chunk_ns": [t - a for t in st.chunk_ns],
+            "chunk_tokens": st.chunk_tokens,
+            "end_ns": st.end_ns - a,
+            "status": st.status,
+            "error": st.error,
+            "error_detail": st.detail,
+            "http_status": st.http_status,
+            "finish_reason": st.finish_reason,
+            "usage_prompt_tokens": st.usage_prompt,
+            "usage_completion_tokens": st.usage_completion,
+            "server_timings": st.timings,
+            "output_text": "".join(st.texts) if st.texts is not None else None,
+        }
+
+    def _take(self) -> Item | None:
+        """Next request of a closed loop, or None when the run is over."""
+        cfg = self.cfg
+        if cfg.max_requests is not None and self.sent >= cfg.max_requests:
+            return None
+        if cfg.duration_s is not None and _now_ns() >= self.anchor_ns + cfg.duration_s * 1e9:
+            return None
+        if self._next >= len(cfg.items):
+            if cfg.duration_s is None:
+                return None
+            self._next = 0  # duration-bound: cycle through the pool
+        item = cfg.items[self._next]
+        self._next += 1
+        return item
+
+    # --- the run -----------------------------------------------------------------------
+    async def _pace(self) -> None:
+        cap = self.cfg.cap
+        for item in self.cfg.items:
+            if not self.issuing:
+                return
+            target = self.anchor_ns + (item[2] or 0)
+            now = _now_ns()
+            # Never early: the loop's timers round to ~1 ms, so sleep again for any rest.
+            while target - now > 20_000:
+                await asyncio.sleep((target - now) / 1e9)
+                now = _now_ns()
+            if not self.issuing:
+                return
+            if cap is not None and len(self.in_flight) >= cap:
+                self.waiting.append((item, _now_ns()))
+            else:
+                self._start(item)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(self.cfg.flush_s, 0.1))
+            self.flush()
+
+    async def _lag_loop(self) -> None:
+        """Event-loop lag: how late a 10 ms sleep wakes up (client saturation signal)."""
+        while True:
+            t = _now_ns()
+            await asyncio.sleep(0.01)
+            self._lags_ms.append(max(0.0, (_now_ns() - t) / 1e6 - 10.0))
+
+    def flush(self) -> None:
+        if self.out:
+            batch, self.out = self.out, []
+            self.sink(batch)
+
+    def stop(self, reason: str) -> None:
+        """Stop issuing and abort everything in flight (circuit breaker, Ctrl-C)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.issuing = False
+        self.waiting.clear()
+        for st in list(self.in_flight):
+            st.abort("aborted", None, f"run stopped: {reason}")
+        if self._idle is not None:
+            self._idle.set()
+
+    async def run(self, anchor_ns: int) -> WorkerStats:
+        self.anchor_ns = anchor_ns
+        self._idle = asyncio.Event()
+        cpu0, wall0 = time.process_time(), _now_ns()
+        flusher = asyncio.create_task(self._flush_loop())
+        lagger = asyncio.create_task(self._lag_loop())
+        try:
+            delay = (anchor_ns - _now_ns()) / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.cfg.closed_loop:
+                for _ in range(self.cfg.users):
+                    item = self._take()
+                    if item is None:
+                        break
+                    self._start(item)
+            else:
+                await self._pace()
+            # Sending is over (or was stopped): wait for the stragglers, then abort them.
+            deadline = _now_ns() + int(self.cfg.drain_s * 1e9)
+            while (self.in_flight or self.waiting) and _now_ns() < deadline:
+                self._idle.clear()
+                if not self.in_flight and self.waiting:
+                    item, since = self.waiting.popleft()
+                    self._start(item, since)
+                    continue
+                try:
+                    await asyncio.wait_for(
+                        self._idle.wait(), max(0.0, (deadline - _now_ns()) / 1e9)
+                    )
+                except (TimeoutError, asyncio.TimeoutError):
+                    break
+            if self.in_flight:
+                self.stop("drain limit reached")
+        except asyncio.CancelledError:
+            self.stop("interrupted")
+            raise
+        finally:
+            flusher.cancel()
+            lagger.cancel()
+            self.flush()
+            self.pool.close()
+        lags = sorted(self._lags_ms)
+        return WorkerStats(
+            worker_id=self.cfg.worker_id,
+            cpu_s=time.process_time() - cpu0,
+            wall_s=(_now_ns() - wall0) / 1e9,
+            sent=self.sent,
+            connections_opened=self.pool.opened,
+            loop_lag_p99_ms=lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
+            stopped=self.stop_reason,
+        )
+
+
+def install_fast_loop() -> str:
+    """uvloop when installed (a faster event loop); returns the loop's name."""
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    except ImportError:  # pragma: no cover
+        return "asyncio"
+
+
+def raise_fd_limit() -> None:
+    """One socket per request in flight: lift the soft open-files limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # pragma: no cover
+        pass
+
+
+def process_main(conn: Any, cfg: WorkerConfig) -> None:
+    """Entry point of a worker process: ready -> anchor -> run -> records... -> done."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
+    raise_fd_limit()
+    install_fast_loop()
+
+    def sink(batch: list[dict[str, Any]]) -> None:
+        conn.send(("records", batch))
+
+    async def main() -> WorkerStats:
+        worker = Worker(cfg, sink)
+        loop = asyncio.get_running_loop()
+        conn.send(("ready", os.getpid()))
+        anchor = await loop.run_in_executor(None, conn.recv)
+
+        def on_msg() -> None:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                msg = ("stop", "parent gone")
+            if msg[0] == "stop":
+                worker.stop(msg[1])
+
+        loop.add_reader(conn.fileno(), on_msg)
+        try:
+            return await worker.run(anchor)
+        finally:
+            loop.remove_reader(conn.fileno())
+
+    stats = asyncio.run(main())
+    conn.send(("done", stats))
+    conn.close()

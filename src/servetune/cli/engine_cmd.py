@@ -1,0 +1,239 @@
+"""`servetune engine ...`: install, list, print and launch real inference engines.
+
+Heavy work (pip, cmake, subprocesses, httpx) is imported inside the commands so
+`servetune --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import typer
+
+from servetune.errors import InputError
+
+engine_app = typer.Typer(
+    help="Install, launch and inspect real engines (vLLM, SGLang, TGI, TensorRT-LLM, llama.cpp).",
+    no_args_is_help=True,
+)
+
+_SET_HELP = "Canonical knob, repeatable: --set max_num_seqs=8 --set kv_cache_space_gib=2"
+_EXTRA_HELP = "Extra engine flags verbatim, e.g. --extra '--load-format dummy'"
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(engine_app, name="engine")
+
+
+def parse_sets(engine: str, sets: list[str], extra: str | None = None):  # -> EngineConfig
+    """`key=value` pairs (JSON values, else strings) -> a validated EngineConfig."""
+    from servetune.engines.config import EngineConfig
+    from servetune.engines.registry import adapter
+    from servetune.errors import closest, from_validation_error
+
+    adapter(engine)  # unknown engine -> one-line error
+    data: dict[str, object] = {"engine": engine}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise InputError("--set", f"expected key=value, got {item!r}")
+        if key not in EngineConfig.model_fields:
+            near = closest(key, EngineConfig.model_fields)
+            raise InputError("--set", f"unknown knob {key!r}", f"did you mean {', '.join(near)}?")
+        try:
+            data[key] = json.loads(raw)
+        except ValueError:
+            data[key] = raw
+    if extra:
+        data["extra_args"] = tuple(shlex.split(extra)) + tuple(data.get("extra_args") or ())
+    try:
+        return EngineConfig.model_validate(data)
+    except Exception as exc:  # pydantic.ValidationError
+        raise from_validation_error(exc, "--set") from None
+
+
+@engine_app.command("list")
+def list_engines(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """What is installed where (servetune's cache, PATH or the current python), with versions."""
+    from servetune.engines.config import ENGINES
+    from servetune.engines.install import HOW_TO_INSTALL, find
+
+    rows = []
+    for name in ENGINES:
+        found = find(name)
+        rows.append(
+            {
+                "engine": name,
+                "installed": found is not None,
+                "where": found.where if found else None,
+                "source": found.source if found else None,
+                "version": found.version if found else None,
+                "install": None if found else HOW_TO_INSTALL[name],
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        if r["installed"]:
+            ver = f" {r['version']}" if r["version"] else ""
+            typer.echo(f"{r['engine']:<9} installed{ver}  {r['where']}  ({r['source']})")
+        else:
+            typer.echo(f"{r['engine']:<9} not installed  -> {r['install']}")
+
+
+@engine_app.command("install")
+def install_cmd(
+    engines: list[str] = typer.Argument(..., help="vllm, llamacpp or all."),
+    force: bool = typer.Option(False, "--force", help="Reinstall even when cached."),
+) -> None:
+    """Install the CPU-capable engines into servetune's cache (idempotent; cached runs take ms)."""
+    import time
+
+    from servetune.engines.install import INSTALLABLE, install
+
+    names = list(INSTALLABLE) if engines == ["all"] else engines
+    for name in names:
+        t0 = time.monotonic()
+        found = install(name, force=force, say=lambda m: typer.echo(m, err=True))
+        typer.echo(
+            f"{name} {found.version or ''} at {found.where} ({time.monotonic() - t0:.1f}s)".strip()
+        )
+
+
+@engine_app.command("make-model")
+def make_model(
+    kind: str = typer.Option("llama", "--kind", help="llama (vLLM test dir) or gemma-gguf."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write (default: cache)."),
+    layers: int = typer.Option(8, "--layers", min=1),
+    hidden: int = typer.Option(1024, "--hidden", min=64),
+    heads: int = typer.Option(16, "--heads", min=1),
+    kv_heads: int = typer.Option(4, "--kv-heads", min=1),
+    head_dim: int = typer.Option(64, "--head-dim", min=8),
+    intermediate: int = typer.Option(2816, "--intermediate", min=1),
+    vocab: int = typer.Option(8192, "--vocab", min=300, help="Target BPE vocabulary size."),
+    max_len: int = typer.Option(4096, "--max-position-embeddings", min=16),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Make a small Llama config+tokenizer dir (serve with --load-format dummy) or fetch the
+    Gemma 3 270M Q4_K_M GGUF for llama.cpp. Prints the path."""
+    from servetune.engines import testmodel
+
+    if kind == "gemma-gguf":
+        typer.echo(str(testmodel.gemma_gguf(out)))
+        return
+    if kind != "llama":
+        raise InputError("--kind", f"unknown model kind {kind!r}", "llama or gemma-gguf")
+    spec = testmodel.LlamaSpec(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=intermediate,
+        vocab_target=vocab,
+        max_position_embeddings=max_len,
+        seed=seed,
+    )
+    typer.echo(str(testmodel.make_llama_dir(out, spec)))
+
+
+@engine_app.command("command")
+def command(
+    engine: str = typer.Argument(..., help="vllm, sglang, tgi, trtllm, llamacpp or all."),
+    model: str = typer.Option(..., "--model", "-m", help="HF id or path (.gguf for llama.cpp)."),
+    sets: list[str] = typer.Option([], "--set", help=_SET_HELP),
+    extra: str | None = typer.Option(None, "--extra", help=_EXTRA_HELP),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    device: str = typer.Option("gpu", "--device", help="gpu or cpu (vLLM's CPU build rules)."),
+) -> None:
+    """Print the launch command(s) for a canonical config, and the knobs an engine lacks."""
+    from servetune.engines.config import ENGINES
+    from servetune.engines.registry import launch_command
+
+    if device not in ("gpu", "cpu"):
+        raise InputError("--device", f"unknown device {device!r}", "gpu or cpu")
+    names = list(ENGINES) if engine == "all" else [engine]
+    for name in names:
+        cfg = parse_sets(name, sets, extra)
+        spec = launch_command(name, cfg, model, host=host, port=port, device=device)  # type: ignore[arg-type]
+        if len(names) > 1:
+            typer.echo(f"# {name}")
+        typer.echo(spec.shell())
+        if spec.unsupported:
+            typer.echo(f"# unsupported by {name}: {', '.join(spec.unsupported)}")
+        for note in spec.notes:
+            typer.echo(f"# note: {note}")
+
+
+@engine_app.command("launch")
+def launch_cmd(
+    engine: str = typer.Argument(..., help="vllm, sglang, tgi, trtllm or llamacpp."),
+    model: str = typer.Option(..., "--model", "-m", help="HF id or path (.gguf for llama.cpp)."),
+    sets: list[str] = typer.Option([], "--set", help=_SET_HELP),
+    extra: str | None = typer.Option(None, "--extra", help=_EXTRA_HELP),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="Default: a free one."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    executable: str | None = typer.Option(
+        None, "--executable", help="Engine python (vllm, sglang) or binary to use."
+    ),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds to become ready."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ready record as JSON."),
+) -> None:
+    """Start an engine, wait until it answers a real completion, print its URL and effective
+    settings, keep it up until Ctrl-C, then stop it (nothing left running)."""
+    import signal
+    import time
+
+    from servetune.engines.process import launch
+
+    cfg = parse_sets(engine, sets, extra)
+    generated = Path(model) / "servetune_spec.json"
+    if engine == "vllm" and generated.exists() and "--load-format" not in cfg.extra_args:
+        # A `make-model` dir has no weights: vLLM fills random ones from config.json.
+        cfg = cfg.with_(extra_args=(*cfg.extra_args, "--load-format", "dummy"))
+        typer.echo("generated test model: adding --load-format dummy (random weights)", err=True)
+    if engine == "llamacpp" and not Path(model).exists():
+        raise InputError(
+            "--model", f"{model} does not exist", "servetune engine make-model --kind gemma-gguf"
+        )
+
+    def _term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    typer.echo(f"starting {engine} ...", err=True)
+    with launch(
+        engine, cfg, model, host=host, port=port, executable=executable, timeout_s=timeout
+    ) as srv:
+        record = {
+            "engine": engine,
+            "url": srv.url,
+            "pid": srv.pid,
+            "ready_s": round(srv.ready_s or 0.0, 1),
+            "warmup_s": round(srv.warmup_s or 0.0, 2),
+            "log": str(srv.log_path),
+            "command": srv.spec.shell(),
+            "unsupported": srv.spec.unsupported,
+            "settings": srv.settings,
+        }
+        if as_json:
+            typer.echo(json.dumps(record, indent=2, default=str))
+        else:
+            typer.echo(f"{engine} ready at {srv.url} in {record['ready_s']}s (pid {srv.pid})")
+            typer.echo(f"log: {srv.log_path}")
+            for key, value in srv.settings.items():
+                typer.echo(f"  {key}: {value}")
+            typer.echo("Ctrl-C to stop", err=True)
+        try:
+            while True:
+                time.sleep(1.0)
+                srv.check()
+        except KeyboardInterrupt:
+            typer.echo("stopping ...", err=True)

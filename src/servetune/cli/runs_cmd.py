@@ -1,0 +1,377 @@
+"""`servetune runs ...`: the experiment store from the command line (list, show,
+compare, tag, conclude, export, import, delete). sqlalchemy is imported inside the
+commands so `servetune --help` stays fast."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from servetune.errors import InputError
+
+if TYPE_CHECKING:
+    from servetune.store.compare import Comparison
+    from servetune.store.store import RunInfo, Store
+
+runs_app = typer.Typer(
+    name="runs",
+    help="The experiment store: list, show, compare, tag, conclude, export, import, delete.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+DB_HELP = "Database: a file path or SQLAlchemy URL (default $SERVETUNE_DB or ./servetune.db)."
+_DB = typer.Option(None, "--db", help=DB_HELP)
+_JSON = typer.Option(False, "--json", help="Machine-readable output.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(runs_app, name="runs")
+
+
+def _open(db: str | None, create: bool = False) -> Store:
+    from servetune.store import Store
+
+    return Store.open(db, create=create)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None)
+
+
+def _emit(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _metric(info: RunInfo, path: str) -> Any:
+    cur: Any = info.metrics or {}
+    for p in path.split("."):
+        cur = cur.get(p) if isinstance(cur, dict) else None
+    return cur
+
+
+@runs_app.command("list")
+def list_runs(
+    model: str | None = typer.Option(None, "--model", help="Model name contains this."),
+    engine: str | None = typer.Option(None, "--engine"),
+    study: str | None = typer.Option(None, "--study", help="Study name or id."),
+    tag: str | None = typer.Option(None, "--tag"),
+    since: str | None = typer.Option(None, "--since", help="ISO date/time (UTC)."),
+    until: str | None = typer.Option(None, "--until", help="ISO date/time (UTC)."),
+    status: str | None = typer.Option(None, "--status", help="completed, incomplete, ..."),
+    backend: str | None = typer.Option(None, "--backend", help="real or sim."),
+    limit: int | None = typer.Option(None, "--limit", "-n", min=1, help="The newest N only."),
+    studies: bool = typer.Option(False, "--studies", help="List studies instead of runs."),
+    as_json: bool = _JSON,
+    db: str | None = _DB,
+) -> None:
+    """Runs in the store, oldest first, with their headline figures."""
+    with _open(db) as store:
+        if studies:
+            rows = store.studies()
+            if as_json:
+                _emit(rows)
+                return
+            _table(
+                ["study", "kind", "runs", "created (UTC)", "id"],
+                [[r["name"], r["kind"] or "-", r["runs"], r["created_utc"], r["id"]] for r in rows],
+                f"{len(rows)} studies in {store.where}",
+            )
+            return
+        infos = store.list_runs(
+            model=model,
+            engine=engine,
+            study=study,
+            tag=tag,
+            since=since,
+            until=until,
+            status=status,
+            backend=backend,
+            limit=limit,
+        )
+        if as_json:
+            _emit([_summary(i) for i in infos])
+            return
+        from servetune.store.experiment import fmt
+
+        rows = [
+            [
+                i.id,
+                i.created_utc.replace("T", " ").rstrip("Z"),
+                i.study or "-",
+                i.model or "-",
+                i.engine or "-",
+                i.backend,
+                i.load_label(),
+                _status(i.status),
+                fmt(_metric(i, "ttft_ms.p99")),
+                fmt(_metric(i, "tpot_ms.p99")),
+                fmt(_metric(i, "output_tok_s")),
+                fmt(_metric(i, "goodput_req_s")),
+                i.conclusion or "-",
+                ",".join(i.tags) or "-",
+            ]
+            for i in infos
+        ]
+        _table(
+            [
+                "id",
+                "created (UTC)",
+                "study",
+                "model",
+                "engine",
+                "backend",
+                "load",
+                "status",
+                "TTFT P99 ms",
+                "TPOT P99 ms",
+                "out tok/s",
+                "goodput/s",
+                "verdict",
+                "tags",
+            ],
+            rows,
+            f"{len(rows)} runs in {store.where}",
+        )
+
+
+def _summary(i: RunInfo) -> dict[str, Any]:
+    keys = (
+        "id",
+        "study",
+        "created_utc",
+        "backend",
+        "status",
+        "stop_reason",
+        "model",
+        "engine",
+        "engine_version",
+        "hardware",
+        "gpu_count",
+        "load_kind",
+        "rate",
+        "concurrency",
+        "n_records",
+        "conclusion",
+        "conclusion_note",
+        "tags",
+    )
+    out = {k: getattr(i, k) for k in keys}
+    out["metrics"] = {
+        p: _metric(i, p)
+        for p in (
+            "ttft_ms.p50",
+            "ttft_ms.p99",
+            "tpot_ms.p50",
+            "tpot_ms.p99",
+            "e2e_ms.p99",
+            "output_tok_s",
+            "req_s",
+            "goodput_req_s",
+            "error_rate",
+        )
+    }
+    return out
+
+
+def _status(s: str) -> str:
+    color = {"completed": "green", "running": "cyan", "incomplete": "yellow"}.get(s, "red")
+    return f"[{color}]{s}[/]"
+
+
+def _table(headers: list[str], rows: list[list[Any]], title: str) -> None:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for h in headers:
+        t.add_column(h, overflow="fold")
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    _console().print(t)
+
+
+@runs_app.command("show")
+def show(
+    ref: str = typer.Argument(..., help="Run id (or a unique prefix, or `last`)."),
+    as_json: bool = _JSON,
+    db: str | None = _DB,
+) -> None:
+    """The seed 003 §16 experiment record of one run."""
+    from servetune.store.experiment import experiment_record
+
+    with _open(db) as store:
+        ids = store.resolve([ref])
+        if len(ids) != 1:
+            raise InputError(
+                "RUN",
+                f"{ref!r} is a study of {len(ids)} runs; show takes one run",
+                "use `runs list --study` or `runs compare`",
+            )
+        info = store.get(ids[0])
+        metrics = _metrics(store, info)
+        if as_json:
+            _emit({**info.to_json(), "metrics": metrics})
+            return
+    from rich.table import Table
+
+    con = _console()
+    for title, rows in experiment_record(info, metrics):
+        t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+        t.add_column(style="bold", min_width=30)
+        t.add_column(overflow="fold")
+        for k, v in rows:
+            t.add_row(k, v)
+        con.print(t)
+        con.print()
+
+
+def _metrics(store: Store, info: RunInfo) -> dict[str, Any]:
+    """Stored metrics, or for a run that never finished, computed from its records."""
+    if info.metrics is not None:
+        return info.metrics
+    return store.load_result(info.id).metrics.model_dump(mode="json")
+
+
+@runs_app.command("compare")
+def compare(
+    refs: list[str] = typer.Argument(..., help="Two or more runs (ids, studies, A,B,C)."),
+    all_knobs: bool = typer.Option(False, "--all", help="Also list what does not differ."),
+    as_json: bool = _JSON,
+    db: str | None = _DB,
+) -> None:
+    """Side by side: differing knobs and context first, then metric deltas vs the first."""
+    from servetune.store.compare import compare_runs
+
+    with _open(db) as store:
+        ids = store.resolve(refs)
+        if len(ids) < 2:
+            raise InputError("RUNS", f"compare needs two or more runs (got {len(ids)})")
+        infos = [store.get(i) for i in ids]
+        comp = compare_runs(infos, [_metrics(store, i) for i in infos])
+    if as_json:
+        _emit(comp.to_json())
+        return
+    _print_comparison(comp, all_knobs)
+
+
+def _print_comparison(comp: Comparison, all_knobs: bool) -> None:
+    from rich.table import Table
+
+    from servetune.store.experiment import fmt
+
+    con = _console()
+    labels = [f"{chr(65 + i) if i < 26 else i} {rid}" for i, rid in enumerate(comp.run_ids)]
+    t = Table(title="What differs (config first, then context)", title_justify="left")
+    t.add_column("knob / context", style="bold")
+    for lab in labels:
+        t.add_column(lab, overflow="fold")
+    for f in comp.factors:
+        if f.differs:
+            t.add_row(f"[bold yellow]{f.name}[/]", *[f"[yellow]{fmt(v)}[/]" for v in f.values])
+    if all_knobs:
+        for f in comp.factors:
+            if not f.differs:
+                t.add_row(f"[dim]{f.name}[/]", *[f"[dim]{fmt(v)}[/]" for v in f.values])
+    if not comp.differing and not all_knobs:
+        t.add_row("[dim](nothing differs)[/]", *["" for _ in labels])
+    con.print(t)
+    for w in comp.warnings:
+        con.print(f"[bold red]warning:[/] {w}")
+    m = Table(title="Metrics (delta vs A)", title_justify="left")
+    m.add_column("metric", style="bold")
+    for lab in labels:
+        m.add_column(lab, justify="right")
+    for row in comp.metrics:
+        cells = []
+        for i, v in enumerate(row.values):
+            cell = fmt(v)
+            if i and row.pcts[i] is not None:
+                verdict = row.verdict(i)
+                color = {"better": "green", "worse": "red"}.get(verdict or "", "dim")
+                cell += f" [{color}]({row.pcts[i]:+.1f}%)[/]"
+            cells.append(cell)
+        m.add_row(row.label, *cells)
+    con.print(m)
+
+
+@runs_app.command("tag")
+def tag(
+    ref: str = typer.Argument(..., help="Run id, study or A,B,C."),
+    tags: list[str] = typer.Argument(..., help="Tags to add (or remove with --remove)."),
+    remove: bool = typer.Option(False, "--remove", help="Remove these tags instead."),
+    db: str | None = _DB,
+) -> None:
+    """Add or remove tags (e.g. baseline, candidate, prod)."""
+    with _open(db) as store:
+        ids = store.resolve([ref])
+        store.tag(ids, add=() if remove else tags, remove=tags if remove else ())
+    typer.echo(f"{'untagged' if remove else 'tagged'} {len(ids)} run(s): {', '.join(tags)}")
+
+
+@runs_app.command("conclude")
+def conclude(
+    ref: str = typer.Argument(..., help="Run id."),
+    verdict: str = typer.Argument(..., help="keep, drop or next (take to the next round)."),
+    note: str | None = typer.Option(None, "--note", help="Why."),
+    db: str | None = _DB,
+) -> None:
+    """Record the seed 003 §16 conclusion of a run."""
+    with _open(db) as store:
+        ids = store.resolve([ref])
+        for rid in ids:
+            store.conclude(rid, verdict, note)
+    typer.echo(f"{verdict}: {', '.join(ids)}")
+
+
+@runs_app.command("export")
+def export(
+    refs: list[str] = typer.Argument(None, help="Runs or studies (default: all runs)."),
+    fmt_: str = typer.Option("csv", "--format", "-f", help="csv, json or parquet."),
+    output: Path = typer.Option(..., "--output", "-o", help="File to write."),
+    records: bool = typer.Option(False, "--records", help="csv/parquet: one row per request."),
+    db: str | None = _DB,
+) -> None:
+    """Write runs out: one row per run (or per request), or JSON that `runs import` reads."""
+    from servetune.store.transfer import export as do_export
+
+    with _open(db) as store:
+        ids = store.resolve(refs) if refs else [i.id for i in store.list_runs()]
+        n = do_export(store, ids, output, fmt_, records=records)
+    typer.echo(f"wrote {n} {'runs' if fmt_ == 'json' else 'rows'} to {output}")
+
+
+@runs_app.command("import")
+def import_(
+    files: list[Path] = typer.Argument(..., help="bench result JSON, record JSONL, export JSON."),
+    study: str | None = typer.Option(None, "--study", help="Put the runs in this study."),
+    tags: list[str] = typer.Option([], "--tag", help="Tag the imported runs (repeatable)."),
+    db: str | None = _DB,
+) -> None:
+    """Import result files from earlier runs (or another store's export)."""
+    with _open(db, create=True) as store:
+        for f in files:
+            for rid, what in store.import_file(f, study=study, tags=tags):
+                typer.echo(f"{rid}: {what}")
+
+
+@runs_app.command("delete")
+def delete(
+    refs: list[str] = typer.Argument(..., help="Runs or studies."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+    db: str | None = _DB,
+) -> None:
+    """Delete runs and their records (cannot be undone)."""
+    with _open(db) as store:
+        ids = store.resolve(refs)
+        if not yes:
+            if not sys.stdin.isatty():
+                raise InputError("--yes", f"refusing to delete {len(ids)} run(s) without --yes")
+            typer.confirm(f"delete {len(ids)} run(s): {', '.join(ids)}?", abort=True)
+        n = store.delete(ids)
+    typer.echo(f"deleted {n} run(s)")

@@ -1,0 +1,255 @@
+"""`servetune simulate` and `servetune calibrate`: the engine simulator's commands.
+
+Thin layer: resolve the nouns, call `servetune.sim`, print, write the files and the
+experiment store (the same options and helper as bench). Heavy imports inside commands.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from servetune.cli.bench_cmd import DB_OPTION, NO_STORE_OPTION, STUDY_OPTION, TAG_OPTION
+from servetune.errors import InputError
+
+if TYPE_CHECKING:
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware.spec import HardwareSpec
+
+_SET_HELP = "Canonical knob, repeatable: --set max_num_seqs=64 --set enable_prefix_caching=false"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate", help="Predict an engine config under a workload, without the engine.")(
+        simulate
+    )
+    app.command("calibrate", help="Fit a simulator profile from bench result files.")(calibrate)
+
+
+def _numbers(value: str | None, flag: str, cast: type) -> list:
+    if not value:
+        return []
+    try:
+        out = [cast(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(flag, f"{value!r} is not a comma-separated list", "e.g. 1,2,4") from None
+    if not out or any(v <= 0 for v in out):
+        raise InputError(flag, "values must be > 0", "e.g. 1,2,4")
+    return out
+
+
+def _summary(res: Any) -> dict[str, Any]:
+    m = res.metrics
+    sim = res.target["sim"]
+    return {
+        "id": res.id,
+        "tier": res.target["tier"],
+        "load": res.load,
+        "completed": m.completed,
+        "rejected": sim["rejected"],
+        "output_tok_s": round(m.output_tok_s, 2),
+        "req_s": round(m.req_s, 3),
+        "ttft_ms": {k: getattr(m.ttft_ms, k) for k in ("p50", "p95", "p99")},
+        "tpot_ms": {k: getattr(m.tpot_ms, k) for k in ("p50", "p95", "p99")},
+        "e2e_ms_p50": m.e2e_ms.p50,
+        "preemptions": sim["preemptions"],
+        "prefix_hit_tokens": sim["prefix_hit_tokens"],
+        "max_kv_blocks_used": sim["max_kv_blocks_used"],
+        "kv_blocks": res.target["kv_blocks"],
+        "goodput_req_s": m.goodput_req_s,
+        "slo_pass": m.slo_pass,
+        "steps": sim["steps"],
+        "wall_s": round(sim["wall_s"], 3),
+    }
+
+
+def simulate(
+    model: str = typer.Option("llama-3.1-8b", "--model", "-m", help="Catalog name or config.json."),
+    gpu: str = typer.Option("h100-sxm", "--gpu", "-g", help="Accelerator (or cpu-host)."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs of one replica (sets TP when --set omits)."),
+    engine: str = typer.Option("vllm", "--engine", help="vllm (paged) or llamacpp (slots)."),
+    sets: list[str] = typer.Option([], "--set", help=_SET_HELP),
+    workload: Path | None = typer.Option(None, "--workload", "-w", help="Workload YAML."),
+    replay: Path | None = typer.Option(
+        None, "--replay", help="A bench result JSON: simulate its exact requests and load."
+    ),
+    rate: str | None = typer.Option(None, "--rate", help="Open-loop rates, req/s: 1,2,4"),
+    concurrency: str | None = typer.Option(None, "--concurrency", help="Closed-loop users: 1,8"),
+    count: int | None = typer.Option(None, "--count", help="Requests per point."),
+    duration: float | None = typer.Option(None, "--duration", help="Seconds per point."),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibrated profile JSON."),
+    slo_file: Path | None = typer.Option(None, "--slo", help="SLO YAML (goodput, pass/fail)."),
+    hardware_file: Path | None = typer.Option(None, "--hardware-file", help="Extra hardware."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="RunResult JSON."),
+    trace_path: Path | None = typer.Option(None, "--trace", help="Per-step trace CSV."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+    db: str | None = DB_OPTION,
+    no_store: bool = NO_STORE_OPTION,
+    study: str | None = STUDY_OPTION,
+    tags: list[str] = TAG_OPTION,
+) -> None:
+    """Replay the workload through a scheduler model of the engine (see docs/simulate.md)."""
+    from servetune.bench.output import ResultStore
+    from servetune.cli.bench_cmd import _say
+    from servetune.cli.engine_cmd import parse_sets
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import capacity_note, materialize_for_sim, setup
+    from servetune.sim.engine import simulate as run
+    from servetune.sim.profile import load_profile
+    from servetune.slo import load_slo
+    from servetune.workload.spec import WorkloadSpec, load_workload
+
+    cfg = parse_sets(engine, sets)
+    if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
+        cfg = cfg.with_(tensor_parallel_size=gpus)
+    m = get_model(model)
+    hw = get_hardware(gpu, hardware_file)
+    prof = load_profile(profile) if profile else None
+    slo = load_slo(slo_file) if slo_file else None
+    su = setup(m, hw, cfg, prof)  # fail fast, one line, before any work
+    fixed_requests = None
+    if replay is not None:
+        from servetune.sim.profile import load_results
+
+        base = load_results([replay])[0]
+        spec = WorkloadSpec.model_validate(base.workload)
+        fixed_requests = base.requests or None
+        if fixed_requests is None:
+            raise InputError("--replay", f"{replay} holds no requests", "bench with -o")
+    elif workload is not None:
+        spec = load_workload(workload)
+    else:
+        raise InputError("--workload", "give a workload file or --replay", "see docs/simulate.md")
+    points: list[dict[str, Any]] = [{"rate": r} for r in _numbers(rate, "--rate", float)]
+    points += [{"concurrency": c} for c in _numbers(concurrency, "--concurrency", int)]
+    if not points:
+        points = [{}]
+    err = sys.stderr
+    if not as_json:
+        tier = su.step_model.tier + (f" ({prof.key})" if prof else "")
+        print(f"simulate {m.name} on {hw.name} [{engine}], step times: {tier}", file=err)
+        print(capacity_note(su), file=err)
+    store = None
+    if not no_store:
+        store = ResultStore.open(
+            db, kind="sim", study=study, tags=tags, sweep=len(points) > 1, files=bool(output),
+            say=_say,
+        )  # fmt: skip
+    if store is not None:
+        from servetune.store import RunMeta
+
+        store.meta = RunMeta(
+            backend="sim",
+            model=m.name,
+            engine_config=cfg.model_dump(mode="json"),
+            hardware=sim_hardware(hw, cfg),
+            software={"engine": cfg.engine, "step_model": su.step_model.tier}
+            | ({"engine_version": prof.engine_version, "profile": prof.key} if prof else {}),
+            slo=slo.model_dump(mode="json") if slo is not None else None,
+        )
+    summaries = []
+    for i, kw in enumerate(points):
+        try:
+            pspec = spec.with_load(count=count, duration_s=duration, **kw)
+        except ValueError as exc:
+            raise InputError("--concurrency", str(exc), None) from None
+        reqs = fixed_requests if (fixed_requests and not kw and count is None) else None
+        if reqs is None:
+            reqs = materialize_for_sim(pspec)
+        res, sched = run(m, hw, cfg, pspec, reqs, profile=prof, slo=slo, trace=bool(trace_path))
+        suffix = f"-{i}" if len(points) > 1 else ""
+        if output:
+            path = output.with_name(f"{output.stem}{suffix}{output.suffix or '.json'}")
+            path.write_text(res.model_dump_json())
+        if trace_path:
+            from servetune.sim.trace import write_trace
+
+            tp = trace_path.with_name(f"{trace_path.stem}{suffix}{trace_path.suffix or '.csv'}")
+            write_trace(sched, tp)
+        if store is not None:
+            store.save(res)
+        s = _summary(res)
+        summaries.append(s)
+        if not as_json:
+            _print_point(s, err)
+    if store is not None:
+        store.close()
+    if as_json:
+        sys.stdout.write(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
+        sys.stdout.write("\n")
+
+
+def sim_hardware(hw: HardwareSpec, cfg: EngineConfig) -> dict[str, Any]:
+    """The simulated device as the store's §16 hardware record: the catalog entry, not
+    this host (`simulated: true`), with the spec the step times were priced from."""
+    spec = hw.model_dump(mode="json")
+    if hw.kind == "cpu":
+        return {"cpu": hw.display_name, "catalog": hw.name, "simulated": True, "spec": spec}
+    return {
+        "gpu": hw.display_name,
+        "gpu_count": cfg.world_size,
+        "catalog": hw.name,
+        "simulated": True,
+        "spec": spec,
+    }
+
+
+def _print_point(s: dict[str, Any], out: Any) -> None:
+    load = s["load"]
+    what = f"rate {load['rate']:g}/s" if load.get("rate") else f"concurrency {load['concurrency']}"
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.1f}"
+
+    t, p = s["ttft_ms"], s["tpot_ms"]
+    print(
+        f"{what}: {s['output_tok_s']:,.0f} out tok/s, {s['req_s']:.2f} req/s | "
+        f"TTFT p50/p95/p99 {ms(t['p50'])}/{ms(t['p95'])}/{ms(t['p99'])} ms | "
+        f"TPOT p50/p95 {ms(p['p50'])}/{ms(p['p95'])} ms | preemptions {s['preemptions']}, "
+        f"rejected {s['rejected']}, prefix hits {s['prefix_hit_tokens']:,} tok "
+        f"[{s['tier']}, {s['wall_s']:.2f} s]",
+        file=out,
+    )
+
+
+def calibrate(
+    results: list[Path] = typer.Argument(..., help="Bench result JSON files (RunResult)."),
+    engine: str = typer.Option("vllm", "--engine"),
+    engine_version: str = typer.Option("unknown", "--engine-version"),
+    model: str = typer.Option(..., "--model", "-m", help="Catalog name the runs served."),
+    gpu: str = typer.Option(..., "--gpu", "-g", help="Hardware the runs used (e.g. cpu-host)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Profile JSON to write."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Fit the calibrated step-time tier (least squares) from measured runs."""
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.profile import fit_profile, load_results, save_profile
+
+    m, hw = get_model(model), get_hardware(gpu)
+    prof = fit_profile(
+        load_results(results),
+        engine=engine,
+        model=m.name,
+        hardware=hw.name,
+        engine_version=engine_version,
+    )
+    save_profile(prof, output)
+    if as_json:
+        sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
+        return
+    fit = prof.fit
+    assert fit is not None
+    print(f"profile {prof.key} -> {output}")
+    for k, v in prof.coefficients.items():
+        print(f"  {k:15s} {v * 1e3:12.6f} ms  (+/- {prof.stderr.get(k, 0) * 1e3:.6f})")
+    print(f"  api_overhead    {prof.api_overhead_s * 1e3:12.3f} ms")
+    print(
+        f"  fit: {fit.samples} steps, R^2 {fit.r2:.3f}, relative RMSE {fit.rel_rmse:.1%}, "
+        f"confidence {fit.confidence}" + (f", dropped {fit.dropped}" if fit.dropped else "")
+    )

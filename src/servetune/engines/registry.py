@@ -1,0 +1,50 @@
+"""Engine name -> adapter module, and `launch_commands` (what the planner prints)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from servetune.engines import llamacpp, sglang, tgi, trtllm, vllm
+from servetune.engines.base import Device, LaunchSpec
+from servetune.engines.config import ENGINES, EngineConfig
+from servetune.errors import InputError, closest
+
+ADAPTERS: dict[str, ModuleType] = {
+    "vllm": vllm,
+    "sglang": sglang,
+    "tgi": tgi,
+    "trtllm": trtllm,
+    "llamacpp": llamacpp,
+}
+assert tuple(ADAPTERS) == ENGINES
+
+
+def adapter(engine: str) -> ModuleType:
+    """The adapter module for `engine`, or a one-line error naming the close ones."""
+    try:
+        return ADAPTERS[engine]
+    except KeyError:
+        near = closest(engine, ADAPTERS)
+        hint = f"did you mean {', '.join(near)}?" if near else f"one of {', '.join(ENGINES)}"
+        raise InputError("engine", f"unknown engine {engine!r}", hint) from None
+
+
+def launch_command(
+    engine: str,
+    cfg: EngineConfig,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    device: Device = "gpu",
+    prefix: list[str] | None = None,
+) -> LaunchSpec:
+    """One engine's launch command from the canonical config."""
+    return adapter(engine).build(cfg, model, host=host, port=port, device=device, prefix=prefix)
+
+
+def launch_commands(
+    cfg: EngineConfig, model: str, *, device: Device = "gpu"
+) -> dict[str, LaunchSpec]:
+    """The SAME config as a starting command for every engine (each on its default port)."""
+    return {name: launch_command(name, cfg, model, device=device) for name in ENGINES}

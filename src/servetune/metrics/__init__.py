@@ -1,0 +1,12 @@
+"""Pure metric functions over raw request records (the contract: docs/metrics.md)."""
+
+from servetune.metrics.compute import client_warnings, compute_metrics, measurement_window
+from servetune.metrics.stats import ks_exponential, summarize
+
+__all__ = [
+    "client_warnings",
+    "compute_metrics",
+    "ks_exponential",
+    "measurement_window",
+    "summarize",
+]

@@ -1,0 +1,1 @@
+"""Mock OpenAI-compatible server (fault injection, client-ceiling yardstick)."""

@@ -1,0 +1,156 @@
+"""One self-contained HTML file: plotly.js inlined once (works offline, no CDN), each
+figure as JSON rendered by a small script, the §16 records and config differences as
+tables. Every chart div gets `data-rendered="1"` once plotly has drawn it and any script
+error is written into `#st-errors`, so a headless browser can check the page."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from servetune import __version__
+from servetune.report.charts import Chart
+from servetune.report.data import ReportData
+from servetune.store.experiment import experiment_record, fmt
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222}
+header{background:#1d2733;color:#fff;padding:18px 28px}header h1{margin:0;font-size:22px}
+header p{margin:4px 0 0;color:#c9d3de}main{padding:8px 28px 40px;max-width:1500px}
+nav{margin:12px 0}nav a{margin-right:14px;color:#1f5fa8;text-decoration:none}
+section{margin:26px 0;border-top:1px solid #e3e6ea;padding-top:6px}h2{font-size:18px}
+.note{color:#555;margin:4px 0 8px}.skipped{color:#8a6d3b;background:#fcf8e3;padding:8px 12px}
+table{border-collapse:collapse;margin:8px 0;font-size:13px}
+th,td{border:1px solid #dde1e6;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f3f5f7}tr.sec th{background:#e6ebf1;text-align:left}
+td.diff{background:#fff3cd;font-weight:600}.warn{color:#a94442;font-weight:600}
+#st-errors{color:#a94442;white-space:pre-wrap}.chart{min-height:200px}
+"""
+
+# Installed before plotly.js so errors while loading it are caught too.
+ERROR_HOOK = """
+window.__stErrors = [];
+function __stFail(msg){window.__stErrors.push(String(msg));
+  var el=document.getElementById('st-errors'); if(el){el.textContent=window.__stErrors.join('\\n');}
+  document.documentElement.setAttribute('data-errors', String(window.__stErrors.length));}
+window.addEventListener('error', function(e){__stFail(e.message||e);});
+window.addEventListener('unhandledrejection', function(e){__stFail(e.reason||'rejection');});
+"""
+
+RENDER = """
+(function(){
+  var nodes=document.querySelectorAll('script[type="application/json"][data-fig]');
+  var pending=[];
+  nodes.forEach(function(node){
+    var id=node.getAttribute('data-fig'); var div=document.getElementById(id);
+    try{
+      var fig=JSON.parse(node.textContent);
+      pending.push(Plotly.newPlot(div, fig.data, fig.layout,
+        {responsive:true, displaylogo:false}).then(function(){
+          div.setAttribute('data-rendered', div.querySelectorAll('.main-svg').length>0?'1':'0');
+        }));
+    }catch(err){__stFail(id+': '+err);}
+  });
+  Promise.all(pending).then(function(){
+    document.body.setAttribute('data-charts-rendered', String(
+      document.querySelectorAll('.chart[data-rendered="1"]').length));
+  }, function(err){__stFail(err);});
+})();
+"""
+
+
+def _e(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _json_script(key: str, fig: Any) -> str:
+    # "</" must not appear inside a <script> element.
+    payload = fig.to_json().replace("</", "<\\/")
+    return f'<script type="application/json" data-fig="chart-{key}">{payload}</script>'
+
+
+def _chart_section(c: Chart) -> str:
+    body = (
+        f'<div class="chart" id="chart-{c.key}" data-chart="{c.key}"></div>'
+        if c.fig is not None
+        else f'<p class="skipped">Not drawn: {_e(c.note)}</p>'
+    )
+    note = f'<p class="note">{_e(c.note)}</p>' if c.fig is not None and c.note else ""
+    return f'<section id="{c.key}"><h2>{_e(c.title)}</h2>{note}{body}</section>'
+
+
+def _diff_section(data: ReportData) -> str:
+    comp = data.comparison
+    if comp is None:
+        return ""
+    runs = data.runs
+    head = "".join(f"<th>{_e(r.letter)} {_e(r.info.id)}</th>" for r in runs)
+    rows = []
+    for f in comp.differing:
+        cells = "".join(f'<td class="diff">{_e(fmt(v))}</td>' for v in f.values)
+        rows.append(f"<tr><th>{_e(f.name)}</th>{cells}</tr>")
+    if not rows:
+        rows.append(f'<tr><td colspan="{len(runs) + 1}">nothing differs</td></tr>')
+    warns = "".join(f'<p class="warn">warning: {_e(w)}</p>' for w in comp.warnings)
+    return (
+        '<section id="differences"><h2>What differs between the runs</h2>'
+        f"{warns}<table><tr><th>knob / context</th>{head}</tr>{''.join(rows)}</table></section>"
+    )
+
+
+def _record_section(data: ReportData, per_table: int = 6) -> str:
+    """The §16 record, runs as columns (tables of at most `per_table` runs)."""
+    parts = ['<section id="record"><h2>Experiment record (seed 003 §16)</h2>']
+    for start in range(0, len(data.runs), per_table):
+        runs = data.runs[start : start + per_table]
+        records = [experiment_record(r.info, r.metrics) for r in runs]
+        head = "".join(f"<th>{_e(r.letter)}</th>" for r in runs)
+        rows = [f"<tr><th>field</th>{head}</tr>"]
+        for s, (title, fields) in enumerate(records[0]):
+            rows.append(f'<tr class="sec"><th colspan="{len(runs) + 1}">{_e(title)}</th></tr>')
+            for f, (label, _) in enumerate(fields):
+                vals = [rec[s][1][f][1] if f < len(rec[s][1]) else "-" for rec in records]
+                cls = ' class="diff"' if len(set(vals)) > 1 and len(runs) > 1 else ""
+                cells = "".join(f"<td{cls}>{_e(v)}</td>" for v in vals)
+                rows.append(f"<tr><th>{_e(label)}</th>{cells}</tr>")
+        parts.append(f"<table>{''.join(rows)}</table>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def render_html(data: ReportData, charts: Sequence[Chart]) -> str:
+    """The whole report as one string."""
+    drawn = [c for c in charts if c.fig is not None]
+    nav = "".join(f'<a href="#{c.key}">{_e(c.title)}</a>' for c in charts)
+    nav += '<a href="#record">§16 record</a>'
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    legend = ", ".join(f"{r.letter} = {r.info.id} ({r.info.load_label()})" for r in data.runs)
+    return "".join(
+        [
+            '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+            f"<title>{_e(data.title)}</title><style>{CSS}</style>",
+            f"<script>{ERROR_HOOK}</script>",
+            f'<script type="text/javascript">{_plotly_js()}</script>',
+            "</head><body>",
+            f"<header><h1>{_e(data.title)}</h1><p>{len(data.runs)} run(s) from "
+            f"{_e(data.where)} · servetune {__version__} · {now}</p></header><main>",
+            f"<nav>{nav}</nav>",
+            f'<p class="note">{_e(legend)}</p>',
+            '<pre id="st-errors"></pre>',
+            _diff_section(data),
+            *(_chart_section(c) for c in charts),
+            _record_section(data),
+            "</main>",
+            *(_json_script(c.key, c.fig) for c in drawn),
+            f"<script>{RENDER}</script>",
+            "</body></html>",
+        ]
+    )

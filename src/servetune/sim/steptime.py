@@ -1,0 +1,165 @@
+"""Step-time models: how long one engine iteration takes, given what is in the batch.
+
+A step is described by five features (all per step, summed over the batch):
+
+- ``prefill_tokens``  prompt tokens computed this step (chunks included)
+- ``decode_seqs``     sequences decoding one token this step
+- ``kv_read_tokens``  KV-cache tokens read by attention: each decode's context plus, for
+  each prefill chunk, the tokens already cached before it
+- ``attn_pairs``      (query, key) pairs of attention over the whole batch: a decode with
+  context c adds c; a chunk of n tokens after c cached adds n x c + n^2 / 2 (causal)
+- the batch's token count, prefill_tokens + decode_seqs, drives weight reads and all-reduce
+
+Two tiers (FIELD-NOTES "two-tier latency model"; AIConfigurator labels its SILICON/HYBRID
+tiers the same way):
+
+- ``roofline``: seed 000 §4.2's bound from the planner's own functions
+  (:mod:`servetune.plan.roofline`), with stated efficiency factors and a per-step overhead:
+  t = overhead + max(bytes / (BW x eta_mem), FLOPs / (peak x eta_flops)) + TP all-reduce.
+- ``calibrated``: t = c0 + c_prefill x prefill_tokens + c_decode x decode_seqs
+  + c_kv x kv_read_tokens + c_attn x attn_pairs, coefficients fitted by least squares
+  from measured runs (BLIS's beta/alpha form: per-step, per-token and per-KV-read terms).
+
+Both are vectorised over numpy arrays so a decode-only stretch is priced in one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from servetune.engines.config import EngineConfig
+from servetune.hardware.spec import HardwareSpec
+from servetune.model.spec import ModelSpec
+from servetune.plan import roofline
+from servetune.plan.memory import MemoryBudget
+from servetune.plan.quant import weight_format
+
+FEATURES = ("const", "prefill_tokens", "decode_seqs", "kv_read_tokens", "attn_pairs")
+
+# Stated defaults of the roofline tier. Achievable HBM bandwidth is ~80-90% of the datasheet
+# on H100/A100 streaming kernels (STREAM-like copies); dense GEMMs reach ~50-70% of peak in
+# serving (MFU reported by vLLM/SGLang prefill profiles); CPU engines reach much less.
+DEFAULT_EFFICIENCY = {
+    "gpu": {"mem": 0.80, "flops": 0.55, "step_overhead_s": 2.0e-3, "api_overhead_s": 5.0e-3},
+    # A CPU forward pass (oneDNN / ggml) reaches ~50% of DRAM bandwidth and ~30% of the
+    # AVX-512 peak; Python-side scheduling costs more per step than on a GPU box.
+    "cpu": {"mem": 0.50, "flops": 0.30, "step_overhead_s": 5.0e-3, "api_overhead_s": 5.0e-3},
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's features (scalars) - the unit the schedulers price."""
+
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    kv_read_tokens: int = 0
+    attn_pairs: float = 0.0
+
+
+def chunk_attn_pairs(cached: int, n: int) -> float:
+    """Causal attention pairs of a prefill chunk of n tokens after `cached` tokens:
+    each new token i (0-based) attends to cached + i + 1 keys -> n x cached + n (n + 1) / 2."""
+    return n * cached + n * (n + 1) / 2
+
+
+@dataclass
+class StepModel:
+    """Prices steps; `tier` labels every prediction it makes."""
+
+    tier: str
+    # calibrated: the coefficient vector over FEATURES (seconds per unit)
+    coef: np.ndarray = field(default_factory=lambda: np.zeros(len(FEATURES)))
+    # roofline: derived coefficients (seconds per unit), see `roofline_model`
+    mem_per_kv_token_s: float = 0.0
+    flops_per_token_s: float = 0.0
+    flops_per_pair_s: float = 0.0
+    overhead_s: float = 0.0
+    weights_s: object = None  # callable(batch tokens) -> seconds of weight reads
+    comm_s: object = None  # callable(batch tokens) -> seconds of TP all-reduce
+    # Added to every streamed chunk's arrival (HTTP, detokenise, SSE framing); BLIS alpha_0.
+    api_overhead_s: float = 0.0
+    notes: dict[str, float] = field(default_factory=dict)
+
+    def time_s(self, s: Step) -> float:
+        """Seconds of one step."""
+        if self.tier == "calibrated":
+            c = self.coef
+            return float(
+                c[0]
+                + c[1] * s.prefill_tokens
+                + c[2] * s.decode_seqs
+                + c[3] * s.kv_read_tokens
+                + c[4] * s.attn_pairs
+            )
+        tokens = s.prefill_tokens + s.decode_seqs
+        mem = self.weights_s(tokens) + self.mem_per_kv_token_s * s.kv_read_tokens
+        comp = self.flops_per_token_s * tokens + self.flops_per_pair_s * s.attn_pairs
+        return self.overhead_s + max(mem, comp) + self.comm_s(tokens)
+
+    def decode_times_s(self, batch: int, context_sum: np.ndarray) -> np.ndarray:
+        """Seconds of decode-only steps of `batch` sequences whose total contexts are
+        `context_sum` (one entry per step): the jump over an unchanged batch."""
+        if self.tier == "calibrated":
+            c = self.coef
+            return c[0] + c[2] * batch + (c[3] + c[4]) * context_sum
+        mem = self.weights_s(batch) + self.mem_per_kv_token_s * context_sum
+        comp = self.flops_per_token_s * batch + self.flops_per_pair_s * context_sum
+        return self.overhead_s + np.maximum(mem, comp) + self.comm_s(batch)
+
+
+def roofline_model(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    cfg: EngineConfig,
+    budget: MemoryBudget,
+    efficiency: dict[str, float] | None = None,
+) -> StepModel:
+    """The roofline tier, with its coefficients read off the planner's functions (no
+    re-derivation): a decode step at batch 1 and context 0/1 gives the per-token FLOP cost
+    and the per-(token, key) attention and KV-read costs; weight reads (MoE-aware) and the
+    all-reduce come from `roofline.weight_bytes_read` and `roofline.allreduce_s`."""
+    eff = {**DEFAULT_EFFICIENCY["cpu" if hw.kind == "cpu" else "gpu"], **(efficiency or {})}
+    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    tp = cfg.tensor_parallel_size
+    w, kvb = budget.weights_bytes, budget.kv_bytes_per_token
+
+    def step(context: int) -> roofline.StepCost:
+        return roofline.decode_step(model, hw, w, kvb, 1, context, fmt.compute, tp)
+
+    s0, s1 = step(0), step(1)
+    eta_m, eta_f = eff["mem"], eff["flops"]
+    bw = hw.bandwidth_bytes_s * eta_m
+    layers = model.num_layers
+
+    @lru_cache(maxsize=4096)
+    def weights_s(tokens: int) -> float:
+        return roofline.weight_bytes_read(model, w, max(int(tokens), 1)) / bw
+
+    @lru_cache(maxsize=4096)
+    def comm_s(tokens: int) -> float:
+        # Two all-reduces per layer (Megatron-LM), as roofline.decode_step charges them.
+        return 2 * layers * roofline.allreduce_s(hw, tp, max(int(tokens), 1), model.hidden_size)
+
+    # PP: a token passes every stage in turn; the planner's bounds multiply by pp too.
+    pp = cfg.pipeline_parallel_size
+    return StepModel(
+        tier="roofline",
+        mem_per_kv_token_s=(s1.memory_s - s0.memory_s) / eta_m * pp,
+        flops_per_token_s=s0.compute_s / eta_f * pp,
+        flops_per_pair_s=(s1.compute_s - s0.compute_s) / eta_f * pp,
+        overhead_s=eff["step_overhead_s"],
+        weights_s=(lambda t: weights_s(int(t)) * pp),
+        comm_s=(lambda t: comm_s(int(t)) * pp),
+        api_overhead_s=eff["api_overhead_s"],
+        notes={k: float(v) for k, v in eff.items()},
+    )
+
+
+def calibrated_model(coef: dict[str, float], api_overhead_s: float) -> StepModel:
+    """The calibrated tier from a profile's coefficients (missing ones are zero)."""
+    vec = np.array([float(coef.get(f, 0.0)) for f in FEATURES])
+    return StepModel(tier="calibrated", coef=vec, api_overhead_s=api_overhead_s)

@@ -1,0 +1,101 @@
+"""SLO: latency percentile targets, an error-rate ceiling, and the per-request thresholds
+that define goodput.
+
+Example (seed 003 §1: P95 TTFT < 800 ms, P99 TTFT < 2 s, P95 TPOT < 40 ms/token, 5xx < 0.1%):
+
+    ttft_ms: {p95: 800, p99: 2000}
+    tpot_ms: {p95: 40}
+    error_rate: 0.001
+
+A request "meets the SLO" (goodput, attainment) when it completed without error and its
+TTFT, TPOT and E2E are each at or below that metric's per-request threshold: the
+`goodput` entry when given, else the metric's tightest (smallest) target. Errors and
+timeouts are misses (field notes: GuideLLM #1085 counts them so; vLLM ignores them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servetune.errors import InputError, from_validation_error
+
+Stat = Literal["p50", "p90", "p95", "p99", "mean", "max"]
+SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Targets(_Strict):
+    """Upper bounds on statistics of one latency metric (ms)."""
+
+    p50: float | None = Field(None, gt=0)
+    p90: float | None = Field(None, gt=0)
+    p95: float | None = Field(None, gt=0)
+    p99: float | None = Field(None, gt=0)
+    mean: float | None = Field(None, gt=0)
+    max: float | None = Field(None, gt=0)
+
+    def items(self) -> list[tuple[str, float]]:
+        return [(k, v) for k, v in self.model_dump().items() if v is not None]
+
+
+class PerRequest(_Strict):
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2e_ms: float | None = Field(None, gt=0)
+
+
+class SLO(_Strict):
+    ttft_ms: Targets | None = None
+    tpot_ms: Targets | None = None
+    itl_ms: Targets | None = None
+    e2e_ms: Targets | None = None
+    error_rate: float | None = Field(None, ge=0, le=1, description="Max failed fraction.")
+    goodput: PerRequest | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> SLO:
+        if not any(getattr(self, m) for m in SLO_METRICS) and self.error_rate is None:
+            raise ValueError("an SLO needs at least one target (ttft_ms, tpot_ms, e2e_ms, ...)")
+        return self
+
+    def per_request(self) -> dict[str, float]:
+        """Thresholds a single request must meet to count toward goodput."""
+        out: dict[str, float] = {}
+        for m in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            explicit = getattr(self.goodput, m) if self.goodput else None
+            t: Targets | None = getattr(self, m)
+            if explicit is not None:
+                out[m] = explicit
+            elif t is not None and t.items():
+                out[m] = min(v for _, v in t.items())
+        return out
+
+
+def parse_slo(data: Any, source: str = "slo") -> SLO:
+    from pydantic import ValidationError
+
+    if not isinstance(data, dict):
+        raise InputError(source, "must be a mapping like {ttft_ms: {p95: 800}}")
+    try:
+        return SLO.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, source) from None
+
+
+def load_slo(path: str | Path) -> SLO:
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise InputError("--slo", f"cannot read {p}: {exc.strerror}", "check the path") from exc
+    except yaml.YAMLError as exc:
+        raise InputError("--slo", f"{p} is not valid YAML", str(exc).splitlines()[0]) from exc
+    return parse_slo(data, "slo")

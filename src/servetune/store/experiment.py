@@ -1,0 +1,220 @@
+"""The seed 003 §16 experiment record of one run, as labelled sections of text: what
+`runs show` prints and the report's table shows. Pure formatting of stored data."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from servetune.engines.config import EngineConfig
+
+if TYPE_CHECKING:
+    from servetune.store.store import RunInfo
+
+Section = tuple[str, list[tuple[str, str]]]
+
+# Knobs shown under their §16 heading; any other non-default knob is listed after them.
+CORE_KNOBS = {
+    "parallelism": ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"),
+    "context": ("max_model_len",),
+    "KV cache": (
+        "kv_cache_dtype",
+        "gpu_memory_utilization",
+        "kv_cache_space_gib",
+        "kv_cache_tokens",
+        "block_size",
+        "enable_prefix_caching",
+    ),
+    "batching": ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"),
+    "scheduling": ("scheduling_policy",),
+}
+_SHOWN = {"engine", "dtype", "quantization"} | {k for ks in CORE_KNOBS.values() for k in ks}
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """Numbers to 3 significant digits (ms, tok/s), None as '-'."""
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}g}"
+    if isinstance(v, (list, tuple)):
+        return " ".join(str(x) for x in v) if v else "-"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={fmt(x)}" for k, x in v.items()) or "-"
+    return str(v)
+
+
+def _pct(d: Mapping[str, Any] | None, unit: str = "") -> str:
+    if not d:
+        return "-"
+    return " / ".join(fmt(d.get(k)) for k in ("p50", "p95", "p99")) + unit
+
+
+def knob_defaults() -> dict[str, Any]:
+    return {k: f.default for k, f in EngineConfig.model_fields.items()}
+
+
+def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -> list[Section]:
+    """§16 fields: id/date, model & precision, hardware, software, request distribution,
+    core parameters, performance, quality, stability, conclusion."""
+    m = dict(metrics if metrics is not None else info.metrics or {})
+    meta, hw, sw = info.meta, info.meta.get("hardware") or {}, info.meta.get("software") or {}
+    prec = meta.get("precision") or {}
+    cfg = info.engine_config
+    rd = info.request_dist or {}
+    st = info.stability or {}
+    load = info.part("load") or {}
+    workload = info.part("workload") or {}
+    server = info.result.get("server_summary") or {}
+    status = info.status + (f" ({info.stop_reason})" if info.stop_reason else "")
+
+    sections: list[Section] = [
+        (
+            "Experiment",
+            [
+                ("id", info.id),
+                ("date (UTC)", info.created_utc),
+                ("study", fmt(info.study)),
+                ("backend", info.backend),
+                ("status", status),
+                ("tags", fmt(info.tags)),
+                ("note", fmt(meta.get("note"))),
+            ],
+        ),
+        (
+            "Model & precision",
+            [
+                ("model", fmt(info.model)),
+                ("dtype", fmt(prec.get("dtype"))),
+                ("quantization", fmt(prec.get("quantization"))),
+                ("KV cache dtype", fmt(prec.get("kv_cache_dtype"))),
+            ],
+        ),
+        (
+            "Hardware",
+            [
+                ("GPU", fmt(hw.get("gpu"))),
+                ("GPU count", fmt(hw.get("gpu_count") or info.gpu_count)),
+                ("topology", fmt(_first_line(hw.get("topology")))),
+                ("CPU", f"{fmt(hw.get('cpu'))} ({fmt(hw.get('cpu_count'))} cores)"),
+                ("memory GiB", fmt(hw.get("memory_gib"))),
+            ],
+        ),
+        (
+            "Software stack",
+            [
+                ("engine", f"{fmt(info.engine)} {sw.get('engine_version') or ''}".strip()),
+                (
+                    "driver / CUDA / NCCL",
+                    " / ".join(fmt(sw.get(k)) for k in ("driver", "cuda", "nccl")),
+                ),
+                ("servetune", fmt(sw.get("servetune"))),
+                ("python / OS", f"{fmt(sw.get('python'))} / {fmt(sw.get('os'))}"),
+            ],
+        ),
+        (
+            "Request distribution",
+            [
+                ("requests", fmt(rd.get("requests", info.n_records))),
+                ("input tokens P50/P95/P99", _pct(rd.get("input_tokens"))),
+                ("output tokens P50/P95/P99", _pct(rd.get("output_tokens"))),
+                ("arrival", fmt(load.get("kind"))),
+                ("concurrency", fmt(load.get("concurrency"))),
+                (
+                    "rate req/s (offered / achieved)",
+                    f"{fmt(m.get('offered_req_s') or load.get('rate'))} / {fmt(m.get('req_s'))}",
+                ),
+                ("workload", fmt(workload.get("name") or workload.get("api"))),
+            ],
+        ),
+        ("Core parameters", _core_params(cfg, meta.get("launch_command"))),
+        (
+            "Performance",
+            [
+                ("TTFT ms P50/P95/P99", _pct(m.get("ttft_ms"))),
+                ("TPOT ms P50/P95/P99", _pct(m.get("tpot_ms"))),
+                ("ITL ms P50/P95/P99", _pct(m.get("itl_ms"))),
+                ("E2E ms P50/P95/P99", _pct(m.get("e2e_ms"))),
+                (
+                    "output / total tok/s",
+                    f"{fmt(m.get('output_tok_s'))} / {fmt(m.get('total_tok_s'))}",
+                ),
+                ("req/s (goodput)", f"{fmt(m.get('req_s'))} ({fmt(m.get('goodput_req_s'))})"),
+                ("SLO", _slo(m)),
+                ("KV cache usage max", fmt(server.get("kv_cache_usage_max"))),
+                (
+                    "GPU memory / util",
+                    fmt(server.get("gpu_memory_used_max"))
+                    + " / "
+                    + fmt(server.get("gpu_util_mean")),
+                ),
+            ],
+        ),
+        (
+            "Quality",
+            [(k, fmt(v)) for k, v in (info.quality or {}).items()] or [("-", "not measured")],
+        ),
+        (
+            "Stability",
+            [
+                ("errors (rate)", f"{fmt(st.get('errors'))} ({fmt(st.get('error_rate'))})"),
+                ("by class", fmt(st.get("errors_by_class"))),
+                (
+                    "5xx / OOM / timeouts",
+                    " / ".join(fmt(st.get(k)) for k in ("http_5xx", "ooms", "timeouts")),
+                ),
+                (
+                    "cancelled (server freed)",
+                    f"{fmt(st.get('cancelled'))} ({fmt(st.get('cancellation_freed'))})",
+                ),
+                (
+                    "TTFT, TPOT P99/P50",
+                    f"{fmt(st.get('ttft_p99_over_p50'))}, {fmt(st.get('tpot_p99_over_p50'))}",
+                ),
+                ("P99 jitter (CV over 5 slices)", fmt(st.get("p99_jitter_cv"))),
+                ("preemptions", fmt(server.get("preemptions"))),
+                ("client bottleneck", fmt((info.result.get("client") or {}).get("warnings"))),
+            ],
+        ),
+        (
+            "Conclusion",
+            [
+                ("verdict", fmt(info.conclusion)),
+                ("note", fmt(info.conclusion_note)),
+                ("date (UTC)", fmt(info.concluded_utc)),
+            ],
+        ),
+    ]
+    return sections
+
+
+def _first_line(text: Any) -> Any:
+    return text.splitlines()[0] if isinstance(text, str) and text else text
+
+
+def _slo(m: Mapping[str, Any]) -> str:
+    if m.get("slo_pass") is None:
+        return "-"
+    verdict = "pass" if m["slo_pass"] else "FAIL"
+    return f"{verdict}, attainment {fmt(m.get('slo_attainment'))}"
+
+
+def _core_params(cfg: Mapping[str, Any], launch: Any) -> list[tuple[str, str]]:
+    if not cfg and not launch:
+        return [("-", "no engine config recorded")]
+    defaults = knob_defaults()
+    rows = [
+        (title, ", ".join(f"{k}={fmt(cfg.get(k, defaults.get(k)))}" for k in keys))
+        for title, keys in CORE_KNOBS.items()
+    ]
+    other = {k: v for k, v in cfg.items() if k not in _SHOWN and v != defaults.get(k, object())}
+    if other:
+        rows.append(("other knobs", fmt(other)))
+    if launch:
+        rows.append(("launch", launch if isinstance(launch, str) else " ".join(launch)))
+    return rows

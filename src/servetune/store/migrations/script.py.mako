@@ -1,0 +1,32 @@
+"""${message}
+
+Revision ID: ${up_revision}
+Revises: ${down_revision | comma,n}
+Create Date: ${create_date}
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+${imports if imports else ""}
+
+revision = ${repr(up_revision)}
+down_revision = ${repr(down_revision)}
+branch_labels = ${repr(branch_labels)}
+depends_on = ${repr(depends_on)}
+# The schema number this migration leads to (models.SCHEMA_VERSION after it).
+schema_version = None
+
+
+def upgrade() -> None:
+    ${upgrades if upgrades else "pass"}
+    op.execute(
+        sa.text("UPDATE servetune_info SET value = :v WHERE key = 'schema'").bindparams(
+            v=str(schema_version)
+        )
+    )
+
+
+def downgrade() -> None:
+    ${downgrades if downgrades else "pass"}

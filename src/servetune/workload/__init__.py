@@ -1,0 +1,1 @@
+"""WorkloadSpec and its materialisation into concrete requests."""

@@ -1,0 +1,355 @@
+"""WorkloadSpec + tokenizer -> the concrete request list (no HTTP here).
+
+`bench` sends these requests and `simulate` replays them, so both see the same
+prompt token counts, output lengths, arrival offsets, priorities and prefix groups.
+Everything is drawn from numpy generators seeded by the spec's seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from servetune.errors import InputError
+from servetune.workload.spec import (
+    Dataset,
+    Empirical,
+    Fixed,
+    LengthDist,
+    LogNormal,
+    Normal,
+    SubWorkload,
+    Uniform,
+    WorkloadSpec,
+)
+from servetune.workload.tokenizer import Tokenizer, safe_token_ids
+
+# Closed-loop runs bounded only by duration draw their requests from a pool this big,
+# cycling through it (the record's `index` shows which pool entry was sent).
+DEFAULT_POOL = 4096
+
+
+class Request(BaseModel):
+    """One request, ready to send. `prompt_tokens` is the exact count under the tokenizer
+    used (the chat template, added by the server, is not included)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    sub: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt_tokens: int
+    output_tokens: int | None
+    arrival_s: float | None = None
+    priority: int | None = None
+    prefix_group: int | None = None
+
+
+# --- pure samplers ---------------------------------------------------------------------
+
+
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n integer lengths from `dist`, clipped to [min, max]."""
+    if isinstance(dist, Fixed):
+        x = np.full(n, float(dist.value))
+    elif isinstance(dist, Uniform):
+        x = rng.integers(dist.low, dist.high + 1, size=n).astype(float)
+    elif isinstance(dist, Normal):
+        x = rng.normal(dist.mean, dist.std, size=n)
+    elif isinstance(dist, LogNormal):
+        mu = math.log(dist.mean) - dist.sigma**2 / 2  # E[X] = exp(mu + sigma^2/2)
+        x = rng.lognormal(mu, dist.sigma, size=n)
+    elif isinstance(dist, Empirical):
+        x = _sample_empirical(dist, n, rng)
+    else:  # pragma: no cover - the union is closed
+        raise TypeError(dist)
+    hi = dist.max if dist.max is not None else np.inf
+    return np.clip(np.rint(x), dist.min, hi).astype(np.int64)
+
+
+def _sample_empirical(dist: Empirical, n: int, rng: np.random.Generator) -> np.ndarray:
+    if dist.values is not None:
+        w = np.asarray(dist.weights if dist.weights is not None else [1.0] * len(dist.values))
+        return rng.choice(np.asarray(dist.values, dtype=float), size=n, p=w / w.sum())
+    edges = np.asarray(dist.bin_edges, dtype=float)
+    counts = np.asarray(dist.counts, dtype=float)
+    b = rng.choice(len(counts), size=n, p=counts / counts.sum())
+    return rng.uniform(edges[b], edges[b + 1])
+
+
+def arrival_offsets_s(
+    kind: str,
+    rate: float,
+    rng: np.random.Generator,
+    *,
+    count: int | None = None,
+    duration_s: float | None = None,
+    burstiness: float = 1.0,
+) -> np.ndarray:
+    """Send times (s from the run start) of an open-loop schedule; the first is at 0.
+
+    constant: gaps of 1/rate. poisson: exponential gaps, mean 1/rate. gamma: gaps
+    Gamma(shape=b, scale=1/(rate*b)), mean 1/rate, CV^2 = 1/b (vLLM bench's burstiness).
+    """
+    if count is None and duration_s is None:
+        raise ValueError("count or duration_s")
+    n = (
+        count
+        if count is not None
+        else int(rate * duration_s * 1.2 + 20 * math.sqrt(rate * duration_s) + 10)
+    )
+    while True:
+        if kind == "constant":
+            gaps = np.full(n, 1.0 / rate)
+        elif kind == "poisson":
+            gaps = rng.exponential(1.0 / rate, size=n)
+        elif kind == "gamma":
+            gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
+        else:
+            raise ValueError(f"not an open-loop arrival kind: {kind}")
+        t = np.concatenate(([0.0], np.cumsum(gaps[:-1])))
+        if duration_s is None:
+            return t
+        if t[-1] >= duration_s:
+            return t[t < duration_s]
+        n *= 2
+
+
+# --- prompt synthesis ------------------------------------------------------------------
+
+
+class PromptMaker:
+    """Makes prompts of exact token counts from a pool of round-trippable tokens."""
+
+    def __init__(self, tok: Tokenizer, rng: np.random.Generator) -> None:
+        self.tok = tok
+        self.rng = rng
+        self.pool = np.asarray(safe_token_ids(tok))
+
+    def ids(self, n: int, rng: np.random.Generator | None = None) -> list[int]:
+        g = rng if rng is not None else self.rng
+        return self.pool[g.integers(0, len(self.pool), size=n)].tolist()
+
+    def text(self, prefix_ids: Sequence[int], n: int) -> tuple[str, int]:
+        """Text whose encoding has exactly `n` tokens and starts with `prefix_ids`.
+        Only the tail after the prefix is adjusted, so shared prefixes stay shared."""
+        tok = self.tok
+        ids = list(prefix_ids[:n]) + self.ids(max(0, n - len(prefix_ids)))
+        keep = min(len(prefix_ids), n)
+        for _ in range(8):
+            text = tok.decode(ids).lstrip(" ")
+            m = len(tok.encode(text))
+            if m == n:
+                return text, m
+            if m > n:
+                cut = max(keep, len(ids) - (m - n))
+                if cut == len(ids):
+                    break
+                ids = ids[:cut]
+            else:
+                ids = ids + self.ids(n - m)
+        text = tok.decode(ids).lstrip(" ")
+        return text, len(tok.encode(text))  # best effort; the record keeps the true count
+
+
+# --- materialisation -------------------------------------------------------------------
+
+
+def materialize(
+    spec: WorkloadSpec, tok: Tokenizer, *, pool_size: int | None = None
+) -> list[Request]:
+    """The full request list of `spec`. Open loop: one request per scheduled arrival.
+    Closed loop: `count` requests, or a pool that the senders cycle through."""
+    seq = np.random.SeedSequence(spec.seed)
+    rng_arrival, rng_mix, rng_len, rng_text = (np.random.default_rng(s) for s in seq.spawn(4))
+    maker = PromptMaker(tok, rng_text)
+    if spec.trace is not None:
+        return _from_trace(spec, maker)
+
+    arr = spec.arrival
+    offsets: np.ndarray | None = None
+    if arr.open_loop:
+        offsets = arrival_offsets_s(
+            arr.kind,
+            float(arr.rate or 1.0),
+            rng_arrival,
+            count=spec.count,
+            duration_s=spec.duration_s if spec.count is None else None,
+            burstiness=arr.burstiness,
+        )
+        n = len(offsets)
+    else:
+        n = spec.count if spec.count is not None else (pool_size or DEFAULT_POOL)
+
+    weights = np.asarray([s.weight for s in spec.mix])
+    which = rng_mix.choice(len(spec.mix), size=n, p=weights / weights.sum())
+    out: list[Request | None] = [None] * n
+    for k, sub in enumerate(spec.mix):
+        idx = np.flatnonzero(which == k)
+        for i, req in zip(idx.tolist(), _sub_requests(sub, len(idx), maker, rng_len), strict=True):
+            out[i] = req
+    result: list[Request] = []
+    for i, r in enumerate(out):
+        assert r is not None
+        arrival = float(offsets[i]) if offsets is not None else None
+        result.append(r.model_copy(update={"index": i, "arrival_s": arrival}))
+    return result
+
+
+def _sub_requests(
+    sub: SubWorkload, n: int, maker: PromptMaker, rng: np.random.Generator
+) -> list[Request]:
+    if n == 0:
+        return []
+    if sub.dataset is not None:
+        return _from_dataset(sub, n, maker, rng)
+    assert sub.input_tokens is not None and sub.output_tokens is not None
+    ins = sample_lengths(sub.input_tokens, n, rng)
+    outs = sample_lengths(sub.output_tokens, n, rng)
+    prefixes: list[list[int]] = []
+    groups = np.full(n, -1)
+    if sub.prefix is not None:
+        prefixes = [maker.ids(sub.prefix.tokens) for _ in range(sub.prefix.groups)]
+        groups = rng.integers(0, sub.prefix.groups, size=n)
+    reqs = []
+    for i in range(n):
+        g = int(groups[i])
+        pre = prefixes[g] if g >= 0 else []
+        target = max(int(ins[i]), len(pre) + 1 if pre else 1)
+        text, count = maker.text(pre, target)
+        reqs.append(
+            Request(
+                index=0,
+                sub=sub.name,
+                prompt=text,
+                prompt_tokens=count,
+                output_tokens=int(outs[i]),
+                priority=sub.priority,
+                prefix_group=g if g >= 0 else None,
+            )
+        )
+    return reqs
+
+
+def _read_dataset(ds: Dataset) -> list[dict[str, Any]]:
+    try:
+        raw = ds.path.read_text()
+    except OSError as exc:
+        raise InputError("workload.dataset.path", f"cannot read {ds.path}: {exc.strerror}") from exc
+    try:
+        if ds.format == "sharegpt":
+            rows = []
+            for item in json.loads(raw):
+                conv = item.get("conversations") or item.get("conversation") or []
+                if len(conv) >= 2 and conv[0].get("value"):
+                    rows.append({"prompt": conv[0]["value"], "reply": conv[1].get("value", "")})
+            return rows
+        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
+        raise InputError("workload.dataset", f"{ds.path} is not valid {ds.format}: {exc}") from exc
+
+
+def _from_dataset(
+    sub: SubWorkload, n: int, maker: PromptMaker, rng: np.random.Generator
+) -> list[Request]:
+    assert sub.dataset is not None
+    rows = [r for r in _read_dataset(sub.dataset) if isinstance(r, dict)]
+    rows = [r for r in rows if r.get("prompt") or r.get("messages")]
+    if not rows:
+        raise InputError("workload.dataset", f"{sub.dataset.path} holds no prompts")
+    order = rng.permutation(len(rows)) if sub.dataset.shuffle else np.arange(len(rows))
+    outs = sample_lengths(sub.output_tokens, n, rng) if sub.output_tokens is not None else None
+    tok = maker.tok
+    reqs = []
+    for i in range(n):
+        row = rows[int(order[i % len(rows)])]
+        messages = row.get("messages")
+        if messages:
+            prompt_tokens = sum(len(tok.encode(str(m.get("content", "")))) for m in messages)
+        else:
+            prompt_tokens = len(tok.encode(row["prompt"]))
+        if outs is not None:
+            out = int(outs[i])
+        elif row.get("output_tokens") is not None:
+            out = int(row["output_tokens"])
+        elif row.get("reply"):
+            out = max(1, len(tok.encode(row["reply"])))
+        else:
+            out = None
+        reqs.append(
+            Request(
+                index=0,
+                sub=sub.name,
+                prompt=None if messages else row["prompt"],
+                messages=messages or None,
+                prompt_tokens=prompt_tokens,
+                output_tokens=out,
+                priority=sub.priority,
+            )
+        )
+    return reqs
+
+
+def _from_trace(spec: WorkloadSpec, maker: PromptMaker) -> list[Request]:
+    """Mooncake-style trace: equal hash ids -> identical token blocks -> shared prefixes."""
+    tr = spec.trace
+    assert tr is not None
+    try:
+        lines = [json.loads(x) for x in tr.path.read_text().splitlines() if x.strip()]
+    except OSError as exc:
+        raise InputError("workload.trace.path", f"cannot read {tr.path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise InputError("workload.trace", f"{tr.path}: bad JSON line ({exc.msg})") from exc
+    if spec.count is not None:
+        lines = lines[: spec.count]
+    if not lines:
+        raise InputError("workload.trace", f"{tr.path} holds no requests")
+    blocks: dict[int, list[int]] = {}
+    t0 = float(lines[0].get("timestamp", 0))
+    priority = spec.mix[0].priority if spec.mix else None
+    reqs = []
+    for i, row in enumerate(lines):
+        try:
+            n_in = int(row["input_length"])
+            n_out = int(row["output_length"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"workload.trace line {i + 1}", f"needs input_length, output_length ({exc})"
+            ) from exc
+        ids: list[int] = []
+        for h in row.get("hash_ids", []):
+            if h not in blocks:
+                blocks[h] = maker.ids(tr.block_tokens, np.random.default_rng([spec.seed, int(h)]))
+            ids.extend(blocks[h])
+        text, count = maker.text(ids, max(1, n_in))
+        ts = (float(row.get("timestamp", 0)) - t0) / 1000.0 / tr.time_scale
+        reqs.append(
+            Request(
+                index=i,
+                sub="trace",
+                prompt=text,
+                prompt_tokens=count,
+                output_tokens=max(1, n_out),
+                arrival_s=ts if spec.arrival.kind == "trace" else None,
+                priority=priority,
+                prefix_group=int(row["hash_ids"][0]) if row.get("hash_ids") else None,
+            )
+        )
+    if spec.arrival.kind != "trace" and spec.arrival.open_loop:
+        offs = arrival_offsets_s(
+            spec.arrival.kind,
+            float(spec.arrival.rate or 1.0),
+            np.random.default_rng(spec.seed),
+            count=len(reqs),
+            burstiness=spec.arrival.burstiness,
+        )
+        reqs = [
+            r.model_copy(update={"arrival_s": float(t)}) for r, t in zip(reqs, offs, strict=True)
+        ]
+    return reqs

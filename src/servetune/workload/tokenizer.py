@@ -1,0 +1,445 @@
+"""Tokenizers used to make prompts of an exact token count and to count output tokens.
+
+Prompt lengths drift from their targets when text is round-tripped through a
+tokenizer (vLLM #24591, #10847); `materialize` therefore re-encodes every prompt with
+the target's own tokenizer and fixes the tail until the count is exact.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from servetune.errors import InputError
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def vocab_size(self) -> int: ...
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word, over a synthetic vocabulary.
+
+    Used with the mock server (which counts tokens the same way) and when no real
+    tokenizer is available; exact for the mock, an approximation for real engines.
+    """
+
+    name = "word"
+
+    def __init__(self, vocab: int = 4096) -> None:
+        self._words = [f"w{i}" for i in range(vocab)]
+        self._ids = {w: i for i, w in enumerate(self._words)}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids
+        return [ids.get(w, hash(w) % len(self._words)) for w in text.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        words = self._words
+        return "".join(" " + words[i % len(words)] for i in ids)
+
+    def vocab_size(self) -> int:
+        return len(self._words)
+
+
+class HFTokenizer:
+    """A local `tokenizer.json` (or a directory holding one), through the `tokenizers` package.
+    Special tokens are not added: the server adds its own BOS/template."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer as _Tok
+        except ImportError as exc:  # pragma: no cover - dependency is declared
+            raise InputError(
+                "--tokenizer", "needs the `tokenizers` package", "pip install tokenizers"
+            ) from exc
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise InputError(
+                "--tokenizer", f"no tokenizer.json at {path}", "give a file or HF model dir"
+            )
+        self._tok = _Tok.from_file(str(p))
+        self.name = f"hf:{p}"
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+
+class ServerTokenizer:
+    """The server's own `/tokenize` + `/detokenize` (vLLM and llama.cpp both expose them;
+    vLLM takes `prompt`/`tokens`, llama.cpp `content`/`tokens`)."""
+
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=30.0, headers=headers)
+        self._model = model
+        self.name = f"server:{base_url}"
+
+    def _post(self, path: str, body: dict) -> dict:
+        if self._model:
+            body = {**body, "model": self._model}
+        r = self._http.post(path, json=body)
+        r.raise_for_status()
+        return r.json()
+
+    def encode(self, text: str) -> list[int]:
+        out = self._post(
+            "/tokenize", {"prompt": text, "content": text, "add_special_tokens": False}
+        )
+        return list(out["tokens"])
+
+    def decode(self, ids: list[int]) -> str:
+        out = self._post("/detokenize", {"tokens": list(ids)})
+        return out.get("prompt", out.get("content", ""))
+
+    def vocab_size(self) -> int:
+        return 0  # unknown over HTTP; safe_token_ids uses the word list instead
+
+
+def load_tokenizer(spec: str | None, base_url: str | None = None) -> Tokenizer:
+    """`--tokenizer` value: a path (tokenizer.json / HF dir), `server` (use /tokenize), `word`."""
+    if spec is None or spec == "word":
+        return WordTokenizer()
+    if spec == "server":
+        if not base_url:
+            raise InputError("--tokenizer", "`server` needs --url", None)
+        return ServerTokenizer(base_url)
+    return HFTokenizer(spec)
+
+
+# Plain English words: most tokenizers hold " word" as one token, which keeps counts exact.
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "they",
+    "this",
+    "be",
+    "are",
+    "have",
+    "not",
+    "but",
+    "had",
+    "which",
+    "one",
+    "all",
+    "were",
+    "when",
+    "there",
+    "can",
+    "an",
+    "your",
+    "their",
+    "said",
+    "if",
+    "do",
+    "will",
+    "each",
+    "about",
+    "how",
+    "up",
+    "out",
+    "them",
+    "then",
+    "she",
+    "many",
+    "some",
+    "so",
+    "these",
+    "would",
+    "other",
+    "into",
+    "has",
+    "more",
+    "two",
+    "like",
+    "him",
+    "see",
+    "time",
+    "could",
+    "no",
+    "make",
+    "than",
+    "first",
+    "been",
+    "its",
+    "who",
+    "now",
+    "people",
+    "my",
+    "made",
+    "over",
+    "did",
+    "down",
+    "only",
+    "way",
+    "find",
+    "use",
+    "may",
+    "water",
+    "long",
+    "little",
+    "very",
+    "after",
+    "words",
+    "called",
+    "just",
+    "where",
+    "most",
+    "know",
+    "get",
+    "through",
+    "back",
+    "much",
+    "before",
+    "go",
+    "good",
+    "new",
+    "write",
+    "our",
+    "used",
+    "me",
+    "man",
+    "too",
+    "any",
+    "day",
+    "same",
+    "right",
+    "look",
+    "think",
+    "also",
+    "around",
+    "another",
+    "came",
+    "come",
+    "work",
+    "three",
+    "word",
+    "must",
+    "because",
+    "does",
+    "part",
+    "even",
+    "place",
+    "well",
+    "such",
+    "here",
+    "take",
+    "why",
+    "things",
+    "help",
+    "put",
+    "years",
+    "different",
+    "away",
+    "again",
+    "off",
+    "went",
+    "old",
+    "number",
+    "great",
+    "tell",
+    "men",
+    "say",
+    "small",
+    "every",
+    "found",
+    "still",
+    "between",
+    "name",
+    "should",
+    "home",
+    "big",
+    "give",
+    "air",
+    "line",
+    "set",
+    "own",
+    "under",
+    "read",
+    "last",
+    "never",
+    "us",
+    "left",
+    "end",
+    "along",
+    "while",
+    "might",
+    "next",
+    "sound",
+    "below",
+    "saw",
+    "something",
+    "thought",
+    "both",
+    "few",
+    "those",
+    "always",
+    "looked",
+    "show",
+    "large",
+    "often",
+    "together",
+    "asked",
+    "house",
+    "world",
+    "going",
+    "want",
+    "school",
+    "important",
+    "until",
+    "form",
+    "food",
+    "keep",
+    "children",
+    "feet",
+    "land",
+    "side",
+    "without",
+    "boy",
+    "once",
+    "animals",
+    "life",
+    "enough",
+    "took",
+    "sometimes",
+    "four",
+    "head",
+    "above",
+    "kind",
+    "began",
+    "almost",
+    "live",
+    "page",
+    "got",
+    "earth",
+    "need",
+    "far",
+    "hand",
+    "high",
+    "year",
+    "mother",
+    "light",
+    "parts",
+    "country",
+    "father",
+    "let",
+    "night",
+    "following",
+    "picture",
+    "being",
+    "study",
+    "second",
+    "eyes",
+    "soon",
+    "times",
+    "story",
+    "boys",
+    "since",
+    "white",
+    "days",
+    "ever",
+    "paper",
+    "hard",
+    "near",
+    "sentence",
+    "better",
+    "best",
+    "across",
+    "during",
+    "today",
+    "others",
+    "however",
+    "sure",
+    "means",
+    "knew",
+    "try",
+    "told",
+    "young",
+    "miles",
+    "sun",
+    "ways",
+    "thing",
+    "whole",
+    "hear",
+    "example",
+    "heard",
+    "several",
+    "change",
+    "answer",
+    "room",
+    "sea",
+    "against",
+    "top",
+    "turned",
+    "learn",
+    "point",
+    "city",
+    "play",
+    "toward",
+    "five",
+    "using",
+    "himself",
+    "usually",
+    "money",
+    "seen",
+]
+
+
+def safe_token_ids(tok: Tokenizer, n: int = 2000) -> list[int]:
+    """Token ids that round-trip alone and in a row: decode(id) is a space-led word that
+    re-encodes to exactly [id]. Prompts built from them keep their token count."""
+    if isinstance(tok, WordTokenizer):
+        return list(range(min(n, tok.vocab_size())))
+    out: list[int] = []
+    for w in _WORDS:
+        ids = tok.encode(" " + w)
+        if len(ids) == 1 and ids[0] not in out and tok.decode(ids) == " " + w:
+            out.append(ids[0])
+    if len(out) < 64:
+        # Small vocabularies (test models): add any id of an English text that round-trips
+        # alone; the tail fix-up in `PromptMaker.text` absorbs merges at the joins.
+        for i in dict.fromkeys(tok.encode(" ".join(_WORDS))):
+            if i not in out and tok.encode(tok.decode([i])) == [i]:
+                out.append(i)
+    if len(out) < 16:
+        raise InputError(
+            "--tokenizer", f"{tok.name}: too few single-token English words ({len(out)})", None
+        )
+    return out[:n]
+
+
+def dumps_compact(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,82 @@
+"""Shared session fixtures: each real engine is installed (cached) and started ONCE per
+test session, then reused by every test that asks for it.
+
+    def test_something(vllm_server):          # an engines.process.EngineServer
+        url = vllm_server.url                  # http://127.0.0.1:<free port>
+        model = vllm_server.served_model       # the name to put in requests
+        vllm_server.metrics().values           # canonical /metrics
+        vllm_server.settings                   # effective settings (KV tokens, version)
+        vllm_server.check()                    # raises EngineError if it died
+
+Fixtures skip nothing: a missing engine is installed through servetune's own installer
+(scripts/run.sh test pre-installs them so installs never run inside a test). The
+engines are shared, so tests must leave them idle (no requests left running) and must
+not change their settings; a test that needs other settings launches its own engine.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The engine settings the shared servers run with (defined next to the test models).
+from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
+
+__all__ = ["LLAMACPP_TEST_CONFIG", "VLLM_TEST_CONFIG"]
+
+
+def _say(msg: str) -> None:
+    print(f"[servetune engines] {msg}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def vllm_install():  # -> install.EngineInstall
+    """vLLM's CPU build (installed into the cache on first use, seconds afterwards)."""
+    from servetune.engines.install import install_vllm
+
+    return install_vllm(say=_say)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_install():  # -> install.EngineInstall
+    """llama.cpp's llama-server (built into the cache on first use)."""
+    from servetune.engines.install import install_llamacpp
+
+    return install_llamacpp(say=_say)
+
+
+@pytest.fixture(scope="session")
+def llama_test_model() -> Path:
+    """The generated small Llama directory (config + tokenizer, no weights)."""
+    from servetune.engines.testmodel import make_llama_dir
+
+    return make_llama_dir()
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Gemma 3 270M Q4_K_M GGUF (base model: use /v1/completions)."""
+    from servetune.engines.testmodel import gemma_gguf as fetch
+
+    return fetch()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_install, llama_test_model: Path) -> Iterator:
+    """A running vLLM (CPU) with VLLM_TEST_CONFIG, warmed up; stopped at session end."""
+    from servetune.engines.process import launch
+
+    with launch("vllm", VLLM_TEST_CONFIG, str(llama_test_model), device="cpu") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def llamacpp_server(llamacpp_install, gemma_gguf: Path) -> Iterator:
+    """A running llama-server with LLAMACPP_TEST_CONFIG, warmed up; stopped at session end."""
+    from servetune.engines.process import launch
+
+    with launch("llamacpp", LLAMACPP_TEST_CONFIG, str(gemma_gguf), device="cpu") as srv:
+        yield srv

@@ -1,0 +1,68 @@
+"""`servetune bench` end to end against the mock, and its one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from servetune.bench.output import load_result
+from servetune.mock.server import MockConfig, mock_in_thread
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_bench_sweep_writes_results_csv_and_json(tmp_path: Path) -> None:
+    (tmp_path / "w.yaml").write_text(
+        "count: 30\narrival: {kind: poisson, rate: 50}\n"
+        "input_tokens: {dist: fixed, value: 20}\noutput_tokens: {dist: fixed, value: 6}\n"
+    )
+    (tmp_path / "slo.yaml").write_text("ttft_ms: {p95: 800, p99: 2000}\ntpot_ms: {p95: 40}\n")
+    with mock_in_thread(MockConfig()) as srv:
+        out = cli(
+            "bench", "--url", f"http://127.0.0.1:{srv.port}", "-w", str(tmp_path / "w.yaml"),
+            "--rate", "40,80", "--slo", str(tmp_path / "slo.yaml"), "--json", "--tokenizer", "word",
+            "-o", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)
+    assert [r["load"]["rate"] for r in runs] == [40.0, 80.0]
+    assert all(r["metrics"]["slo_pass"] and r["metrics"]["completed"] == 30 for r in runs)
+    res = load_result(tmp_path / "r-rate40.json")
+    assert len(res.records) == 30 and len(res.requests) == 30
+    assert res.records[0].output_text is None  # text not stored unless --save-text
+    assert res.server is not None and "mock:requests_total" in res.server.deltas
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert len(rows) == 60 and float(rows[0]["ttft_ms"]) > 0
+
+
+def test_bad_workload_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "w.yaml").write_text(
+        "count: 3\narrival: {kind: poisson}\ninput_tokens: {dist: fixed}\n"
+    )
+    out = cli("bench", "--url", "http://127.0.0.1:9", "-w", str(tmp_path / "w.yaml"))
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "workload" in out.stderr
+    (tmp_path / "slo.yaml").write_text("ttft_ms: {p95: -1}\n")
+    out = cli("bench", "--url", "http://x:1", "--slo", str(tmp_path / "slo.yaml"))
+    assert out.returncode == 2 and "slo.ttft_ms.p95" in out.stderr
+
+
+def test_unreachable_server_trips_breaker_not_hang(tmp_path: Path) -> None:
+    out = cli(
+        "bench", "--url", "http://127.0.0.1:9", "--count", "100", "--rate", "200", "--json",
+        "--tokenizer", "word", "--no-scrape",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    run = json.loads(out.stdout)
+    assert run["status"] == "circuit_breaker"
+    assert run["metrics"]["errors_by_class"] == {"connect_error": run["metrics"]["failed"]}

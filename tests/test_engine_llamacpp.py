@@ -1,0 +1,159 @@
+"""llama.cpp's llama-server for real (Gemma 3 270M Q4_K_M): launch from an EngineConfig,
+stream, metrics, effective settings from /props and /slots, clean stop, and the errors
+a user meets. Shares one server (conftest.llamacpp_server); some tests start their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from servetune.engines.process import EngineError, launch, pid_alive
+from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG
+
+pytestmark = pytest.mark.engine
+
+
+def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed /v1/completions call (fresh connection: llama-server closes it after)."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks: list[str] = []
+    usage: dict = {}
+    headers = {"Connection": "close"}
+    with httpx.stream(
+        "POST", url + "/v1/completions", json=body, timeout=120, headers=headers
+    ) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: ") :])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                if choice.get("text"):
+                    chunks.append(choice["text"])
+    return {"chunks": chunks, "usage": usage}
+
+
+def test_streaming_completion_returns_tokens(llamacpp_server) -> None:
+    out = stream_completion(
+        llamacpp_server.url, llamacpp_server.served_model, "The capital of France is", 16
+    )
+    assert out["usage"]["completion_tokens"] == 16
+    assert len(out["chunks"]) >= 8
+    assert "".join(out["chunks"]).strip()
+
+
+def test_metrics_map_to_canonical_names(llamacpp_server) -> None:
+    before = llamacpp_server.metrics()
+    stream_completion(llamacpp_server.url, llamacpp_server.served_model, "One, two, three,", 8)
+    after = llamacpp_server.metrics()
+    v, b = after.values, before.values
+    assert v["generation_tokens_total"] - b["generation_tokens_total"] >= 8
+    assert v["prompt_tokens_total"] >= b["prompt_tokens_total"]
+    assert v["requests_running"] == 0 and v["requests_waiting"] == 0
+    assert v["decode_calls_total"] > b["decode_calls_total"]
+    assert 0 < v["busy_slots_per_decode"] <= LLAMACPP_TEST_CONFIG.parallel_slots
+    assert v["generation_seconds_total"] > b["generation_seconds_total"]
+
+
+def test_effective_settings_from_props_and_slots(llamacpp_server) -> None:
+    s = llamacpp_server.settings
+    assert s["total_slots"] == 2
+    # -c 4096 split over -np 2 slots (no --kv-unified): 2,048 tokens each = max_model_len.
+    assert s["slot_ctx_tokens"] == 2048
+    assert s["slot_ctx_tokens_each"] == [2048, 2048]
+    assert s["version"]
+    assert str(s["model_path"]).endswith(".gguf")
+
+
+def test_stop_leaves_no_process(llamacpp_install, gemma_gguf) -> None:
+    srv = launch("llamacpp", LLAMACPP_TEST_CONFIG, str(gemma_gguf), device="cpu", warmup=False)
+    pids = srv.pids()
+    assert srv.pid in pids
+    srv.stop()
+    assert not [p for p in pids if pid_alive(p)]
+    assert srv.proc.returncode is not None
+
+
+def test_invalid_flag_quotes_the_engine_log(llamacpp_install, gemma_gguf) -> None:
+    cfg = LLAMACPP_TEST_CONFIG.with_(extra_args=("--no-such-flag",))
+    with pytest.raises(EngineError) as err:
+        launch("llamacpp", cfg, str(gemma_gguf), device="cpu", timeout_s=60)
+    e = err.value
+    assert e.kind == "bad_flag" and e.exit_code == 2
+    assert "--no-such-flag" in str(e) and "engine log:" in str(e)
+
+
+def test_too_large_kv_quotes_the_engine_log(llamacpp_install, gemma_gguf) -> None:
+    # Gemma 3 270M keeps ~3 KiB of KV per token: ask for a pool 4x the machine's RAM.
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cfg = LLAMACPP_TEST_CONFIG.with_(kv_cache_tokens=4 * ram // 3072, parallel_slots=1)
+    with pytest.raises(EngineError) as err:
+        launch("llamacpp", cfg, str(gemma_gguf), device="cpu", timeout_s=120)
+    e = err.value
+    assert e.kind == "oom" and e.exit_code == 2
+    assert "insufficient memory" in str(e) or "failed to allocate" in str(e)
+
+
+def test_busy_port_is_a_clear_error(llamacpp_install, gemma_gguf) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(EngineError) as err:
+            launch("llamacpp", LLAMACPP_TEST_CONFIG, str(gemma_gguf), device="cpu", port=port)
+    assert err.value.kind == "port_in_use" and err.value.exit_code == 2
+    assert f"port {port}" in str(err.value)
+
+
+def test_install_is_cached(llamacpp_install) -> None:
+    from servetune.engines.install import engine_dir, install_llamacpp
+
+    stamp, log = engine_dir("llamacpp") / "installed.json", engine_dir("llamacpp") / "install.log"
+    before = (stamp.read_text(), log.stat().st_mtime_ns)
+    again = install_llamacpp(say=lambda _: pytest.fail("cached install must not run any step"))
+    assert again.source == "cache" and again.version == "b11434"
+    assert (stamp.read_text(), log.stat().st_mtime_ns) == before
+
+
+def test_cli_launch_serves_until_interrupted(llamacpp_install, gemma_gguf) -> None:
+    """`servetune engine launch` prints the ready record, then Ctrl-C/SIGTERM stops it all."""
+    cmd = [
+        sys.executable, "-m", "servetune.cli.app", "engine", "launch", "llamacpp",
+        "-m", str(gemma_gguf), "--set", "parallel_slots=1", "--set", "max_model_len=1024",
+        "--set", "threads=2", "--json",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # the JSON record ends with a lone "}"
+            lines.append(line)
+            if line.rstrip() == "}":
+                break
+        record = json.loads("".join(lines))
+        assert httpx.get(record["url"] + "/health", timeout=5).status_code == 200
+        assert record["settings"]["slot_ctx_tokens"] == 1024
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not pid_alive(record["pid"])

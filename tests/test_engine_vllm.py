@@ -1,0 +1,155 @@
+"""vLLM (CPU build) for real: launch from an EngineConfig, stream, metrics, effective
+settings vs the planner, clean stop, and the errors a user meets (bad flag, KV too
+large, busy port). Shares one server (conftest.vllm_server); three tests start their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servetune.engines.process import EngineError, launch, pid_alive
+from servetune.engines.testmodel import VLLM_TEST_CONFIG
+
+pytestmark = pytest.mark.engine
+
+
+def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed /v1/completions call: the text chunks and the server's usage."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks: list[str] = []
+    usage: dict = {}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: ") :])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                if choice.get("text"):
+                    chunks.append(choice["text"])
+    return {"chunks": chunks, "usage": usage}
+
+
+def test_streaming_completion_returns_tokens(vllm_server) -> None:
+    out = stream_completion(vllm_server.url, vllm_server.served_model, "The server streams", 16)
+    assert out["usage"]["completion_tokens"] == 16
+    assert len(out["chunks"]) >= 8  # streamed step by step, not in one burst
+
+
+def test_metrics_map_to_canonical_names(vllm_server) -> None:
+    before = vllm_server.metrics()
+    stream_completion(vllm_server.url, vllm_server.served_model, "Count the blocks", 8)
+    after = vllm_server.metrics()
+    v = after.values
+    assert v["generation_tokens_total"] - before.values["generation_tokens_total"] >= 8
+    assert v["prompt_tokens_total"] > before.values["prompt_tokens_total"]
+    assert v["requests_finished_total"] == before.values["requests_finished_total"] + 1
+    assert v["requests_running"] == 0 and v["requests_waiting"] == 0
+    assert 0.0 <= v["kv_cache_usage"] <= 1.0
+    assert v["prefix_cache_queries_total"] >= v["prefix_cache_hits_total"] >= 0
+    assert v["preemptions_total"] == 0
+    ttft = after.histograms["ttft_seconds"]
+    assert ttft.count == before.histograms["ttft_seconds"].count + 1
+    assert 0 < ttft.quantile(0.5) < 60
+    assert after.histograms["itl_seconds"].count >= before.histograms["itl_seconds"].count + 7
+
+
+def test_effective_settings_are_read_from_the_engine(vllm_server, llama_test_model) -> None:
+    s = vllm_server.settings
+    assert s["version"] == "0.32.0"
+    assert s["max_model_len"] == 2048
+    assert s["kv_cache_pool"] == "CPU"
+    # 1 GiB / (2 (K,V) x 8 layers x 4 KV heads x 64 head_dim x 2 bytes bf16) = 131,072 tokens.
+    cfg = json.loads((llama_test_model / "config.json").read_text())
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    assert s["kv_cache_tokens"] == 2**30 // per_token == 131072
+
+
+def test_kv_capacity_equals_plan_prediction(vllm_server, llama_test_model: Path) -> None:
+    """The planner's KV capacity for the same model config and KV space is what vLLM got."""
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "servetune.cli.app", "plan",
+            "--model", str(llama_test_model), "--gpu", "cpu-host",
+            "--kv-cache-space", str(VLLM_TEST_CONFIG.kv_cache_space_gib),
+            "--block-size", str(VLLM_TEST_CONFIG.block_size), "--kv-dtype", "auto", "--json",
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kv_capacity_tokens"] == vllm_server.settings["kv_cache_tokens"]
+
+
+def test_stop_leaves_no_process(vllm_install, llama_test_model: Path) -> None:
+    srv = launch("vllm", VLLM_TEST_CONFIG, str(llama_test_model), device="cpu", warmup=False)
+    pids = srv.pids()
+    assert srv.pid in pids and len(pids) >= 2  # API server + engine core
+    srv.stop()
+    assert not [p for p in pids if pid_alive(p)]
+    assert srv.proc.returncode is not None
+
+
+def test_invalid_flag_quotes_the_engine_log(vllm_install, llama_test_model: Path) -> None:
+    cfg = VLLM_TEST_CONFIG.with_(extra_args=("--no-such-flag", "1"))
+    with pytest.raises(EngineError) as err:
+        launch("vllm", cfg, str(llama_test_model), device="cpu", timeout_s=120)
+    e = err.value
+    assert e.kind == "bad_flag" and e.exit_code == 2
+    assert "unrecognized arguments: --no-such-flag" in str(e)
+    assert e.log_path is not None and "full log:" in e.one_line()
+
+
+def test_too_large_kv_space_quotes_the_engine_log(vllm_install, llama_test_model: Path) -> None:
+    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cfg = VLLM_TEST_CONFIG.with_(kv_cache_space_gib=int(total_gib * 4))
+    with pytest.raises(EngineError) as err:
+        launch("vllm", cfg, str(llama_test_model), device="cpu", timeout_s=180)
+    e = err.value
+    assert e.kind == "oom" and e.exit_code == 2
+    assert "less than requested memory for kv" in str(e)
+
+
+def test_busy_port_is_a_clear_error(vllm_install, llama_test_model: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(EngineError) as err:
+            launch("vllm", VLLM_TEST_CONFIG, str(llama_test_model), device="cpu", port=port)
+    assert err.value.kind == "port_in_use" and err.value.exit_code == 2
+    assert f"port {port}" in str(err.value)
+
+
+def test_install_is_cached(vllm_install) -> None:
+    """A second install only reads the stamp: no pip, no change on disk."""
+    from servetune.engines.install import engine_dir, install_vllm
+
+    stamp, log = engine_dir("vllm") / "installed.json", engine_dir("vllm") / "install.log"
+    before = (stamp.read_text(), log.stat().st_mtime_ns)
+    again = install_vllm(say=lambda _: pytest.fail("cached install must not run any step"))
+    assert again.source == "cache" and again.version == "0.32.0"
+    assert (stamp.read_text(), log.stat().st_mtime_ns) == before
+    listed = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "engine", "list", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    row = next(r for r in json.loads(listed.stdout) if r["engine"] == "vllm")
+    assert row["installed"] and row["version"] == "0.32.0" and row["source"] == "cache"

@@ -1,0 +1,93 @@
+"""Every fault of the mock server is classified right, and the run still completes."""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune.bench.client import Timeouts
+from servetune.bench.runner import BenchOptions, run_point
+from servetune.bench.server_metrics import http_fetcher
+from servetune.mock.server import MockConfig, mock_in_thread
+from servetune.workload.materialize import materialize
+from servetune.workload.spec import parse_workload
+from servetune.workload.tokenizer import WordTokenizer
+
+FAST = Timeouts(connect_s=2.0, ttft_s=0.4, idle_s=0.3, total_s=5.0)
+
+
+def run(cfg: MockConfig, count: int = 6, users: int = 2, **opts):
+    spec = parse_workload(
+        {"count": count, "arrival": {"kind": "closed", "concurrency": users},
+         "input_tokens": {"dist": "fixed", "value": 8},
+         "output_tokens": {"dist": "fixed", "value": 10}}
+    )  # fmt: skip
+    with mock_in_thread(cfg) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        if opts.pop("scrape", False):
+            opts["metrics_fetch"] = http_fetcher(url)
+        o = BenchOptions(url=url, timeouts=FAST, workers=1, drain_s=5.0, **opts)
+        o.breaker_error_rate = opts.get("breaker_error_rate")
+        res = run_point(spec, materialize(spec, WordTokenizer()), o)
+        return res, srv
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("http_500", "http_5xx"),
+        ("http_429", "http_429"),
+        ("slow_headers", "ttft_timeout"),
+        ("stall", "idle_timeout"),
+        ("truncate", "truncated_stream"),
+        ("reset", "connection_reset"),
+        ("malformed", "malformed_response"),
+        ("error_event", "server_error_event"),
+        ("disconnect", "connection_reset"),
+    ],
+)
+def test_fault_is_classified(fault: str, expected: str) -> None:
+    res, _ = run(MockConfig(faults={fault: 1.0}, slow_headers_s=3.0))
+    assert res.status == "completed"
+    assert len(res.records) == 6
+    assert {r.status for r in res.records} == {"error"}
+    assert res.metrics.errors_by_class == {expected: 6}
+    assert res.metrics.error_rate == 1.0
+
+
+def test_mixed_faults_counted_and_good_requests_measured() -> None:
+    res, srv = run(MockConfig(faults={"http_500": 0.2, "truncate": 0.2}, seed=1), count=60, users=4)
+    m = res.metrics
+    injected = srv.stats.faults
+    assert m.errors_by_class.get("http_5xx", 0) == injected.get("http_500", 0)
+    assert m.errors_by_class.get("truncated_stream", 0) == injected.get("truncate", 0)
+    assert m.completed == 60 - sum(injected.values()) and m.ttft_ms.count == m.completed
+
+
+def test_circuit_breaker_stops_the_run() -> None:
+    res, _ = run(MockConfig(faults={"http_500": 1.0}), count=500, users=4, breaker_error_rate=0.5)
+    assert res.status == "circuit_breaker"
+    assert "circuit breaker" in (res.stop_reason or "")
+    assert len(res.records) < 500
+
+
+def test_cancelled_streams_free_the_slot() -> None:
+    res, srv = run(
+        MockConfig(itl_ms=5.0),
+        count=20,
+        users=4,
+        cancel_fraction=0.5,
+        cancel_after_chunks=2,
+        scrape=True,
+    )
+    cancelled = [r for r in res.records if r.status == "cancelled"]
+    assert cancelled and all(len(r.chunk_ns) == 2 for r in cancelled)
+    assert srv.stats.cancelled == len(cancelled)
+    assert res.cancellation == {
+        "cancelled": len(cancelled),
+        "running_after_run": 0.0,
+        "freed": True,
+    }
+    assert res.metrics.error_rate == 0.0
+    assert res.server is not None and res.server.deltas["mock:requests_cancelled_total"] == len(
+        cancelled
+    )

@@ -1,0 +1,53 @@
+"""The maths behind the charts: seed 000 §3.1 regions and sweet spot, Pareto front, ECDF."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from servetune.report.analysis import (
+    LINEAR,
+    OVER,
+    SATURATION,
+    classify_regions,
+    ecdf,
+    pareto_front,
+    sweet_spot,
+)
+
+
+def test_three_regions_and_the_sweet_spot_at_saturation_start() -> None:
+    x = [1, 2, 4, 8, 16, 32, 64, 128]
+    y = [100, 200, 395, 780, 1200, 1500, 1540, 1490]  # linear, slowing, flat/falling
+    regions = classify_regions(x, y)
+    assert regions == [LINEAR, LINEAR, LINEAR, LINEAR, SATURATION, SATURATION, OVER, OVER]
+    assert sweet_spot(x, y) == (4, "start of the saturation region")
+
+
+def test_regions_only_move_forward_and_edge_cases() -> None:
+    # a noisy step back up after saturation does not return to "linear"
+    assert classify_regions([1, 2, 4, 8], [100, 150, 300, 320]) == [
+        LINEAR,
+        SATURATION,
+        SATURATION,
+        OVER,
+    ]
+    assert sweet_spot([1, 2], [1, 2])[0] is None
+    idx, why = sweet_spot([1, 2, 4], [10, 20, 40])
+    assert idx == 2 and "extend the sweep" in why
+    assert sweet_spot([1, 2, 4, 8], [10, 20, 21, 20]) == (1, "last point before over-saturation")
+
+
+def test_pareto_front() -> None:
+    x = [10, 20, 30, 25, 5]
+    y = [900, 700, 300, 250, 950]
+    assert pareto_front(x, y) == [4, 0, 1, 2]  # (25, 250) is beaten by (30, 300)
+
+
+def test_ecdf_thins_but_keeps_the_tail() -> None:
+    v = np.random.default_rng(0).lognormal(3, 1, 20_000)
+    xs, ps = ecdf(v, max_points=400)
+    assert len(xs) <= 600 and xs == sorted(xs) and ps[-1] == 1.0
+    assert xs[-1] == v.max()
+    p99 = np.percentile(v, 99)
+    assert sum(x >= p99 for x in xs) >= 150  # the last 1% kept whole
+    assert ecdf([]) == ([], [])

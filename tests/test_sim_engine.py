@@ -1,0 +1,119 @@
+"""simulate() end to end: planner-sized pool, RunResult, metrics, profiles, CLI errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.hardware import get_hardware
+from servetune.model import get_model
+from servetune.plan.planner import evaluate
+from servetune.sim.engine import setup, simulate
+from servetune.sim.profile import Profile, fit_profile, load_profile, save_profile
+from servetune.workload.spec import parse_workload
+
+M, HW = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+
+
+def spec(**kw):
+    base = {
+        "input_tokens": {"dist": "uniform", "low": 100, "high": 600},
+        "output_tokens": {"dist": "uniform", "low": 20, "high": 200},
+        "count": 300,
+        "arrival": {"kind": "poisson", "rate": 20},
+    }
+    base.update(kw)
+    return parse_workload(base)
+
+
+def test_pool_comes_from_the_planner():
+    cfg = EngineConfig(max_model_len=8192)
+    su = setup(M, HW, cfg)
+    assert su.sched.kv_blocks == evaluate(M, HW, cfg).kv_blocks - 1
+    assert su.step_model.tier == "roofline"
+
+
+def test_simulate_produces_a_runresult_with_bench_metrics():
+    res, _ = simulate(M, HW, EngineConfig(max_model_len=8192, max_num_seqs=64), spec())
+    assert res.backend == "sim" and res.target["tier"] == "roofline"
+    assert len(res.records) == 300 and res.metrics.completed == 300
+    r = res.records[0]
+    assert len(r.chunk_ns) == r.output_tokens and r.chunk_ns == sorted(r.chunk_ns)
+    assert res.metrics.ttft_ms.p50 > 0 and res.metrics.tpot_ms.p50 > 0
+    json.loads(res.model_dump_json())  # serialisable like a bench result
+
+
+def test_ttft_cliff_past_capacity():
+    cfg = EngineConfig(max_model_len=8192, max_num_seqs=16)
+    low, _ = simulate(M, HW, cfg, spec(arrival={"kind": "poisson", "rate": 2}))
+    high, _ = simulate(M, HW, cfg, spec(arrival={"kind": "poisson", "rate": 200}))
+    assert high.metrics.ttft_ms.p50 > 10 * low.metrics.ttft_ms.p50
+
+
+def test_kv_pressure_preempts():
+    cfg = EngineConfig(max_model_len=2048, kv_cache_space_gib=0.5, max_num_seqs=256)
+    res, sched = simulate(M, HW, cfg, spec(arrival={"kind": "poisson", "rate": 500}))
+    assert sched.stats.preemptions > 0 and res.metrics.completed == 300
+
+
+def test_prefix_cache_lowers_ttft():
+    w = spec(prefix={"groups": 2, "tokens": 512}, input_tokens={"dist": "fixed", "value": 600})
+    on, _ = simulate(M, HW, EngineConfig(max_model_len=8192), w)
+    off, _ = simulate(M, HW, EngineConfig(max_model_len=8192, enable_prefix_caching=False), w)
+    assert on.target["sim"]["prefix_hit_tokens"] > 0
+    assert on.metrics.ttft_ms.p50 < off.metrics.ttft_ms.p50
+
+
+def test_rejections_are_per_request_errors():
+    res, _ = simulate(M, HW, EngineConfig(max_model_len=300), spec())
+    bad = [r for r in res.records if r.status == "error"]
+    assert bad and all("max_model_len" in r.error_detail for r in bad)
+    assert res.metrics.failed == len(bad)
+
+
+def test_closed_loop_duration_runs():
+    w = spec(arrival={"kind": "closed", "concurrency": 8}, count=None, duration_s=5.0)
+    res, _ = simulate(M, HW, EngineConfig(max_model_len=8192), w)
+    assert res.metrics.max_in_flight <= 8 and res.metrics.completed > 30
+
+
+def test_llamacpp_slots():
+    cpu, g = get_hardware("cpu-host"), get_model("gemma-3-270m")
+    cfg = EngineConfig(engine="llamacpp", parallel_slots=4, kv_cache_tokens=8192)
+    res, sched = simulate(g, cpu, cfg, spec())
+    assert sched.cfg.slot_ctx == 2048 and res.metrics.completed == 300
+
+
+def test_config_without_kv_is_one_line_error():
+    with pytest.raises(InputError, match="would not start"):
+        setup(M, get_hardware("cpu-host"), EngineConfig(kv_cache_space_gib=0.001))
+
+
+def test_fit_recovers_known_coefficients(tmp_path):
+    true = {"const": 0.008, "prefill_tokens": 5e-5, "decode_seqs": 3e-4, "kv_read_tokens": 2e-7}
+    prof = Profile(engine="vllm", model=M.name, hardware=HW.name, coefficients=true)
+    cfg = EngineConfig(max_model_len=8192, max_num_seqs=32)
+    runs = [
+        simulate(M, HW, cfg, spec(arrival={"kind": "poisson", "rate": r}), profile=prof)[0]
+        for r in (3, 10, 30)
+    ]
+    fit = fit_profile(runs, engine="vllm", model=M.name, hardware=HW.name)
+    assert fit.fit.r2 > 0.9
+    assert fit.coefficients["const"] == pytest.approx(0.008, rel=0.15)
+    assert fit.coefficients["decode_seqs"] == pytest.approx(3e-4, rel=0.3)
+    path = tmp_path / "p.json"
+    save_profile(fit, path)
+    assert load_profile(path).coefficients == fit.coefficients
+    # the fitted profile predicts the run it was fitted on
+    again, _ = simulate(M, HW, cfg, spec(arrival={"kind": "poisson", "rate": 10}), profile=fit)
+    assert again.target["tier"] == "calibrated"
+    assert again.metrics.tpot_ms.p50 == pytest.approx(runs[1].metrics.tpot_ms.p50, rel=0.1)
+
+
+def test_profile_for_another_model_is_refused():
+    prof = Profile(engine="vllm", model="qwen3-8b", hardware=HW.name, coefficients={})
+    with pytest.raises(InputError, match="profile is for vllm/qwen3-8b"):
+        setup(M, HW, EngineConfig(), prof)

@@ -1,0 +1,177 @@
+"""Hand-computed scheduler scenarios (issue 5), with a calibrated step model whose
+coefficients make every step time easy to add up by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servetune.sim.scheduler import DONE, REJECTED, SchedConfig, Scheduler, SimRequest
+from servetune.sim.steptime import calibrated_model
+
+C0, PER_TOKEN = 0.010, 0.001  # 10 ms per step + 1 ms per prefill token
+
+
+def model(api: float = 0.0, per_decode: float = 0.0):
+    return calibrated_model(
+        {"const": C0, "prefill_tokens": PER_TOKEN, "decode_seqs": per_decode}, api
+    )
+
+
+def cfg(**kw) -> SchedConfig:
+    base = dict(
+        mode="paged",
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        max_model_len=4096,
+        block_size=16,
+        kv_blocks=1000,
+    )
+    base.update(kw)
+    return SchedConfig(**base)
+
+
+def req(i, prompt, out, t=0.0, prio=0, group=-1, shared=0) -> SimRequest:
+    return SimRequest(i, i, prompt, out, t, prio, group, shared, scheduled=t)
+
+
+def token_times(sched: Scheduler, r: SimRequest) -> list[float]:
+    times = np.asarray(sched.step_end_s)
+    return np.concatenate(
+        [times[r.segs[k] : r.segs[k + 1]] for k in range(0, len(r.segs), 2)]
+    ).tolist()
+
+
+def run(c: SchedConfig, reqs: list[SimRequest], **kw) -> Scheduler:
+    s = Scheduler(c, model(**kw.pop("model_kw", {})), check=True, **kw)
+    s.run(reqs)
+    return s
+
+
+def test_one_request_ttft_is_its_prefill_step():
+    r = req(0, 100, 5)
+    s = run(cfg(), [r])
+    t = token_times(s, r)
+    # prefill step: 10 ms + 100 x 1 ms; then 4 decode steps of 10 ms each
+    assert t == pytest.approx([0.110, 0.120, 0.130, 0.140, 0.150])
+    assert r.phase == DONE and len(t) == 5
+
+
+def test_api_overhead_shifts_every_chunk():
+    r = req(0, 10, 2)
+    s = run(cfg(), [r], model_kw={"api": 0.005})
+    rec_first = s.step_end_s[r.segs[0]] + s.model.api_overhead_s
+    assert rec_first == pytest.approx(0.020 + 0.005)
+
+
+def test_two_requests_share_steps_with_chunked_prefill():
+    a, b = req(0, 100, 3), req(1, 50, 2)
+    s = run(cfg(max_num_batched_tokens=128), [a, b])
+    # step 0: a's 100 + b's first 28 tokens -> 10 + 128 = 138 ms; a's first token.
+    # step 1: a decodes + b's last 22 tokens -> 10 + 22 = 32 ms; b's first, a's second.
+    # step 2: both decode -> 10 ms; a's third (last), b's second (last).
+    assert token_times(s, a) == pytest.approx([0.138, 0.170, 0.180])
+    assert token_times(s, b) == pytest.approx([0.170, 0.180])
+
+
+def test_max_num_seqs_queues_the_second_request():
+    a, b = req(0, 10, 2), req(1, 10, 2)
+    s = run(cfg(max_num_seqs=1), [a, b])
+    # a: prefill 20 ms, decode 10 ms -> done at 30 ms; b then starts: 50, 60 ms
+    assert token_times(s, a) == pytest.approx([0.020, 0.030])
+    assert token_times(s, b) == pytest.approx([0.050, 0.060])
+
+
+def test_kv_exhaustion_preempts_the_tail_and_recomputes():
+    # 4 blocks of 16 tokens; two requests of 16 + 20 tokens need 3 blocks each.
+    a, b = req(0, 16, 20), req(1, 16, 20)
+    s = run(cfg(kv_blocks=4, prefix_caching=False), [a, b])
+    assert s.stats.preemptions == 1
+    assert b.preemptions == 1 and a.preemptions == 0  # the tail (b) was preempted
+    assert len(token_times(s, a)) == 20 and len(token_times(s, b)) == 20
+    # b holds 16 + 17 = 33 tokens (the 33rd sampled, not yet in KV) when it needs a third
+    # block: preempted, it recomputes prompt + generated = 33 tokens later.
+    assert s.stats.prefill_tokens == 16 + 16 + 33
+    tb = token_times(s, b)
+    assert all(x < y for x, y in zip(tb, tb[1:], strict=False))
+    assert s.pool.available == 4
+
+
+def test_preempted_request_hits_its_own_cached_blocks():
+    a, b = req(0, 16, 20), req(1, 16, 20)
+    s = run(cfg(kv_blocks=5, prefix_caching=True), [a, b])
+    assert s.stats.preemptions >= 1
+    assert b.cached_tokens > 0  # its full blocks survived in the LRU and were reused
+
+
+def test_prefix_hit_removes_prefill_tokens():
+    # Both share a 64-token prefix; b arrives after a's prefill is done.
+    a = req(0, 80, 10, t=0.0, group=1, shared=64)
+    b = req(1, 80, 10, t=0.2, group=1, shared=64)
+    s = run(cfg(), [a, b])
+    assert s.stats.prefix_hit_tokens == 64
+    assert s.stats.prefill_tokens == 80 + 16
+    # a is done at 90 + 9 x 10 = 180 ms, so b runs alone: TTFT = 10 + 16 ms
+    assert token_times(s, b)[0] - 0.2 == pytest.approx(0.026)
+
+
+def test_no_prefix_hit_without_caching():
+    a = req(0, 80, 10, t=0.0, group=1, shared=64)
+    b = req(1, 80, 10, t=0.2, group=1, shared=64)
+    s = run(cfg(prefix_caching=False), [a, b])
+    assert s.stats.prefix_hit_tokens == 0
+    assert token_times(s, b)[0] - 0.2 == pytest.approx(0.090)
+
+
+@pytest.mark.parametrize("policy, order", [("fcfs", [0, 1, 2]), ("priority", [2, 1, 0])])
+def test_priority_reorders_waiting(policy, order):
+    reqs = [req(0, 10, 2, prio=5), req(1, 10, 2, prio=1), req(2, 10, 2, prio=0)]
+    s = run(cfg(max_num_seqs=1, policy=policy), reqs)
+    firsts = [token_times(s, r)[0] for r in reqs]
+    assert sorted(range(3), key=lambda i: firsts[i]) == order
+
+
+def test_too_long_request_is_rejected_with_reason():
+    ok, bad = req(0, 10, 5), req(1, 4000, 200)
+    run(cfg(), [ok, bad])
+    assert bad.phase == REJECTED and "max_model_len" in bad.reason
+    assert ok.phase == DONE
+
+
+def test_open_loop_arrival_waits_for_the_step_boundary():
+    a, b = req(0, 100, 3), req(1, 10, 1, t=0.05)
+    s = run(cfg(), [a, b])
+    # b arrives during a's prefill step (0-110 ms) and joins the next step:
+    # 10 ms + 10 tokens (a decodes in the same step) -> 130 ms
+    assert token_times(s, b) == pytest.approx([0.130])
+
+
+def test_closed_loop_issues_next_on_finish():
+    reqs = [req(i, 10, 2) for i in range(3)]
+    s = Scheduler(cfg(), model(), closed_users=1, check=True)
+    s.run(reqs)
+    ends = [token_times(s, r)[-1] for r in reqs]
+    starts = [r.arrival for r in reqs]
+    assert starts[1] == pytest.approx(ends[0]) and starts[2] == pytest.approx(ends[1])
+
+
+def test_decode_stretch_is_one_jump():
+    reqs = [req(i, 10, 500) for i in range(4)]
+    s = run(cfg(), reqs)
+    assert s.stats.jumps <= 3 and s.stats.steps == 500
+
+
+def test_slots_mode_reuses_a_slot_prompt_cache():
+    c = cfg(mode="slots", max_num_seqs=1, slot_ctx=1000, kv_blocks=0)
+    a = req(0, 80, 2, group=3, shared=64)
+    b = req(1, 80, 2, group=3, shared=64)
+    s = run(c, [a, b])
+    assert s.stats.prefix_hit_tokens == 64
+    assert token_times(s, b)[0] == pytest.approx(0.090 + 0.010 + 0.026)
+
+
+def test_slots_mode_rejects_over_slot_context():
+    c = cfg(mode="slots", max_num_seqs=2, slot_ctx=100, kv_blocks=0)
+    a, b = req(0, 80, 10), req(1, 90, 20)
+    run(c, [a, b])
+    assert a.phase == DONE and b.phase == REJECTED and "slot context" in b.reason

@@ -1,0 +1,196 @@
+"""WorkloadSpec validation and materialisation: exact token counts, determinism, sources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servetune.errors import InputError
+from servetune.metrics.stats import ks_exponential
+from servetune.workload.materialize import arrival_offsets_s, materialize, sample_lengths
+from servetune.workload.spec import LogNormal, Uniform, load_workload, parse_workload
+from servetune.workload.tokenizer import HFTokenizer, WordTokenizer
+
+BASE = {
+    "count": 50,
+    "arrival": {"kind": "poisson", "rate": 10},
+    "input_tokens": {"dist": "fixed", "value": 40},
+    "output_tokens": {"dist": "fixed", "value": 8},
+}
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
+    """A small byte-level BPE trained here (no download), like a real model's tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    words = "the of and to in is was for on that with as by at from his her they this be are"
+    corpus = [" ".join(np.random.default_rng(i).permutation(words.split())) for i in range(300)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, show_progress=False))
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return HFTokenizer(path)
+
+
+def test_bad_field_is_one_line_naming_it() -> None:
+    bad = {**BASE, "input_tokens": {"dist": "uniform", "low": 10, "high": 5}}
+    with pytest.raises(InputError) as e:
+        parse_workload(bad)
+    assert e.value.field.startswith("workload.mix.0.input_tokens")
+    assert "\n" not in e.value.one_line()
+    with pytest.raises(InputError, match="needs a rate"):
+        parse_workload({**BASE, "arrival": {"kind": "poisson"}})
+    with pytest.raises(InputError, match="count or duration_s"):
+        parse_workload({k: v for k, v in BASE.items() if k != "count"})
+
+
+def test_yaml_file_and_relative_dataset(tmp_path: Path) -> None:
+    (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "w1 w2 w3", "output_tokens": 5}) + "\n")
+    (tmp_path / "w.yaml").write_text(
+        "count: 3\narrival: {kind: closed, concurrency: 2}\ndataset: {path: d.jsonl}\n"
+    )
+    spec = load_workload(tmp_path / "w.yaml")
+    reqs = materialize(spec, WordTokenizer())
+    assert [r.prompt_tokens for r in reqs] == [3, 3, 3]
+    assert all(r.output_tokens == 5 and r.arrival_s is None for r in reqs)
+    with pytest.raises(InputError) as e:
+        load_workload(tmp_path / "missing.yaml")
+    assert e.value.field == "--workload"
+
+
+def test_length_distributions_have_their_moments() -> None:
+    rng = np.random.default_rng(0)
+    x = sample_lengths(LogNormal(mean=500, sigma=0.6), 40_000, rng)
+    assert abs(x.mean() - 500) / 500 < 0.02  # mean parameterisation, not median
+    u = sample_lengths(Uniform(low=10, high=20), 10_000, rng)
+    assert u.min() == 10 and u.max() == 20
+    clipped = sample_lengths(LogNormal(mean=500, sigma=2.0, min=100, max=600), 1000, rng)
+    assert clipped.min() >= 100 and clipped.max() <= 600
+    emp = parse_workload(
+        {**BASE, "input_tokens": {"dist": "empirical", "values": [1, 100], "weights": [3, 1]}}
+    )
+    ins = sample_lengths(emp.mix[0].input_tokens, 8000, rng)  # type: ignore[arg-type]
+    assert abs((ins == 1).mean() - 0.75) < 0.03
+
+
+def test_exact_prompt_tokens_word_and_bpe(bpe: HFTokenizer) -> None:
+    spec = parse_workload(
+        {**BASE, "input_tokens": {"dist": "uniform", "low": 5, "high": 300}, "count": 40}
+    )
+    for tok in (WordTokenizer(), bpe):
+        reqs = materialize(spec, tok)
+        want = sample_lengths(spec.mix[0].input_tokens, 40, np.random.default_rng(0))  # type: ignore[arg-type]
+        assert len(want) == 40
+        for r in reqs:
+            assert len(tok.encode(r.prompt or "")) == r.prompt_tokens
+        exact = sum(r.prompt_tokens == len(tok.encode(r.prompt or "")) for r in reqs)
+        assert exact == 40
+
+
+def test_deterministic_and_prefix_groups_share_text(bpe: HFTokenizer) -> None:
+    data = {
+        **BASE,
+        "prefix": {"groups": 3, "tokens": 20},
+        "input_tokens": {"dist": "fixed", "value": 60},
+    }
+    spec = parse_workload(data)
+    a, b = materialize(spec, bpe), materialize(spec, bpe)
+    assert a == b
+    assert {r.prefix_group for r in a} == {0, 1, 2}
+    by_group: dict[int, set[str]] = {}
+    for r in a:
+        assert r.prompt_tokens == 60
+        prefix_text = bpe.decode(bpe.encode(r.prompt or "")[:18])
+        by_group.setdefault(r.prefix_group or 0, set()).add(prefix_text)
+    assert all(len(v) == 1 for v in by_group.values())
+    other = materialize(parse_workload({**data, "seed": 1}), bpe)
+    assert [r.prompt for r in other] != [r.prompt for r in a]
+
+
+def test_weighted_mix_and_priority() -> None:
+    spec = parse_workload(
+        {
+            "count": 2000,
+            "arrival": {"kind": "constant", "rate": 100},
+            "mix": [
+                {"name": "short", "weight": 3, "input_tokens": {"dist": "fixed", "value": 4},
+                 "output_tokens": {"dist": "fixed", "value": 2}, "priority": 0},
+                {"name": "long", "weight": 1, "input_tokens": {"dist": "fixed", "value": 40},
+                 "output_tokens": {"dist": "fixed", "value": 2}, "priority": 1},
+            ],
+        }
+    )  # fmt: skip
+    reqs = materialize(spec, WordTokenizer())
+    long = [r for r in reqs if r.sub == "long"]
+    assert abs(len(long) / 2000 - 0.25) < 0.03
+    assert all(r.priority == 1 and r.prompt_tokens == 40 for r in long)
+    assert reqs[1].arrival_s == pytest.approx(0.01)
+
+
+def test_poisson_schedule_passes_ks_and_gamma_mean() -> None:
+    rng = np.random.default_rng(3)
+    t = arrival_offsets_s("poisson", 50.0, rng, count=5000)
+    d, p = ks_exponential(np.diff(t), 50.0)
+    assert p > 0.01, (d, p)
+    # the same test rejects a constant schedule
+    assert (
+        ks_exponential(np.diff(arrival_offsets_s("constant", 50.0, rng, count=5000)), 50.0)[1]
+        < 1e-6
+    )
+    g = arrival_offsets_s("gamma", 50.0, rng, count=20000, burstiness=0.25)
+    gaps = np.diff(g)
+    assert abs(gaps.mean() - 0.02) / 0.02 < 0.05
+    assert gaps.std() / gaps.mean() == pytest.approx(2.0, rel=0.1)  # CV = 1/sqrt(shape)
+    bounded = arrival_offsets_s("poisson", 100.0, rng, duration_s=2.0)
+    assert bounded.max() < 2.0 and abs(len(bounded) - 200) < 60
+
+
+def test_trace_hash_ids_share_blocks(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 30, "output_length": 4, "hash_ids": [1, 2]},
+        {"timestamp": 500, "input_length": 25, "output_length": 4, "hash_ids": [1, 3]},
+    ]
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    spec = parse_workload(
+        {
+            "trace": {"path": str(tmp_path / "t.jsonl"), "block_tokens": 16},
+            "arrival": {"kind": "trace"},
+        }
+    )
+    a, b = materialize(spec, WordTokenizer())
+    assert (a.prompt_tokens, b.prompt_tokens) == (30, 25)
+    assert a.prompt.split()[:16] == b.prompt.split()[:16]  # type: ignore[union-attr]
+    assert a.prompt.split()[16:25] != b.prompt.split()[16:25]  # type: ignore[union-attr]
+    assert (a.arrival_s, b.arrival_s) == (0.0, 0.5)
+
+
+def test_sharegpt(tmp_path: Path) -> None:
+    data = [
+        {
+            "conversations": [
+                {"from": "human", "value": "w1 w2"},
+                {"from": "gpt", "value": "w3 w4 w5"},
+            ]
+        }
+    ]
+    (tmp_path / "s.json").write_text(json.dumps(data))
+    spec = parse_workload(
+        {"count": 2, "arrival": {"kind": "closed", "concurrency": 1},
+         "dataset": {"path": str(tmp_path / "s.json"), "format": "sharegpt"}}
+    )  # fmt: skip
+    reqs = materialize(spec, WordTokenizer())
+    assert [(r.prompt_tokens, r.output_tokens) for r in reqs] == [(2, 3), (2, 3)]
+
+
+def test_with_load_switches_mode() -> None:
+    spec = parse_workload(BASE)
+    assert spec.with_load(concurrency=4).arrival.kind == "closed"
+    assert spec.with_load(rate=7).arrival.rate == 7
+    capped = spec.with_load(rate=7, concurrency=2)
+    assert capped.arrival.kind == "poisson" and capped.arrival.concurrency == 2
