@@ -121,3 +121,27 @@ def test_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert field in lines[0]
+
+
+def test_hardware_file_adds_a_gpu(tmp_path) -> None:
+    spec = tmp_path / "gpus.yaml"
+    spec.write_text(
+        "my-card:\n"
+        "  display_name: My Card 48G\n"
+        "  vendor: Example\n"
+        "  memory_gib: 48\n"
+        "  memory_bandwidth_gbs: 1000\n"
+        "  tflops: {bf16: 200}\n"
+        "  devices_per_node: 4\n"
+        "  interconnect: pcie\n"
+        "  interconnect_gbs: 32\n"
+        "  source: example datasheet\n"
+    )
+    out = run_plan(
+        "--model", "llama-3.1-8b", "--gpu", "my-card", "--hardware-file", str(spec), "--json"
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["hardware"] == "my-card"
+    # 16 GB of bf16 weights read once per token at 1,000 GB/s: ~16 ms at batch 1.
+    assert 15.0 <= data["tpot_lower_bound_ms"] <= 17.5

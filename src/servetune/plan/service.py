@@ -183,15 +183,32 @@ def model_reference(given: str) -> str:
     return str(path.parent if path.name == "config.json" else path)
 
 
+def gguf_reference(given: str, quant: str | None, dtype: str) -> str:
+    """llama-server loads a GGUF file: name one after the model and its quantization
+    (llama.cpp's convert/quantize naming), or pass through a path that already is one."""
+    if given.endswith(".gguf"):
+        return given
+    stem = Path(model_reference(given)).name
+    gguf_types = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"}
+    if quant in gguf_types:
+        kind = quant.upper()
+    else:
+        kind = {"float16": "F16", "float32": "F32"}.get(dtype, "BF16")
+    return f"{stem}-{kind}.gguf"
+
+
 def run_plan(args: PlanArgs) -> PlanResult:
-    from servetune.engines import launch_commands
+    from servetune.engines import launch_command, launch_commands
 
     req, scenario = build_request(args)
     plan = make_plan(req)
     default_scenario = scenario or get_scenario("chat")
     engine, reason = recommend_engine(req.hardware, default_scenario)
     cfg = plan.evaluation.config
-    launch = launch_commands(cfg, model_reference(args.model))
+    device = "cpu" if req.hardware.kind == "cpu" else "gpu"
+    launch = launch_commands(cfg, model_reference(args.model), device=device)
+    gguf = gguf_reference(args.model, cfg.quantization, cfg.dtype)
+    launch["llamacpp"] = launch_command("llamacpp", cfg, gguf, device=device)
     return PlanResult(plan, req.model, req.hardware, scenario, engine, reason, launch)
 
 
