@@ -83,12 +83,7 @@ def decode_step(
     memory = weight_bytes_read(model, weights_per_gpu, batch) + batch * context * kv_bytes_per_token
     attn = 4 * model.num_layers * model.num_attention_heads * model.head_dim * context
     flops = batch * (2 * model.params_matmul_active + attn) / tp
-    comm = 2 * model.num_layers * allreduce_s(hw, tp, batch, model.hidden_size)
-    return StepCost(
-        memory_s=memory / hw.bandwidth_bytes_s,
-        compute_s=flops / hw.peak_flops(compute_dtype),
-        comm_s=comm,
-    )
+    return _step(model, hw, memory, flops, compute_dtype, tp, tokens=batch)
 
 
 def prefill_time(
@@ -104,11 +99,23 @@ def prefill_time(
     memory = weights_per_gpu + prompt_tokens * kv_bytes_per_token
     attn = 2 * model.num_layers * model.num_attention_heads * model.head_dim * prompt_tokens**2
     flops = (prompt_tokens * 2 * model.params_matmul_active + attn) / tp
-    comm = 2 * model.num_layers * allreduce_s(hw, tp, prompt_tokens, model.hidden_size)
+    return _step(model, hw, memory, flops, compute_dtype, tp, tokens=prompt_tokens)
+
+
+def _step(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    memory_bytes: float,
+    flops: float,
+    compute_dtype: str,
+    tp: int,
+    tokens: int,
+) -> StepCost:
+    """Bytes and FLOPs -> times, plus the two all-reduces per layer of `tokens` activations."""
     return StepCost(
-        memory_s=memory / hw.bandwidth_bytes_s,
+        memory_s=memory_bytes / hw.bandwidth_bytes_s,
         compute_s=flops / hw.peak_flops(compute_dtype),
-        comm_s=comm,
+        comm_s=2 * model.num_layers * allreduce_s(hw, tp, tokens, model.hidden_size),
     )
 
 
