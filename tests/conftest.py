@@ -28,6 +28,14 @@ from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
 __all__ = ["LLAMACPP_TEST_CONFIG", "VLLM_TEST_CONFIG"]
 
 
+@pytest.fixture(autouse=True)
+def _private_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """bench/simulate record to ./servetune.db by default: point every test at its own
+    throwaway database so the suite never writes into the checkout."""
+    db = tmp_path_factory.mktemp("store") / "servetune.db"
+    monkeypatch.setenv("SERVETUNE_DB", f"sqlite:///{db}")
+
+
 def _say(msg: str) -> None:
     print(f"[servetune engines] {msg}", file=sys.stderr)
 

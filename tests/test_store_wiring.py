@@ -95,9 +95,7 @@ def test_no_store_writes_no_database(
     with mock_in_thread(MockConfig()) as srv:
         code, _, err = run_cli(capsys, *bench_args(srv.port, workload(tmp_path), "--no-store"))
     assert code == 0, err
-    code, _, err = run_cli(
-        capsys, "simulate", "-w", workload(tmp_path), "--no-store", "--json"
-    )
+    code, _, err = run_cli(capsys, "simulate", "-w", workload(tmp_path), "--no-store", "--json")
     assert code == 0, err
     assert not list(tmp_path.glob("*.db*"))
 
@@ -112,8 +110,9 @@ def test_unreachable_db_keeps_the_result_file(
         )
     assert code == 0, err
     assert len(load_result(tmp_path / "r.json").records) == 30
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "experiment store off" in lines[0] and "127.0.0.1" in lines[0]
+    # one line about the store (a loaded host may add a CLIENT BOTTLENECK line)
+    lines = [ln for ln in err.splitlines() if "store" in ln]
+    assert len(lines) == 1 and lines[0].startswith("warning: experiment store off: --db"), err
 
 
 def _start_slow_bench(port: int, tmp_path: Path) -> subprocess.Popen[str]:
@@ -189,7 +188,9 @@ def test_simulate_stores_sim_runs_that_compare_with_bench(
         assert sim.engine_config["max_num_seqs"] == 8
         assert sim.meta["software"]["step_model"] == "roofline"
     with mock_in_thread(MockConfig()) as srv:
-        args = bench_args(srv.port, wl, "--study", "sim-vs-real", "--db", "runs.db")
+        args = bench_args(
+            srv.port, wl, "--rate", "100", "--study", "sim-vs-real", "--db", "runs.db"
+        )
         code, _, err = run_cli(capsys, *args)
     assert code == 0, err
     code, out, err = run_cli(

@@ -44,6 +44,7 @@ def _register() -> None:
     __import__("servetune.cli.sim_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.runs_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.report_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.tune_cmd", fromlist=["register"]).register(app)
 
 
 _register()
@@ -52,7 +53,10 @@ _register()
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of exiting.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except InputError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         sys.exit(exc.exit_code)
