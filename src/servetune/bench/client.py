@@ -255,27 +255,44 @@ class RequestState:
             if len(self._body) < 1 << 20:
                 self._body += data
             return
+        if (  # fast path: exactly one `data: ...` event (a token chunk, usually)
+            not self._buf
+            and data.startswith(b"data: ")
+            and data.find(b"\n", 6) == len(data) - 2
+            and data.endswith(b"\n\n")
+            and b"\r" not in data
+        ):
+            self._data(data[6:-2], now_ns)
+            return
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
         start = 0
-        while not self.done:
-            end = buf.find(b"\n\n", start)
+        find = buf.find
+        while True:  # one pass per SSE event
+            end = find(b"\n\n", start)
             if end < 0:
                 break
-            self._event(buf[start:end], now_ns)
+            if buf.startswith(b"data: ", start) and find(b"\n", start, end) < 0:
+                self._data(buf[start + 6 : end], now_ns)
+            else:
+                self._event(buf[start:end], now_ns)
             start = end + 2
-        self._buf = buf[start:] if not self.done else b""
+            if self.done:
+                self._buf = b""
+                return
+        self._buf = buf[start:]
 
     def _event(self, ev: bytes, now_ns: int) -> None:
-        if ev.startswith(b"data: ") and b"\n" not in ev:
-            payload = ev[6:]
-        else:
-            payload = b"\n".join(
-                ln[5:].lstrip(b" ") for ln in ev.split(b"\n") if ln.startswith(b"data:")
-            )
-            if not payload:
-                return  # comment, keep-alive, `event:` line
+        """A general SSE event: multi-line data, comments, `event:` lines."""
+        payload = b"\n".join(
+            ln[5:].lstrip(b" ") for ln in ev.split(b"\n") if ln.startswith(b"data:")
+        )
+        if payload:  # else a comment, keep-alive or `event:` line
+            self._data(payload, now_ns)
+
+    def _data(self, payload: bytes, now_ns: int) -> None:
+        """One event's data: the per-chunk hot path (kept in one function on purpose)."""
         if self.first_event_ns is None:
             self.first_event_ns = now_ns
         if payload == b"[DONE]":
@@ -286,16 +303,13 @@ class RequestState:
         except _JSONError:
             self.abort("error", "malformed_response", f"bad SSE JSON: {payload[:80]!r}")
             return
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             self.abort(
                 "error", "malformed_response", f"SSE data is not an object: {payload[:80]!r}"
             )
             return
-        self._chunk(obj, now_ns)
-
-    def _chunk(self, obj: dict[str, Any], now_ns: int) -> None:
-        err = obj.get("error")
-        if err:
+        if "error" in obj and obj["error"]:
+            err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
             self.abort("error", "server_error_event", str(msg)[:200])
             return
@@ -304,13 +318,18 @@ class RequestState:
         if choices:
             c = choices[0]
             delta = c.get("delta")
+            reasoning = None
             if delta is not None:  # chat
                 text = delta.get("content")
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                has = bool(text or reasoning or delta.get("tool_calls"))
+                if not text:
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                    has = bool(reasoning or delta.get("tool_calls"))
+                else:
+                    has = True
+                    if self.texts is not None:
+                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             else:  # completions
                 text = c.get("text")
-                reasoning = None
                 has = bool(text)
             if has:
                 n = 1
@@ -335,9 +354,12 @@ class RequestState:
                 self.usage_prompt = int(usage["prompt_tokens"])
             if usage.get("completion_tokens") is not None:
                 self.usage_completion = int(usage["completion_tokens"])
-        timings = obj.get("timings")  # llama.cpp: prompt_ms, predicted_ms, ...
-        if isinstance(timings, dict):
-            self.timings = {k: float(v) for k, v in timings.items() if isinstance(v, int | float)}
+        if "timings" in obj:  # llama.cpp: prompt_ms, predicted_ms, ...
+            timings = obj["timings"]
+            if isinstance(timings, dict):
+                self.timings = {
+                    k: float(v) for k, v in timings.items() if isinstance(v, int | float)
+                }
 
     def on_end(self, now_ns: int) -> None:
         if self.done:

@@ -93,6 +93,7 @@ class Connection(asyncio.Protocol):
         self._remaining = 0
         self._chunk_state = _SIZE
         self._keep_alive = True
+        self._at_chunk = False  # chunked body, nothing buffered, a chunk starts next
 
     # --- asyncio callbacks -----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -106,6 +107,16 @@ class Connection(asyncio.Protocol):
             return
         self.got_bytes = True
         try:
+            if self._at_chunk:  # fast path: `data` is exactly one chunk (one SSE event)
+                j = data.find(b"\r\n", 0, 16)
+                if j > 0:
+                    try:
+                        end = j + 2 + int(data[:j], 16)
+                    except ValueError:
+                        end = -1
+                    if end > j + 2 and len(data) == end + 2 and data.endswith(b"\r\n"):
+                        h.on_body(data[j + 2 : end], now)
+                        return
             self._feed(data, now, h)
         except HttpError as exc:
             self._fail("malformed_response", str(exc), now)
@@ -188,6 +199,7 @@ class Connection(asyncio.Protocol):
                 self._finish(now)
                 return
             if not rest:
+                self._at_chunk = self._mode == _CHUNKED
                 return
             data = rest
         mode = self._mode
@@ -235,56 +247,82 @@ class Connection(asyncio.Protocol):
         h.on_headers(status, headers, now)
 
     def _feed_chunked(self, data: bytes, now: int, h: ResponseHandler) -> None:
+        """De-chunk everything `data` completes and hand it to the handler in ONE
+        `on_body` call (an SSE stream sends one HTTP chunk per event: one call per
+        event would double the per-chunk cost)."""
         buf = self._buf
         if buf:
             buf += data
             data = bytes(buf)
-            self._buf = buf = bytearray()
+            self._buf = bytearray()
+        parts: list[bytes] = []
         i, n = 0, len(data)
-        while i < n and self.handler is not None:
-            st = self._chunk_state
-            if st == _DATA:
-                take = min(self._remaining, n - i)
-                h.on_body(data[i : i + take], now)
-                i += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._chunk_state = _DATA_END
-            elif st == _SIZE:
+        st = self._chunk_state
+        remaining = self._remaining
+        finished = False
+        while i < n:
+            if st == _SIZE:
                 j = data.find(b"\r\n", i)
                 if j < 0:
                     if n - i > 1024:
                         raise HttpError("chunk size line too long")
                     self._buf = bytearray(data[i:])
-                    return
-                size_s = data[i:j].split(b";", 1)[0].strip()
+                    break
                 try:
-                    size = int(size_s, 16)
-                except ValueError as exc:
-                    raise HttpError(f"bad chunk size {size_s[:20]!r}") from exc
+                    size = int(data[i:j], 16)
+                except ValueError:  # chunk extensions (`1a;name=v`) or junk
+                    size_s = data[i:j].split(b";", 1)[0].strip()
+                    try:
+                        size = int(size_s, 16)
+                    except ValueError as exc:
+                        raise HttpError(f"bad chunk size {size_s[:20]!r}") from exc
+                if size < 0:
+                    raise HttpError("negative chunk size")
                 i = j + 2
                 if size == 0:
-                    self._chunk_state = _TRAILER
+                    st = _TRAILER
                 else:
-                    self._remaining = size
-                    self._chunk_state = _DATA
+                    remaining = size
+                    st = _DATA
+                    # the common case: the whole chunk and its CRLF are here
+                    end = i + size
+                    if end + 2 <= n:
+                        if data[end : end + 2] != b"\r\n":
+                            raise HttpError("chunk not followed by CRLF")
+                        parts.append(data[i:end])
+                        i = end + 2
+                        remaining = 0
+                        st = _SIZE
+            elif st == _DATA:
+                take = min(remaining, n - i)
+                parts.append(data[i : i + take])
+                i += take
+                remaining -= take
+                if remaining == 0:
+                    st = _DATA_END
             elif st == _DATA_END:
                 if n - i < 2:
                     self._buf = bytearray(data[i:])
-                    return
+                    break
                 if data[i : i + 2] != b"\r\n":
                     raise HttpError("chunk not followed by CRLF")
                 i += 2
-                self._chunk_state = _SIZE
+                st = _SIZE
             else:  # trailer: lines until an empty one
                 j = data.find(b"\r\n", i)
                 if j < 0:
                     self._buf = bytearray(data[i:])
-                    return
+                    break
                 if j == i:
-                    self._finish(now)
-                    return
+                    st, finished = _SIZE, True
+                    break
                 i = j + 2
+        self._chunk_state, self._remaining = st, remaining
+        self._at_chunk = st == _SIZE and not self._buf
+        if parts and self.handler is not None:
+            h.on_body(parts[0] if len(parts) == 1 else b"".join(parts), now)
+        if finished and self.handler is not None:
+            self._finish(now)
 
 
 class Pool:

@@ -337,6 +337,9 @@ def process_main(conn: Any, cfg: WorkerConfig) -> None:
                 worker.stop(msg[1])
 
         loop.add_reader(conn.fileno(), on_msg)
+        # libuv (uvloop) makes a polled fd non-blocking; the pipe is duplex, so a big
+        # record batch would then be half-written (EAGAIN) and corrupt the stream.
+        os.set_blocking(conn.fileno(), True)
         try:
             return await worker.run(anchor)
         finally:

@@ -2,20 +2,35 @@
 
 Inputs are raw records with monotonic-ns timestamps; nothing here does I/O, so `bench`
 and `simulate` compute identical figures from identical records.
+
+Speed (issue 5): `compute_metrics` works on columns (numpy arrays over all records at
+once), not per record. Records become columns through `record_columns`; a record
+container may hand over its own columns (`columns()`: the simulator's lazy records keep
+chunk times as ranges into one array of step ends, so 100,000 x 256 chunk timestamps are
+never materialised). Every figure is computed with the same float operations, in the
+same order, as the per-record definitions below, so the results are identical.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from servetune.metrics.stats import summarize
-from servetune.results.schema import Metrics, RequestRecord, SLOCheck
+from servetune.metrics.stats import summarize, summarize_weighted
+from servetune.results.schema import Dist, Metrics, RequestRecord, SLOCheck
 from servetune.slo import SLO
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
+STATUS_CODES = {"ok": 0, "error": 1, "cancelled": 2, "aborted": 3}
+OK, ERROR, CANCELLED, ABORTED = 0, 1, 2, 3
+
+
+# --- per-record definitions (the contract; the columnar code below computes the same) ---
 
 
 def measurement_window(
@@ -27,21 +42,7 @@ def measurement_window(
     nothing (tiny runs), the whole run, first send to last end, is used and flagged."""
     if not records:
         return 0, 0, True
-    first = min(r.send_ns for r in records)
-    last_send = max(r.send_ns for r in records)
-    start = first + int(warmup_s * NS_PER_S)
-    end = last_send - int(cooldown_s * NS_PER_S)
-    if (
-        end - start > 0
-        and any(start <= r.send_ns <= end for r in records)
-        and (warmup_s > 0 or cooldown_s > 0 or end - start >= 0.5 * (_last_end(records) - first))
-    ):
-        return start, end, False
-    return first, _last_end(records), True
-
-
-def _last_end(records: Sequence[RequestRecord]) -> int:
-    return max(max(r.end_ns, r.chunk_ns[-1] if r.chunk_ns else r.end_ns) for r in records)
+    return _window(record_columns(records), warmup_s, cooldown_s)
 
 
 def request_latencies_ms(r: RequestRecord) -> tuple[float | None, float | None, float | None]:
@@ -61,41 +62,15 @@ def itl_samples_ms(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.nda
     """(pooled, per_token). Pooled: every gap between consecutive content chunks, once per
     gap, pooled over requests (vLLM/SGLang ITL). Per-token: a gap before a chunk of k
     tokens becomes k samples of gap/k (genai-perf's division by the chunk's tokens)."""
-    gaps: list[np.ndarray] = []
-    per_tok: list[np.ndarray] = []
-    for r in records:
-        if len(r.chunk_ns) < 2:
-            continue
-        g = np.diff(np.asarray(r.chunk_ns, dtype=np.int64)) / NS_PER_MS
-        k = np.maximum(np.asarray(r.chunk_tokens[1:], dtype=np.int64), 1)
-        gaps.append(g)
-        per_tok.append(np.repeat(g / k, k))
-    if not gaps:
-        return np.empty(0), np.empty(0)
-    return np.concatenate(gaps), np.concatenate(per_tok)
-
-
-def _tokens_in_window(r: RequestRecord, start: int, end: int) -> float:
-    """Output tokens of `r` that arrived inside [start, end]. Chunks carry their own counts;
-    when usage says more tokens than the chunks counted (multi-token chunks without
-    per-chunk usage), each chunk's share is scaled so the request's total is usage's."""
-    if not r.chunk_ns:
-        return 0.0
-    tok = np.asarray(r.chunk_tokens, dtype=float)
-    t = np.asarray(r.chunk_ns)
-    inside = float(tok[(t >= start) & (t <= end)].sum())
-    total = float(tok.sum())
-    return inside * (r.output_tokens / total) if total > 0 else 0.0
+    cols = record_columns(records)
+    (pooled, _), (per_tok, _) = cols.chunks.gaps_ms(np.ones(cols.n, dtype=bool))
+    return pooled, per_tok
 
 
 def max_in_flight(records: Sequence[RequestRecord]) -> int:
     """Most requests the client had on the wire at once (send -> end)."""
-    ev = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records])
-    cur = best = 0
-    for _, d in ev:
-        cur += d
-        best = max(best, cur)
-    return best
+    cols = record_columns(records)
+    return _max_in_flight(cols.send, cols.end)
 
 
 def meets_slo(r: RequestRecord, thresholds: dict[str, float]) -> bool:
@@ -115,8 +90,207 @@ def meets_slo(r: RequestRecord, thresholds: dict[str, float]) -> bool:
     return True
 
 
+# --- columns ---------------------------------------------------------------------------
+
+
+class ChunkSource(Protocol):
+    """Where the per-chunk data of the records lives (flat arrays, or sim step ranges)."""
+
+    def gaps_ms(
+        self, keep: np.ndarray
+    ) -> tuple[tuple[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]:
+        """((pooled, counts), (per_token, counts)) over the records where `keep`;
+        counts None means one sample per value, in record order."""
+        ...
+
+    def tokens_inside(self, start: int, end: int) -> np.ndarray:
+        """Per record: chunk tokens that arrived inside [start, end] (float)."""
+        ...
+
+    def token_totals(self) -> np.ndarray:
+        """Per record: the sum of its chunks' tokens (float)."""
+        ...
+
+
+@dataclass
+class FlatChunks:
+    """Chunks of all records concatenated in record order (`lens` per record)."""
+
+    ns: np.ndarray
+    tok: np.ndarray
+    lens: np.ndarray
+
+    def _owner(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.lens)), self.lens)
+
+    def gaps_ms(
+        self, keep: np.ndarray
+    ) -> tuple[tuple[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]:
+        if len(self.ns) < 2:
+            return (np.empty(0), None), (np.empty(0), None)
+        owner = self._owner()
+        # gap p lies between chunks p and p+1 of the same record
+        same = (owner[1:] == owner[:-1]) & keep[owner[:-1]]
+        g = np.diff(self.ns)[same] / NS_PER_MS
+        k = np.maximum(self.tok[1:][same], 1)
+        return (g, None), (np.repeat(g / k, k), None)
+
+    def tokens_inside(self, start: int, end: int) -> np.ndarray:
+        inside = (self.ns >= start) & (self.ns <= end)
+        w = np.where(inside, self.tok, 0).astype(float)
+        return np.bincount(self._owner(), weights=w, minlength=len(self.lens))
+
+    def token_totals(self) -> np.ndarray:
+        return np.bincount(self._owner(), weights=self.tok.astype(float), minlength=len(self.lens))
+
+
+@dataclass
+class RecordColumns:
+    """What the metrics read from each record, as arrays over records (record order).
+    `*_has` masks say where a nullable field is set; `first`/`last` are the first and last
+    content chunk (valid where `n_chunks > 0`)."""
+
+    send: np.ndarray
+    end: np.ndarray
+    status: np.ndarray  # STATUS_CODES
+    errors: list[str | None]
+    scheduled: np.ndarray
+    scheduled_has: np.ndarray
+    first_event: np.ndarray  # 0 where absent (a falsy first_event_ns is not a sample)
+    queue: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    usage_out: np.ndarray
+    usage_out_has: np.ndarray
+    tokenizer_out: np.ndarray
+    tokenizer_out_has: np.ndarray
+    n_chunks: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    chunks: ChunkSource
+
+    @property
+    def n(self) -> int:
+        return len(self.send)
+
+
+class HasColumns(Protocol):
+    """A record container that can give its columns directly (sim.records.SimRecords)."""
+
+    def columns(self) -> RecordColumns: ...
+
+
+def _ints(values: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    has = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    arr = np.fromiter((v or 0 for v in values), dtype=np.int64, count=len(values))
+    return arr, has
+
+
+def record_columns(records: Sequence[RequestRecord]) -> RecordColumns:
+    """Columns of `records` (or the container's own, when it has them)."""
+    own = getattr(records, "columns", None)
+    if callable(own):
+        return own()
+    rows = [r.__dict__ for r in records]  # pydantic keeps field values in __dict__
+    n = len(rows)
+
+    def col(name: str) -> list:
+        return [d[name] for d in rows]
+
+    chunk_ns, chunk_tok = col("chunk_ns"), col("chunk_tokens")
+    lens = np.fromiter(map(len, chunk_ns), dtype=np.int64, count=n)
+    total = int(lens.sum())
+    flat_ns = np.fromiter(itertools.chain.from_iterable(chunk_ns), dtype=np.int64, count=total)
+    flat_tok = np.fromiter(itertools.chain.from_iterable(chunk_tok), dtype=np.int64, count=total)
+    has = lens > 0
+    starts = np.cumsum(lens) - lens
+    first = np.zeros(n, dtype=np.int64)
+    last = np.zeros(n, dtype=np.int64)
+    first[has] = flat_ns[starts[has]]
+    last[has] = flat_ns[starts[has] + lens[has] - 1]
+    sched, sched_has = _ints(col("scheduled_ns"))
+    usage, usage_has = _ints(col("usage_completion_tokens"))
+    tokz, tokz_has = _ints(col("tokenizer_completion_tokens"))
+    status = np.fromiter((STATUS_CODES[s] for s in col("status")), dtype=np.int8, count=n)
+    return RecordColumns(
+        send=np.fromiter(col("send_ns"), dtype=np.int64, count=n),
+        end=np.fromiter(col("end_ns"), dtype=np.int64, count=n),
+        status=status,
+        errors=col("error"),
+        scheduled=sched,
+        scheduled_has=sched_has,
+        first_event=np.fromiter((v or 0 for v in col("first_event_ns")), np.int64, count=n),
+        queue=np.fromiter(col("queue_ns"), dtype=np.int64, count=n),
+        input_tokens=np.fromiter((r.input_tokens for r in records), np.int64, count=n),
+        output_tokens=np.fromiter((r.output_tokens for r in records), np.int64, count=n),
+        usage_out=usage,
+        usage_out_has=usage_has,
+        tokenizer_out=tokz,
+        tokenizer_out_has=tokz_has,
+        n_chunks=lens,
+        first=first,
+        last=last,
+        chunks=FlatChunks(flat_ns, flat_tok, lens),
+    )
+
+
+# --- columnar maths ----------------------------------------------------------------------
+
+
+def _window(c: RecordColumns, warmup_s: float, cooldown_s: float) -> tuple[int, int, bool]:
+    """measurement_window on columns (see its docstring)."""
+    first = int(c.send.min())
+    last_send = int(c.send.max())
+    start = first + int(warmup_s * NS_PER_S)
+    end = last_send - int(cooldown_s * NS_PER_S)
+    last_end = int(np.where(c.n_chunks > 0, np.maximum(c.end, c.last), c.end).max())
+    if (
+        end - start > 0
+        and bool(((c.send >= start) & (c.send <= end)).any())
+        and (warmup_s > 0 or cooldown_s > 0 or end - start >= 0.5 * (last_end - first))
+    ):
+        return start, end, False
+    return first, last_end, True
+
+
+def _max_in_flight(send: np.ndarray, end: np.ndarray) -> int:
+    """Sweep over (time, +1 send / -1 end) events; at equal times ends come first."""
+    if len(send) == 0:
+        return 0
+    t = np.concatenate([send, end])
+    d = np.concatenate([np.ones(len(send), np.int64), -np.ones(len(end), np.int64)])
+    order = np.lexsort((d, t))
+    return max(0, int(np.cumsum(d[order]).max()))
+
+
+@dataclass
+class _Latencies:
+    """request_latencies_ms over the records where `sel`, in record order."""
+
+    ttft: np.ndarray
+    e2e: np.ndarray
+    tpot: np.ndarray
+    tpot_has: np.ndarray
+
+
+def _latencies(c: RecordColumns, sel: np.ndarray) -> _Latencies:
+    sel = sel & (c.n_chunks > 0)
+    send = c.send[sel]
+    ttft = (c.first[sel] - send) / NS_PER_MS
+    e2e = (c.last[sel] - send) / NS_PER_MS
+    n = c.output_tokens[sel]
+    tpot_has = (n >= 2) & (c.n_chunks[sel] >= 2)
+    tpot = (e2e[tpot_has] - ttft[tpot_has]) / (n[tpot_has] - 1)
+    return _Latencies(ttft, e2e, tpot, tpot_has)
+
+
+def _summ(sample: tuple[np.ndarray, np.ndarray | None]) -> Dist:
+    values, counts = sample
+    return summarize(values) if counts is None else summarize_weighted(values, counts)
+
+
 def compute_metrics(
-    records: Sequence[RequestRecord],
+    records: Sequence[RequestRecord] | HasColumns,
     *,
     warmup_s: float = 0.0,
     cooldown_s: float = 0.0,
@@ -124,82 +298,111 @@ def compute_metrics(
     stream: bool = True,
 ) -> Metrics:
     """All client metrics of one run from its raw records."""
-    if not records:
+    if not len(records):  # type: ignore[arg-type]
         return Metrics()
-    start, end, _ = measurement_window(records, warmup_s, cooldown_s)
+    c = record_columns(records)  # type: ignore[arg-type]
+    start, end, _ = _window(c, warmup_s, cooldown_s)
     window_s = max((end - start) / NS_PER_S, 1e-9)
-    measured = [r for r in records if start <= r.send_ns <= end]
-    ok = [r for r in measured if r.status == "ok"]
-    failed = [r for r in measured if r.status == "error"]
-    cancelled = sum(r.status == "cancelled" for r in measured)
-    aborted = sum(r.status == "aborted" for r in measured)
-    attempted = len(measured) - cancelled - aborted
+    measured = (c.send >= start) & (c.send <= end)
+    ok = measured & (c.status == OK)
+    failed = measured & (c.status == ERROR)
+    cancelled = int((measured & (c.status == CANCELLED)).sum())
+    aborted = int((measured & (c.status == ABORTED)).sum())
+    n_measured = int(measured.sum())
+    n_failed = int(failed.sum())
+    attempted = n_measured - cancelled - aborted
 
-    lat = [request_latencies_ms(r) for r in ok]
-    ttft = [x[0] for x in lat if x[0] is not None]
-    tpot = [x[1] for x in lat if x[1] is not None] if stream else []
-    e2e = [x[2] for x in lat if x[2] is not None]
-    pooled, per_tok = itl_samples_ms(ok) if stream else (np.empty(0), np.empty(0))
-    first_event = [(r.first_event_ns - r.send_ns) / NS_PER_MS for r in ok if r.first_event_ns]
-    lag = [(r.send_ns - r.scheduled_ns) / NS_PER_MS for r in measured if r.scheduled_ns is not None]
+    lat = _latencies(c, ok)
+    if stream:
+        pooled, per_tok = c.chunks.gaps_ms(ok)
+        tpot = summarize(lat.tpot)
+    else:
+        pooled = per_tok = (np.empty(0), None)
+        tpot = Dist()
+    fe = ok & (c.first_event != 0)
+    first_event = (c.first_event[fe] - c.send[fe]) / NS_PER_MS
+    lag_sel = measured & c.scheduled_has
+    lag = (c.send[lag_sel] - c.scheduled[lag_sel]) / NS_PER_MS
 
-    out_tokens = sum(_tokens_in_window(r, start, end) for r in records)
-    in_tokens = sum(r.input_tokens for r in measured if r.chunk_ns)
+    has_chunks = c.n_chunks > 0
+    # Tokens inside the window per request, scaled to usage's total when the chunks
+    # counted fewer (multi-token chunks without per-chunk usage); summed in record order.
+    totals = c.chunks.token_totals()
+    inside = c.chunks.tokens_inside(start, end)
+    safe = np.where(totals > 0, totals, 1.0)
+    share = np.where(has_chunks & (totals > 0), inside * (c.output_tokens / safe), 0.0)
+    out_tokens = sum(share.tolist())
+    in_tokens = int(c.input_tokens[measured & has_chunks].sum())
     # Completions are counted by when they finish (steady-state throughput), whatever
     # their send time; latency samples are taken from requests sent in the window.
-    done_in_window = [
-        r for r in records if r.status == "ok" and r.chunk_ns and start <= r.chunk_ns[-1] <= end
-    ]
+    finishing = has_chunks & (c.last >= start) & (c.last <= end)
+    done_in_window = int((finishing & (c.status == OK)).sum())
     errors_by_class: dict[str, int] = {}
-    for r in failed:
-        key = r.error or "unknown"
+    for i in np.flatnonzero(failed).tolist():
+        key = c.errors[i] or "unknown"
         errors_by_class[key] = errors_by_class.get(key, 0) + 1
-    scheduled = [r for r in records if r.scheduled_ns is not None]
+    offered = None
+    if c.scheduled_has.any():
+        s_in = c.scheduled_has & (c.scheduled >= start) & (c.scheduled <= end)
+        offered = int(s_in.sum()) / window_s
 
     m = Metrics(
         window_start_ns=start,
         window_end_ns=end,
         window_s=window_s,
-        measured=len(measured),
-        completed=len(ok),
-        failed=len(failed),
+        measured=n_measured,
+        completed=int(ok.sum()),
+        failed=n_failed,
         cancelled=cancelled,
         aborted=aborted,
-        error_rate=len(failed) / attempted if attempted else 0.0,
+        error_rate=n_failed / attempted if attempted else 0.0,
         errors_by_class=dict(sorted(errors_by_class.items())),
-        ttft_ms=summarize(ttft),
+        ttft_ms=summarize(lat.ttft),
         first_event_ms=summarize(first_event),
-        tpot_ms=summarize(tpot),
-        itl_ms=summarize(pooled),
-        itl_per_token_ms=summarize(per_tok),
-        e2e_ms=summarize(e2e),
+        tpot_ms=tpot,
+        itl_ms=_summ(pooled),
+        itl_per_token_ms=_summ(per_tok),
+        e2e_ms=summarize(lat.e2e),
         send_lag_ms=summarize(lag),
-        queue_ms=summarize([r.queue_ns / NS_PER_MS for r in measured]),
-        input_tokens=int(in_tokens),
+        queue_ms=summarize(c.queue[measured] / NS_PER_MS),
+        input_tokens=in_tokens,
         output_tokens=int(round(out_tokens)),
         output_tok_s=out_tokens / window_s,
         total_tok_s=(out_tokens + in_tokens) / window_s,
-        req_s=len(done_in_window) / window_s,
-        offered_req_s=(
-            sum(start <= r.scheduled_ns <= end for r in scheduled) / window_s  # type: ignore[operator]
-            if scheduled
-            else None
-        ),
-        sent_req_s=len(measured) / window_s,
-        max_in_flight=max_in_flight(records),
+        req_s=done_in_window / window_s,
+        offered_req_s=offered,
+        sent_req_s=n_measured / window_s,
+        max_in_flight=_max_in_flight(c.send, c.end),
     )
-    compared = [
-        r
-        for r in measured
-        if r.usage_completion_tokens is not None and r.tokenizer_completion_tokens is not None
-    ]
-    diffs = [abs(r.usage_completion_tokens - r.tokenizer_completion_tokens) for r in compared]  # type: ignore[operator]
-    m.token_count_compared = len(compared)
-    m.token_count_mismatched = sum(d > 0 for d in diffs)
-    m.token_count_max_abs_diff = max(diffs, default=0)
+    compared = measured & c.usage_out_has & c.tokenizer_out_has
+    diffs = np.abs(c.usage_out[compared] - c.tokenizer_out[compared])
+    m.token_count_compared = int(compared.sum())
+    m.token_count_mismatched = int((diffs > 0).sum())
+    m.token_count_max_abs_diff = int(diffs.max()) if len(diffs) else 0
     if slo is not None:
-        apply_slo(m, records, measured, slo, attempted)
+        _apply_slo(m, c, measured, finishing, slo, attempted)
     return m
+
+
+def _meets(c: RecordColumns, thresholds: dict[str, float]) -> np.ndarray:
+    """meets_slo for every record at once."""
+    lat = _latencies(c, np.ones(c.n, dtype=bool))
+    idx = np.flatnonzero(c.n_chunks > 0)
+    ok_lat = np.ones(len(idx), dtype=bool)
+    tpot_full = np.zeros(len(idx))
+    tpot_full[lat.tpot_has] = lat.tpot
+    vals = {"ttft_ms": lat.ttft, "e2e_ms": lat.e2e}
+    for k, limit in thresholds.items():
+        if k == "tpot_ms":  # fewer than 2 tokens: TPOT undefined, not a miss
+            ok_lat &= ~(lat.tpot_has & (tpot_full > limit))
+        elif k in vals:
+            ok_lat &= ~(vals[k] > limit)
+        else:  # a metric without a value is a miss, as in meets_slo
+            ok_lat[:] = False
+    # Without chunks every latency is undefined: only a TPOT-only SLO is met.
+    out = np.full(c.n, all(k == "tpot_ms" for k in thresholds))
+    out[idx] = ok_lat
+    return out & (c.status == OK)
 
 
 def apply_slo(
@@ -212,11 +415,25 @@ def apply_slo(
     """Goodput (good requests finishing in the window per second), attainment (good /
     attempted: errors and timeouts are misses; deliberate cancellations and run-end aborts
     are not attempts) and pass/fail of every percentile target."""
-    thr = slo.per_request()
+    c = record_columns(records)
+    ids = {id(r) for r in measured}
+    meas = np.fromiter((id(r) in ids for r in records), dtype=bool, count=c.n)
     start, end = m.window_start_ns, m.window_end_ns
-    finishing = [r for r in records if r.chunk_ns and start <= r.chunk_ns[-1] <= end]
-    m.goodput_req_s = sum(meets_slo(r, thr) for r in finishing) / m.window_s
-    good = sum(meets_slo(r, thr) for r in measured)
+    finishing = (c.n_chunks > 0) & (c.last >= start) & (c.last <= end)
+    _apply_slo(m, c, meas, finishing, slo, attempted)
+
+
+def _apply_slo(
+    m: Metrics,
+    c: RecordColumns,
+    measured: np.ndarray,
+    finishing: np.ndarray,
+    slo: SLO,
+    attempted: int,
+) -> None:
+    meets = _meets(c, slo.per_request())
+    m.goodput_req_s = int((meets & finishing).sum()) / m.window_s
+    good = int((meets & measured).sum())
     m.slo_attainment = good / attempted if attempted else None
     checks: list[SLOCheck] = []
     for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):

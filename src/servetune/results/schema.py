@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer
 
 from servetune.slo import SLO
 from servetune.workload.materialize import Request
@@ -186,3 +186,9 @@ class RunResult(BaseModel):
     metrics: Metrics = Field(default_factory=Metrics)
     server: ServerSeries | None = None
     cancellation: dict[str, Any] | None = None
+
+    @field_serializer("records", mode="wrap")
+    def _records_out(self, records: Any, handler: SerializerFunctionWrapHandler) -> Any:
+        """The simulator assigns a lazy record sequence (sim.records.SimRecords); it is
+        written as the plain list of records it stands for."""
+        return handler(records if isinstance(records, list) else list(records))

@@ -11,6 +11,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
@@ -20,12 +21,13 @@ from servetune.hardware.spec import HardwareSpec
 from servetune.metrics.compute import compute_metrics
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
-from servetune.results.schema import RequestRecord, RunResult
+from servetune.results.schema import RunResult
 from servetune.sim.profile import Profile
+from servetune.sim.records import SimRecords
 from servetune.sim.scheduler import REJECTED, SchedConfig, Scheduler, SimRequest
 from servetune.sim.steptime import StepModel, calibrated_model, roofline_model
 from servetune.slo import SLO
-from servetune.workload.materialize import Request
+from servetune.workload.materialize import Request, RequestColumns
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import WordTokenizer
 
@@ -49,11 +51,15 @@ class CountingTokenizer(WordTokenizer):
         return f"#{len(ids)}"
 
 
-def materialize_for_sim(spec: WorkloadSpec) -> list[Request]:
-    """Materialised requests of `spec` for simulation (counts, no prompt text)."""
-    from servetune.workload.materialize import materialize
+def materialize_for_sim(spec: WorkloadSpec) -> RequestColumns:
+    """Materialised requests of `spec` for simulation: counts only, as columns (the fast
+    path draws no text at all; datasets and traces count through `CountingTokenizer`)."""
+    from servetune.workload.materialize import materialize, materialize_columns
 
-    return materialize(spec, CountingTokenizer())
+    cols = materialize_columns(spec)
+    if cols is None:
+        cols = RequestColumns.from_requests(materialize(spec, CountingTokenizer()))
+    return cols
 
 
 @dataclass
@@ -155,42 +161,56 @@ def _shared_tokens(spec: WorkloadSpec | None) -> dict[str, tuple[int, int]]:
 
 
 def to_sim(
-    requests: list[Request], spec: WorkloadSpec | None, default_output: int | None = None
+    requests: RequestColumns | list[Request],
+    spec: WorkloadSpec | None,
+    default_output: int | None = None,
 ) -> list[SimRequest]:
+    """Scheduler requests from materialised ones (rid = position in the list)."""
+    cols = (
+        requests if isinstance(requests, RequestColumns) else RequestColumns.from_requests(requests)
+    )
     shared = _shared_tokens(spec)
-    out = []
-    for i, r in enumerate(requests):
-        n_out = r.output_tokens if r.output_tokens is not None else default_output
-        if n_out is None:
+    outs = cols.output_tokens
+    if (outs < 0).any():
+        if default_output is None:
+            bad = int(cols.index[int(np.flatnonzero(outs < 0)[0])])
             raise InputError(
                 "workload",
-                f"request {r.index} has no output length",
+                f"request {bad} has no output length",
                 "give output_tokens (simulate replays fixed lengths, as bench's ignore_eos)",
             )
-        sub_k, sh = shared.get(r.sub, (0, 0))
-        group = -1
-        if r.prefix_group is not None and sh > 0:
-            group = sub_k * 1_000_003 + r.prefix_group
-        arrival = r.arrival_s if r.arrival_s is not None else 0.0
-        out.append(
-            SimRequest(
-                idx=r.index,
-                rid=i,
-                prompt=max(1, r.prompt_tokens),
-                out=max(1, n_out),
-                arrival=arrival,
-                priority=r.priority or 0,
-                group=group,
-                shared=min(sh, r.prompt_tokens) if group >= 0 else 0,
-                scheduled=r.arrival_s,
+        outs = np.where(outs < 0, default_output, outs)
+    # Per sub-workload: its index in the spec (prefix-group namespace) and shared tokens.
+    sub_k = np.array([shared.get(name, (0, 0))[0] for name in cols.sub_names], dtype=np.int64)
+    sub_sh = np.array([shared.get(name, (0, 0))[1] for name in cols.sub_names], dtype=np.int64)
+    sh = sub_sh[cols.sub] if len(cols.sub_names) else np.zeros(len(cols), dtype=np.int64)
+    has_group = (cols.prefix_group >= 0) & (sh > 0)
+    group = np.where(has_group, sub_k[cols.sub] * 1_000_003 + cols.prefix_group, -1)
+    shared_tok = np.where(has_group, np.minimum(sh, cols.prompt_tokens), 0)
+    open_loop = ~np.isnan(cols.arrival_s)
+    arrival = np.where(open_loop, cols.arrival_s, 0.0).tolist()
+    prio = cols.priority.tolist()
+    return [
+        SimRequest(idx, rid, max(1, p), max(1, o), a, pr, g, st, a if ol else None)
+        for rid, (idx, p, o, a, pr, g, st, ol) in enumerate(
+            zip(
+                cols.index.tolist(),
+                cols.prompt_tokens.tolist(),
+                outs.tolist(),
+                arrival,
+                prio,
+                group.tolist(),
+                shared_tok.tolist(),
+                open_loop.tolist(),
+                strict=True,
             )
         )
-    return out
+    ]
 
 
 def run_sim(
     setup_: SimSetup,
-    requests: list[Request],
+    requests: RequestColumns | list[Request],
     spec: WorkloadSpec,
     *,
     trace: bool = False,
@@ -213,64 +233,64 @@ def run_sim(
     return sched, sims
 
 
-def records_from(sched: Scheduler) -> list[RequestRecord]:
-    """One RequestRecord per simulated send, chunk times from the step-end times."""
+def records_from(sched: Scheduler, cols: RequestColumns | None = None) -> SimRecords:
+    """The run's records in (send, index) order, chunk times as ranges of the step-end
+    times (`sim.records`): one record per simulated send, built only when read."""
     api = sched.model.api_overhead_s
     times = np.rint((np.asarray(sched.step_end_s, dtype=np.float64) + api) * NS).astype(np.int64)
-    recs = []
-    construct = RequestRecord.model_construct
-    for r in sched.done:
-        send = int(round(r.arrival * NS))
-        sched_ns = int(round(r.scheduled * NS)) if r.scheduled is not None else None
-        queue = send - sched_ns if sched_ns is not None else 0
-        base = dict(
-            index=r.idx,
-            sub="default",
-            priority=r.priority if r.priority else None,
-            scheduled_ns=sched_ns,
-            queue_ns=queue,
-            send_ns=send,
-            connect_ns=0,
-            prompt_tokens=r.prompt,
-            max_tokens=r.out,
-            usage_prompt_tokens=r.prompt,
-        )
-        if r.phase == REJECTED:
-            recs.append(
-                construct(
-                    **base,
-                    chunk_ns=[],
-                    chunk_tokens=[],
-                    end_ns=send,
-                    status="error",
-                    error="http_4xx",
-                    http_status=400,
-                    error_detail=r.reason,
-                )
-            )
-            continue
+    done = sched.done
+    n = len(done)
+
+    def col(f: Any, dtype: Any) -> np.ndarray:
+        return np.fromiter(map(f, done), dtype=dtype, count=n)
+
+    send = np.rint(col(lambda r: r.arrival, float) * NS).astype(np.int64)
+    sched_s = col(lambda r: np.nan if r.scheduled is None else r.scheduled, float)
+    has_sched = ~np.isnan(sched_s)
+    sched_ns = np.where(has_sched, np.rint(np.nan_to_num(sched_s) * NS), 0).astype(np.int64)
+    idx = col(lambda r: r.idx, np.int64)
+    ok = col(lambda r: r.phase != REJECTED, bool)
+    order = np.lexsort((idx, send))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    rank_of = rank.tolist()
+    seg_rec: list[int] = []
+    flat: list[int] = []  # a0, b0, a1, b1, ... over all segments
+    for k, r in enumerate(done):
         segs = r.segs
-        if len(segs) == 2:
-            ns = times[segs[0] : segs[1]].tolist()
-        else:
-            ns = np.concatenate(
-                [times[segs[k] : segs[k + 1]] for k in range(0, len(segs), 2)]
-            ).tolist()
-        recs.append(
-            construct(
-                **base,
-                first_event_ns=ns[0],
-                chunk_ns=ns,
-                chunk_tokens=[1] * len(ns),
-                first_answer_ns=ns[0],
-                end_ns=ns[-1],
-                status="ok",
-                finish_reason="length",
-                usage_completion_tokens=len(ns),
-                server_timings={"preemptions": float(r.preemptions), "cached": r.cached_tokens},
-            )
-        )
-    return recs
+        flat += segs
+        seg_rec += [rank_of[k]] * (len(segs) // 2)
+    bounds = np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+    seg_a, seg_b = bounds[:, 0], bounds[:, 1]
+    rec_arr = np.asarray(seg_rec, dtype=np.int64)
+    seg_order = np.argsort(rec_arr, kind="stable")
+    reasons = {int(rank[k]): r.reason or "" for k, r in enumerate(done) if r.phase == REJECTED}
+    if cols is not None:
+        sub_of = np.asarray(cols.sub_names, dtype=object)[cols.sub]
+        sub = sub_of[idx[order]].tolist() if len(cols) else []
+        group = cols.prefix_group[idx[order]]
+    else:
+        sub = ["default"] * n
+        group = np.full(n, -1, dtype=np.int64)
+    return SimRecords(
+        times_ns=times,
+        index=idx[order],
+        send_ns=send[order],
+        scheduled_ns=sched_ns[order],
+        scheduled_has=has_sched[order],
+        priority=col(lambda r: r.priority, np.int64)[order],
+        prompt=col(lambda r: r.prompt, np.int64)[order],
+        out=col(lambda r: r.out, np.int64)[order],
+        ok=ok[order],
+        seg_rec=rec_arr[seg_order],
+        seg_a=seg_a[seg_order],
+        seg_b=seg_b[seg_order],
+        preemptions=col(lambda r: r.preemptions, np.int64)[order],
+        cached=col(lambda r: r.cached_tokens, np.int64)[order],
+        reasons=reasons,
+        sub=sub,
+        prefix_group=group,
+    )
 
 
 def simulate(
@@ -278,7 +298,7 @@ def simulate(
     hw: HardwareSpec,
     cfg: EngineConfig,
     spec: WorkloadSpec,
-    requests: list[Request] | None = None,
+    requests: list[Request] | RequestColumns | None = None,
     *,
     profile: Profile | None = None,
     slo: SLO | None = None,
@@ -286,21 +306,30 @@ def simulate(
     keep_requests: bool = False,
 ) -> tuple[RunResult, Scheduler]:
     """Simulate `spec` (or the given materialised `requests`) and return a RunResult."""
-    wall0 = time.perf_counter()
+    clock = [time.perf_counter()]
+    phases: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        clock.append(time.perf_counter())
+        phases[name] = clock[-1] - clock[-2]
+
     su = setup(model, hw, cfg, profile)
+    lap("setup")
     if requests is None:
-        requests = materialize_for_sim(spec)
-    sched, _ = run_sim(su, requests, spec, trace=trace)
-    records = records_from(sched)
-    sub_of = {r.index: r.sub for r in requests}
-    group_of = {r.index: r.prefix_group for r in requests}
-    for rec in records:
-        rec.sub = sub_of.get(rec.index, "default")
-        rec.prefix_group = group_of.get(rec.index)
-    records.sort(key=lambda r: (r.send_ns, r.index))
+        cols = materialize_for_sim(spec)
+    elif isinstance(requests, RequestColumns):
+        cols = requests
+    else:
+        cols = RequestColumns.from_requests(requests)
+    lap("materialize")
+    sched, _ = run_sim(su, cols, spec, trace=trace)
+    lap("loop")
+    records = records_from(sched, cols)
+    lap("records")
     metrics = compute_metrics(
         records, warmup_s=spec.warmup_s, cooldown_s=spec.cooldown_s, slo=slo, stream=spec.stream
     )
+    lap("metrics")
     created = datetime.now(timezone.utc)
     st = sched.stats
     ev = su.evaluation
@@ -329,7 +358,8 @@ def simulate(
                 "prefill_tokens_computed": st.prefill_tokens,
                 "kv_evictions": st.evictions,
                 "max_kv_blocks_used": st.max_blocks_used,
-                "wall_s": time.perf_counter() - wall0,
+                "wall_s": time.perf_counter() - clock[0],
+                "phases_s": phases,
             },
         },
         workload=spec.model_dump(mode="json"),
@@ -343,11 +373,14 @@ def simulate(
         status="completed",
         anchor_ns=0,
         started_unix_s=time.time(),
-        duration_s=(max((r.end_ns for r in records), default=0)) / NS,
-        requests=requests if keep_requests else [],
-        records=records,
+        duration_s=int(records.end_ns.max(initial=0)) / NS,
+        requests=[],
         metrics=metrics,
     )
+    if keep_requests:
+        result.requests = requests if isinstance(requests, list) else cols.requests()
+    # Assigned, not validated: the lazy records stay columns until someone reads them.
+    result.records = records  # type: ignore[assignment]
     return result, sched
 
 

@@ -442,8 +442,7 @@ class Scheduler:
                 if not preempted:  # the step after a preemption may admit again
                     n_steps = self._jump_len(s, n_decode, finish, arrivals, now, cnt, s_off)
                 if n_steps == 1:
-                    ctx1 = np.array([float(s_off + n_decode * s)])
-                    ends = now + model.decode_times_s(n_decode, ctx1)
+                    ends = [now + model.decode_time_s(n_decode, float(s_off + n_decode * s))]
                 else:
                     ctx = s_off + n_decode * (s + np.arange(n_steps, dtype=np.float64))
                     ends = now + np.cumsum(model.decode_times_s(n_decode, ctx))
@@ -451,7 +450,7 @@ class Scheduler:
                     cycles, rest = divmod(n_steps - 1, bs)
                     extra = cycles * sum(cnt) + sum(cnt[(s + j) % bs] for j in range(1, rest + 1))
                     pool_kv.take(extra)
-                times.extend(ends.tolist())
+                times.extend(ends if n_steps == 1 else ends.tolist())
                 if self.want_trace:
                     self._trace(
                         s, n_steps, ends[-1], ends[-1] - now, len(running), n_waiting(), 0, 0
@@ -645,7 +644,7 @@ class Scheduler:
             t_arr = arrivals[0][0]
             # Steps only get longer in a decode stretch (contexts grow), so the first step's
             # time bounds how many can start before the arrival.
-            first = float(self.model.decode_times_s(n_decode, np.array([s_off + n_decode * s]))[0])
+            first = self.model.decode_time_s(n_decode, float(s_off + n_decode * s))
             n = min(n, int((t_arr - now) / max(first, 1e-12)) + 2)
             ctx = s_off + n_decode * (s + np.arange(n, dtype=np.float64))
             ends = now + np.cumsum(self.model.decode_times_s(n_decode, ctx))

@@ -100,6 +100,16 @@ class StepModel:
         comp = self.flops_per_token_s * tokens + self.flops_per_pair_s * s.attn_pairs
         return self.overhead_s + max(mem, comp) + self.comm_s(tokens)
 
+    def decode_time_s(self, batch: int, context_sum: float) -> float:
+        """`decode_times_s` of one step, in plain floats (numpy's per-call overhead
+        dominates a one-element array; most steps of a Poisson run are single)."""
+        if self.tier == "calibrated":
+            c = self.coef
+            return float(c[0] + c[2] * batch + (c[3] + c[4]) * context_sum)
+        mem = self.weights_s(batch) + self.mem_per_kv_token_s * context_sum
+        comp = self.flops_per_token_s * batch + self.flops_per_pair_s * context_sum
+        return self.overhead_s + max(mem, comp) + self.comm_s(batch)
+
     def decode_times_s(self, batch: int, context_sum: np.ndarray) -> np.ndarray:
         """Seconds of decode-only steps of `batch` sequences whose total contexts are
         `context_sum` (one entry per step): the jump over an unchanged batch."""

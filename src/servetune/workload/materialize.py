@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -172,20 +173,7 @@ def materialize(
     if spec.trace is not None:
         return _from_trace(spec, maker)
 
-    arr = spec.arrival
-    offsets: np.ndarray | None = None
-    if arr.open_loop:
-        offsets = arrival_offsets_s(
-            arr.kind,
-            float(arr.rate or 1.0),
-            rng_arrival,
-            count=spec.count,
-            duration_s=spec.duration_s if spec.count is None else None,
-            burstiness=arr.burstiness,
-        )
-        n = len(offsets)
-    else:
-        n = spec.count if spec.count is not None else (pool_size or DEFAULT_POOL)
+    offsets, n = _offsets(spec, rng_arrival, pool_size)
 
     weights = np.asarray([s.weight for s in spec.mix])
     which = rng_mix.choice(len(spec.mix), size=n, p=weights / weights.sum())
@@ -202,6 +190,22 @@ def materialize(
     return result
 
 
+def _draw_synthetic(
+    sub: SubWorkload, n: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt targets, output lengths, prefix groups or -1) of a synthetic sub-workload,
+    drawn from `rng` in a fixed order, so text and count-only materialisation agree."""
+    assert sub.input_tokens is not None and sub.output_tokens is not None
+    ins = sample_lengths(sub.input_tokens, n, rng)
+    outs = sample_lengths(sub.output_tokens, n, rng)
+    groups = np.full(n, -1)
+    if sub.prefix is not None:
+        groups = rng.integers(0, sub.prefix.groups, size=n)
+        # Every prompt holds its prefix and at least one token of its own.
+        ins = np.maximum(ins, sub.prefix.tokens + 1)
+    return np.maximum(ins, 1), outs, groups
+
+
 def _sub_requests(
     sub: SubWorkload, n: int, maker: PromptMaker, rng: np.random.Generator
 ) -> list[Request]:
@@ -209,20 +213,14 @@ def _sub_requests(
         return []
     if sub.dataset is not None:
         return _from_dataset(sub, n, maker, rng)
-    assert sub.input_tokens is not None and sub.output_tokens is not None
-    ins = sample_lengths(sub.input_tokens, n, rng)
-    outs = sample_lengths(sub.output_tokens, n, rng)
+    ins, outs, groups = _draw_synthetic(sub, n, rng)
     prefixes: list[list[int]] = []
-    groups = np.full(n, -1)
     if sub.prefix is not None:
         prefixes = [maker.ids(sub.prefix.tokens) for _ in range(sub.prefix.groups)]
-        groups = rng.integers(0, sub.prefix.groups, size=n)
     reqs = []
     for i in range(n):
         g = int(groups[i])
-        pre = prefixes[g] if g >= 0 else []
-        target = max(int(ins[i]), len(pre) + 1 if pre else 1)
-        text, count = maker.text(pre, target)
+        text, count = maker.text(prefixes[g] if g >= 0 else [], int(ins[i]))
         reqs.append(
             Request(
                 index=0,
@@ -235,6 +233,121 @@ def _sub_requests(
             )
         )
     return reqs
+
+
+@dataclass
+class RequestColumns:
+    """The request list as arrays (no prompt text): what the simulator reads. Why: building
+    100,000 `Request` models costs more than simulating them (issue 5 speed target)."""
+
+    sub_names: list[str]
+    sub: np.ndarray  # index into sub_names
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray  # -1: not given
+    arrival_s: np.ndarray  # nan: closed loop
+    priority: np.ndarray  # 0 with priority_has False: not given
+    priority_has: np.ndarray
+    prefix_group: np.ndarray  # -1: none
+    index: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @classmethod
+    def from_requests(cls, requests: Sequence[Request]) -> RequestColumns:
+        names = sorted({r.sub for r in requests})
+        code = {s: k for k, s in enumerate(names)}
+        n = len(requests)
+
+        def col(f: Any, dtype: Any) -> np.ndarray:
+            return np.fromiter(map(f, requests), dtype=dtype, count=n)
+
+        return cls(
+            sub_names=names,
+            sub=col(lambda r: code[r.sub], np.int64),
+            prompt_tokens=col(lambda r: r.prompt_tokens, np.int64),
+            output_tokens=col(lambda r: -1 if r.output_tokens is None else r.output_tokens, int),
+            arrival_s=col(lambda r: np.nan if r.arrival_s is None else r.arrival_s, float),
+            priority=col(lambda r: r.priority or 0, np.int64),
+            priority_has=col(lambda r: r.priority is not None, bool),
+            prefix_group=col(lambda r: -1 if r.prefix_group is None else r.prefix_group, int),
+            index=col(lambda r: r.index, np.int64),
+        )
+
+    def requests(self) -> list[Request]:
+        """The same requests as `Request` models (prompt text None)."""
+        out = []
+        arr = self.arrival_s.tolist()
+        for k in range(len(self)):
+            g, o, p = int(self.prefix_group[k]), int(self.output_tokens[k]), arr[k]
+            out.append(
+                Request.model_construct(
+                    index=int(self.index[k]),
+                    sub=self.sub_names[int(self.sub[k])],
+                    prompt_tokens=int(self.prompt_tokens[k]),
+                    output_tokens=o if o >= 0 else None,
+                    arrival_s=None if p != p else p,  # nan -> None
+                    priority=int(self.priority[k]) if self.priority_has[k] else None,
+                    prefix_group=g if g >= 0 else None,
+                )
+            )
+        return out
+
+
+def materialize_columns(spec: WorkloadSpec) -> RequestColumns | None:
+    """`materialize` without prompt text, as columns: the same counts, output lengths,
+    arrivals, priorities and prefix groups (the same RNG streams, drawn in the same order;
+    the text stream is not touched). None when the spec needs a tokenizer to count
+    (datasets, traces)."""
+    if spec.trace is not None or any(sub.dataset is not None for sub in spec.mix):
+        return None
+    seq = np.random.SeedSequence(spec.seed)
+    rng_arrival, rng_mix, rng_len, _ = (np.random.default_rng(s) for s in seq.spawn(4))
+    offsets, n = _offsets(spec, rng_arrival, None)
+    weights = np.asarray([s.weight for s in spec.mix])
+    which = rng_mix.choice(len(spec.mix), size=n, p=weights / weights.sum())
+    prompt = np.zeros(n, dtype=np.int64)
+    outs = np.zeros(n, dtype=np.int64)
+    groups = np.full(n, -1, dtype=np.int64)
+    prio = np.zeros(n, dtype=np.int64)
+    prio_has = np.zeros(n, dtype=bool)
+    for k, sub in enumerate(spec.mix):
+        idx = np.flatnonzero(which == k)
+        if len(idx) == 0:
+            continue
+        ins, o, g = _draw_synthetic(sub, len(idx), rng_len)
+        prompt[idx], outs[idx], groups[idx] = ins, o, g
+        if sub.priority is not None:
+            prio[idx], prio_has[idx] = sub.priority, True
+    return RequestColumns(
+        sub_names=[s.name for s in spec.mix],
+        sub=which.astype(np.int64),
+        prompt_tokens=prompt,
+        output_tokens=outs,
+        arrival_s=offsets if offsets is not None else np.full(n, np.nan),
+        priority=prio,
+        priority_has=prio_has,
+        prefix_group=groups,
+        index=np.arange(n, dtype=np.int64),
+    )
+
+
+def _offsets(
+    spec: WorkloadSpec, rng: np.random.Generator, pool_size: int | None
+) -> tuple[np.ndarray | None, int]:
+    """(open-loop send offsets or None, number of requests)."""
+    arr = spec.arrival
+    if not arr.open_loop:
+        return None, spec.count if spec.count is not None else (pool_size or DEFAULT_POOL)
+    offsets = arrival_offsets_s(
+        arr.kind,
+        float(arr.rate or 1.0),
+        rng,
+        count=spec.count,
+        duration_s=spec.duration_s if spec.count is None else None,
+        burstiness=arr.burstiness,
+    )
+    return offsets, len(offsets)
 
 
 def _read_dataset(ds: Dataset) -> list[dict[str, Any]]:
