@@ -34,7 +34,7 @@ def _plan_args(info: Any) -> Any:
     hw = info.meta.get("hardware") or {}
     return PlanArgs(
         model=info.model,
-        gpu=hw.get("gpu"),
+        gpu=hw.get("catalog") or hw.get("gpu") or hw.get("cpu"),
         gpus=int(hw.get("gpu_count") or info.gpu_count or 1),
         scenario=None,
         dtype=cfg.get("dtype") or "auto",
