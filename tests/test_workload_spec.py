@@ -194,3 +194,20 @@ def test_with_load_switches_mode() -> None:
     assert spec.with_load(rate=7).arrival.rate == 7
     capped = spec.with_load(rate=7, concurrency=2)
     assert capped.arrival.kind == "poisson" and capped.arrival.concurrency == 2
+
+
+def test_a_swept_workload_file_needs_no_load_of_its_own(tmp_path) -> None:
+    """`--rate`/`--concurrency` set the load, so the file may leave arrival out entirely."""
+    from servetune.errors import InputError
+    from servetune.workload.spec import load_workload
+
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "count: 10\ninput_tokens: {dist: fixed, value: 8}\n"
+        "output_tokens: {dist: fixed, value: 4}\narrival: {kind: poisson}\n"
+    )
+    with pytest.raises(InputError, match="needs a rate"):
+        load_workload(path)
+    spec = load_workload(path, swept=True)
+    assert spec.with_load(rate=3.0).arrival.rate == 3.0
+    assert spec.with_load(concurrency=2).arrival.kind == "closed"

@@ -127,7 +127,12 @@ def bench(
     config = parse_sets(engine, sets) if engine and sets else None
     rates = _numbers(rate, "--rate", float)
     users = _numbers(concurrency, "--concurrency", int)
-    spec = load_workload(workload) if workload else parse_workload(DEFAULT_WORKLOAD)
+    swept = bool(rates or users)
+    spec = (
+        load_workload(workload, swept=swept)
+        if workload
+        else parse_workload(DEFAULT_WORKLOAD, swept=swept)
+    )
     slo = load_slo(slo_file) if slo_file else None
     tok = load_tokenizer(tokenizer, url)
     err = Console(stderr=True)

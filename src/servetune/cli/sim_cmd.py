@@ -122,7 +122,7 @@ def simulate(
         if fixed_requests is None:
             raise InputError("--replay", f"{replay} holds no requests", "bench with -o")
     elif workload is not None:
-        spec = load_workload(workload)
+        spec = load_workload(workload, swept=bool(rate or concurrency))
     else:
         raise InputError("--workload", "give a workload file or --replay", "see docs/simulate.md")
     points: list[dict[str, Any]] = [{"rate": r} for r in _numbers(rate, "--rate", float)]

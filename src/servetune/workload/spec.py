@@ -267,8 +267,10 @@ class WorkloadSpec(_Strict):
         return WorkloadSpec.model_validate(data)
 
 
-def load_workload(path: str | Path) -> WorkloadSpec:
-    """Read a YAML/JSON workload file; problems become one InputError naming the field."""
+def load_workload(path: str | Path, swept: bool = False) -> WorkloadSpec:
+    """Read a YAML/JSON workload file; problems become one InputError naming the field.
+
+    `swept`: the command line sets the load (--rate/--concurrency), so the file need not."""
     import yaml
 
     p = Path(path)
@@ -280,14 +282,21 @@ def load_workload(path: str | Path) -> WorkloadSpec:
         ) from exc
     except yaml.YAMLError as exc:
         raise InputError("--workload", f"{p} is not valid YAML", str(exc).splitlines()[0]) from exc
-    return parse_workload(data, base_dir=p.parent)
+    return parse_workload(data, base_dir=p.parent, swept=swept)
 
 
-def parse_workload(data: Any, base_dir: Path | None = None) -> WorkloadSpec:
+def parse_workload(data: Any, base_dir: Path | None = None, swept: bool = False) -> WorkloadSpec:
     from pydantic import ValidationError
 
     if not isinstance(data, dict):
         raise InputError("workload", "must be a mapping of fields", "see docs/bench.md")
+    if swept:  # placeholders that every sweep point's with_load() replaces
+        arrival = dict(data.get("arrival") or {"kind": "closed"})
+        if arrival.get("kind", "poisson") == "closed":
+            arrival.setdefault("concurrency", 1)
+        elif arrival.get("kind", "poisson") != "trace":
+            arrival.setdefault("rate", 1.0)
+        data = {**data, "arrival": arrival}
     try:
         spec = WorkloadSpec.model_validate(data)
     except ValidationError as exc:
