@@ -103,3 +103,60 @@ def test_bad_config_is_one_line(tmp_path: Path):
         str(w),
     )
     assert p.returncode == 2 and "max_num_batched_tokens" in p.stderr
+
+
+def test_validate_one_line_errors(tmp_path: Path):
+    r = cli("validate")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "exactly one of --runs" in r.stderr
+    r = cli("validate", "--runs", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "is not a directory" in r.stderr
+    r = cli("validate", "--runs", str(tmp_path))
+    assert r.returncode == 2 and "no .json files" in r.stderr
+
+
+def test_validate_on_saved_runs_of_a_known_profile_has_zero_error(tmp_path: Path):
+    """Runs produced by the simulator itself under profile P, validated against P: every
+    figure must match (the harness plumbing adds no error of its own), in --json."""
+    from servetune.engines.testmodel import VLLM_TEST_CONFIG, make_llama_dir
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+    from servetune.sim.profile import Profile, save_profile
+    from servetune.workload.spec import parse_workload
+
+    model_dir = str(make_llama_dir())
+    m = get_model(model_dir)
+    coef = {"const": 0.03, "prefill_tokens": 3e-4, "decode_seqs": 1e-4, "prefill_sq": 4e-7}
+    prof = Profile(
+        engine="vllm",
+        model=m.name,
+        hardware="cpu-host",
+        coefficients=coef,
+        api_overhead_s=0.003,
+        ingress_s=0.004,
+    )
+    save_profile(prof, tmp_path / "p.json")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name, conc in (("cal-c2", 2), ("held-c3", 3)):
+        w = parse_workload(
+            {
+                "api": "completions",
+                "name": name,
+                "count": 8,
+                "arrival": {"kind": "closed", "concurrency": conc},
+                "input_tokens": {"dist": "uniform", "low": 50, "high": 400},
+                "output_tokens": {"dist": "fixed", "value": 12},
+            }
+        )
+        res, _ = simulate(
+            m, get_hardware("cpu-host"), VLLM_TEST_CONFIG, w, profile=prof, keep_requests=True
+        )
+        (runs / f"{name}.json").write_text(res.model_dump_json())
+    r = cli("validate", "--runs", str(runs), "--profile", str(tmp_path / "p.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [x["workload"] for x in out["heldout"]] == ["held-c3"]
+    assert all(v < 1e-6 for v in out["medians_err_pct"].values()), out["medians_err_pct"]
+    assert all(out["targets_met"].values())

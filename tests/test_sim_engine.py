@@ -117,3 +117,40 @@ def test_profile_for_another_model_is_refused():
     prof = Profile(engine="vllm", model="qwen3-8b", hardware=HW.name, coefficients={})
     with pytest.raises(InputError, match="profile is for vllm/qwen3-8b"):
         setup(M, HW, EngineConfig(), prof)
+
+
+def test_dataset_workload_counts_prompts_with_a_tokenizer_or_words(tmp_path):
+    """Dataset prompts are real text: counted by the given tokenizer, else one token per
+    word (CountingTokenizer used to parse only its own "#n" texts and crashed here)."""
+    from servetune.sim.engine import CountingTokenizer
+    from servetune.workload.tokenizer import WordTokenizer
+
+    rows = [
+        {"prompt": "the quick brown fox jumps", "output_tokens": 8},
+        {"prompt": "#5 reasons to simulate an engine first", "output_tokens": 4},
+        {"messages": [{"role": "user", "content": "hello there world"}], "output_tokens": 3},
+    ]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    w = parse_workload(
+        {
+            "api": "completions",
+            "count": 3,
+            "arrival": {"kind": "closed", "concurrency": 1},
+            "dataset": {"path": str(path), "shuffle": False},
+        }
+    )
+    cfg = EngineConfig(max_model_len=8192)
+    res, _ = simulate(M, HW, cfg, w, keep_requests=True)
+    assert res.metrics.completed == 3
+    assert sorted(q.prompt_tokens for q in res.requests) == [3, 5, 7]
+
+    class Double(WordTokenizer):  # a "real" tokenizer: two tokens per word
+        name = "double"
+
+        def encode(self, text):
+            return super().encode(text) * 2
+
+    res2, _ = simulate(M, HW, cfg, w, keep_requests=True, tokenizer=Double())
+    assert sorted(q.prompt_tokens for q in res2.requests) == [6, 10, 14]
+    assert len(CountingTokenizer().encode(CountingTokenizer().decode([0] * 7))) == 7

@@ -175,3 +175,23 @@ def test_slots_mode_rejects_over_slot_context():
     a, b = req(0, 80, 10), req(1, 90, 20)
     run(c, [a, b])
     assert a.phase == DONE and b.phase == REJECTED and "slot context" in b.reason
+
+
+def test_serial_ingress_splits_a_burst_and_prefill_sq_is_charged():
+    """Ingress 2 ms + 0.01 ms/token, served one request at a time: of two requests sent
+    at t=0, a (100 tokens) reaches the idle engine at 3 ms and prefills alone; b is seen
+    at 6 ms, during a's step, and prefills in the next step with a's decode. prefill_sq
+    charges n (n + 1) / 2 per chunk."""
+    m = calibrated_model(
+        {"const": C0, "prefill_tokens": PER_TOKEN, "prefill_sq": 1e-6},
+        0.0,
+        ingress_s=0.002,
+        ingress_per_token_s=1e-5,
+    )
+    a, b = req(0, 100, 2), req(1, 100, 1)
+    s = Scheduler(cfg(), m, check=True, closed_users=2)
+    s.run([a, b])
+    step_a = C0 + 100 * PER_TOKEN + 1e-6 * 100 * 101 / 2  # 0.11505
+    assert token_times(s, a)[0] == pytest.approx(0.003 + step_a)
+    assert token_times(s, b) == pytest.approx([0.003 + 2 * step_a])
+    assert token_times(s, a)[1] == token_times(s, b)[0]  # a's decode rides in b's step

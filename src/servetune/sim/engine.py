@@ -29,7 +29,7 @@ from servetune.sim.steptime import StepModel, calibrated_model, roofline_model
 from servetune.slo import SLO
 from servetune.workload.materialize import Request, RequestColumns
 from servetune.workload.spec import WorkloadSpec
-from servetune.workload.tokenizer import WordTokenizer
+from servetune.workload.tokenizer import Tokenizer, WordTokenizer
 
 NS = 1_000_000_000
 # llama-server defaults (tools/server README): -np auto resolves to 4 slots, -b 2048.
@@ -45,20 +45,29 @@ class CountingTokenizer(WordTokenizer):
     name = "count"
 
     def encode(self, text: str) -> list[int]:
-        return [0] * int(text[1:] or 0)
+        """Its own "#n" texts count as n tokens; any other text (a dataset's prompts and
+        replies) falls back to one token per word (WordTokenizer), so a dataset workload
+        simulates without a tokenizer - approximately; pass the model's tokenizer to
+        `materialize_for_sim` / `simulate` for exact counts."""
+        if text[:1] == "#" and text[1:].isdigit():
+            return [0] * int(text[1:])
+        return super().encode(text)
 
     def decode(self, ids: list[int]) -> str:
         return f"#{len(ids)}"
 
 
-def materialize_for_sim(spec: WorkloadSpec) -> RequestColumns:
+def materialize_for_sim(spec: WorkloadSpec, tokenizer: Tokenizer | None = None) -> RequestColumns:
     """Materialised requests of `spec` for simulation: counts only, as columns (the fast
-    path draws no text at all; datasets and traces count through `CountingTokenizer`)."""
+    path draws no text at all). Datasets and traces need a tokenizer to count their
+    prompts: `tokenizer` (the model's, for exact counts) or else `CountingTokenizer`'s
+    word count."""
     from servetune.workload.materialize import materialize, materialize_columns
 
     cols = materialize_columns(spec)
     if cols is None:
-        cols = RequestColumns.from_requests(materialize(spec, CountingTokenizer()))
+        tok = tokenizer if tokenizer is not None else CountingTokenizer()
+        cols = RequestColumns.from_requests(materialize(spec, tok))
     return cols
 
 
@@ -140,7 +149,12 @@ def setup(
             kv_unified=cfg.kv_unified,
         )
     if profile is not None:
-        sm = calibrated_model(profile.coefficients, profile.api_overhead_s)
+        sm = calibrated_model(
+            profile.coefficients,
+            profile.api_overhead_s,
+            profile.ingress_s,
+            profile.ingress_per_token_s,
+        )
     else:
         sm = roofline_model(model, hw, cfg, b, efficiency)
     return SimSetup(evaluation=ev, sched=sc, step_model=sm)
@@ -304,8 +318,10 @@ def simulate(
     slo: SLO | None = None,
     trace: bool = False,
     keep_requests: bool = False,
+    tokenizer: Tokenizer | None = None,
 ) -> tuple[RunResult, Scheduler]:
-    """Simulate `spec` (or the given materialised `requests`) and return a RunResult."""
+    """Simulate `spec` (or the given materialised `requests`) and return a RunResult.
+    `tokenizer` counts a dataset's prompts (default: a word count, `CountingTokenizer`)."""
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
@@ -316,7 +332,7 @@ def simulate(
     su = setup(model, hw, cfg, profile)
     lap("setup")
     if requests is None:
-        cols = materialize_for_sim(spec)
+        cols = materialize_for_sim(spec, tokenizer)
     elif isinstance(requests, RequestColumns):
         cols = requests
     else:

@@ -54,6 +54,9 @@ class Profile(BaseModel):
     coefficients: dict[str, float]
     stderr: dict[str, float] = Field(default_factory=dict)
     api_overhead_s: float = 0.0
+    # Serial front-end time per request before the engine sees it (steptime.StepModel).
+    ingress_s: float = 0.0
+    ingress_per_token_s: float = 0.0
     fit: FitQuality | None = None
     created_utc: str = ""
 
@@ -148,7 +151,7 @@ def step_samples(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     # Prefills that completed inside the gap: first chunk in (t0, t1].
     pf = csum_at(f_sorted, p_by_first, t1, True) - csum_at(f_sorted, p_by_first, t0, True)
     pairs_pf = csum_at(f_sorted, pp_by_first, t1, True) - csum_at(f_sorted, pp_by_first, t0, True)
-    x = np.column_stack([np.ones_like(m), pf / k, decode, kv, kv + pairs_pf / k])
+    x = np.column_stack([np.ones_like(m), pf / k, decode, kv, kv + pairs_pf / k, pairs_pf / k])
     y = (t1 - t0) / k
     return x, y
 
@@ -195,7 +198,7 @@ def api_overhead(results: Sequence[RunResult], coef: np.ndarray) -> float:
             if r.status != "ok" or not r.chunk_ns:
                 continue
             p = float(r.input_tokens)
-            step = coef[0] + coef[1] * p + coef[4] * p * p / 2
+            step = coef[0] + coef[1] * p + (coef[4] + coef[5]) * p * p / 2
             resid.append((r.chunk_ns[0] - r.send_ns) / NS - step)
     if not resid:
         return 0.0

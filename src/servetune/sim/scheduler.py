@@ -237,11 +237,25 @@ class Scheduler:
         next_rid = [len(requests)]
         in_flight = [0]
         client_q: deque[SimRequest] = deque()
+        ing0, ing1 = model.ingress_s, model.ingress_per_token_s
+        ingress = ing0 > 0 or ing1 > 0
+        fe_free = [0.0]  # the serial front end is busy until then
+
+        def enter(t: float, r: SimRequest) -> None:
+            """A client sends r at t; the engine sees it after the front end's turn."""
+            if ingress:
+                t = max(t, fe_free[0]) + ing0 + ing1 * r.prompt
+                fe_free[0] = t
+            heapq.heappush(arrivals, (t, r.rid, r))
+
         if closed:
             for _ in range(min(self.closed_users or 0, len(feed))):
                 r = feed.popleft()
                 r.arrival = 0.0
-                arrivals.append((0.0, r.rid, r))
+                enter(0.0, r)
+        elif ingress:
+            for r in sorted(requests, key=lambda x: (x.arrival, x.rid)):
+                enter(r.arrival, r)
         else:
             arrivals = [(r.arrival, r.rid, r) for r in requests]
         heapq.heapify(arrivals)
@@ -283,11 +297,11 @@ class Scheduler:
                         feed.append(_clone(nxt, next_rid[0]))
                         next_rid[0] += 1
                     nxt.arrival = t
-                    heapq.heappush(arrivals, (t, nxt.rid, nxt))
+                    enter(t, nxt)
             elif client_q:
                 nxt = client_q.popleft()
                 nxt.arrival = t
-                heapq.heappush(arrivals, (t, nxt.rid, nxt))
+                enter(t, nxt)
 
         def end_request(r: SimRequest, kv_tokens: int, t_last: float) -> None:
             """Release a finished request's KV. Its private blocks become plain free blocks:
@@ -462,11 +476,13 @@ class Scheduler:
                 pf_tokens = 0
                 kv_read = s_off + n_decode * s
                 pairs = float(kv_read)
+                sq = 0.0
                 for r, n, _ in sched:
                     pf_tokens += n
                     kv_read += r.computed
                     pairs += chunk_attn_pairs(r.computed, n)
-                dt = model.time_s(Step(pf_tokens, n_decode, kv_read, pairs))
+                    sq += n * (n + 1) / 2
+                dt = model.time_s(Step(pf_tokens, n_decode, kv_read, pairs, sq))
                 now += dt
                 times.append(now)
                 stats.prefill_tokens += pf_tokens

@@ -8,6 +8,11 @@ A step is described by five features (all per step, summed over the batch):
   each prefill chunk, the tokens already cached before it
 - ``attn_pairs``      (query, key) pairs of attention over the whole batch: a decode with
   context c adds c; a chunk of n tokens after c cached adds n x c + n^2 / 2 (causal)
+- ``prefill_sq``      sum over prefill chunks of n (n + 1) / 2 (a chunk's causal self-pairs;
+  calibrated tier only: on vLLM's CPU backend a fresh prompt's attention grows with the
+  square of the chunk, while a chunk's reads of already-cached context cost much less per
+  pair - a prefix-cache hit's 64-token chunk after 576 cached tokens costs about what a
+  64-token prompt does - so the two get separate coefficients)
 - the batch's token count, prefill_tokens + decode_seqs, drives weight reads and all-reduce
 
 Two tiers (FIELD-NOTES "two-tier latency model"; AIConfigurator labels its SILICON/HYBRID
@@ -17,8 +22,10 @@ tiers the same way):
   (:mod:`servetune.plan.roofline`), with stated efficiency factors and a per-step overhead:
   t = overhead + max(bytes / (BW x eta_mem), FLOPs / (peak x eta_flops)) + TP all-reduce.
 - ``calibrated``: t = c0 + c_prefill x prefill_tokens + c_decode x decode_seqs
-  + c_kv x kv_read_tokens + c_attn x attn_pairs, coefficients fitted by least squares
-  from measured runs (BLIS's beta/alpha form: per-step, per-token and per-KV-read terms).
+  + c_kv x kv_read_tokens + c_attn x attn_pairs + c_sq x prefill_sq, coefficients fitted by
+  least squares from measured runs (BLIS's beta/alpha form: per-step, per-token and
+  per-KV-read terms), then refined by replay (`sim.fidelity.fit_by_replay`), with the
+  front-end terms `api_overhead_s` (per chunk, out) and `ingress_s` (per request, in).
 
 Both are vectorised over numpy arrays so a decode-only stretch is priced in one call.
 """
@@ -37,7 +44,14 @@ from servetune.plan import roofline
 from servetune.plan.memory import MemoryBudget
 from servetune.plan.quant import weight_format
 
-FEATURES = ("const", "prefill_tokens", "decode_seqs", "kv_read_tokens", "attn_pairs")
+FEATURES = (
+    "const",
+    "prefill_tokens",
+    "decode_seqs",
+    "kv_read_tokens",
+    "attn_pairs",
+    "prefill_sq",
+)
 
 # Stated defaults of the roofline tier. Achievable HBM bandwidth is ~80-90% of the datasheet
 # on H100/A100 streaming kernels (STREAM-like copies); dense GEMMs reach ~50-70% of peak in
@@ -58,6 +72,7 @@ class Step:
     decode_seqs: int = 0
     kv_read_tokens: int = 0
     attn_pairs: float = 0.0
+    prefill_sq: float = 0.0
 
 
 def chunk_attn_pairs(cached: int, n: int) -> float:
@@ -82,6 +97,13 @@ class StepModel:
     comm_s: object = None  # callable(batch tokens) -> seconds of TP all-reduce
     # Added to every streamed chunk's arrival (HTTP, detokenise, SSE framing); BLIS alpha_0.
     api_overhead_s: float = 0.0
+    # Front-end time before the engine core sees a request (HTTP, tokenise, hand-off to
+    # the engine process): ingress_s + ingress_per_token_s x prompt tokens, served one
+    # request at a time (vLLM's API server is one asyncio process). It is what breaks the
+    # lock-step of a burst: the first request of a burst reaches an idle engine alone and
+    # runs a step by itself, the rest arrive during that step and wait for the next one.
+    ingress_s: float = 0.0
+    ingress_per_token_s: float = 0.0
     notes: dict[str, float] = field(default_factory=dict)
 
     def time_s(self, s: Step) -> float:
@@ -94,6 +116,7 @@ class StepModel:
                 + c[2] * s.decode_seqs
                 + c[3] * s.kv_read_tokens
                 + c[4] * s.attn_pairs
+                + c[5] * s.prefill_sq
             )
         tokens = s.prefill_tokens + s.decode_seqs
         mem = self.weights_s(tokens) + self.mem_per_kv_token_s * s.kv_read_tokens
@@ -169,7 +192,18 @@ def roofline_model(
     )
 
 
-def calibrated_model(coef: dict[str, float], api_overhead_s: float) -> StepModel:
+def calibrated_model(
+    coef: dict[str, float],
+    api_overhead_s: float,
+    ingress_s: float = 0.0,
+    ingress_per_token_s: float = 0.0,
+) -> StepModel:
     """The calibrated tier from a profile's coefficients (missing ones are zero)."""
     vec = np.array([float(coef.get(f, 0.0)) for f in FEATURES])
-    return StepModel(tier="calibrated", coef=vec, api_overhead_s=api_overhead_s)
+    return StepModel(
+        tier="calibrated",
+        coef=vec,
+        api_overhead_s=api_overhead_s,
+        ingress_s=ingress_s,
+        ingress_per_token_s=ingress_per_token_s,
+    )

@@ -1,0 +1,216 @@
+"""Simulator fidelity against the real vLLM CPU engine (issue 5 "Fidelity").
+
+1. Starts vLLM (CPU build) on the generated small Llama (dummy weights) with the test
+   suite's settings (VLLM_TEST_CONFIG), runs the live calibration sweep and fits the
+   calibrated tier from it alone.
+2. Runs the held-out workloads `--repeats` times each, simulates every run's exact
+   requests, prints per-workload real / sim / |error| % and the medians over workloads.
+3. Qualitative effects, real and simulated side by side: TTFT cliff past max_num_seqs,
+   the prefix-cache TTFT drop (from step 2), preemptions under KV pressure (its own engine
+   with a small KV pool), and the P99 TTFT of the high-priority class under fcfs and
+   priority scheduling (two more engines).
+
+Run it alone on the machine (it starts engines):
+
+    flock /tmp/servetune-engine.lock .venv/bin/python benchmarks/sim_fidelity.py \
+        [--repeats 3] [--skip-qualitative] [--profile-out vllm-cpu.json] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+
+from servetune.engines.process import launch
+from servetune.engines.testmodel import VLLM_TEST_CONFIG, make_llama_dir
+from servetune.sim import fidelity as fd
+from servetune.sim.profile import save_profile
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def engine_version(srv) -> str:
+    return str(srv.settings.get("version") or srv.install_version or "unknown")
+
+
+def kv_pressure(model_dir: str, profile, repeats: int) -> dict:
+    """Small KV pool (max_model_len 1024, 1,280-token pool) under 4 long sequences."""
+    cfg = VLLM_TEST_CONFIG.model_copy(update={"max_model_len": 1024, "kv_cache_tokens": 1280})
+    case = fd.Case(
+        "kv-pressure",
+        {
+            "arrival": {"kind": "closed", "concurrency": 4},
+            "count": 8,
+            "input_tokens": {"dist": "fixed", "value": 300},
+            "output_tokens": {"dist": "fixed", "value": 120},
+            "seed": 17,
+        },
+    )
+    with launch("vllm", cfg, model_dir, device="cpu") as srv:
+        row = fd.compare_case(srv.url, srv.served_model, case, model_dir, cfg, profile, repeats=1)
+    return {"row": row, "cfg": cfg}
+
+
+def priority_effect(model_dir: str, profile) -> dict:
+    """P99 TTFT of the high-priority class, fcfs vs priority, real and simulated."""
+    case = fd.Case(
+        "mixed-priority",
+        {
+            "arrival": {"kind": "poisson", "rate": 6.0},
+            "count": 24,
+            "seed": 19,
+            "mix": [
+                {
+                    "name": "hi",
+                    "weight": 1,
+                    "priority": 0,
+                    "input_tokens": {"dist": "fixed", "value": 128},
+                    "output_tokens": {"dist": "fixed", "value": 16},
+                },
+                {
+                    "name": "lo",
+                    "weight": 2,
+                    "priority": 10,
+                    "input_tokens": {"dist": "fixed", "value": 512},
+                    "output_tokens": {"dist": "fixed", "value": 48},
+                },
+            ],
+        },
+    )
+    out = {}
+    for policy in ("fcfs", "priority"):
+        cfg = VLLM_TEST_CONFIG.model_copy(update={"scheduling_policy": policy})
+        with launch("vllm", cfg, model_dir, device="cpu") as srv:
+            res = fd.bench_real(srv.url, srv.served_model, case)
+        sim = fd.simulate_like(res, model_dir, cfg, profile)
+        out[policy] = {"real": hi_p99(res), "sim": hi_p99(sim)}
+        say(f"priority effect {policy}: {out[policy]}")
+    return out
+
+
+def hi_p99(res) -> float | None:
+    import numpy as np
+
+    from servetune.metrics.compute import request_latencies_ms
+
+    subs = {q.index: q.sub for q in res.requests} if res.requests else {}
+    vals = [
+        request_latencies_ms(r)[0]
+        for r in res.records
+        if r.status == "ok" and (subs.get(r.index, r.sub) == "hi")
+    ]
+    vals = [v for v in vals if v is not None]
+    return float(np.percentile(vals, 99)) if vals else None
+
+
+def save_runs(runs, where: str) -> None:
+    from pathlib import Path
+
+    Path(where).mkdir(parents=True, exist_ok=True)
+    for r in runs:
+        (Path(where) / f"{r.workload.get('name')}-{r.id}.json").write_text(r.model_dump_json())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cal-repeats", type=int, default=2, help="Runs per calibration case.")
+    ap.add_argument("--skip-qualitative", action="store_true")
+    ap.add_argument("--profile-out", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--runs-dir", default=None, help="Save every real RunResult here.")
+    a = ap.parse_args()
+    model_dir = str(make_llama_dir())
+    from servetune.model import get_model
+
+    model_name = get_model(model_dir).name
+    t0 = time.time()
+    cfg = VLLM_TEST_CONFIG
+    with launch("vllm", cfg, model_dir, device="cpu") as srv:
+        say(f"vLLM up in {time.time() - t0:.0f} s ({engine_version(srv)})")
+        prof, cal_runs = fd.calibrate_live(
+            srv.url,
+            srv.served_model,
+            engine="vllm",
+            engine_version=engine_version(srv),
+            model_name=model_name,
+            repeats=a.cal_repeats,
+            refine=(model_dir, cfg),
+            say=say,
+        )
+        if a.runs_dir:
+            save_runs(cal_runs, a.runs_dir)
+        say(
+            f"profile {prof.coefficients} api {prof.api_overhead_s:.4f} ingress "
+            f"{prof.ingress_s:.4f} + {prof.ingress_per_token_s:.2e}/token fit {prof.fit}"
+        )
+        if a.profile_out:
+            save_profile(prof, a.profile_out)
+        cal_rows = []
+        for case in fd.calibration_cases():
+            reals = [r for r in cal_runs if r.workload.get("name") == case.name]
+            rf = fd.median_figures([fd.figures(r.metrics) for r in reals])
+            sf = fd.median_figures(
+                [fd.figures(fd.simulate_like(r, model_dir, cfg, prof).metrics) for r in reals]
+            )
+            cal_rows.append(fd.Row(case.name, rf, sf, fd.abs_pct_errors(sf, rf)))
+        print(fd.format_table(cal_rows, "calibration workloads (fitted on these)"))
+        rows, kept = [], []
+        for case in fd.heldout_cases():
+            rows.append(
+                fd.compare_case(
+                    srv.url,
+                    srv.served_model,
+                    case,
+                    model_dir,
+                    cfg,
+                    prof,
+                    repeats=a.repeats,
+                    keep=kept,
+                )
+            )
+            say(f"{case.name}: err {rows[-1].err}")
+    if a.runs_dir:
+        save_runs(kept, a.runs_dir)
+    print(fd.format_table(rows, f"held-out workloads (median of {a.repeats} real runs)"))
+    by = {r.name: r for r in rows}
+    c4, c8 = by["closed-c4-p300"], by["closed-c8-p200"]
+    pre, nopre = by["prefix-c2"], by["noprefix-c2"]
+    qual: dict = {
+        "ttft_cliff_p50_ms": {
+            "c4": [c4.real["ttft_p50"], c4.sim["ttft_p50"]],
+            "c8": [c8.real["ttft_p50"], c8.sim["ttft_p50"]],
+        },
+        "prefix_ttft_p50_ms": {
+            "prefix": [pre.real["ttft_p50"], pre.sim["ttft_p50"]],
+            "noprefix": [nopre.real["ttft_p50"], nopre.sim["ttft_p50"]],
+        },
+    }
+    if not a.skip_qualitative:
+        kv = kv_pressure(model_dir, prof, 1)
+        qual["kv_pressure"] = {"row": asdict(kv["row"])}
+        qual["priority_hi_p99_ttft_ms"] = priority_effect(model_dir, prof)
+    print("qualitative [real, sim]:", json.dumps(qual, indent=1, default=str))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(
+                {
+                    "profile": prof.model_dump(mode="json"),
+                    "calibration": [asdict(r) for r in cal_rows],
+                    "heldout": [asdict(r) for r in rows],
+                    "medians": fd.medians_over(rows),
+                    "qualitative": qual,
+                },
+                fh,
+                indent=1,
+                default=str,
+            )
+
+
+if __name__ == "__main__":
+    main()

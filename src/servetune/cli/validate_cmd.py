@@ -1,0 +1,112 @@
+"""`servetune validate`: the simulator's fidelity harness (issue 5) as a command.
+
+Two sources of real runs: `--runs DIR` (RunResult files saved by
+`benchmarks/sim_fidelity.py --runs-dir`, no engine needed), or `--live`, which starts the
+vLLM CPU engine on the generated test Llama and runs the calibration sweep and the
+held-out workloads (minutes; run it alone on the machine). Either way the profile is
+fitted on the calibration workloads only (`cal-*`), unless `--profile` gives one, and
+the table compares the others. Heavy imports inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from servetune.errors import InputError
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "validate", help="Simulator vs real engine: fit on calibration runs, compare held-out."
+    )(validate)
+
+
+def _rows_json(rows: list[Any]) -> list[dict[str, Any]]:
+    return [{"workload": r.name, "real": r.real, "sim": r.sim, "err_pct": r.err} for r in rows]
+
+
+def validate(
+    runs: str = typer.Option(None, "--runs", help="Directory of saved real RunResult JSON files."),
+    live: bool = typer.Option(False, "--live", help="Start vLLM (CPU) and run the workloads."),
+    profile: str = typer.Option(None, "--profile", help="Use this profile instead of fitting."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Live: runs per held-out workload."),
+    profile_out: str = typer.Option(None, "--profile-out", help="Write the fitted profile."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+) -> None:
+    from servetune.engines.testmodel import VLLM_TEST_CONFIG, make_llama_dir
+    from servetune.sim import fidelity as fd
+    from servetune.sim.profile import load_profile, load_results, save_profile
+
+    if bool(runs) == bool(live):
+        raise InputError("validate", "give exactly one of --runs DIR and --live", None)
+    prof = load_profile(profile) if profile else None
+    cfg = VLLM_TEST_CONFIG
+    model_dir = str(make_llama_dir())
+    if runs:
+        d = Path(runs)
+        if not d.is_dir():
+            raise InputError("--runs", f"{runs} is not a directory", None)
+        files = sorted(d.glob("*.json"))
+        if not files:
+            raise InputError("--runs", f"no .json files in {runs}", None)
+        prof, cal_rows, rows = fd.compare_saved(load_results(files), model_dir, cfg, prof)
+    else:
+        prof, cal_rows, rows = _live(fd, cfg, model_dir, prof, repeats)
+    if not rows:
+        raise InputError("validate", "no held-out workloads to compare (only cal-* runs)", None)
+    if profile_out:
+        save_profile(prof, profile_out)
+    med = fd.medians_over(rows)
+    met = {k: med[k] is not None and med[k] <= t for k, t in fd.TARGETS.items()}
+    if as_json:
+        out = {
+            "profile": prof.model_dump(mode="json"),
+            "calibration": _rows_json(cal_rows),
+            "heldout": _rows_json(rows),
+            "medians_err_pct": med,
+            "targets_pct": fd.TARGETS,
+            "targets_met": met,
+        }
+        print(json.dumps(out, indent=1))
+        return
+    if cal_rows:
+        print(fd.format_table(cal_rows, "calibration workloads (fitted on these)"))
+        print()
+    print(fd.format_table(rows, "held-out workloads: real / simulated / |error|"))
+    missed = [k for k, ok in met.items() if not ok]
+    print("targets met" if not missed else f"targets missed: {', '.join(missed)}", file=sys.stderr)
+
+
+def _live(fd: Any, cfg: Any, model_dir: str, prof: Any, repeats: int) -> tuple[Any, list, list]:
+    from servetune.engines.process import launch
+    from servetune.model import get_model
+
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    with launch("vllm", cfg, model_dir, device="cpu") as srv:
+        version = str(srv.settings.get("version") or srv.install_version or "unknown")
+        cal_runs: list = []
+        if prof is None:
+            prof, cal_runs = fd.calibrate_live(
+                srv.url,
+                srv.served_model,
+                engine="vllm",
+                engine_version=version,
+                model_name=get_model(model_dir).name,
+                refine=(model_dir, cfg),
+                say=say,
+            )
+        rows = []
+        for case in fd.heldout_cases():
+            rows.append(
+                fd.compare_case(
+                    srv.url, srv.served_model, case, model_dir, cfg, prof, repeats=repeats
+                )
+            )
+            say(f"{case.name}: done")
+    _, cal_rows, _ = fd.compare_saved(cal_runs, model_dir, cfg, prof) if cal_runs else (0, [], 0)
+    return prof, cal_rows, rows
