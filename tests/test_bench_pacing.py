@@ -14,7 +14,8 @@ from servetune.workload.tokenizer import WordTokenizer
 
 def spec_of(arrival: dict, count: int, out: int = 8):
     return parse_workload(
-        {"count": count, "arrival": arrival, "input_tokens": {"dist": "fixed", "value": 16},
+        {"count": count, "seed": 11, "arrival": arrival,
+         "input_tokens": {"dist": "fixed", "value": 16},
          "output_tokens": {"dist": "fixed", "value": out}}
     )  # fmt: skip
 
@@ -25,21 +26,53 @@ def go(cfg: MockConfig, spec, workers: int = 1):
         return run_point(spec, materialize(spec, WordTokenizer()), o), srv
 
 
-def test_poisson_sends_follow_the_schedule() -> None:
-    rate = 150.0
-    res, _ = go(MockConfig(ttft_ms=5, itl_ms=1), spec_of({"kind": "poisson", "rate": rate}, 450))
+def test_poisson_schedule_passes_ks() -> None:
+    """The generator itself, deterministic given the seed: exponential gaps at the rate."""
+    reqs = materialize(spec_of({"kind": "poisson", "rate": 150.0}, 450), WordTokenizer())
+    arrivals = np.array([r.arrival_s for r in reqs], dtype=float)
+    _, p = ks_exponential(np.diff(arrivals), 150.0)
+    assert p > 0.001
+
+
+def pacing_failures(res) -> tuple[list[str], str]:
+    """Judge one run's sends against the schedule of the requests it actually sent."""
     recs = sorted(res.records, key=lambda r: r.scheduled_ns or 0)
     sends = np.array([r.send_ns for r in recs], dtype=float)
     sched = np.array([r.scheduled_ns for r in recs], dtype=float)
     achieved = (len(sends) - 1) / ((sends.max() - sends.min()) / 1e9)
     offered = (len(sched) - 1) / ((sched.max() - sched.min()) / 1e9)
-    assert abs(achieved / offered - 1) < 0.02
-    assert (sends - sched).min() >= -20_000  # never early by more than the 20 us slack
     _, p = ks_exponential(np.diff(np.sort(sends)) / 1e9, offered)
-    assert p > 0.001
-    m = res.metrics
-    assert m.send_lag_ms.p50 is not None and m.send_lag_ms.p50 < 5.0
-    assert m.completed == 450
+    lag_ms = (sends - sched) / 1e6
+    failures = []
+    if abs(achieved / offered - 1) >= 0.02:
+        failures.append(f"achieved {achieved:.2f} vs offered {offered:.2f} req/s")
+    if lag_ms.min() < -0.02:
+        failures.append(f"a send {-lag_ms.min():.3f} ms early")  # 20 us slack at most
+    if p <= 0.001:
+        failures.append(f"send gaps fail KS (p={p:.2g})")
+    if float(np.median(lag_ms)) >= 5.0:
+        failures.append(f"send lag P50 {np.median(lag_ms):.2f} ms")
+    summary = (
+        f"achieved/offered {achieved / offered:.4f}, KS p {p:.3g}, send lag P50/P99/max "
+        f"{np.median(lag_ms):.2f}/{np.percentile(lag_ms, 99):.2f}/{lag_ms.max():.2f} ms"
+    )
+    return failures, summary
+
+
+def test_poisson_sends_follow_the_schedule() -> None:
+    """Achieved within 2% of offered, never early, KS on the sends, small lag. A loaded
+    machine can stall the whole process for tens of ms (the send lag shows it): then the
+    measurement is taken once more, and both tries are reported if that one fails too."""
+    tries = []
+    for _ in range(2):
+        spec = spec_of({"kind": "poisson", "rate": 150.0}, 450)
+        res, _ = go(MockConfig(ttft_ms=5, itl_ms=1), spec)
+        assert res.metrics.completed == 450
+        failures, summary = pacing_failures(res)
+        tries.append(f"{failures or 'ok'} ({summary})")
+        if not failures:
+            break
+    assert not failures, " / ".join(tries)
 
 
 def test_closed_loop_never_exceeds_users() -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from servetune.results.schema import ServerSeries
+from servetune.results.schema import RequestRecord, ServerSeries
 
 Fetch = Callable[[], dict[str, float]]
 Adapter = Callable[[str], dict[str, float]]
@@ -130,3 +130,40 @@ def running_now(values: dict[str, float]) -> float | None:
         if k in values:
             return values[k]
     return None
+
+
+def ttft_breakdown(
+    records: Sequence[RequestRecord], deltas: dict[str, float] | None
+) -> dict[str, float | None]:
+    """Mean TTFT of the run's completed requests split where the engine says where it went.
+
+    connect: the client's new-connection setup (counted inside TTFT). queue and prefill:
+    the engine's own figures, as run deltas of vLLM's request_queue_time_seconds /
+    request_prefill_time_seconds histograms (canonical `queue_time_seconds_sum/_count`,
+    `prefill_time_seconds_sum/_count`), or llama.cpp's per-request `timings.prompt_ms`
+    (it reports no queue time). rest: what neither explains (HTTP, tokenizing, scheduling
+    gaps, detokenizing, the network). Milliseconds; None where the engine is silent.
+    """
+    ok = [r for r in records if r.status == "ok" and r.chunk_ns]
+    if not ok:
+        return {}
+    n = len(ok)
+    out: dict[str, float | None] = {
+        "ttft_ms": sum(r.chunk_ns[0] - r.send_ns for r in ok) / n / 1e6,
+        "connect_ms": sum(r.connect_ns for r in ok) / n / 1e6,
+    }
+    d = deltas or {}
+    for part in ("queue", "prefill"):
+        count = d.get(f"{part}_time_seconds_count", 0.0)
+        out[f"{part}_ms"] = d[f"{part}_time_seconds_sum"] / count * 1e3 if count > 0 else None
+    if out["prefill_ms"] is None:
+        prompt_ms = [
+            r.server_timings["prompt_ms"]
+            for r in ok
+            if r.server_timings and "prompt_ms" in r.server_timings
+        ]
+        if len(prompt_ms) == n:
+            out["prefill_ms"] = sum(prompt_ms) / n
+    known = [out[k] for k in ("connect_ms", "queue_ms", "prefill_ms")]
+    out["rest_ms"] = out["ttft_ms"] - sum(x for x in known if x is not None)  # type: ignore[operator]
+    return out

@@ -17,9 +17,11 @@ import random
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from typing import Any
 
 FAULTS = (
     "http_500",
@@ -222,7 +224,7 @@ class _MockProtocol(asyncio.Protocol):
         opts = req.get("stream_options") or {}
         if not req.get("stream"):
             delay = srv.ttft_s() + n * cfg.itl_ms / 1000.0
-            srv.loop.call_later(delay, self._plain_answer, chat, n, prompt)
+            srv.later(delay, self._plain_answer, chat, n, prompt)
             srv.stats.running += 1
             return
         st = _Stream(
@@ -238,7 +240,7 @@ class _MockProtocol(asyncio.Protocol):
         srv.stats.running += 1
         srv.stats.max_running = max(srv.stats.max_running, srv.stats.running)
         head_delay = cfg.slow_headers_s if fault == "slow_headers" else 0.0
-        st.handle = srv.loop.call_later(head_delay, self._headers, st)
+        st.handle = srv.later(head_delay, self._headers, st)
 
     def _plain_answer(self, chat: bool, n: int, prompt: int) -> None:
         self.srv.stats.running -= 1
@@ -254,7 +256,7 @@ class _MockProtocol(asyncio.Protocol):
         self._send_json(200, {"id": "mock", "choices": [choice], "usage": usage})
 
     def _headers(self, st: _Stream) -> None:
-        if self.closed:
+        if self.closed or self.stream is not st:
             return
         conn = b"close" if self.srv.cfg.close_after_response else b"keep-alive"
         self.t.write(_HEAD_SSE + b"Connection: " + conn + b"\r\n\r\n")  # type: ignore[union-attr]
@@ -262,7 +264,7 @@ class _MockProtocol(asyncio.Protocol):
             self._event(
                 b'{"id":"m","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}'
             )
-        st.handle = self.srv.loop.call_later(self.srv.ttft_s(), self._tick, st)
+        st.handle = self.srv.later(self.srv.ttft_s(), self._tick, st)
 
     def _event(self, payload: bytes) -> None:
         self.t.write(_chunked(b"data: " + payload + b"\n\n"))  # type: ignore[union-attr]
@@ -300,7 +302,7 @@ class _MockProtocol(asyncio.Protocol):
             )
         self._event(ev)
         if not last:
-            st.handle = self.srv.loop.call_later(self.srv.itl_s(), self._tick, st)
+            st.handle = self.srv.later(self.srv.itl_s(), self._tick, st)
             return
         if st.usage:
             self._event(
@@ -358,6 +360,23 @@ class MockServer:
                 return name
             x -= p
         return None
+
+    def later(self, delay_s: float, fn: Callable[..., None], *args: Any) -> asyncio.TimerHandle:
+        """`loop.call_later`, but never early. uvloop's timers run on a millisecond clock
+        cached per loop iteration, so they can fire up to ~1 ms (more on a loaded machine)
+        before `delay_s` really passed; tests rely on the mock's TTFT and ITL being lower
+        bounds. An early wake-up re-arms for the rest (the callbacks check their stream is
+        still live, so only the first handle needs cancelling)."""
+        deadline = time.monotonic_ns() + int(delay_s * 1e9)
+
+        def fire() -> None:
+            left = deadline - time.monotonic_ns()
+            if left > 0:
+                self.loop.call_later(left / 1e9, fire)
+            else:
+                fn(*args)
+
+        return self.loop.call_later(delay_s, fire)
 
     def ttft_s(self) -> float:
         c = self.cfg
