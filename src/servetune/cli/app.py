@@ -45,6 +45,7 @@ def _register() -> None:
     __import__("servetune.cli.runs_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.report_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.tune_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.validate_cmd", fromlist=["register"]).register(app)
 
 
 _register()

@@ -1,0 +1,296 @@
+"""`servetune tune`: the best engine config under the SLO, proven and recorded.
+
+Thin layer: resolve the preset and the flags into `TuneSettings`, run `tune.tuner`, print
+the ranking, the winner's launch command, why it won and where the report is. Heavy
+imports happen inside the command so `servetune --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from servetune.errors import InputError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune", help="Find the engine config with the best goodput under the SLO.")(tune)
+
+
+def tune(
+    preset: str | None = typer.Option(
+        None, "--preset", help="llamacpp-cpu (default), vllm-gpu, or a preset YAML."
+    ),
+    engine: str | None = typer.Option(None, "--engine", help="vllm, llamacpp, ..."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Catalog name or config.json."),
+    model_path: str | None = typer.Option(
+        None, "--model-path", help="What a real engine serves (GGUF file, HF dir)."
+    ),
+    gpu: str | None = typer.Option(None, "--gpu", "-g", help="Accelerator (or cpu-host)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs per replica (sets TP)."),
+    hardware_file: Path | None = typer.Option(None, "--hardware-file"),
+    space: Path | None = typer.Option(None, "--space", help="Search space YAML."),
+    workload: Path | None = typer.Option(None, "--workload", "-w", help="Workload YAML."),
+    slo_file: Path | None = typer.Option(None, "--slo", help="SLO YAML."),
+    backend: str | None = typer.Option(None, "--backend", help="sim, real or hybrid."),
+    strategy: str | None = typer.Option(
+        None, "--strategy", help="auto, grid, random, bayes, one-at-a-time."
+    ),
+    trials: int | None = typer.Option(None, "--trials", help="Trials of the ranking phase."),
+    seed: int | None = typer.Option(None, "--seed"),
+    objective: str | None = typer.Option(None, "--objective", help="goodput, cost, latency."),
+    gpu_hour_usd: float | None = typer.Option(None, "--gpu-hour-usd", help="For --objective cost."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Hybrid: configs verified for real."),
+    finalists: int | None = typer.Option(None, "--finalists", help="Configs re-run."),
+    repeats: int | None = typer.Option(None, "--repeats", help="Repetitions per finalist."),
+    load: str | None = typer.Option(None, "--load", help="concurrency or rate search."),
+    max_load: float | None = typer.Option(None, "--max-load", help="Highest load tried."),
+    max_probes: int | None = typer.Option(None, "--max-probes", help="Load points per trial."),
+    time_budget: float | None = typer.Option(
+        None, "--time-budget", help="Seconds for real trials (soft)."
+    ),
+    executor: str = typer.Option("local", "--executor", help="local or ray."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster (auto, ray://...)."),
+    ray_cpus: int | None = typer.Option(None, "--ray-cpus", help="CPUs of a local Ray."),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibrated sim profile."),
+    executable: str | None = typer.Option(None, "--executable", help="Engine binary/python."),
+    db: str | None = typer.Option(None, "--db", help="Store (path or SQLAlchemy URL)."),
+    study: str | None = typer.Option(None, "--study", help="Study name (resumes if it exists)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start a new study even if one exists."),
+    report: Path | None = typer.Option(
+        None, "--report", "-o", help="HTML report (default out/STUDY.html)."
+    ),
+    no_edge: bool = typer.Option(False, "--no-edge", help="Skip the OOM-edge step."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+) -> None:
+    """Rank configs (simulator and/or real engine), verify, re-run finalists, step back
+    from the OOM edge, explain, record (see docs/tune.md)."""
+    from servetune.tune.tuner import NoConfigMeetsSLO, Tuner
+
+    settings = build_settings(locals())
+    say = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    head = (
+        f"servetune tune: {settings.real.engine if settings.real else settings.space.engine} "
+        f"[{settings.mode}], space {settings.space.size} combinations "
+        f"({len(settings.space.valid_points())} valid), strategy {settings.strategy}, "
+        f"objective {settings.objective.label}"
+    )
+    say(head)
+    try:
+        out = Tuner(settings, say).run()
+    except NoConfigMeetsSLO as exc:
+        err = sys.stderr
+        print("no config meets the SLO. Closest:", file=err)
+        for t, why in exc.rows:
+            print(f"  {t.label} [{t.backend}]: missed {why}", file=err)
+        if as_json:
+            sys.stdout.write(json.dumps(exc.outcome.to_json(), indent=2, default=str) + "\n")
+        raise
+    if as_json:
+        sys.stdout.write(json.dumps(out.to_json(), indent=2, default=str) + "\n")
+        return
+    print_outcome(out)
+
+
+def build_settings(o: dict[str, Any]) -> Any:
+    """Preset + flags -> TuneSettings (every problem one line, exit 2)."""
+    from servetune.engines.process import default_device
+    from servetune.slo import load_slo, parse_slo
+    from servetune.tune.backends import BackendSpec
+    from servetune.tune.objective import Objective
+    from servetune.tune.preset import load_plan, load_preset, resolve_model_path
+    from servetune.tune.space import load_space, parse_space
+    from servetune.tune.strategies import STRATEGIES
+    from servetune.tune.trial import SearchSettings
+    from servetune.tune.tuner import MODES, TuneSettings
+    from servetune.workload.spec import load_workload, parse_workload
+
+    name = o["preset"]
+    if name is None:
+        gpu_given = o["gpu"] and o["gpu"] != "cpu-host"
+        what_if = (o["model"] or gpu_given) and o["engine"] != "llamacpp"
+        name = "vllm-gpu" if what_if else "llamacpp-cpu"
+    pre = load_preset(name)
+    opts = pre.tune.model_copy(
+        update={
+            k: o[k]
+            for k in (
+                "strategy",
+                "trials",
+                "seed",
+                "objective",
+                "gpu_hour_usd",
+                "top_k",
+                "finalists",
+                "repeats",
+                "load",
+                "max_load",
+                "max_probes",
+            )
+            if o[k] is not None
+        }
+    )
+    if o["time_budget"] is not None:
+        opts = opts.model_copy(update={"time_budget_s": o["time_budget"]})
+    mode = o["backend"] or pre.backend
+    if mode not in MODES:
+        raise InputError("--backend", f"unknown backend {mode!r}", "sim, real or hybrid")
+    engine = o["engine"] or pre.engine
+    sp = load_space(o["space"]) if o["space"] else parse_space(pre.space, engine)
+    if o["engine"] and sp.engine != engine:
+        raise InputError("--engine", f"the space is for {sp.engine}, not {engine}")
+    if o["gpus"] and o["gpus"] > 1:
+        sp = parse_space({**sp.to_json(), "fixed": {**sp.fixed, "tensor_parallel_size": o["gpus"]}})
+    wl = load_workload(o["workload"]) if o["workload"] else parse_workload(pre.workload)
+    slo = load_slo(o["slo_file"]) if o["slo_file"] else parse_slo(pre.slo)
+    strat = opts.strategy
+    if strat == "auto":
+        strat = "grid" if len(sp.valid_points()) <= 24 else "bayes"
+    if strat not in STRATEGIES and strat != "oat":
+        raise InputError("--strategy", f"unknown strategy {strat!r}", ", ".join(STRATEGIES))
+    kind, lattice, fixed = load_plan(opts, wl)
+    model = o["model"] or pre.model
+    hardware = o["gpu"] or pre.hardware
+    common = dict(
+        engine=sp.engine,
+        model=model,
+        hardware=hardware,
+        workload=wl.model_dump(mode="json"),
+        slo=slo.model_dump(mode="json", exclude_none=True),
+        hardware_file=str(o["hardware_file"]) if o["hardware_file"] else None,
+        per_user=opts.per_user,
+        request_timeout_s=opts.request_timeout_s,
+        launch_timeout_s=opts.launch_timeout_s,
+    )
+    # Fail fast on names (one line) before anything runs.
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+
+    get_model(model)
+    get_hardware(hardware, o["hardware_file"])
+    sim = real = None
+    if mode in ("sim", "hybrid"):
+        sim = BackendSpec(
+            kind="sim",
+            profile=str(o["profile"]) if o["profile"] else None,
+            model_path=o["model_path"] or pre.model_path,
+            **common,
+        )
+    if mode in ("real", "hybrid"):
+        from servetune.engines import install
+
+        install.require(sp.engine, o["executable"])  # not installed: one line, exit 2
+        path = resolve_model_path(o["model_path"] or pre.model_path)
+        if path is None:
+            raise InputError("--model-path", f"a real {sp.engine} needs the model to serve")
+        real = BackendSpec(
+            kind="real",
+            model_path=path,
+            device=default_device(),
+            executable=o["executable"],
+            **common,
+        )
+    return TuneSettings(
+        space=sp,
+        mode=mode,
+        objective=Objective(opts.objective, opts.gpu_hour_usd),
+        search=SearchSettings(
+            load_kind=kind,
+            lattice=lattice,
+            max_probes=opts.max_probes,
+            extra_doublings=1 if mode == "sim" else 0,
+            fixed_load=fixed,
+        ),
+        sim=sim,
+        real=real,
+        strategy=strat,
+        budget=opts.trials,
+        seed=opts.seed,
+        top_k=opts.top_k,
+        finalists=opts.finalists,
+        repeats=opts.repeats,
+        start_index=lattice.index_of(1.0) if kind == "rate" else 0,
+        executor=o["executor"],
+        address=o["address"],
+        num_cpus=o["ray_cpus"],
+        db=o["db"],
+        study=o["study"],
+        fresh=o["fresh"],
+        time_budget_s=opts.time_budget_s,
+        report=o["report"],
+        edge=not o["no_edge"],
+        verbose=not o["quiet"],
+    )
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def print_outcome(out: Any) -> None:
+    obj = out.objective
+    w = out.winner
+    print(f"\n== ranking ({out.mode}; {out.counts.get('trials', 0)} trials, {out.elapsed_s:.0f} s)")
+    width = max([len(t.label) for t in out.ranked[:12]] + [6])
+    print(
+        f"{'#':>3}  {'config':{width}s} {'status':10s} {'capacity':>8s} {obj.label:>20s} "
+        f"{'P95 TTFT':>9s} {'P95 TPOT':>9s}"
+    )
+    for i, t in enumerate(out.ranked[:12], 1):
+        b = t.best
+        cap = f"{t.capacity:.3g}" if t.capacity is not None else "-"
+        print(
+            f"{i:>3}  {t.label:{width}s} {t.status:10s} {cap:>8s} {obj.show(t.score):>20s} "
+            f"{_ms(b.ttft_p95_ms if b else None):>9s} {_ms(b.tpot_p95_ms if b else None):>9s}"
+        )
+        if t.status in ("infeasible", "skipped") and t.reason:
+            print(f"     {t.reason[:150]}")
+    if len(out.ranked) > 12:
+        print(f"     ... {len(out.ranked) - 12} more in the study")
+    if w is None:
+        return
+    print(f"\n== winner: {w.label}")
+    print(f"launch command:\n  {w.launch_command}")
+    if w.ci:
+        ci = w.ci
+        print(
+            f"repetitions: {ci['n']}, {ci['metric']} {ci['mean']:.3g} "
+            f"(95% CI {ci['low']:.3g} .. {ci['high']:.3g}), {ci['passed']}/{ci['n']} met "
+            "the SLO"
+        )
+    print("why it won:")
+    for line in out.explanation:
+        print(f"  - {line}")
+    for e in out.edges:
+        print(f"OOM edge ({e.knob}): {e.note}")
+    r = out.recommended
+    if r and not r.get("same_as_winner"):
+        extra = ""
+        if r.get("score") is not None:
+            extra = f": {obj.show(r['score'])}"
+            if r.get("cost_of_safety") is not None:
+                extra += f" ({r['cost_of_safety']:+.0%} vs the winner)"
+        print(f"ship one safe step back from the OOM edge: {r['label']}{extra}")
+        print(f"  {r['launch_command']}")
+    elif r:
+        print("safety: the winner is already at least one step below any OOM edge seen")
+    for row in out.sim_vs_real:
+        err = row.get("score_error")
+        shown = f"{err:+.0%}" if err is not None else "n/a"
+        print(
+            f"sim vs real, {row['label']}: sim {obj.show(row['sim_score'])}, real "
+            f"{obj.show(row['real_score'])} (sim error {shown})"
+        )
+    for n in out.notes:
+        print(f"note: {n}")
+    if out.report_path:
+        print(f"report: {out.report_path.resolve()}")
+    print(
+        f"study: {out.study} in {out.db} (the same command resumes it; "
+        f"servetune runs list --study {out.study})"
+    )

@@ -1,0 +1,165 @@
+"""Why the winner won, in words a reviewer can check against the numbers: the margin over
+the runner-up and the baseline, the knobs that differ, the SLO that binds at the next load
+up, and the bottleneck seen there (KV capacity, compute, queueing), following seed 003 §13's
+symptom table. Pure functions over trial results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servetune.tune.backends import PointResult
+from servetune.tune.objective import Objective
+from servetune.tune.trial import OK, TrialResult
+
+_METRIC = {
+    "ttft_ms": "TTFT",
+    "tpot_ms": "TPOT",
+    "e2e_ms": "E2E",
+    "itl_ms": "ITL",
+    "error_rate": "error rate",
+}
+
+
+def check_text(c: dict[str, Any]) -> str:
+    """`P95 TTFT 1,234 ms > 800`."""
+    name = _METRIC.get(str(c.get("metric")), str(c.get("metric")))
+    v, t = c.get("value"), c.get("target")
+    if c.get("metric") == "error_rate":
+        return f"error rate {v or 0:.1%} > {t:.1%}"
+    shown = "none" if v is None else f"{v:,.0f}"
+    return f"{str(c.get('stat', '')).upper()} {name} {shown} ms > {t:,.0f}"
+
+
+def failing_point(t: TrialResult) -> PointResult | None:
+    """The point just above the capacity (where the SLO broke), else the worst one."""
+    misses = [p for p in t.points if not p.passed]
+    if not misses:
+        return None
+    if t.capacity is not None:
+        above = [p for p in misses if p.load > t.capacity]
+        if above:
+            return min(above, key=lambda p: p.load)
+    return min(misses, key=lambda p: p.load)
+
+
+def binding_slo(t: TrialResult) -> str:
+    p = failing_point(t)
+    if p is None:
+        return "no SLO target was reached within the loads tried (capacity is a lower bound)"
+    missed = p.missed()
+    if not missed:
+        why = "the run did not complete" if p.status != "completed" else "errors"
+        return f"at {_load(p)}: {why}"
+    return f"at {_load(p)}: " + ", ".join(check_text(c) for c in missed[:2])
+
+
+def bottleneck(t: TrialResult, cfg_seqs: int | None = None) -> str:
+    """KV capacity, compute or queueing, from the signals at the failing point."""
+    p = failing_point(t) or t.best
+    if p is None:
+        return "unknown (no point measured)"
+    s = p.signals
+    notes: list[str] = []
+    if s.get("rejected"):
+        notes.append(f"KV / context: {s['rejected']} requests could not be admitted")
+    used, blocks = s.get("max_kv_blocks_used"), s.get("kv_blocks")
+    kv_full = bool(used and blocks and used >= 0.95 * blocks)
+    kv_full = kv_full or (s.get("kv_cache_usage_max") or 0) >= 0.95
+    if kv_full or (s.get("preemptions") or 0) > 0:
+        notes.append(f"KV cache capacity (preemptions {s.get('preemptions') or 0:g})")
+    waiting = s.get("requests_waiting_max") or 0
+    if waiting > 0:
+        notes.append(f"queueing: up to {waiting:g} requests waited for a batch seat / slot")
+    missed = {c.get("metric") for c in p.missed()}
+    if "ttft_ms" in missed and "tpot_ms" not in missed and not notes:
+        notes.append(
+            "queueing / prefill: TTFT broke while TPOT held (seed 003 §13: more "
+            "prefill budget, prefix cache or replicas)"
+        )
+    if "tpot_ms" in missed:
+        notes.append(
+            "compute / memory bandwidth of decode: TPOT broke (seed 003 §13: a "
+            "smaller decode batch or faster kernels)"
+        )
+    ss = t.sweet_spot or {}
+    if "over-saturation" in (ss.get("regions") or []):
+        notes.append(f"throughput saturated past {ss.get('knee'):g} in flight (seed 000 §3.1)")
+    return "; ".join(dict.fromkeys(notes)) or "none visible in the engine's metrics"
+
+
+def _load(p: PointResult) -> str:
+    return f"{p.load:g} users" if p.load_kind == "concurrency" else f"{p.load:g} req/s"
+
+
+def differing(a: dict[str, Any], b: dict[str, Any], knobs: list[str]) -> list[str]:
+    from servetune.tune.space import fmt_value
+
+    names = [k for k in knobs if a.get(k) != b.get(k)]
+    return [f"{k} {fmt_value(b.get(k))} -> {fmt_value(a.get(k))}" for k in names]
+
+
+def explain(
+    winner: TrialResult,
+    ranked: list[TrialResult],
+    baseline: TrialResult | None,
+    objective: Objective,
+    knobs: list[str],
+) -> list[str]:
+    """A few lines: margin, knobs, binding SLO, bottleneck, sweet spot."""
+    out: list[str] = []
+    score = winner.score
+    others = [t for t in ranked if t.key != winner.key and t.status == OK]
+    line = f"best {objective.label}: {objective.show(score)}"
+    if winner.capacity is not None and objective.searches_capacity:
+        unit = "users" if winner.best and winner.best.load_kind == "concurrency" else "req/s"
+        line += f" at a capacity of {winner.capacity:.3g} {unit} within the SLO"
+    out.append(line)
+    if others and score is not None and others[0].score is not None:
+        ru = others[0]
+        out.append(
+            f"runner-up {ru.label}: {objective.show(ru.score)} ({_pct(score, ru.score)}); "
+            f"differs in {', '.join(differing(winner.config, ru.config, knobs)) or 'nothing'}"
+        )
+    if baseline is not None and baseline.key != winner.key:
+        if baseline.status == OK and baseline.score is not None and score is not None:
+            out.append(
+                f"vs the baseline ({baseline.label}): {objective.show(baseline.score)} "
+                f"({_pct(score, baseline.score)}); changed "
+                + (", ".join(differing(winner.config, baseline.config, knobs)) or "nothing")
+            )
+        else:
+            out.append(f"the baseline ({baseline.label}) {baseline.reason or baseline.status}")
+    elif baseline is not None:
+        out.append("the baseline itself won: no knob in the space beat it")
+    out.append("binding SLO " + binding_slo(winner))
+    out.append("bottleneck: " + bottleneck(winner))
+    ss = winner.sweet_spot
+    if ss and ss.get("knee") is not None:
+        regions = ", ".join(
+            f"{x:g}:{r.split('-')[0]}" for x, r in zip(ss["loads"], ss["regions"], strict=True)
+        )
+        out.append(f"sweet spot {ss['knee']:g} in flight ({ss['reason']}); regions {regions}")
+    return out
+
+
+def _pct(a: float, b: float) -> str:
+    if b == 0:
+        return "n/a"
+    return f"{(a - b) / abs(b):+.0%}"
+
+
+def closest_misses(trials: list[TrialResult], n: int = 3) -> list[tuple[TrialResult, str]]:
+    """When no config meets the SLO: the configs that came closest (smallest worst
+    value/target ratio at their lowest load) and which SLO each missed."""
+    rows: list[tuple[float, TrialResult, str]] = []
+    for t in trials:
+        if not t.points:
+            continue
+        p = min(t.points, key=lambda q: q.load)
+        missed = p.missed()
+        if not missed:
+            continue
+        ratio = max((c.get("value") or float("inf")) / (c.get("target") or 1) for c in missed)
+        rows.append((ratio, t, f"at {_load(p)}: " + ", ".join(check_text(c) for c in missed)))
+    rows.sort(key=lambda r: r[0])
+    return [(t, why) for _, t, why in rows[:n]]

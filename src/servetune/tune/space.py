@@ -1,0 +1,402 @@
+"""The search space: EngineConfig knobs and the values to try, read from YAML.
+
+    engine: vllm
+    fixed: {max_model_len: 8192}                 # every config gets these
+    baseline: {}                                  # the untuned start (engine defaults + fixed)
+    knobs:
+      max_num_seqs: [8, 16, 32, 64, 128]          # a list...
+      max_num_batched_tokens: {min: 2048, max: 16384, mult: 2}   # ...or a range
+      gpu_memory_utilization: [0.85, 0.90, 0.93]
+    constraints:
+      - max_num_batched_tokens >= max_num_seqs
+
+Validation happens here, once, so a bad space is one line and exit 2 before anything runs:
+unknown knobs (with the closest names), values EngineConfig refuses, knobs the engine has
+no flag for, an empty space, and a contradictory one (every combination refused).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import operator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servetune.engines.config import ENGINES, EngineConfig
+from servetune.errors import InputError, closest
+
+# Knobs that size memory, in seed 003 §13's OOM handling order (first = first to lower).
+MEMORY_KNOBS = (
+    "gpu_memory_utilization",
+    "kv_cache_space_gib",
+    "kv_cache_tokens",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "parallel_slots",
+    "max_model_len",
+)
+_NOT_KNOBS = {"engine", "extra_args"}
+_MAX_POINTS = 1_000_000
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Validated space: `knobs` maps each knob to its values in the order given."""
+
+    engine: str
+    knobs: dict[str, tuple[Any, ...]]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, Any] = field(default_factory=dict)
+    constraints: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for v in self.knobs.values():
+            n *= len(v)
+        return n
+
+    def points(self) -> Iterator[dict[str, Any]]:
+        """Every combination, in grid order (last knob fastest)."""
+        names = list(self.knobs)
+        for combo in itertools.product(*(self.knobs[k] for k in names)):
+            yield dict(zip(names, combo, strict=True))
+
+    def config(self, point: Mapping[str, Any]) -> EngineConfig:
+        """fixed + point as a validated EngineConfig (ValueError when refused)."""
+        return EngineConfig.model_validate({**self.fixed, **point, "engine": self.engine})
+
+    def baseline_config(self) -> EngineConfig:
+        return self.config(self.baseline)
+
+    def why_invalid(self, point: Mapping[str, Any]) -> str | None:
+        """None when `point` is a config to try, else the reason (a constraint, a refusal)."""
+        values = {**self.fixed, **point}
+        for c in self.constraints:
+            if not check_constraint(c, values):
+                return f"constraint {c!r}"
+        try:
+            self.config(point)
+        except ValueError as exc:
+            return _first_error(exc)
+        return None
+
+    def valid_points(self) -> list[dict[str, Any]]:
+        return [p for p in self.points() if self.why_invalid(p) is None]
+
+    def point_of(self, cfg: EngineConfig) -> dict[str, Any]:
+        """The knob values of `cfg` (for configs made from this space)."""
+        return {k: getattr(cfg, k) for k in self.knobs}
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(
+            [self.engine, self.knobs, self.fixed, self.baseline, self.constraints],
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "knobs": {k: list(v) for k, v in self.knobs.items()},
+            "fixed": self.fixed,
+            "baseline": self.baseline,
+            "constraints": list(self.constraints),
+        }
+
+
+def config_key(cfg: EngineConfig) -> str:
+    """Stable short id of a config (what the store's trial runs are keyed by)."""
+    blob = json.dumps(cfg.model_dump(mode="json", exclude_defaults=True), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def config_label(cfg: EngineConfig, names: list[str] | tuple[str, ...]) -> str:
+    """`max_num_seqs=64 gpu_memory_utilization=0.9`: the knobs that vary, for tables."""
+    return " ".join(f"{k}={fmt_value(getattr(cfg, k))}" for k in names) or "baseline"
+
+
+def fmt_value(v: Any) -> str:
+    if v is None:
+        return "default"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+# --- parsing --------------------------------------------------------------------------
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise InputError("--space", f"cannot read {p}: {exc.strerror}", "check the path") from exc
+    except yaml.YAMLError as exc:
+        raise InputError("--space", f"{p} is not valid YAML", str(exc).splitlines()[0]) from exc
+    if isinstance(data, dict) and "space" in data and "knobs" not in data:
+        data = data["space"]
+    return parse_space(data)
+
+
+def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
+    """A validated SearchSpace from a mapping (YAML). `engine` overrides the file's."""
+    if data is None:
+        raise InputError("space", "the space is empty", "give knobs: {max_num_seqs: [8, 16, 32]}")
+    if not isinstance(data, dict):
+        raise InputError("space", "must be a mapping with `knobs:`", "see docs/tune.md")
+    unknown = set(data) - {"engine", "knobs", "fixed", "baseline", "constraints"}
+    if unknown:
+        raise InputError(
+            "space",
+            f"unknown key {sorted(unknown)[0]!r}",
+            "keys: engine, knobs, fixed, baseline, constraints",
+        )
+    eng = engine or data.get("engine") or "vllm"
+    if eng not in ENGINES:
+        near = closest(str(eng), ENGINES)
+        raise InputError(
+            "space.engine",
+            f"unknown engine {eng!r}",
+            f"one of {', '.join(ENGINES)}" if not near else f"did you mean {', '.join(near)}?",
+        )
+    raw_knobs = data.get("knobs") or {}
+    if not isinstance(raw_knobs, dict):
+        raise InputError("space.knobs", "must map knob names to value lists")
+    if not raw_knobs:
+        raise InputError("space.knobs", "the space has no knobs", "e.g. max_num_seqs: [8, 16, 32]")
+    fixed = _mapping(data.get("fixed"), "space.fixed")
+    baseline = _mapping(data.get("baseline"), "space.baseline")
+    knobs: dict[str, tuple[Any, ...]] = {}
+    for name, spec in raw_knobs.items():
+        _check_name(str(name), "space.knobs")
+        values = _values(str(name), spec)
+        if not values:
+            raise InputError(f"space.knobs.{name}", "has no values", "give at least one value")
+        knobs[str(name)] = values
+    for name in (*fixed, *baseline):
+        if name != "extra_args":  # extra flags are fixed (e.g. --load-format dummy), not knobs
+            _check_name(name, "space.fixed" if name in fixed else "space.baseline")
+    constraints = data.get("constraints") or []
+    if isinstance(constraints, str):
+        constraints = [constraints]
+    names = set(knobs) | set(fixed) | set(EngineConfig.model_fields)
+    for c in constraints:
+        parse_constraint(str(c), names)
+    space = SearchSpace(eng, knobs, fixed, baseline, tuple(str(c) for c in constraints))
+    _check_values(space)
+    _check_engine_maps(space)
+    if space.size > _MAX_POINTS:
+        raise InputError("space", f"{space.size:,} combinations", "narrow the knobs (<= 1e6)")
+    try:
+        space.baseline_config()
+    except ValueError as exc:
+        raise InputError("space.baseline", _first_error(exc)) from None
+    reasons: dict[str, int] = {}
+    for p in space.points():
+        why = space.why_invalid(p)
+        if why is None:
+            return space
+        reasons[why] = reasons.get(why, 0) + 1
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:2]
+    raise InputError(
+        "space",
+        f"contradictory: all {space.size} combinations are refused ("
+        + "; ".join(f"{n} by {why}" for why, n in top)
+        + ")",
+        "relax the constraints or the values",
+    )
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(where, "must be a mapping of knob: value")
+    return {str(k): v for k, v in value.items()}
+
+
+def _check_name(name: str, where: str) -> None:
+    if name in _NOT_KNOBS or name not in EngineConfig.model_fields:
+        near = closest(name, [k for k in EngineConfig.model_fields if k not in _NOT_KNOBS])
+        hint = f"did you mean {', '.join(near)}?" if near else "see EngineConfig's knobs"
+        raise InputError(where, f"unknown knob {name!r}", hint)
+
+
+def _values(name: str, spec: Any) -> tuple[Any, ...]:
+    """A list, a scalar, or a range {min, max, mult | step}."""
+    where = f"space.knobs.{name}"
+    if isinstance(spec, list):
+        out = list(dict.fromkeys(spec))  # duplicates dropped, order kept
+    elif isinstance(spec, dict):
+        extra = set(spec) - {"min", "max", "mult", "step"}
+        if extra or "min" not in spec or "max" not in spec:
+            raise InputError(where, "a range needs min, max and mult or step", "or give a list")
+        lo, hi = spec["min"], spec["max"]
+        if not all(isinstance(x, (int, float)) for x in (lo, hi)) or hi < lo:
+            raise InputError(where, f"range min {lo!r} .. max {hi!r} is empty")
+        mult, step = spec.get("mult"), spec.get("step")
+        if (mult is None) == (step is None):
+            raise InputError(where, "give exactly one of mult (x2: 8,16,32) or step (+1)")
+        out, v = [], lo
+        while v <= hi + 1e-9 and len(out) < 10_000:
+            out.append(v)
+            if mult is not None:
+                if mult <= 1:
+                    raise InputError(where, "mult must be > 1")
+                v = v * mult
+            else:
+                if step <= 0:
+                    raise InputError(where, "step must be > 0")
+                v = v + step
+        if isinstance(lo, float) or isinstance(mult or step, float):
+            out = [round(float(x), 6) for x in out]
+    else:
+        out = [spec]
+    return tuple(out)
+
+
+def _check_values(space: SearchSpace) -> None:
+    """Each value alone must be one EngineConfig accepts (names the knob and value)."""
+    for name, values in space.knobs.items():
+        for v in values:
+            try:
+                EngineConfig.model_validate({"engine": space.engine, name: v})
+            except ValueError as exc:
+                raise InputError(f"space.knobs.{name}", f"{v!r}: {_first_error(exc)}") from None
+
+
+def _check_engine_maps(space: SearchSpace) -> None:
+    """A knob the engine has no flag for would make every trial the same config."""
+    from servetune.engines.registry import launch_command
+
+    for name, values in space.knobs.items():
+        for v in values:
+            try:
+                spec = launch_command(space.engine, space.config({name: v}), "model")
+            except InputError:
+                continue  # an engine-specific refusal of one value: left to why_invalid
+            except ValueError:
+                continue
+            if name in spec.unsupported:
+                raise InputError(
+                    f"space.knobs.{name}",
+                    f"{space.engine} has no flag for {name}",
+                    "drop it from the space (the trials would not differ)",
+                )
+
+
+def _first_error(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+        return f"{loc}: {msg}" if loc else msg
+    return str(exc).splitlines()[0]
+
+
+# --- constraints: a tiny, safe expression language ------------------------------------
+
+_CMP = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+_BIN = {
+    ast.Mult: operator.mul,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Div: operator.truediv,
+}
+
+
+def parse_constraint(text: str, names: set[str]) -> ast.Expression:
+    """`a <= b * 4`, `a != 1 or b == 2`: comparisons of knobs and numbers, and/or/not.
+    Anything else (calls, attributes, unknown names) is refused, so no code runs."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise InputError("space.constraints", f"{text!r} is not an expression") from None
+    for node in ast.walk(tree):
+        ok = isinstance(
+            node,
+            (
+                ast.Expression,
+                ast.Compare,
+                ast.BinOp,
+                ast.BoolOp,
+                ast.UnaryOp,
+                ast.Name,
+                ast.Constant,
+                ast.Load,
+                ast.And,
+                ast.Or,
+                ast.Not,
+                ast.USub,
+                *_CMP,
+                *_BIN,
+            ),
+        )
+        if not ok:
+            raise InputError("space.constraints", f"{text!r}: {type(node).__name__} not allowed")
+        if isinstance(node, ast.Name) and node.id not in names | {"None", "true", "false"}:
+            near = closest(node.id, names)
+            hint = f"did you mean {', '.join(near)}?" if near else None
+            raise InputError("space.constraints", f"{text!r}: unknown name {node.id!r}", hint)
+    return tree
+
+
+def check_constraint(text: str, values: Mapping[str, Any]) -> bool:
+    """Evaluate a constraint; a knob left unset (None) makes its comparisons true."""
+    tree = parse_constraint(text, set(values) | set(EngineConfig.model_fields))
+    defaults = {k: f.default for k, f in EngineConfig.model_fields.items()}
+    env = {**defaults, **values, "true": True, "false": False}
+    return bool(_eval(tree.body, env))
+
+
+def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return None if node.id == "None" else env.get(node.id)
+    if isinstance(node, ast.UnaryOp):
+        v = _eval(node.operand, env)
+        if isinstance(node.op, ast.Not):
+            return not v
+        return None if v is None else -v
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left, env), _eval(node.right, env)
+        return None if a is None or b is None else _BIN[type(node.op)](a, b)
+    if isinstance(node, ast.BoolOp):
+        vals = [_eval(v, env) for v in node.values]
+        return all(vals) if isinstance(node.op, ast.And) else any(vals)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators, strict=True):
+            right = _eval(comp, env)
+            if left is None or right is None:
+                is_eq = type(op) in (ast.Eq, ast.NotEq)
+                if is_eq and not _CMP[type(op)](left, right):
+                    return False
+                left = right
+                continue
+            if not _CMP[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise InputError("space.constraints", f"cannot evaluate {type(node).__name__}")

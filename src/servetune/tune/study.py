@@ -1,0 +1,292 @@
+"""A tuning study: its state lives in the store, so a study killed at any point (even
+SIGKILL) continues where it was when the same command runs again.
+
+How nothing is lost or repeated: every measured point is a run of the study whose id is
+derived from (study, config, load, phase, repetition). The search is deterministic for
+its seed and for what it is told, so a restarted study asks for the same points in the
+same order, and each point already in the store is read back instead of measured; a
+point that was running when the process died is `incomplete` and is measured again (a
+new attempt id; the partial one stays, as the record of what happened). Simulator
+trials are stored one run per trial (its best point; the other points are recomputed in
+milliseconds). The study's settings fingerprint, progress and final summary live in the
+`studies.meta` column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.results.schema import Metrics, RunResult
+from servetune.store import RunMeta, Store
+from servetune.tune.backends import Infeasible, PointResult
+from servetune.tune.trial import TrialResult
+
+TUNE_KIND = "tune"
+
+
+def read_study_meta(store: Store, name: str) -> dict[str, Any] | None:
+    """The study's `meta` (None when the study does not exist). A thin adapter: the
+    store has the column but no method for it."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from servetune.store.models import Study
+
+    with Session(store.engine) as s:
+        row = s.scalar(select(Study).where(Study.name == name))
+        return None if row is None else dict(row.meta or {})
+
+
+def write_study_meta(store: Store, name: str, meta: dict[str, Any]) -> None:
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from servetune.store.models import Study
+
+    store.ensure_study(name, TUNE_KIND)
+    with Session(store.engine) as s, s.begin():
+        row = s.scalar(select(Study).where(Study.name == name))
+        assert row is not None
+        row.meta = {**(row.meta or {}), **meta}
+
+
+class Recorder:
+    """The store side of a study: look points up, write them as runs."""
+
+    def __init__(self, db: str | None, study: str, kind: str) -> None:
+        self.store = Store.open(db)
+        self.study = study
+        self.kind = kind  # sim | real: sim stores one run per trial
+        self._points: dict[str, Any] = {}  # pid -> PointResult | Infeasible
+        self._trials: dict[str, TrialResult] = {}
+        self._attempts: dict[str, int] = {}
+
+    def refresh(self) -> None:
+        """Re-read the study. Simulator trial runs left `incomplete` by a killed writer
+        hold nothing (no records, no result) and are removed, so the trial is stored once
+        when it is recomputed; a real point's incomplete attempt stays as the record of the
+        interruption and the point is measured again under a new attempt id."""
+        self._points.clear()
+        self._trials.clear()
+        self._attempts.clear()
+        partial = []
+        for info in self.store.list_runs(study=self.study):
+            tune = (info.meta.get("target") or {}).get("tune") or {}
+            pid = tune.get("pid")
+            if not pid:
+                continue
+            if info.status == "incomplete" and info.backend == "sim":
+                partial.append(info.id)
+                continue
+            self._attempts[pid] = self._attempts.get(pid, 0) + 1
+            if info.status == "completed":
+                if tune.get("trial") is not None and info.backend == "sim":
+                    self._trials[tune["trial"]["key"]] = TrialResult.from_json(tune["trial"])
+                if info.metrics is not None and tune.get("load_kind"):
+                    self._points[pid] = _point_from_info(info, tune)
+            elif info.status == "failed" and tune.get("failure"):
+                f = tune["failure"]
+                self._points.setdefault(
+                    pid, Infeasible(f["kind"], info.stop_reason or f["reason"], f["log_tail"])
+                )
+        if partial:
+            self.store.delete(partial)
+
+    # -- reading ----------------------------------------------------------------------
+
+    def point(self, pid: str) -> PointResult | Infeasible | None:
+        return self._points.get(pid)
+
+    def sim_trial(self, key: str) -> TrialResult | None:
+        return self._trials.get(key)
+
+    # -- writing ----------------------------------------------------------------------
+
+    def _run_id(self, pid: str) -> str:
+        base = "tune-" + hashlib.sha1(f"{self.study}|{pid}".encode()).hexdigest()[:16]
+        n = self._attempts.get(pid, 0)
+        self._attempts[pid] = n + 1
+        return base if n == 0 else f"{base}-{n + 1}"
+
+    def _meta(
+        self,
+        run_id: str,
+        backend: Any,
+        cfg: EngineConfig,
+        command: str | None,
+        tune: dict[str, Any],
+        load: dict[str, Any],
+    ) -> RunMeta:
+        m = backend.meta()
+        return RunMeta(
+            id=run_id,
+            backend="sim" if backend.name == "sim" else "real",
+            study=self.study,
+            study_kind=TUNE_KIND,
+            tags=["tune", str(tune.get("phase", "trial"))],
+            model=m.get("model"),
+            engine_config=cfg.model_dump(mode="json"),
+            launch_command=command,
+            hardware=m.get("hardware") or {},
+            software=m.get("software") or {},
+            target={"tune": tune},
+            workload=m.get("workload") or {},
+            load=load,
+            slo=m.get("slo"),
+        )
+
+    def begin_point(
+        self,
+        pid: str,
+        backend: Any,
+        cfg: EngineConfig,
+        command: str | None,
+        where: tuple[str, float, str, int],
+    ) -> str | None:
+        kind, load, phase, rep = where
+        if self.kind == "sim" and phase == "probe":
+            return None  # simulator probes: stored per trial (save_sim_trial)
+        run_id = self._run_id(pid)
+        tune = {
+            "pid": pid,
+            "key": pid.split("/")[0],
+            "load_kind": kind,
+            "load": load,
+            "phase": phase,
+            "rep": rep,
+        }
+        load_d = {"kind": "closed" if kind == "concurrency" else "poisson", kind: load}
+        self.store.begin_run(self._meta(run_id, backend, cfg, command, tune, load_d))
+        return run_id
+
+    def finish_point(
+        self, pid: str, run_id: str | None, res: RunResult, point: PointResult
+    ) -> None:
+        if run_id is None:
+            return
+        self.store.finish_run(run_id, res)
+        self._points[pid] = point
+
+    def fail_point(self, run_id: str | None, exc: Infeasible) -> None:
+        if run_id is None:
+            return
+        self.store.abandon_run(run_id, "failed", _failure_text(exc))
+
+    def abandon_point(self, run_id: str | None) -> None:
+        if run_id is not None:
+            self.store.abandon_run(run_id, "interrupted", "stopped while measuring")
+
+    def record_failure(self, pid: str, backend: Any, cfg: EngineConfig, exc: Infeasible) -> None:
+        """A config that would not start: a failed run quoting the engine's log."""
+        run_id = self._run_id(pid)
+        failure = {"kind": exc.kind, "reason": exc.reason, "log_tail": exc.log_tail[-30:]}
+        tune = {"pid": pid, "key": pid.split("/")[0], "phase": "launch", "failure": failure}
+        self.store.begin_run(self._meta(run_id, backend, cfg, backend.command(cfg), tune, {}))
+        self.store.abandon_run(run_id, "failed", _failure_text(exc))
+        self._points[pid] = exc
+
+    def save_sim_trial(self, trial: TrialResult, res: RunResult | None, backend: Any) -> None:
+        """One run per simulated trial: its best point, without per-request records (the
+        simulator regenerates them exactly), the whole trial in meta."""
+        pid = f"{trial.key}/trial"
+        if trial.key in self._trials:
+            return
+        run_id = self._run_id(pid)
+        best = trial.best or (trial.points[-1] if trial.points else None)
+        tune: dict[str, Any] = {
+            "pid": pid,
+            "key": trial.key,
+            "phase": "trial",
+            "trial": trial.to_json(),
+        }
+        if best is not None:
+            tune.update(load_kind=best.load_kind, load=best.load)
+        load = {}
+        if best is not None:
+            k = best.load_kind
+            load = {"kind": "closed" if k == "concurrency" else "poisson", k: best.load}
+        meta = self._meta(run_id, backend, trial.cfg, trial.launch_command, tune, load)
+        if res is None:
+            self.store.begin_run(meta)
+            self.store.abandon_run(run_id, "failed", trial.reason or trial.status)
+        else:
+            light = res.model_copy(update={"id": run_id, "records": [], "requests": []})
+            self.store.save_result(light, meta)
+        self._trials[trial.key] = trial
+
+
+def _failure_text(exc: Infeasible) -> str:
+    lines = " | ".join(exc.log_tail[-5:])
+    return f"{exc.kind}: {exc.reason}" + (f" [engine log: {lines}]" if lines else "")
+
+
+def _point_from_info(info: Any, tune: dict[str, Any]) -> PointResult:
+    m = Metrics.model_validate(info.metrics)
+    result = info.result or {}
+    if info.backend == "sim":
+        sim = (result.get("target") or {}).get("sim") or {}
+        signals = {
+            "preemptions": sim.get("preemptions", 0),
+            "rejected": sim.get("rejected", 0),
+            "kv_blocks": (result.get("target") or {}).get("kv_blocks"),
+            "max_kv_blocks_used": sim.get("max_kv_blocks_used"),
+        }
+    else:
+        signals = dict(result.get("server_summary") or {})
+    signals["max_in_flight"] = m.max_in_flight
+    return PointResult.from_metrics(
+        m,
+        tune["load_kind"],
+        float(tune["load"]),
+        signals=signals,
+        status=str(result.get("status") or info.status),
+        run_id=info.id,
+    )
+
+
+def fingerprint(parts: dict[str, Any]) -> str:
+    import json
+
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def open_study(
+    store: Store, name: str, fp: str, settings: dict[str, Any], fresh: bool, named: bool = True
+) -> str:
+    """Create or resume study `name`. A study started with other settings is refused
+    (resuming it would mix two searches); `fresh` picks a new name instead. An unnamed
+    (fingerprint-named) study that already finished is not replayed: running the same
+    command again measures again, under `NAME-2`, ... (a killed one is resumed)."""
+    meta = read_study_meta(store, name)
+    if meta is not None and not named and meta.get("status") != "running":
+        fresh = True
+    if meta is not None and fresh:
+        k = 2
+        while read_study_meta(store, f"{name}-{k}") is not None:
+            k += 1
+        name = f"{name}-{k}"
+        meta = None
+    if meta is not None and meta.get("fingerprint") not in (None, fp):
+        raise InputError(
+            "--study",
+            f"study {name!r} was started with other settings (space, workload, SLO, backend "
+            "or strategy)",
+            "give another --study name, or --fresh",
+        )
+    write_study_meta(
+        store,
+        name,
+        {
+            "fingerprint": fp,
+            "settings": settings,
+            "status": "running",
+            "started_unix_s": (meta or {}).get("started_unix_s") or time.time(),
+            "resumed": (meta or {}).get("resumed", -1) + 1,
+        },
+    )
+    return name

@@ -1,0 +1,312 @@
+"""One trial: a config's capacity under the SLO (or its latency at the workload's load),
+measured through a backend, every point looked up in / written to the study first.
+
+This is what executors run, locally or as a Ray task, so it takes only picklable inputs
+and opens what it needs itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from servetune.engines.config import EngineConfig
+from servetune.results.schema import RunResult
+from servetune.tune.backends import Backend, Infeasible, PointResult
+from servetune.tune.capacity import Lattice, Probe, search_capacity
+from servetune.tune.objective import Objective
+from servetune.tune.space import config_key
+from servetune.tune.sweetspot import analyse
+
+Say = Callable[[str], None]
+
+
+class _TimeUp(Exception):
+    """The study's time budget ran out inside a trial: keep what was measured."""
+
+
+OK, NO_SLO, INFEASIBLE, SKIPPED = "ok", "no_slo", "infeasible", "skipped"
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How each trial loads its config."""
+
+    load_kind: str  # concurrency | rate
+    lattice: Lattice
+    max_probes: int = 12
+    extra_doublings: int = 0
+    bisect: bool = True
+    fixed_load: float | None = None  # latency objective: the one load measured
+
+
+@dataclass
+class TrialResult:
+    key: str
+    config: dict[str, Any]
+    label: str
+    backend: str
+    status: str
+    reason: str = ""
+    log_tail: list[str] = field(default_factory=list)
+    points: list[PointResult] = field(default_factory=list)
+    capacity: float | None = None
+    first_fail: float | None = None
+    capacity_note: str = ""
+    score: float | None = None
+    best: PointResult | None = None
+    sweet_spot: dict[str, Any] | None = None
+    launch_command: str | None = None
+    elapsed_s: float = 0.0
+    measured: int = 0  # points measured now (not read back from the store)
+    launched: bool = False  # a session was opened now (engine launched, or tried)
+    worker: str = ""
+    started_unix_s: float = 0.0
+    ended_unix_s: float = 0.0
+    reps: list[PointResult] = field(default_factory=list)
+    ci: dict[str, Any] | None = None
+
+    @property
+    def cfg(self) -> EngineConfig:
+        return EngineConfig.model_validate(self.config)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TrialResult:
+        t = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        t.points = [PointResult.from_json(p) for p in d.get("points") or []]
+        t.reps = [PointResult.from_json(p) for p in d.get("reps") or []]
+        t.best = PointResult.from_json(d["best"]) if d.get("best") else None
+        return t
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def point_id(key: str, kind: str, load: float, phase: str = "probe", rep: int = 0) -> str:
+    return f"{key}/{phase}/{kind}={load:g}/r{rep}"
+
+
+def run_trial(
+    backend: Backend,
+    cfg: EngineConfig,
+    *,
+    objective: Objective,
+    search: SearchSettings,
+    recorder: Any,
+    label: str,
+    start_index: int = 0,
+    say: Say | None = None,
+    deadline_unix_s: float | None = None,
+) -> TrialResult:
+    """Measure one config; infeasible configs (planner, start-up, crash) are results too.
+    Past `deadline_unix_s` no new load point starts (the capacity is then a lower bound)."""
+    key = config_key(cfg)
+    t0, started = time.monotonic(), time.time()
+    trial = TrialResult(
+        key=key,
+        config=cfg.model_dump(mode="json", exclude_defaults=True) | {"engine": cfg.engine},
+        label=label,
+        backend=backend.name,
+        status=OK,
+        worker=worker_id(),
+        started_unix_s=started,
+    )
+    reason = backend.check(cfg)
+    if reason:
+        trial.status, trial.reason = SKIPPED, reason
+        return _done(trial, t0)
+    if backend.name == "sim" and (cached := recorder.sim_trial(key)) is not None:
+        return cached
+    results: dict[float, RunResult] = {}
+    with _LazySession(backend, cfg, recorder, key) as lazy:
+        kind = search.load_kind
+
+        def measure(load: float) -> Probe:
+            if deadline_unix_s is not None and trial.points and time.time() > deadline_unix_s:
+                raise _TimeUp
+            point = _measure(lazy, recorder, key, kind, load, "probe", 0, results, say, label)
+            trial.points.append(point)
+            return Probe(load, point.passed, point.output_tok_s, objective.score(point, cfg))
+
+        try:
+            if objective.searches_capacity:
+                cap = search_capacity(
+                    measure,
+                    search.lattice,
+                    start_index=start_index,
+                    max_probes=search.max_probes,
+                    bisect=search.bisect,
+                    extra_doublings=search.extra_doublings,
+                )
+                trial.capacity, trial.first_fail = cap.capacity, cap.first_fail
+                trial.capacity_note = cap.reason
+            else:
+                load = search.fixed_load or search.lattice.load(0)
+                p = measure(load)
+                trial.capacity = load if p.passed else None
+        except _TimeUp:
+            passed = [p.load for p in trial.points if p.passed]
+            trial.capacity = max(passed) if passed else None
+            above = [
+                p.load for p in trial.points if not p.passed and p.load > (trial.capacity or 0)
+            ]
+            trial.first_fail = min(above) if above else None
+            trial.capacity_note = "stopped by the time budget (capacity is a lower bound)"
+        except Infeasible as exc:
+            trial.status, trial.reason, trial.log_tail = INFEASIBLE, exc.reason, exc.log_tail
+        trial.launch_command = backend.command(cfg)  # default port: what a user runs
+        trial.measured = lazy.measured
+        trial.launched = lazy.tried
+    if trial.status == OK:
+        scored = [(objective.score(p, cfg), p) for p in trial.points]
+        ok = [(s, p) for s, p in scored if s is not None]
+        if ok:
+            trial.score, trial.best = max(ok, key=lambda sp: (sp[0], sp[1].load))
+        else:
+            trial.status = NO_SLO
+            trial.reason = "no load point met the SLO"
+        if kind == "concurrency" and len({p.load for p in trial.points}) >= 3:
+            trial.sweet_spot = analyse([(p.load, p.output_tok_s) for p in trial.points]).to_json()
+    _done(trial, t0)
+    if backend.name == "sim":
+        best_load = (
+            trial.best.load if trial.best else (trial.points[-1].load if trial.points else None)
+        )
+        res = results.get(best_load) if best_load is not None else None
+        recorder.save_sim_trial(trial, res, backend)
+    return trial
+
+
+def run_points(
+    backend: Backend,
+    cfg: EngineConfig,
+    kind: str,
+    loads: list[float],
+    *,
+    recorder: Any,
+    phase: str,
+    say: Say | None = None,
+    label: str = "",
+) -> list[PointResult]:
+    """Extra points for one config in one session: finalist repetitions (`phase="rep"`,
+    same load repeated) or a sweet-spot sweep. Stored like probes, so they resume too."""
+    key = config_key(cfg)
+    out: list[PointResult] = []
+    results: dict[float, RunResult] = {}
+    with _LazySession(backend, cfg, recorder, key) as lazy:
+        for r, load in enumerate(loads):
+            rep = r if phase == "rep" else 0
+            out.append(_measure(lazy, recorder, key, kind, load, phase, rep, results, say, label))
+    return out
+
+
+def _done(trial: TrialResult, t0: float) -> TrialResult:
+    trial.elapsed_s = time.monotonic() - t0
+    trial.ended_unix_s = time.time()
+    return trial
+
+
+def _measure(
+    lazy: _LazySession,
+    recorder: Any,
+    key: str,
+    kind: str,
+    load: float,
+    phase: str,
+    rep: int,
+    results: dict[float, RunResult],
+    say: Say | None,
+    label: str,
+) -> PointResult:
+    pid = point_id(key, kind, load, phase, rep)
+    hit = recorder.point(pid) if lazy.backend.name == "real" else lazy.backend_cache.get(pid)
+    if isinstance(hit, Infeasible):
+        raise hit
+    if hit is not None:
+        point, res = hit if isinstance(hit, tuple) else (hit, None)
+        if res is not None:
+            results[load] = res
+        return point
+    sess = lazy.open()
+    run_id = recorder.begin_point(
+        pid, lazy.backend, lazy.cfg, sess.launch_command, (kind, load, phase, rep)
+    )
+    try:
+        point, res = sess.probe(kind, load)
+    except Infeasible as exc:
+        recorder.fail_point(run_id, exc)
+        raise
+    except BaseException:
+        recorder.abandon_point(run_id)
+        raise
+    lazy.measured += 1
+    point.run_id = run_id
+    recorder.finish_point(pid, run_id, res, point)
+    results[load] = res
+    if lazy.backend.name == "sim":
+        lazy.backend_cache[pid] = (point, res)
+    if say:
+        mark = (
+            "pass"
+            if point.passed
+            else "miss " + ",".join(f"{c['metric']}.{c['stat']}" for c in point.missed()[:2])
+        )
+        ttft = point.ttft_p95_ms
+        tpot = point.tpot_p95_ms
+        say(
+            f"    {label} {phase} {kind}={load:g}: {point.req_s:.2f} req/s, goodput "
+            f"{point.goodput_req_s or 0:.2f}, P95 TTFT {_ms(ttft)} TPOT {_ms(tpot)} ms [{mark}]"
+        )
+    return point
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+class _LazySession:
+    """Opens the backend session (launches the engine) only when a point is not already
+    in the store: a resumed trial whose points are all stored launches nothing."""
+
+    def __init__(self, backend: Backend, cfg: EngineConfig, recorder: Any, key: str) -> None:
+        self.backend = backend
+        self.cfg = cfg
+        self.recorder = recorder
+        self.key = key
+        self.stack = contextlib.ExitStack()
+        self.sess: Any = None
+        self.measured = 0
+        self.tried = False
+        self.launch_command: str | None = backend.command(cfg)
+        self.backend_cache: dict[str, Any] = getattr(backend, "cache", {})
+
+    def open(self) -> Any:
+        if self.sess is None:
+            launch_pid = point_id(self.key, "launch", 0, "launch")
+            hit = self.recorder.point(launch_pid) if self.backend.name == "real" else None
+            if isinstance(hit, Infeasible):
+                raise hit
+            self.tried = True
+            try:
+                self.sess = self.stack.enter_context(self.backend.session(self.cfg))
+            except Infeasible as exc:
+                if self.backend.name == "real":
+                    self.recorder.record_failure(launch_pid, self.backend, self.cfg, exc)
+                raise
+            self.launch_command = self.sess.launch_command
+        return self.sess
+
+    def __enter__(self) -> _LazySession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()

@@ -1,0 +1,656 @@
+"""The tuning loop (seed 003 §14, stages 3-6 in miniature): rank configs with a strategy
+on one backend, verify the best on the real engine (hybrid), re-run the finalists for
+confidence intervals, find the OOM edge and step one safe step back, explain the winner,
+and record everything in the study. I/O lives here; the maths is in the modules it calls.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.tune.backends import BackendSpec, PointResult
+from servetune.tune.executors import TrialTask, backend_for, make_executor, recorder_for
+from servetune.tune.explain import closest_misses, explain
+from servetune.tune.objective import Objective, gpus_of
+from servetune.tune.oomedge import OOMEdge, find_edge, step_back
+from servetune.tune.space import MEMORY_KNOBS, SearchSpace, config_key, config_label
+from servetune.tune.stats import mean_ci
+from servetune.tune.study import fingerprint, open_study, write_study_meta
+from servetune.tune.sweetspot import doubling
+from servetune.tune.trial import (
+    INFEASIBLE,
+    NO_SLO,
+    OK,
+    SKIPPED,
+    SearchSettings,
+    TrialResult,
+    run_points,
+)
+
+Say = Callable[[str], None]
+MODES: tuple[str, ...] = ("sim", "real", "hybrid")
+
+
+@dataclass
+class TuneSettings:
+    space: SearchSpace
+    mode: str  # sim | real | hybrid
+    objective: Objective
+    search: SearchSettings
+    sim: BackendSpec | None = None
+    real: BackendSpec | None = None
+    strategy: str = "bayes"
+    budget: int | None = None  # trials of the ranking phase (None: the strategy decides)
+    seed: int = 0
+    top_k: int = 3
+    finalists: int = 2
+    repeats: int = 3
+    start_index: int = 0
+    executor: str = "local"
+    address: str | None = None
+    num_cpus: int | None = None
+    db: str | None = None
+    study: str | None = None
+    fresh: bool = False
+    time_budget_s: float | None = None
+    report: Path | None = None
+    edge: bool = True
+    verbose: bool = True
+
+    def fingerprint_parts(self) -> dict[str, Any]:
+        return {
+            "space": self.space.to_json(),
+            "mode": self.mode,
+            "objective": [self.objective.kind, self.objective.gpu_hour_usd],
+            "search": [self.search.load_kind, self.search.lattice, self.search.fixed_load],
+            "sim": self.sim,
+            "real": self.real,
+            "strategy": self.strategy,
+            "budget": self.budget,
+            "seed": self.seed,
+        }
+
+
+class NoConfigMeetsSLO(InputError):
+    def __init__(self, outcome: TuneOutcome, rows: list[tuple[TrialResult, str]]) -> None:
+        self.outcome = outcome
+        self.rows = rows
+        n = len([t for t in outcome.ranked if t.status in (OK, NO_SLO)])
+        super().__init__(
+            "--slo",
+            f"no config meets the SLO ({n} configs measured, study {outcome.study})",
+            "relax the SLO, lower the load, or widen the space; closest configs listed above",
+        )
+
+
+@dataclass
+class TuneOutcome:
+    study: str
+    db: str
+    mode: str
+    objective: Objective
+    knobs: list[str]
+    ranked: list[TrialResult] = field(default_factory=list)
+    sim_ranked: list[TrialResult] = field(default_factory=list)
+    winner: TrialResult | None = None
+    baseline: TrialResult | None = None
+    recommended: dict[str, Any] | None = None
+    edges: list[OOMEdge] = field(default_factory=list)
+    explanation: list[str] = field(default_factory=list)
+    sim_vs_real: list[dict[str, Any]] = field(default_factory=list)
+    report_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def to_json(self, full: bool = False) -> dict[str, Any]:
+        def t(x: TrialResult | None) -> dict[str, Any] | None:
+            if x is None:
+                return None
+            d = x.to_json()
+            if not full and x.status == OK:
+                d.pop("log_tail", None)
+            return d
+
+        return {
+            "study": self.study,
+            "db": self.db,
+            "mode": self.mode,
+            "objective": self.objective.kind,
+            "winner": t(self.winner),
+            "baseline": t(self.baseline),
+            "recommended": self.recommended,
+            "explanation": self.explanation,
+            "oom_edges": [e.to_json() for e in self.edges],
+            "sim_vs_real": self.sim_vs_real,
+            "ranked": [t(x) for x in self.ranked[: 200 if full else 20]],
+            "sim_ranked_top": [t(x) for x in self.sim_ranked[:10]],
+            "report": str(self.report_path) if self.report_path else None,
+            "notes": self.notes,
+            "counts": self.counts,
+            "elapsed_s": round(self.elapsed_s, 2),
+        }
+
+
+def rank(trials: list[TrialResult]) -> list[TrialResult]:
+    order = {OK: 0, NO_SLO: 1, INFEASIBLE: 2, SKIPPED: 3}
+    return sorted(
+        trials,
+        key=lambda t: (order.get(t.status, 4), -(t.score if t.score is not None else -math.inf)),
+    )
+
+
+def diverse_top(ranked: list[TrialResult], k: int, skip: str) -> list[TrialResult]:
+    """The simulator's top `k` (not `skip`, the baseline), one per level of score: configs
+    the simulator cannot tell apart (within 0.5%) are verified once, so the real engine's
+    few trials go to configs that differ in what the model predicts."""
+    picked: list[TrialResult] = []
+    for t in ranked:
+        if len(picked) >= k:
+            break
+        if t.status != OK or t.key == skip or t.score is None:
+            continue
+        if any(abs(t.score - p.score) <= 0.005 * abs(p.score) for p in picked if p.score):
+            continue
+        picked.append(t)
+    return picked
+
+
+def sim_blind_knobs(trials: list[TrialResult], knobs: list[str]) -> list[str]:
+    """Knobs the simulator does not model (e.g. llama.cpp's threads): every pair of trials
+    that differ in that knob alone scored the same (within 0.5%)."""
+    blind = []
+    scored = [t for t in trials if t.status in (OK, NO_SLO)]
+    for knob in knobs:
+        groups: dict[str, list[TrialResult]] = {}
+        for t in scored:
+            rest = {k: t.config.get(k) for k in knobs if k != knob}
+            groups.setdefault(repr(sorted(rest.items())), []).append(t)
+        pairs = [g for g in groups.values() if len({repr(t.config.get(knob)) for t in g}) > 1]
+        if pairs and all(_same_scores(g) for g in pairs):
+            blind.append(knob)
+    return blind
+
+
+def _same_scores(group: list[TrialResult]) -> bool:
+    vals = [t.score or 0.0 for t in group]
+    top = max(abs(v) for v in vals) or 1.0
+    return (max(vals) - min(vals)) <= 0.005 * top
+
+
+def default_budget(strategy: str, n_valid: int) -> int | None:
+    if strategy == "grid" or strategy in ("one-at-a-time", "oat"):
+        return None
+    return min(n_valid, max(8, math.ceil(0.3 * n_valid)))
+
+
+class Tuner:
+    def __init__(self, settings: TuneSettings, say: Say | None = None) -> None:
+        from servetune.store import Store
+
+        self.s = settings
+        self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.t0 = time.monotonic()
+        budget = settings.time_budget_s
+        self.deadline = None if budget is None else time.time() + budget
+        if settings.mode not in MODES:
+            raise InputError(
+                "--backend", f"unknown backend {settings.mode!r}", "sim, real or hybrid"
+            )
+        self.store = Store.open(settings.db)
+        self.db = settings.db or self.store.url
+        name = settings.study or f"tune-{fingerprint(settings.fingerprint_parts())}"
+        self.study = open_study(
+            self.store,
+            name,
+            fingerprint(settings.fingerprint_parts()),
+            {"mode": settings.mode, "strategy": settings.strategy, "seed": settings.seed},
+            settings.fresh,
+            named=settings.study is not None,
+        )
+        self.knobs = list(settings.space.knobs)
+        self.executor = make_executor(settings.executor, settings.address, settings.num_cpus)
+        self.trials: dict[tuple[str, str], TrialResult] = {}  # (backend, key) -> result
+        self.notes: list[str] = []
+        self.blind: list[str] = []  # knobs the simulator does not model (hybrid)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def time_left(self) -> float | None:
+        b = self.s.time_budget_s
+        return None if b is None else b - self.elapsed()
+
+    def label(self, cfg: EngineConfig) -> str:
+        base = self.s.space.baseline_config()
+        lab = config_label(cfg, self.knobs)
+        return f"{lab} (baseline)" if config_key(cfg) == config_key(base) else lab
+
+    def _task(self, spec: BackendSpec, cfg: EngineConfig, start: int) -> TrialTask:
+        return TrialTask(
+            backend=spec,
+            db=self.db,
+            study=self.study,
+            objective=self.s.objective,
+            search=self.s.search,
+            config=cfg.model_dump(mode="json"),
+            label=self.label(cfg),
+            start_index=start,
+            verbose=self.s.verbose and spec.kind == "real",
+            deadline_unix_s=(self.deadline - self._reserve())
+            if spec.kind == "real" and self.deadline is not None
+            else None,
+        )
+
+    def _start_index(self, kind: str) -> int:
+        """Warm start for rate searches: the best capacity so far (the lattice keeps every
+        trial's answer independent of it). Concurrency always doubles from 1 (the sweet
+        spot needs the low points)."""
+        if self.s.search.load_kind != "rate":
+            return self.s.start_index
+        caps = [t.capacity for (b, _), t in self.trials.items() if b == kind and t.capacity]
+        if not caps:
+            return self.s.start_index
+        return self.s.search.lattice.index_of(max(caps))
+
+    def run_batch(self, spec: BackendSpec, cfgs: list[EngineConfig]) -> list[TrialResult]:
+        tasks = [self._task(spec, c, self._start_index(spec.kind)) for c in cfgs]
+        out = []
+        for t in self.executor.map(tasks):
+            self.trials[(spec.kind, t.key)] = t
+            self._progress(t)
+            out.append(t)
+        return out
+
+    def _progress(self, t: TrialResult) -> None:
+        if self.s.mode == "hybrid" and t.backend == "sim":
+            return  # summarised after the ranking
+        n = len({k for (b, k) in self.trials if b == t.backend})
+        fresh = t.measured or t.launched or t.status == SKIPPED
+        cached = "" if fresh else ", from the store"
+        what = (
+            f"{self.s.objective.show(t.score)} (capacity {t.capacity:.3g})"
+            if t.status == OK and t.capacity is not None
+            else f"{t.status}: {t.reason[:160]}"
+        )
+        self.say(
+            f"[{self.elapsed():6.1f}s] {t.backend} trial {n}: {t.label}: {what}"
+            f" [{t.elapsed_s:.1f}s{cached}]"
+        )
+
+    # -- phases -------------------------------------------------------------------------
+
+    def search_phase(self, spec: BackendSpec) -> list[TrialResult]:
+        """Baseline first, then the strategy's points until it or the budget stops."""
+        from servetune.tune.strategies import make_strategy
+
+        space = self.s.space
+        base = space.baseline_config()
+        budget = self.s.budget
+        if budget is None:
+            budget = default_budget(self.s.strategy, len(space.valid_points()))
+        start = space.point_of(base)
+        strat = make_strategy(self.s.strategy, space, budget, self.s.seed, start)
+        results = self.run_batch(spec, [base])
+        b = results[0]
+        strat.tell(start, b.score if b.status == OK else None)
+        real = spec.kind == "real"
+        while True:
+            if real and self._out_of_time(spec.kind):
+                break
+            n = self.executor.parallel if not real or self.executor.name == "ray" else 1
+            batch = strat.ask(n)
+            if not batch:
+                break
+            known = {t.key: t for t in results}
+            new = [p for p in batch if config_key(space.config(p)) not in known]
+            trials = self.run_batch(spec, [space.config(p) for p in new])
+            known.update({t.key: t for t in trials})
+            results.extend(trials)
+            for p in batch:  # a point equal to one already run (the baseline) is not rerun
+                t = known[config_key(space.config(p))]
+                strat.tell(p, t.score if t.status == OK else None)
+        if getattr(strat, "steps", None):
+            kept = ", ".join(f"{s['knob']}={s['kept']}" for s in strat.steps)  # type: ignore[attr-defined]
+            self.notes.append(f"one-at-a-time kept: {kept}")
+        return results
+
+    def _point_s(self) -> float:
+        """Mean seconds per measured real load point so far."""
+        real = [t for (b, _), t in self.trials.items() if b == "real" and t.measured]
+        pts = sum(t.measured for t in real)
+        return sum(t.elapsed_s for t in real) / pts if pts else 0.0
+
+    def _reserve(self) -> float:
+        """Time kept back for the finalists' repetitions (a must: the interval)."""
+        if self.s.mode == "sim" or self.s.finalists <= 0 or self.s.repeats < 2:
+            return 0.0
+        return self.s.finalists * self.s.repeats * self._point_s()
+
+    def _out_of_time(self, kind: str, what: str = "more trials") -> bool:
+        left = self.time_left()
+        if left is None:
+            return False
+        left -= self._reserve()
+        done = [t.elapsed_s for (b, _), t in self.trials.items() if b == kind and t.measured]
+        need = sum(done) / len(done) if done else 0.0
+        if left < need or left <= 0:
+            self.notes.append(
+                f"time budget: {what} skipped ({left:.0f}s left, a trial takes ~{need:.0f}s)"
+            )
+            return True
+        return False
+
+    def verify_phase(self, sim_ranked: list[TrialResult]) -> list[TrialResult]:
+        """Hybrid: the baseline and the simulator's top k on the real engine."""
+        assert self.s.real is not None
+        base = self.s.space.baseline_config()
+        blind = self.blind = sim_blind_knobs(sim_ranked, self.knobs)
+        # What the simulator cannot see stays at the baseline's value until measured.
+        keep = {k: getattr(base, k) for k in blind}
+        picks = [base]
+        for t in diverse_top(sim_ranked, self.s.top_k, config_key(base)):
+            cfg = t.cfg.with_(**keep) if keep else t.cfg
+            if config_key(cfg) not in {config_key(c) for c in picks}:
+                picks.append(cfg)
+        out: list[TrialResult] = []
+        for cfg in picks:
+            if out and self._out_of_time("real", f"verifying {self.label(cfg)}"):
+                break
+            out.extend(self.run_batch(self.s.real, [cfg]))
+        out.extend(self.blind_phase(sim_ranked, out))
+        return out
+
+    def blind_phase(self, sim: list[TrialResult], real: list[TrialResult]) -> list[TrialResult]:
+        """Knobs the simulator cannot see are decided on the real engine, one change at a
+        time from the best verified config (seed 000 §8), keeping what helps."""
+        assert self.s.real is not None
+        blind = sim_blind_knobs(sim, self.knobs)
+        ok = [t for t in real if t.status == OK]
+        if not blind or not ok:
+            return []
+        self.notes.append(
+            f"the simulator does not model {', '.join(blind)}: decided on the "
+            "real engine, one change at a time"
+        )
+        best = max(ok, key=lambda t: t.score or 0.0)
+        done = {t.key for t in real}
+        out: list[TrialResult] = []
+        for knob in blind:
+            for v in self.s.space.knobs[knob]:
+                point = {**self.s.space.point_of(best.cfg), knob: v}
+                if self.s.space.why_invalid(point) is not None:
+                    continue
+                cfg = self.s.space.config(point)
+                if config_key(cfg) in done:
+                    continue
+                if self._out_of_time("real", f"{knob}={v} on the real engine"):
+                    return out
+                t = self.run_batch(self.s.real, [cfg])[0]
+                done.add(t.key)
+                out.append(t)
+                if t.status == OK and (t.score or 0.0) > (best.score or 0.0):
+                    best = t
+        return out
+
+    def finalist_phase(self, ranked: list[TrialResult]) -> None:
+        """Re-run the finalists' best load `repeats` times: mean and 95% interval."""
+        assert self.s.real is not None
+        backend = backend_for(self.s.real)
+        recorder = recorder_for(self.db, self.study, "real")
+        for t in [t for t in ranked if t.status == OK and t.best][: self.s.finalists]:
+            assert t.best is not None
+            n = self.s.repeats  # always: the time for them was reserved
+            say = self.say if self.s.verbose else None
+            t.reps = run_points(
+                backend,
+                t.cfg,
+                t.best.load_kind,
+                [t.best.load] * n,
+                recorder=recorder,
+                phase="rep",
+                say=say,
+                label=t.label,
+            )
+            values = [self._metric(p, t.cfg) for p in t.reps]
+            ci = mean_ci(values)
+            t.ci = {
+                **ci.to_json(),
+                "metric": self.s.objective.label,
+                "passed": sum(p.passed for p in t.reps),
+            }
+            self.say(
+                f"[{self.elapsed():6.1f}s] finalist {t.label}: {n} repetitions, "
+                f"{self.s.objective.label} {ci.mean:.3g} (95% CI {ci.low:.3g} .. {ci.high:.3g}), "
+                f"{t.ci['passed']}/{n} met the SLO"
+            )
+
+    def _metric(self, p: PointResult, cfg: EngineConfig) -> float:
+        o = self.s.objective
+        if o.kind == "goodput":
+            return (p.goodput_req_s or 0.0) / gpus_of(cfg)
+        if o.kind == "cost":
+            tok = p.output_tok_s * (p.attainment or 0.0)
+            return o.cost_per_m(tok, gpus_of(cfg)) if tok > 0 else math.inf
+        return p.ttft_p95_ms or math.inf
+
+    def edge_phase(
+        self, winner: TrialResult, spec: BackendSpec
+    ) -> tuple[list[OOMEdge], EngineConfig]:
+        """The OOM edge above the winner along each memory knob of the space."""
+        backend = backend_for(spec)
+        cfg = winner.cfg
+        rec = cfg
+        edges: list[OOMEdge] = []
+        known = {k: t for (b, k), t in self.trials.items() if b == "sim"}
+        known.update({k: t for (b, k), t in self.trials.items() if b == "real"})
+        for knob in [k for k in MEMORY_KNOBS if k in self.s.space.knobs]:
+            values = [v for v in self.s.space.knobs[knob] if isinstance(v, (int, float))]
+            start = getattr(cfg, knob)
+            if not values or start is None or isinstance(start, bool):
+                continue
+
+            def runs(v: Any, knob: str = knob) -> bool:
+                try:
+                    c = cfg.with_(**{knob: v})
+                except ValueError:
+                    return False
+                t = known.get(config_key(c))
+                if t is not None:
+                    return t.status in (OK, NO_SLO)
+                return backend.check(c) is None
+
+            edge = find_edge(knob, values, start, runs)
+            if spec.kind == "real":
+                edge.note += " (values not launched are judged by the planner)"
+            edges.append(edge)
+            safe = step_back(edge, start)
+            if safe != start:
+                rec = rec.with_(**{knob: safe})
+        return edges, rec
+
+    def sweet_phase(self, winner: TrialResult, spec: BackendSpec) -> None:
+        """Rate searches have no doubling curve: sweep concurrency 1, 2, 4, ... for the
+        winner on the simulator (cheap) so the sweet spot is reported."""
+        from servetune.tune.sweetspot import analyse
+
+        cfg = winner.cfg
+        top = max(8, 2 * (cfg.max_num_seqs or cfg.parallel_slots or 256))
+        loads = [float(c) for c in doubling(min(top, 1024))]
+        points = run_points(
+            backend_for(spec),
+            cfg,
+            "concurrency",
+            loads,
+            recorder=recorder_for(self.db, self.study, spec.kind),
+            phase="sweet",
+        )
+        winner.sweet_spot = analyse([(p.load, p.output_tok_s) for p in points]).to_json()
+
+    # -- the whole study ----------------------------------------------------------------
+
+    def run(self) -> TuneOutcome:
+        s = self.s
+        out = TuneOutcome(self.study, self.store.where, s.mode, s.objective, self.knobs)
+        try:
+            rank_spec = s.real if s.mode == "real" else s.sim
+            assert rank_spec is not None
+            first = rank(self.search_phase(rank_spec))
+            if s.mode == "hybrid":
+                out.sim_ranked = first
+                top = [t for t in first if t.status == OK][:3]
+                self.say(
+                    f"[{self.elapsed():6.1f}s] simulator ranked {len(first)} configs; top: "
+                    + "; ".join(f"{t.label} {s.objective.show(t.score)}" for t in top)
+                )
+                verified = rank(self.verify_phase(first))
+                out.ranked = verified
+                out.sim_vs_real = self._sim_vs_real(first, verified)
+            else:
+                out.ranked = first
+            final_spec = s.real if s.mode != "sim" else s.sim
+            assert final_spec is not None
+            if s.mode != "sim" and s.repeats >= 2 and s.finalists > 0:
+                self.finalist_phase(out.ranked)
+            ok = [t for t in out.ranked if t.status == OK]
+            base_key = config_key(s.space.baseline_config())
+            out.baseline = next((t for t in out.ranked if t.key == base_key), None)
+            if not ok:
+                self._finish(out, "no config met the SLO")
+                raise NoConfigMeetsSLO(out, closest_misses(out.ranked))
+            with_ci = [t for t in ok if t.ci]
+            if with_ci:
+                sign = 1 if s.objective.kind == "goodput" else -1
+                out.winner = max(with_ci, key=lambda t: sign * t.ci["mean"])  # type: ignore[index]
+            else:
+                out.winner = ok[0]
+            w = out.winner
+            if s.search.load_kind == "rate" and s.objective.searches_capacity and s.sim:
+                self.sweet_phase(w, s.sim)
+            if s.edge:
+                edge_spec = s.sim if s.mode == "sim" else final_spec
+                assert edge_spec is not None
+                out.edges, rec_cfg = self.edge_phase(w, edge_spec)
+                out.recommended = self._recommend(w, rec_cfg, final_spec)
+            out.explanation = explain(w, out.ranked, out.baseline, s.objective, self.knobs)
+            self._conclude(w, out)
+            out.report_path = self._report(out)
+            self._finish(out, "done")
+            return out
+        finally:
+            self.executor.close()
+
+    def _recommend(
+        self, w: TrialResult, rec_cfg: EngineConfig, spec: BackendSpec
+    ) -> dict[str, Any]:
+        """What to ship: the winner, or the winner one safe step back from its OOM edge
+        (measured when the backend is the simulator or time allows)."""
+        if config_key(rec_cfg) == w.key:
+            return {
+                "config": w.config,
+                "label": w.label,
+                "same_as_winner": True,
+                "launch_command": w.launch_command,
+            }
+        t = self.trials.get((spec.kind, config_key(rec_cfg)))
+        if t is None and (spec.kind == "sim" or not self._out_of_time("real", "the step back")):
+            t = self.run_batch(spec, [rec_cfg])[0]
+        d: dict[str, Any] = {
+            "config": rec_cfg.model_dump(mode="json", exclude_defaults=True),
+            "label": self.label(rec_cfg),
+            "same_as_winner": False,
+            "launch_command": backend_for(spec).command(rec_cfg),
+        }
+        if t is not None:
+            d.update(status=t.status, score=t.score, capacity=t.capacity)
+            if t.score is not None and w.score:
+                d["cost_of_safety"] = (t.score - w.score) / abs(w.score)
+        return d
+
+    def _sim_vs_real(self, sim: list[TrialResult], real: list[TrialResult]) -> list[dict[str, Any]]:
+        def seen_by_sim(t: TrialResult) -> str:
+            """The config as the simulator sees it (blind knobs do not change its score)."""
+            return repr(sorted((k, v) for k, v in t.config.items() if k not in self.blind))
+
+        by_key = {seen_by_sim(t): t for t in sim}
+        rows = []
+        for r in real:
+            m = by_key.get(seen_by_sim(r))
+            if m is None:
+                continue
+            row: dict[str, Any] = {
+                "label": r.label,
+                "sim_score": m.score,
+                "real_score": r.score,
+                "sim_capacity": m.capacity,
+                "real_capacity": r.capacity,
+            }
+            if m.score is not None and r.score:
+                row["score_error"] = (m.score - r.score) / abs(r.score)
+            if m.best and r.best and r.best.tpot_p50_ms:
+                row["tpot_p50_error"] = (
+                    (m.best.tpot_p50_ms or 0) - r.best.tpot_p50_ms
+                ) / r.best.tpot_p50_ms
+            rows.append(row)
+        return rows
+
+    def _conclude(self, w: TrialResult, out: TuneOutcome) -> None:
+        """Seed 003 §16's conclusion on the winner's run: keep, with why."""
+        run_id = w.best.run_id if w.best else None
+        if run_id is None:  # simulator trials: one run per trial
+            for info in self.store.list_runs(study=self.study):
+                tune = (info.meta.get("target") or {}).get("tune") or {}
+                if tune.get("key") == w.key and info.status == "completed":
+                    run_id = info.id
+        if run_id:
+            self.store.conclude(run_id, "keep", f"tune winner: {out.explanation[0]}")
+
+    def _report(self, out: TuneOutcome) -> Path | None:
+        """The HTML report of the winner, the runner-ups and the baseline (a report
+        takes at most 200 runs)."""
+        from servetune.report import build_report
+
+        keys = {t.key for t in out.ranked[: max(3, self.s.top_k)] if t.status == OK}
+        if out.baseline is not None:
+            keys.add(out.baseline.key)
+        ids = [
+            i.id
+            for i in self.store.list_runs(study=self.study)
+            if ((i.meta.get("target") or {}).get("tune") or {}).get("key") in keys
+            and i.status == "completed"
+        ][:200]
+        path = self.s.report or Path("out") / f"{self.study}.html"
+        if not ids:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            build_report(self.store, ids, path, title=f"servetune tune: study {self.study}")
+        except InputError as exc:
+            self.notes.append(f"report not written: {exc.one_line()}")
+            return None
+        return path
+
+    def _finish(self, out: TuneOutcome, status: str) -> None:
+        out.notes = self.notes
+        out.elapsed_s = self.elapsed()
+        trials = list(self.trials.values())
+        out.counts = {
+            "trials": len(trials),
+            "sim_trials": sum(t.backend == "sim" for t in trials),
+            "real_trials": sum(t.backend == "real" for t in trials),
+            "measured_points": sum(t.measured for t in trials),
+            "skipped": sum(t.status == SKIPPED for t in trials),
+            "infeasible": sum(t.status == INFEASIBLE for t in trials),
+            "no_slo": sum(t.status == NO_SLO for t in trials),
+        }
+        write_study_meta(self.store, self.study, {"status": status, "summary": out.to_json()})

@@ -1,0 +1,157 @@
+"""Pure maths of the tuner: capacity bisection, sweet-spot regions, OOM edge, intervals,
+space validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune.errors import InputError
+from servetune.tune.capacity import Probe, concurrency_lattice, rate_lattice, search_capacity
+from servetune.tune.oomedge import find_edge, step_back
+from servetune.tune.space import check_constraint, parse_space
+from servetune.tune.stats import mean_ci
+from servetune.tune.sweetspot import analyse, doubling
+
+
+def _threshold(cap: float, calls: list[float]):
+    def measure(load: float) -> Probe:
+        calls.append(load)
+        ok = load <= cap
+        return Probe(load, ok, load, load if ok else None)
+
+    return measure
+
+
+@pytest.mark.parametrize("cap", [1, 3, 5, 8, 12, 31, 64])
+def test_concurrency_capacity_is_exact_and_starts_by_doubling(cap: int) -> None:
+    calls: list[float] = []
+    res = search_capacity(_threshold(cap, calls), concurrency_lattice(64), max_probes=20)
+    assert res.capacity == cap
+    assert res.first_fail == (cap + 1 if cap < 64 else None)
+    doubled = [c for c in calls if c in (1, 2, 4, 8, 16, 32, 64)]
+    assert calls[: len(doubled)] == doubled  # 1, 2, 4, ... before any bisection
+    assert len(calls) <= 2 * 7
+
+
+@pytest.mark.parametrize("start", [0, 5, 12, 30])
+def test_rate_capacity_does_not_depend_on_the_start(start: int) -> None:
+    lat = rate_lattice(0.25, 1024)
+    answers = set()
+    for cap in (0.9, 7.3, 100.0):
+        res = search_capacity(_threshold(cap, []), lat, start_index=start, max_probes=30)
+        answers.add((cap, res.capacity))
+        assert res.capacity is not None and res.capacity <= cap < res.first_fail
+        assert res.first_fail / res.capacity == pytest.approx(2**0.25)
+    assert len(answers) == 3
+
+
+def test_capacity_none_when_the_lowest_load_fails() -> None:
+    res = search_capacity(_threshold(0.5, []), concurrency_lattice(16))
+    assert res.capacity is None and "lowest load" in res.reason
+
+
+def test_sweet_spot_regions_on_synthetic_curves() -> None:
+    loads = doubling(128)
+    assert loads == [1, 2, 4, 8, 16, 32, 64, 128]
+    # Michaelis-Menten: T = 1000 c / (c + 16): linear, then saturating, then flat.
+    mm = analyse([(c, 1000 * c / (c + 16)) for c in loads])
+    assert mm.regions == (
+        "linear", "linear", "linear", "saturation", "saturation", "saturation",
+        "saturation", "over-saturation",
+    )  # fmt: skip
+    assert mm.knee == 8
+    # Hard ceiling at 16 then a drop: linear up to 16, over-saturation after.
+    cliff = analyse([(c, 100 * min(c, 16) - (5 * c if c > 32 else 0)) for c in loads])
+    assert cliff.regions[:5] == ("linear",) * 5
+    assert set(cliff.regions[5:]) == {"over-saturation"}
+    assert cliff.knee == 16 and "before over-saturation" in cliff.reason
+    # Still linear at the top: the sweep must be extended.
+    lin = analyse([(c, 10.0 * c) for c in loads])
+    assert set(lin.regions) == {"linear"} and lin.knee == 128 and "extend" in lin.reason
+
+
+def test_oom_edge_and_one_step_back() -> None:
+    values = [8, 16, 32, 64, 128, 256]
+    probed: list[int] = []
+
+    def runs(v: int) -> bool:
+        probed.append(v)
+        return v <= 64
+
+    edge = find_edge("max_num_seqs", values, 16, runs)
+    assert (edge.largest_ok, edge.first_fail, edge.safe) == (64, 128, 32)
+    assert len(probed) <= 3  # bisection, not a scan
+    assert step_back(edge, 64) == 32 and step_back(edge, 16) == 16
+    none = find_edge("max_num_seqs", values, 16, lambda v: True)
+    assert none.first_fail is None and none.safe == 16 and "no OOM" in none.note
+
+
+def test_confidence_interval_uses_student_t() -> None:
+    ci = mean_ci([1.0, 2.0, 3.0])
+    assert ci.mean == 2.0
+    assert ci.half_width == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-3)
+    assert mean_ci([5.0]).low == 5.0
+
+
+def test_space_validation_errors_name_the_field() -> None:
+    with pytest.raises(InputError, match="no knobs"):
+        parse_space({"engine": "vllm", "knobs": {}})
+    with pytest.raises(InputError, match="empty"):
+        parse_space(None)
+    with pytest.raises(InputError, match="did you mean max_num_seqs"):
+        parse_space({"knobs": {"max_num_seq": [8]}})
+    with pytest.raises(InputError, match="has no values"):
+        parse_space({"knobs": {"max_num_seqs": []}})
+    with pytest.raises(InputError, match="contradictory"):
+        parse_space({"knobs": {"max_num_seqs": [64, 128]}, "constraints": ["max_num_seqs < 8"]})
+    with pytest.raises(InputError, match="no flag for gpu_memory_utilization"):
+        parse_space({"engine": "llamacpp", "knobs": {"gpu_memory_utilization": [0.8, 0.9]}})
+    with pytest.raises(InputError, match="not allowed"):
+        parse_space({"knobs": {"max_num_seqs": [8]}, "constraints": ["__import__('os')"]})
+    s = parse_space({"knobs": {"max_num_seqs": {"min": 8, "max": 64, "mult": 2},
+                               "max_num_batched_tokens": [16, 4096]},
+                     "constraints": ["max_num_batched_tokens >= max_num_seqs"]})  # fmt: skip
+    assert s.knobs["max_num_seqs"] == (8, 16, 32, 64)
+    assert len(s.valid_points()) == 6  # (8|16, 16) and all four with 4096
+    assert check_constraint("max_num_seqs <= 4 or max_model_len == None", {"max_num_seqs": 8})
+
+
+def _drive(strategy, score) -> list[dict]:
+    asked: list[dict] = []
+    while batch := strategy.ask(2):
+        for p in batch:
+            assert p not in asked, "asked twice"
+            asked.append(p)
+            strategy.tell(p, score(p))
+    return asked
+
+
+def test_one_at_a_time_changes_one_knob_per_step_and_keeps_what_helps() -> None:
+    from servetune.tune.strategies import make_strategy
+
+    space = parse_space({"knobs": {"max_num_seqs": [8, 16, 32], "block_size": [16, 32]}})
+    start = {"max_num_seqs": 8, "block_size": 16}
+
+    def score(p: dict) -> float | None:
+        if p["max_num_seqs"] == 32 and p["block_size"] == 32:
+            return None  # infeasible: never kept
+        return p["max_num_seqs"] + (5.0 if p["block_size"] == 32 else 0.0)
+
+    oat = make_strategy("one-at-a-time", space, None, 0, start)
+    asked = _drive(oat, score)
+    assert asked[0] == start
+    for a, b in zip(asked, asked[1:], strict=False):
+        assert sum(a[k] != b[k] for k in a) <= 2  # neighbours of the current point
+    assert oat.current == {"max_num_seqs": 32, "block_size": 16}
+    assert [s["kept"] for s in oat.steps][:2] == [32, 16]
+    assert len(asked) < space.size
+
+
+def test_random_and_bayes_never_repeat_and_respect_the_budget() -> None:
+    from servetune.tune.strategies import make_strategy
+
+    space = parse_space({"knobs": {"max_num_seqs": [8, 16, 32, 64], "block_size": [16, 32]}})
+    for name in ("random", "bayes"):
+        s = make_strategy(name, space, 5, 3, {})
+        asked = _drive(s, lambda p: float(p["max_num_seqs"]))
+        assert len(asked) == 5

@@ -1,0 +1,205 @@
+"""The tuner on the simulator backend: search quality, the OOM edge with a known answer,
+bad input, and the CLI's GPU what-if."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servetune.errors import InputError
+from servetune.slo import parse_slo
+from servetune.tune.backends import BackendSpec
+from servetune.tune.capacity import rate_lattice
+from servetune.tune.objective import Objective
+from servetune.tune.space import parse_space
+from servetune.tune.trial import SearchSettings
+from servetune.tune.tuner import NoConfigMeetsSLO, Tuner, TuneSettings
+from servetune.workload.spec import parse_workload
+
+CHAT = {
+    "api": "chat",
+    "seed": 0,
+    "count": 150,
+    "input_tokens": {"dist": "lognormal", "mean": 512, "sigma": 0.6, "min": 16, "max": 4096},
+    "output_tokens": {"dist": "lognormal", "mean": 160, "sigma": 0.5, "min": 8, "max": 1024},
+    "arrival": {"kind": "poisson", "rate": 1},
+}
+SLO = {"ttft_ms": {"p95": 800}, "tpot_ms": {"p95": 40}, "error_rate": 0.001}
+
+
+def sim_settings(
+    tmp: Path,
+    space: dict,
+    *,
+    strategy: str,
+    budget: int | None = None,
+    model: str = "llama-3.1-8b",
+    gpu: str = "h100-sxm",
+    workload: dict | None = None,
+    slo: dict | None = None,
+    study: str | None = None,
+    executor: str = "local",
+    num_cpus: int | None = None,
+) -> TuneSettings:
+    wl = parse_workload(workload or CHAT)
+    spec = BackendSpec(
+        kind="sim",
+        engine=space.get("engine", "vllm"),
+        model=model,
+        hardware=gpu,
+        workload=wl.model_dump(mode="json"),
+        slo=parse_slo(slo or SLO).model_dump(mode="json", exclude_none=True),
+    )
+    lattice = rate_lattice(0.25, 1024)
+    return TuneSettings(
+        space=parse_space(space),
+        mode="sim",
+        objective=Objective("goodput"),
+        search=SearchSettings("rate", lattice, max_probes=10),
+        sim=spec,
+        strategy=strategy,
+        budget=budget,
+        seed=7,
+        start_index=lattice.index_of(1.0),
+        db=str(tmp / "tune.db"),
+        study=study,
+        report=tmp / "r.html",
+        executor=executor,
+        num_cpus=num_cpus,
+        verbose=False,
+    )
+
+
+GRID = {
+    "engine": "vllm",
+    "fixed": {"max_model_len": 8192},
+    "knobs": {
+        "max_num_seqs": [4, 8, 12, 16, 24, 32, 48, 64, 96, 128],
+        "max_num_batched_tokens": [512, 1024, 2048, 4096, 8192, 16384],
+        "gpu_memory_utilization": [0.85, 0.9],
+    },
+    "constraints": ["max_num_batched_tokens >= max_num_seqs"],
+}
+
+
+def test_bayes_reaches_the_grid_optimum_with_a_third_of_the_trials(tmp_path: Path) -> None:
+    grid = Tuner(sim_settings(tmp_path, GRID, strategy="grid", study="grid")).run()
+    grid_trials = len(grid.ranked)
+    assert grid_trials >= 100
+    best = grid.winner.score
+    budget = int(0.3 * grid_trials) - 1  # the baseline is a trial too
+    bayes = Tuner(sim_settings(tmp_path, GRID, strategy="bayes", budget=budget, study="bo")).run()
+    assert len(bayes.ranked) <= 0.3 * grid_trials
+    assert bayes.winner.score >= 0.95 * best, (bayes.winner.label, grid.winner.label)
+    # everything is in the store, one run per simulated trial
+    from servetune.store import Store
+
+    runs = Store.open(str(tmp_path / "tune.db")).list_runs(study="bo")
+    trial_runs = [r for r in runs if "trial" in r.tags]
+    assert len(trial_runs) == len(bayes.ranked) - sum(t.status == "skipped" for t in bayes.ranked)
+
+
+def test_oom_edge_and_one_safe_step_back_on_a_known_edge(tmp_path: Path) -> None:
+    # Llama-3.1-8B bf16 on an L4 (22.5 GiB): the planner fits a KV pool of 5 GiB, not 6.
+    space = {
+        "engine": "vllm",
+        "fixed": {"max_model_len": 8192, "max_num_seqs": 64},
+        "knobs": {"kv_cache_space_gib": [1, 2, 3, 4, 5, 6, 7, 8]},
+    }
+    long_prompts = {**CHAT, "input_tokens": {"dist": "fixed", "value": 3000},
+                    "output_tokens": {"dist": "fixed", "value": 200}, "count": 80}  # fmt: skip
+    slo = {"ttft_ms": {"p95": 5000}, "tpot_ms": {"p95": 200}}
+    s = sim_settings(tmp_path, space, strategy="grid", gpu="l4", workload=long_prompts, slo=slo)
+    out = Tuner(s).run()
+    skipped = {t.config["kv_cache_space_gib"] for t in out.ranked if t.status == "skipped"}
+    assert skipped == {6, 7, 8}
+    assert all("exceed" in t.reason for t in out.ranked if t.status == "skipped")
+    assert out.winner.config["kv_cache_space_gib"] == 5  # more KV, more capacity
+    (edge,) = out.edges
+    assert (edge.largest_ok, edge.first_fail, edge.safe) == (5, 6, 4)
+    rec = out.recommended
+    assert rec["config"]["kv_cache_space_gib"] == 4 and not rec["same_as_winner"]
+    assert rec["score"] <= out.winner.score
+    assert "--kv-cache-memory-bytes 4294967296" in rec["launch_command"]
+
+
+def test_an_slo_no_config_meets_names_the_closest(tmp_path: Path) -> None:
+    space = {"engine": "vllm", "knobs": {"max_num_seqs": [16, 64]}}
+    s = sim_settings(tmp_path, space, strategy="grid", slo={"ttft_ms": {"p95": 1}})
+    with pytest.raises(NoConfigMeetsSLO) as err:
+        Tuner(s).run()
+    assert err.value.exit_code == 2
+    rows = err.value.rows
+    assert rows and all("P95 TTFT" in why for _, why in rows)
+
+
+def test_resuming_a_finished_sim_study_measures_nothing_again(tmp_path: Path) -> None:
+    space = {"engine": "vllm", "knobs": {"max_num_seqs": [16, 32, 64]}}
+    first = Tuner(sim_settings(tmp_path, space, strategy="grid", study="s")).run()
+    from servetune.tune import executors
+
+    executors._BACKENDS.clear()  # as in a new process: nothing in memory, all from the store
+    executors._RECORDERS.clear()
+    again = Tuner(sim_settings(tmp_path, space, strategy="grid", study="s")).run()
+    assert [t.key for t in again.ranked] == [t.key for t in first.ranked]
+    assert [t.score for t in again.ranked] == [t.score for t in first.ranked]
+    with pytest.raises(InputError, match="other settings"):
+        Tuner(sim_settings(tmp_path, {**space, "fixed": {"max_model_len": 4096}},
+                           strategy="grid", study="s"))  # fmt: skip
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "tune", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def test_cli_gpu_what_if_in_seconds(tmp_path: Path) -> None:
+    p = _cli("--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trials",
+             "6", "--db", str(tmp_path / "x.db"), "-o", str(tmp_path / "r.html"), "--json",
+             cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    w = out["winner"]
+    assert w["status"] == "ok" and w["score"] > 0
+    assert "vllm.entrypoints.openai.api_server" in w["launch_command"]
+    assert out["explanation"][0].startswith("best goodput per GPU")
+    assert any(line.startswith("binding SLO") for line in out["explanation"])
+    assert Path(out["report"]).exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--space", "empty.yaml"], "space: the space is empty"),
+        (["--space", "contra.yaml"], "contradictory"),
+        (["--strategy", "annealing"], "unknown strategy"),
+        (["--model", "llama-9b"], "llama-9b"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "contra.yaml").write_text(
+        "engine: vllm\nknobs: {max_num_seqs: [64, 128]}\nconstraints: ['max_num_seqs < 2']\n"
+    )
+    p = _cli("--backend", "sim", "--gpu", "h100-sxm", "--db", str(tmp_path / "x.db"), *args,
+             cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) <= 2
+
+
+def test_cli_engine_not_installed_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("engine: sglang\nknobs: {max_num_seqs: [8, 16]}\n")
+    p = _cli("--backend", "real", "--engine", "sglang", "--space", "s.yaml", "--model-path",
+             "/nope", "--db", str(tmp_path / "x.db"), cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.startswith("error: ") and "sglang is not installed" in p.stderr
