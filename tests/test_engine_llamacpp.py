@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -110,27 +109,6 @@ def test_too_large_kv_quotes_the_engine_log(llamacpp_install, gemma_gguf) -> Non
     e = err.value
     assert e.kind == "oom" and e.exit_code == 2
     assert "insufficient memory" in str(e) or "failed to allocate" in str(e)
-
-
-def test_busy_port_is_a_clear_error(llamacpp_install, gemma_gguf) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        with pytest.raises(EngineError) as err:
-            launch("llamacpp", LLAMACPP_TEST_CONFIG, str(gemma_gguf), device="cpu", port=port)
-    assert err.value.kind == "port_in_use" and err.value.exit_code == 2
-    assert f"port {port}" in str(err.value)
-
-
-def test_install_is_cached(llamacpp_install) -> None:
-    from servetune.engines.install import engine_dir, install_llamacpp
-
-    stamp, log = engine_dir("llamacpp") / "installed.json", engine_dir("llamacpp") / "install.log"
-    before = (stamp.read_text(), log.stat().st_mtime_ns)
-    again = install_llamacpp(say=lambda _: pytest.fail("cached install must not run any step"))
-    assert again.source == "cache" and again.version == "b11434"
-    assert (stamp.read_text(), log.stat().st_mtime_ns) == before
 
 
 def test_cli_launch_serves_until_interrupted(llamacpp_install, gemma_gguf) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -125,31 +124,3 @@ def test_too_large_kv_space_quotes_the_engine_log(vllm_install, llama_test_model
     e = err.value
     assert e.kind == "oom" and e.exit_code == 2
     assert "less than requested memory for kv" in str(e)
-
-
-def test_busy_port_is_a_clear_error(vllm_install, llama_test_model: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        with pytest.raises(EngineError) as err:
-            launch("vllm", VLLM_TEST_CONFIG, str(llama_test_model), device="cpu", port=port)
-    assert err.value.kind == "port_in_use" and err.value.exit_code == 2
-    assert f"port {port}" in str(err.value)
-
-
-def test_install_is_cached(vllm_install) -> None:
-    """A second install only reads the stamp: no pip, no change on disk."""
-    from servetune.engines.install import engine_dir, install_vllm
-
-    stamp, log = engine_dir("vllm") / "installed.json", engine_dir("vllm") / "install.log"
-    before = (stamp.read_text(), log.stat().st_mtime_ns)
-    again = install_vllm(say=lambda _: pytest.fail("cached install must not run any step"))
-    assert again.source == "cache" and again.version == "0.32.0"
-    assert (stamp.read_text(), log.stat().st_mtime_ns) == before
-    listed = subprocess.run(
-        [sys.executable, "-m", "servetune.cli.app", "engine", "list", "--json"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    row = next(r for r in json.loads(listed.stdout) if r["engine"] == "vllm")
-    assert row["installed"] and row["version"] == "0.32.0" and row["source"] == "cache"

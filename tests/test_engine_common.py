@@ -1,0 +1,58 @@
+"""Behaviour every installed engine shares: a busy port is a clear error, and a second
+install is served from the cache without running any step."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from servetune.engines.process import EngineError, launch
+from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
+
+# engine -> (install fixture, model fixture, launch config, expected version)
+ENGINES = {
+    "vllm": ("vllm_install", "llama_test_model", VLLM_TEST_CONFIG, "0.32.0"),
+    "llamacpp": ("llamacpp_install", "gemma_gguf", LLAMACPP_TEST_CONFIG, "b11434"),
+}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_busy_port_is_a_clear_error(engine: str, request: pytest.FixtureRequest) -> None:
+    install, model_fixture, config, _ = ENGINES[engine]
+    request.getfixturevalue(install)
+    model = request.getfixturevalue(model_fixture)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(EngineError) as err:
+            launch(engine, config, str(model), device="cpu", port=port)
+    assert err.value.kind == "port_in_use" and err.value.exit_code == 2
+    assert f"port {port}" in str(err.value)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_install_is_cached(engine: str, request: pytest.FixtureRequest) -> None:
+    """A second install only reads the stamp: no pip/cmake step, no change on disk."""
+    from servetune.engines import install as inst
+
+    install, _, _, version = ENGINES[engine]
+    request.getfixturevalue(install)
+    stamp, log = inst.engine_dir(engine) / "installed.json", inst.engine_dir(engine) / "install.log"
+    before = (stamp.read_text(), log.stat().st_mtime_ns)
+    installer = getattr(inst, f"install_{engine}")
+    again = installer(say=lambda _: pytest.fail("cached install must not run any step"))
+    assert again.source == "cache" and again.version == version
+    assert (stamp.read_text(), log.stat().st_mtime_ns) == before
+    listed = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "engine", "list", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    row = next(r for r in json.loads(listed.stdout) if r["engine"] == engine)
+    assert row["installed"] and row["version"] == version and row["source"] == "cache"
