@@ -3,6 +3,8 @@
 1. Starts vLLM (CPU build) on the generated small Llama (dummy weights) with the test
    suite's settings (VLLM_TEST_CONFIG), runs the live calibration sweep and fits the
    calibrated tier from it alone.
+   Calibration and held-out blocks are interleaved (cal r0, held-out r0, cal r1, ...) so
+   host drift hits both alike.
 2. Runs the held-out workloads `--repeats` times each, simulates every run's exact
    requests, prints per-workload real / sim / |error| % and the medians over workloads.
 3. Qualitative effects, real and simulated side by side: TTFT cliff past max_num_seqs,
@@ -131,52 +133,36 @@ def main() -> None:
     model_name = get_model(model_dir).name
     t0 = time.time()
     cfg = VLLM_TEST_CONFIG
+    runs = []
     with launch("vllm", cfg, model_dir, device="cpu") as srv:
-        say(f"vLLM up in {time.time() - t0:.0f} s ({engine_version(srv)})")
-        prof, cal_runs = fd.calibrate_live(
-            srv.url,
-            srv.served_model,
-            engine="vllm",
-            engine_version=engine_version(srv),
-            model_name=model_name,
-            repeats=a.cal_repeats,
-            refine=(model_dir, cfg),
-            say=say,
-        )
-        if a.runs_dir:
-            save_runs(cal_runs, a.runs_dir)
-        say(
-            f"profile {prof.coefficients} api {prof.api_overhead_s:.4f} ingress "
-            f"{prof.ingress_s:.4f} + {prof.ingress_per_token_s:.2e}/token fit {prof.fit}"
-        )
-        if a.profile_out:
-            save_profile(prof, a.profile_out)
-        cal_rows = []
-        for case in fd.calibration_cases():
-            reals = [r for r in cal_runs if r.workload.get("name") == case.name]
-            rf = fd.median_figures([fd.figures(r.metrics) for r in reals])
-            sf = fd.median_figures(
-                [fd.figures(fd.simulate_like(r, model_dir, cfg, prof).metrics) for r in reals]
-            )
-            cal_rows.append(fd.Row(case.name, rf, sf, fd.abs_pct_errors(sf, rf)))
-        print(fd.format_table(cal_rows, "calibration workloads (fitted on these)"))
-        rows, kept = [], []
-        for case in fd.heldout_cases():
-            rows.append(
-                fd.compare_case(
-                    srv.url,
-                    srv.served_model,
-                    case,
-                    model_dir,
-                    cfg,
-                    prof,
-                    repeats=a.repeats,
-                    keep=kept,
-                )
-            )
-            say(f"{case.name}: err {rows[-1].err}")
+        version = engine_version(srv)
+        say(f"vLLM up in {time.time() - t0:.0f} s ({version})")
+        # Blocks interleaved (calibration r0, held-out r0, calibration r1, ...): the host
+        # drifts over minutes, and a fit made only on the first minutes would carry that
+        # drift into every held-out error.
+        for rep in range(max(a.cal_repeats, a.repeats)):
+            cases = fd.calibration_cases() if rep < a.cal_repeats else []
+            cases += fd.heldout_cases() if rep < a.repeats else []
+            for case in cases:
+                cal = case.name.startswith("cal-")
+                res = fd.bench_real(srv.url, srv.served_model, case, scrape=not cal, repeat=rep)
+                runs.append(res)
+                say(f"r{rep} {case.name}: {res.metrics.output_tok_s:.1f} tok/s")
     if a.runs_dir:
-        save_runs(kept, a.runs_dir)
+        save_runs(runs, a.runs_dir)
+    # Fit on the cal-* runs only (least squares, then replay), then replay every run in the
+    # order the engine served it, carrying the simulated engine's step-size history.
+    prof, cal_rows, rows = fd.compare_saved(
+        runs, model_dir, cfg, model_name=model_name, engine_version=version
+    )
+    say(
+        f"profile {prof.coefficients} api {prof.api_overhead_s:.4f} ingress "
+        f"{prof.ingress_s:.4f} + {prof.ingress_per_token_s:.2e}/token new shape "
+        f"{prof.new_shape_s:.4f} + {prof.new_shape_per_token_s:.2e}/token fit {prof.fit}"
+    )
+    if a.profile_out:
+        save_profile(prof, a.profile_out)
+    print(fd.format_table(cal_rows, "calibration workloads (fitted on these)"))
     print(fd.format_table(rows, f"held-out workloads (median of {a.repeats} real runs)"))
     by = {r.name: r for r in rows}
     c4, c8 = by["closed-c4-p300"], by["closed-c8-p200"]

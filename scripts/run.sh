@@ -29,7 +29,11 @@ case "${1:-}" in
     # The main job: `servetune tune` on the built-in default (real llama.cpp + Gemma 3
     # 270M on this CPU). The engine is built once (cached; minutes the first time).
     ensure_venv "report"
+    # The model download (242 MB, network-bound) runs while llama.cpp compiles (CPU-bound).
+    "$VENV/bin/servetune" engine make-model --kind gemma-gguf >/dev/null &
+    model_pid=$!
     "$VENV/bin/servetune" engine install llamacpp
+    wait "$model_pid" || echo "model download failed; tune will retry it" >&2
     exec "$VENV/bin/servetune" tune "$@"
     ;;
   test)

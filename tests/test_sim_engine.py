@@ -59,6 +59,25 @@ def test_kv_pressure_preempts():
     assert sched.stats.preemptions > 0 and res.metrics.completed == 300
 
 
+def test_memory_headroom_check_is_the_peak_share_of_the_pool():
+    from servetune.slo import parse_slo
+
+    cfg = EngineConfig(max_model_len=2048, kv_cache_space_gib=0.5, max_num_seqs=256)
+    busy = spec(arrival={"kind": "poisson", "rate": 500})
+    for limit, ok in ((0.5, False), (1.0, True)):
+        slo = parse_slo({"kv_cache_usage_max": limit})
+        res, sched = simulate(M, HW, cfg, busy, slo=slo)
+        (check,) = res.metrics.slo_checks
+        assert check.value == sched.stats.max_blocks_used / res.target["kv_blocks"]
+        assert check.ok is ok and res.metrics.slo_pass is ok
+    # llama.cpp slots preallocate KV: reported as not measured, never a failure
+    cpu, g = get_hardware("cpu-host"), get_model("gemma-3-270m")
+    lcfg = EngineConfig(engine="llamacpp", parallel_slots=4, kv_cache_tokens=8192)
+    res, _ = simulate(g, cpu, lcfg, spec(), slo=parse_slo({"kv_cache_usage_max": 0.1}))
+    (check,) = res.metrics.slo_checks
+    assert check.value is None and check.ok and "not measured" in check.note
+
+
 def test_prefix_cache_lowers_ttft():
     w = spec(prefix={"groups": 2, "tokens": 512}, input_tokens={"dist": "fixed", "value": 600})
     on, _ = simulate(M, HW, EngineConfig(max_model_len=8192), w)
@@ -85,6 +104,17 @@ def test_llamacpp_slots():
     cfg = EngineConfig(engine="llamacpp", parallel_slots=4, kv_cache_tokens=8192)
     res, sched = simulate(g, cpu, cfg, spec())
     assert sched.cfg.slot_ctx == 2048 and res.metrics.completed == 300
+
+
+def test_cpu_threads_take_their_share_of_the_host():
+    cpu, g = get_hardware("cpu-host"), get_model("gemma-3-270m")  # 16 cores
+    tpot = {}
+    for threads in (4, 16, 32):
+        cfg = EngineConfig(engine="llamacpp", parallel_slots=4, threads=threads)
+        res, _ = simulate(g, cpu, cfg, spec())
+        tpot[threads] = res.metrics.tpot_ms.p50
+    assert tpot[4] > 3 * tpot[16]  # a quarter of the cores: ~4x slower steps
+    assert tpot[32] == tpot[16]  # more threads than cores buys nothing
 
 
 def test_config_without_kv_is_one_line_error():

@@ -24,7 +24,7 @@ def fidelity(vllm_server, llama_test_model):
     from servetune.model import get_model
 
     model_dir = str(llama_test_model)
-    prof, _ = fd.calibrate_live(
+    prof, cal_runs = fd.calibrate_live(
         vllm_server.url,
         vllm_server.served_model,
         engine="vllm",
@@ -33,6 +33,7 @@ def fidelity(vllm_server, llama_test_model):
         refine=(model_dir, VLLM_TEST_CONFIG),
     )
     cases = {c.name: c for c in fd.heldout_cases()}
+    shapes = fd.engine_history(cal_runs, model_dir, VLLM_TEST_CONFIG, prof)
     rows = {
         name: fd.compare_case(
             vllm_server.url,
@@ -42,6 +43,7 @@ def fidelity(vllm_server, llama_test_model):
             VLLM_TEST_CONFIG,
             prof,
             repeats=1,
+            shapes=shapes,
         )
         for name in HELD_OUT
     }

@@ -57,6 +57,24 @@ def test_one_request_ttft_is_its_prefill_step():
     assert r.phase == DONE and len(t) == 5
 
 
+def test_a_new_step_size_pays_once_per_engine():
+    # 50 ms + 1 ms/token the first time a step of that many tokens runs (CPU engines)
+    shape_model = calibrated_model(
+        {"const": C0, "prefill_tokens": PER_TOKEN}, 0.0, new_shape_s=0.05,
+        new_shape_per_token_s=0.001,
+    )  # fmt: skip
+    history: set[int] = set()
+    first, again = req(0, 100, 3), req(0, 100, 3)
+    s = Scheduler(cfg(), shape_model, check=True, shapes=history)
+    s.run([first])
+    # prefill 110 ms + new shape 100 tokens (50 + 100 ms); decode batch 1 is new too (51 ms)
+    assert token_times(s, first) == pytest.approx([0.260, 0.321, 0.331])
+    assert history == {100, 1}
+    s2 = Scheduler(cfg(), shape_model, check=True, shapes=history)  # same engine, later run
+    s2.run([again])
+    assert token_times(s2, again) == pytest.approx([0.110, 0.120, 0.130])
+
+
 def test_api_overhead_shifts_every_chunk():
     r = req(0, 10, 2)
     s = run(cfg(), [r], model_kw={"api": 0.005})

@@ -6,11 +6,18 @@ Example (seed 003 §1: P95 TTFT < 800 ms, P99 TTFT < 2 s, P95 TPOT < 40 ms/token
     ttft_ms: {p95: 800, p99: 2000}
     tpot_ms: {p95: 40}
     error_rate: 0.001
+    kv_cache_usage_max: 0.9     # memory headroom: the KV pool never more than 90% full
 
 A request "meets the SLO" (goodput, attainment) when it completed without error and its
 TTFT, TPOT and E2E are each at or below that metric's per-request threshold: the
 `goodput` entry when given, else the metric's tightest (smallest) target. Errors and
 timeouts are misses (field notes: GuideLLM #1085 counts them so; vLLM ignores them).
+
+`kv_cache_usage_max` is the memory-headroom target (issue 7, seed 003 §15 "stay one step
+back from the OOM edge"): the peak fraction of the KV pool in use during the run (the
+engine's own gauge: vLLM `kv_cache_usage_perc`, SGLang `token_usage`; the simulator's
+peak blocks) must stay at or below it. A pool that runs full is where preemption and
+queueing cliffs start, so a config that only passes at 100% has no headroom left.
 """
 
 from __future__ import annotations
@@ -57,10 +64,14 @@ class SLO(_Strict):
     e2e_ms: Targets | None = None
     error_rate: float | None = Field(None, ge=0, le=1, description="Max failed fraction.")
     goodput: PerRequest | None = None
+    kv_cache_usage_max: float | None = Field(
+        None, gt=0, le=1, description="Memory headroom: max peak fraction of the KV pool used."
+    )
 
     @model_validator(mode="after")
     def _something(self) -> SLO:
-        if not any(getattr(self, m) for m in SLO_METRICS) and self.error_rate is None:
+        run_level = (self.error_rate, self.kv_cache_usage_max)
+        if not any(getattr(self, m) for m in SLO_METRICS) and all(v is None for v in run_level):
             raise ValueError("an SLO needs at least one target (ttft_ms, tpot_ms, e2e_ms, ...)")
         return self
 

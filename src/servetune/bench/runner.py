@@ -37,7 +37,7 @@ from servetune.bench.worker import (
     process_main,
     raise_fd_limit,
 )
-from servetune.metrics.compute import client_warnings, compute_metrics
+from servetune.metrics.compute import apply_memory_slo, client_warnings, compute_metrics
 from servetune.results.schema import ClientInfo, RequestRecord, RunResult
 from servetune.slo import SLO
 from servetune.workload.materialize import Request
@@ -430,6 +430,7 @@ def run_point(
         slo=slo,
         stream=spec.stream,
     )
+    apply_memory_slo(metrics, slo, server.peak("kv_cache_usage") if server else None)
     worker_cpu = sum(s.cpu_s for s in stats) if len(cfgs) > 1 else 0.0
     cpu_s = parent_cpu + worker_cpu
     if len(cfgs) > 1:

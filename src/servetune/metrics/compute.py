@@ -463,6 +463,32 @@ def _apply_slo(
     m.slo_pass = all(c.ok for c in checks)
 
 
+def apply_memory_slo(m: Metrics, slo: SLO | None, kv_usage_peak: float | None) -> None:
+    """Add the memory-headroom check (`SLO.kv_cache_usage_max`) once the run's peak KV
+    usage is known (server gauge or simulator), after the record-based checks. An engine
+    that exports no usage (llama.cpp preallocates each slot's KV, so its pool cannot run
+    over) gets the check with no value and a note, and it does not fail the run."""
+    if slo is None or slo.kv_cache_usage_max is None:
+        return
+    target = slo.kv_cache_usage_max
+    if kv_usage_peak is None:
+        check = SLOCheck(
+            metric="kv_cache_usage",
+            stat="max",
+            target=target,
+            value=None,
+            ok=True,
+            note="not measured: the engine exports no KV-cache usage",
+        )
+    else:
+        peak = float(kv_usage_peak)
+        check = SLOCheck(
+            metric="kv_cache_usage", stat="max", target=target, value=peak, ok=peak <= target
+        )
+    m.slo_checks = [c for c in m.slo_checks if c.metric != "kv_cache_usage"] + [check]
+    m.slo_pass = all(c.ok for c in m.slo_checks)
+
+
 def client_warnings(
     m: Metrics, *, open_loop: bool, cpu_util: float, lag_p99_limit_ms: float = 10.0
 ) -> list[str]:

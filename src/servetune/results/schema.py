@@ -105,6 +105,7 @@ class SLOCheck(BaseModel):
     target: float
     value: float | None
     ok: bool
+    note: str | None = None  # why a check could not be measured
 
 
 class Metrics(BaseModel):
@@ -162,6 +163,14 @@ class ServerSeries(BaseModel):
     values: list[dict[str, float]] = Field(default_factory=list)
     deltas: dict[str, float] = Field(default_factory=dict)
     errors: int = 0
+
+    def series(self, name: str) -> list[float]:
+        """One canonical metric's samples, in scrape order (absent samples skipped)."""
+        return [v[name] for v in self.values if name in v]
+
+    def peak(self, name: str) -> float | None:
+        vals = self.series(name)
+        return max(vals) if vals else None
 
 
 class RunResult(BaseModel):

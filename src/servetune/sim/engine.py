@@ -18,7 +18,7 @@ import numpy as np
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
-from servetune.metrics.compute import compute_metrics
+from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
 from servetune.results.schema import RunResult
@@ -154,6 +154,8 @@ def setup(
             profile.api_overhead_s,
             profile.ingress_s,
             profile.ingress_per_token_s,
+            profile.new_shape_s,
+            profile.new_shape_per_token_s,
         )
     else:
         sm = roofline_model(model, hw, cfg, b, efficiency)
@@ -228,8 +230,10 @@ def run_sim(
     spec: WorkloadSpec,
     *,
     trace: bool = False,
+    shapes: set[int] | None = None,
 ) -> tuple[Scheduler, list[SimRequest]]:
-    """Drive the scheduler over `requests` under `spec`'s arrival process."""
+    """Drive the scheduler over `requests` under `spec`'s arrival process. `shapes`: the
+    step sizes the engine has already run (`StepModel.new_shape_s`); None: a fresh one."""
     sims = to_sim(requests, spec)
     arr = spec.arrival
     closed_users = arr.concurrency if not arr.open_loop else None
@@ -241,6 +245,7 @@ def run_sim(
         client_cap=client_cap,
         stop_issuing_s=spec.duration_s if closed_users and spec.count is None else None,
         trace=trace,
+        shapes=shapes,
     )
     pool = sims if closed_users and spec.count is None else None
     sched.run(sims, pool)
@@ -319,9 +324,12 @@ def simulate(
     trace: bool = False,
     keep_requests: bool = False,
     tokenizer: Tokenizer | None = None,
+    shapes: set[int] | None = None,
 ) -> tuple[RunResult, Scheduler]:
     """Simulate `spec` (or the given materialised `requests`) and return a RunResult.
-    `tokenizer` counts a dataset's prompts (default: a word count, `CountingTokenizer`)."""
+    `tokenizer` counts a dataset's prompts (default: a word count, `CountingTokenizer`).
+    `shapes`: step sizes the simulated engine already ran (updated in place), so runs
+    against one long-lived engine can be chained; None simulates a freshly started one."""
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
@@ -338,13 +346,18 @@ def simulate(
     else:
         cols = RequestColumns.from_requests(requests)
     lap("materialize")
-    sched, _ = run_sim(su, cols, spec, trace=trace)
+    sched, _ = run_sim(su, cols, spec, trace=trace, shapes=shapes)
     lap("loop")
     records = records_from(sched, cols)
     lap("records")
     metrics = compute_metrics(
         records, warmup_s=spec.warmup_s, cooldown_s=spec.cooldown_s, slo=slo, stream=spec.stream
     )
+    sc = su.sched
+    # Paged pool: peak blocks in use; llama.cpp slots preallocate KV, nothing to run over.
+    paged = sc.mode == "paged" and sc.kv_blocks
+    peak = sched.stats.max_blocks_used / sc.kv_blocks if paged else None
+    apply_memory_slo(metrics, slo, peak)
     lap("metrics")
     created = datetime.now(timezone.utc)
     st = sched.stats

@@ -72,6 +72,11 @@ def calibration_cases() -> list[Case]:
         "seed": 23,
     }
     out.append(Case("cal-poisson-p512", w))
+    # Varied prompt lengths: most steps have a size the engine has not run before, which
+    # costs extra the first time (steptime.StepModel.new_shape_s); fixed-length runs repeat
+    # their few step sizes. Lengths and concurrency differ from every held-out case.
+    w = _closed(2, 10, {"dist": "uniform", "low": 40, "high": 900}, _fixed(24), seed=29)
+    out.append(Case("cal-c2-varied", w))
     return out
 
 
@@ -197,18 +202,41 @@ def simulate_like(
     cfg: EngineConfig,
     profile: Profile | None,
     hardware: str = "cpu-host",
+    shapes: set[int] | None = None,
 ) -> RunResult:
     """Simulate the real run's exact requests (server-counted prompt tokens: BOS included)
-    under its workload and the engine's config."""
+    under its workload and the engine's config. `shapes`: the simulated engine's history
+    (step sizes already run), shared across runs made against one real engine in order."""
     from servetune.hardware import get_hardware
     from servetune.model import get_model
     from servetune.sim.engine import simulate
 
     spec, reqs = _sim_inputs(real)
     res, _ = simulate(
-        get_model(model_path), get_hardware(hardware), cfg, spec, reqs, profile=profile
+        get_model(model_path),
+        get_hardware(hardware),
+        cfg,
+        spec,
+        reqs,
+        profile=profile,
+        shapes=shapes,
     )
     return res
+
+
+def engine_history(
+    runs: Sequence[RunResult],
+    model_path: str,
+    cfg: EngineConfig,
+    profile: Profile,
+    hardware: str = "cpu-host",
+) -> set[int]:
+    """The step sizes a simulated engine has run after replaying `runs` in order: the
+    state the real engine is in when the next workload reaches it."""
+    shapes: set[int] = set()
+    for r in runs:
+        simulate_like(r, model_path, cfg, profile, hardware, shapes)
+    return shapes
 
 
 def calibrate_live(
@@ -315,6 +343,8 @@ def fit_by_replay(
     api0 = max(start.api_overhead_s, 1e-3)
     ing0 = max(start.ingress_s, 5e-3)
     ing1 = max(start.ingress_per_token_s, 1e-6)
+    shape0 = max(start.new_shape_s, 1e-2)
+    shape1 = max(start.new_shape_per_token_s, 1e-4)
     n = len(FIT_TERMS)
 
     def unpack(x: np.ndarray) -> dict[str, Any]:
@@ -324,13 +354,16 @@ def fit_by_replay(
             "api_overhead_s": api0 * float(np.exp(x[n])),
             "ingress_s": ing0 * float(np.exp(x[n + 1])),
             "ingress_per_token_s": ing1 * float(np.exp(x[n + 2])),
+            "new_shape_s": shape0 * float(np.exp(x[n + 3])),
+            "new_shape_per_token_s": shape1 * float(np.exp(x[n + 4])),
         }
 
     def loss(x: np.ndarray) -> float:
         prof = start.model_copy(update=unpack(x))
         total, m = 0.0, 0
+        shapes: set[int] = set()  # one engine served the runs, in this order
         for (spec, reqs), real in replays:
-            sim, _ = simulate(model, hw, cfg, spec, reqs, profile=prof)
+            sim, _ = simulate(model, hw, cfg, spec, reqs, profile=prof, shapes=shapes)
             simf = shape_of(sim)
             for k, b in real.items():
                 a = simf.get(k)
@@ -345,7 +378,7 @@ def fit_by_replay(
                     m += 1
         return total / max(m, 1)
 
-    x, val = nelder_mead(loss, np.zeros(n + 3), step=1.0, iters=iters)
+    x, val = nelder_mead(loss, np.zeros(n + 5), step=1.0, iters=iters)
     fit = start.fit.model_copy(update={"rel_rmse": float(np.sqrt(val))}) if start.fit else None
     return start.model_copy(update={**unpack(x), "fit": fit})
 
@@ -394,15 +427,17 @@ def compare_case(
     *,
     repeats: int = 3,
     keep: list[RunResult] | None = None,
+    shapes: set[int] | None = None,
 ) -> Row:
     """Run `case` `repeats` times for real and simulate each run's requests; the row holds
-    the median of the real figures and of the simulated ones."""
+    the median of the real figures and of the simulated ones. `shapes`: the simulated
+    engine's history (`engine_history`), carried on through these runs."""
     reals, sims, pre_r, pre_s = [], [], [], []
     for rep in range(repeats):
         res = bench_real(url, served_model, case, cfg.engine, repeat=rep)
         if keep is not None:
             keep.append(res)
-        sim = simulate_like(res, model_path, cfg, profile)
+        sim = simulate_like(res, model_path, cfg, profile, shapes=shapes)
         reals.append(figures(res.metrics))
         sims.append(figures(sim.metrics))
         pre_r.append(preemptions_of(res))
@@ -431,6 +466,7 @@ def compare_saved(
     Returns (profile, calibration rows, held-out rows)."""
     from servetune.errors import InputError
 
+    runs = sorted(runs, key=lambda r: r.started_unix_s or 0.0)  # the engine's order
     by: dict[str, list[RunResult]] = {}
     for r in runs:
         by.setdefault(str(r.workload.get("name") or r.id), []).append(r)
@@ -451,9 +487,12 @@ def compare_saved(
         )
         profile = fit_by_replay(cal, start, model_path, cfg, hardware=hardware)
 
+    shapes: set[int] = set()  # one engine ran them all: replay in the order they ran
+    sims_of = {id(r): simulate_like(r, model_path, cfg, profile, hardware, shapes) for r in runs}
+
     def row(name: str, reals: Sequence[RunResult]) -> Row:
         rf = median_figures([figures(r.metrics) for r in reals])
-        sims = [simulate_like(r, model_path, cfg, profile, hardware) for r in reals]
+        sims = [sims_of[id(r)] for r in reals]
         sf = median_figures([figures(s.metrics) for s in sims])
         return Row(name, rf, sf, abs_pct_errors(sf, rf), {"repeats": len(reals)})
 

@@ -57,6 +57,9 @@ class Profile(BaseModel):
     # Serial front-end time per request before the engine sees it (steptime.StepModel).
     ingress_s: float = 0.0
     ingress_per_token_s: float = 0.0
+    # First-time cost of a new step size (steptime.StepModel.new_shape_s).
+    new_shape_s: float = 0.0
+    new_shape_per_token_s: float = 0.0
     fit: FitQuality | None = None
     created_utc: str = ""
 

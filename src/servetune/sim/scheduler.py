@@ -175,8 +175,12 @@ class Scheduler:
         stop_issuing_s: float | None = None,
         trace: bool = False,
         check: bool = False,
+        shapes: set[int] | None = None,
     ) -> None:
         self.check = check  # verify KV accounting every step (tests)
+        # Step sizes (tokens) this engine has run: the first of each pays
+        # StepModel.new_shape_cost_s. Shared by the caller to chain runs on one engine.
+        self.shapes: set[int] = set() if shapes is None else shapes
         self.cfg = cfg
         self.model = model
         self.paged = cfg.mode == "paged"
@@ -230,6 +234,7 @@ class Scheduler:
         caching = cfg.prefix_caching
         chunked = cfg.chunked_prefill
         api = model.api_overhead_s
+        shapes, shape_cost = self.shapes, model.has_shape_cost
 
         arrivals: list[tuple[float, int, SimRequest]] = []
         closed = self.closed_users is not None
@@ -455,11 +460,15 @@ class Scheduler:
                 n_steps = 1
                 if not preempted:  # the step after a preemption may admit again
                     n_steps = self._jump_len(s, n_decode, finish, arrivals, now, cnt, s_off)
+                t0 = now
+                if shape_cost and n_decode not in shapes:
+                    shapes.add(n_decode)
+                    t0 += model.new_shape_cost_s(n_decode)
                 if n_steps == 1:
-                    ends = [now + model.decode_time_s(n_decode, float(s_off + n_decode * s))]
+                    ends = [t0 + model.decode_time_s(n_decode, float(s_off + n_decode * s))]
                 else:
                     ctx = s_off + n_decode * (s + np.arange(n_steps, dtype=np.float64))
-                    ends = now + np.cumsum(model.decode_times_s(n_decode, ctx))
+                    ends = t0 + np.cumsum(model.decode_times_s(n_decode, ctx))
                 if paged and n_steps > 1:
                     cycles, rest = divmod(n_steps - 1, bs)
                     extra = cycles * sum(cnt) + sum(cnt[(s + j) % bs] for j in range(1, rest + 1))
@@ -483,6 +492,9 @@ class Scheduler:
                     pairs += chunk_attn_pairs(r.computed, n)
                     sq += n * (n + 1) / 2
                 dt = model.time_s(Step(pf_tokens, n_decode, kv_read, pairs, sq))
+                if shape_cost and (m := pf_tokens + n_decode) not in shapes:
+                    shapes.add(m)
+                    dt += model.new_shape_cost_s(m)
                 now += dt
                 times.append(now)
                 stats.prefill_tokens += pf_tokens

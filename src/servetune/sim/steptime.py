@@ -104,7 +104,23 @@ class StepModel:
     # runs a step by itself, the rest arrive during that step and wait for the next one.
     ingress_s: float = 0.0
     ingress_per_token_s: float = 0.0
+    # First time the engine runs a step of a given token count (calibrated tier, CPU
+    # engines): new_shape_s + new_shape_per_token_s x tokens more. vLLM's CPU backend
+    # builds a oneDNN primitive per GEMM shape, and its batch is flattened to one token
+    # dimension, so every new step size pays it once per engine process (measured here:
+    # a 903-token step took 960 ms the first time, then 590 and 495; `Scheduler.shapes`
+    # keeps the history). Zero on GPUs, where vLLM pads to captured CUDA-graph sizes.
+    new_shape_s: float = 0.0
+    new_shape_per_token_s: float = 0.0
     notes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def has_shape_cost(self) -> bool:
+        return self.new_shape_s > 0 or self.new_shape_per_token_s > 0
+
+    def new_shape_cost_s(self, tokens: int) -> float:
+        """Extra seconds of the first step of `tokens` tokens in an engine's life."""
+        return self.new_shape_s + self.new_shape_per_token_s * tokens
 
     def time_s(self, s: Step) -> float:
         """Seconds of one step."""
@@ -165,6 +181,11 @@ def roofline_model(
 
     s0, s1 = step(0), step(1)
     eta_m, eta_f = eff["mem"], eff["flops"]
+    if hw.kind == "cpu" and hw.cores and cfg.threads:
+        # A CPU engine with t of the host's cores threads gets t/cores of its FLOPs and,
+        # on a small host whose cores each pull their own share, of its bandwidth.
+        share = min(cfg.threads, hw.cores) / hw.cores
+        eta_m, eta_f = eta_m * share, eta_f * share
     bw = hw.bandwidth_bytes_s * eta_m
     layers = model.num_layers
 
@@ -197,6 +218,8 @@ def calibrated_model(
     api_overhead_s: float,
     ingress_s: float = 0.0,
     ingress_per_token_s: float = 0.0,
+    new_shape_s: float = 0.0,
+    new_shape_per_token_s: float = 0.0,
 ) -> StepModel:
     """The calibrated tier from a profile's coefficients (missing ones are zero)."""
     vec = np.array([float(coef.get(f, 0.0)) for f in FEATURES])
@@ -206,4 +229,6 @@ def calibrated_model(
         api_overhead_s=api_overhead_s,
         ingress_s=ingress_s,
         ingress_per_token_s=ingress_per_token_s,
+        new_shape_s=new_shape_s,
+        new_shape_per_token_s=new_shape_per_token_s,
     )

@@ -222,13 +222,13 @@ def server_summary(series: ServerSeries | None) -> dict[str, Any]:
         "gpu_memory_used",
         "gpu_util",
     ):
-        vals = [v[name] for v in series.values if name in v]
+        vals = series.series(name)
         if vals:
             out[f"{name}_max"] = max(vals)
             out[f"{name}_mean"] = float(np.mean(vals))
     pre = series.deltas.get("preemptions_total")
     if pre is None:
-        seen = [v["preemptions_total"] for v in series.values if "preemptions_total" in v]
+        seen = series.series("preemptions_total")
         pre = seen[-1] - seen[0] if len(seen) > 1 else None
     if pre is not None:
         out["preemptions"] = pre

@@ -263,6 +263,20 @@ class Store:
             return found
         return sid
 
+    def study_meta(self, name: str) -> dict[str, Any] | None:
+        """Study `name`'s free-form meta (a tuner keeps its settings and summary there);
+        None when there is no such study."""
+        with self._session() as s:
+            row = s.scalar(select(Study).where(Study.name == name))
+            return None if row is None else dict(row.meta or {})
+
+    def update_study_meta(self, name: str, meta: dict[str, Any], kind: str | None = None) -> None:
+        """Merge `meta` into study `name`'s meta (the study is created on first use)."""
+        with self._session() as s, s.begin():
+            self._study_id(s, name, kind, None)
+            row = s.scalar(select(Study).where(Study.name == name))
+            row.meta = {**(row.meta or {}), **meta}
+
     def studies(self) -> list[dict[str, Any]]:
         with self._session() as s:
             rows = s.execute(

@@ -17,6 +17,7 @@ _METRIC = {
     "e2e_ms": "E2E",
     "itl_ms": "ITL",
     "error_rate": "error rate",
+    "kv_cache_usage": "KV-cache usage",
 }
 
 
@@ -24,8 +25,8 @@ def check_text(c: dict[str, Any]) -> str:
     """`P95 TTFT 1,234 ms > 800`."""
     name = _METRIC.get(str(c.get("metric")), str(c.get("metric")))
     v, t = c.get("value"), c.get("target")
-    if c.get("metric") == "error_rate":
-        return f"error rate {v or 0:.1%} > {t:.1%}"
+    if c.get("metric") in ("error_rate", "kv_cache_usage"):
+        return f"{name} {v or 0:.1%} > {t:.1%}"
     shown = "none" if v is None else f"{v:,.0f}"
     return f"{str(c.get('stat', '')).upper()} {name} {shown} ms > {t:,.0f}"
 
@@ -71,6 +72,8 @@ def bottleneck(t: TrialResult, cfg_seqs: int | None = None) -> str:
     if waiting > 0:
         notes.append(f"queueing: up to {waiting:g} requests waited for a batch seat / slot")
     missed = {c.get("metric") for c in p.missed()}
+    if "kv_cache_usage" in missed:
+        notes.append("memory headroom: the KV pool ran fuller than the SLO allows")
     if "ttft_ms" in missed and "tpot_ms" not in missed and not notes:
         notes.append(
             "queueing / prefill: TTFT broke while TPOT held (seed 003 §13: more "

@@ -28,32 +28,6 @@ from servetune.tune.trial import TrialResult
 TUNE_KIND = "tune"
 
 
-def read_study_meta(store: Store, name: str) -> dict[str, Any] | None:
-    """The study's `meta` (None when the study does not exist). A thin adapter: the
-    store has the column but no method for it."""
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
-    from servetune.store.models import Study
-
-    with Session(store.engine) as s:
-        row = s.scalar(select(Study).where(Study.name == name))
-        return None if row is None else dict(row.meta or {})
-
-
-def write_study_meta(store: Store, name: str, meta: dict[str, Any]) -> None:
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
-    from servetune.store.models import Study
-
-    store.ensure_study(name, TUNE_KIND)
-    with Session(store.engine) as s, s.begin():
-        row = s.scalar(select(Study).where(Study.name == name))
-        assert row is not None
-        row.meta = {**(row.meta or {}), **meta}
-
-
 class Recorder:
     """The store side of a study: look points up, write them as runs."""
 
@@ -262,12 +236,12 @@ def open_study(
     (resuming it would mix two searches); `fresh` picks a new name instead. An unnamed
     (fingerprint-named) study that already finished is not replayed: running the same
     command again measures again, under `NAME-2`, ... (a killed one is resumed)."""
-    meta = read_study_meta(store, name)
+    meta = store.study_meta(name)
     if meta is not None and not named and meta.get("status") != "running":
         fresh = True
     if meta is not None and fresh:
         k = 2
-        while read_study_meta(store, f"{name}-{k}") is not None:
+        while store.study_meta(f"{name}-{k}") is not None:
             k += 1
         name = f"{name}-{k}"
         meta = None
@@ -278,8 +252,7 @@ def open_study(
             "or strategy)",
             "give another --study name, or --fresh",
         )
-    write_study_meta(
-        store,
+    store.update_study_meta(
         name,
         {
             "fingerprint": fp,
@@ -288,5 +261,6 @@ def open_study(
             "started_unix_s": (meta or {}).get("started_unix_s") or time.time(),
             "resumed": (meta or {}).get("resumed", -1) + 1,
         },
+        TUNE_KIND,
     )
     return name

@@ -23,7 +23,7 @@ from servetune.tune.objective import Objective, gpus_of
 from servetune.tune.oomedge import OOMEdge, find_edge, step_back
 from servetune.tune.space import MEMORY_KNOBS, SearchSpace, config_key, config_label
 from servetune.tune.stats import mean_ci
-from servetune.tune.study import fingerprint, open_study, write_study_meta
+from servetune.tune.study import TUNE_KIND, fingerprint, open_study
 from servetune.tune.sweetspot import doubling
 from servetune.tune.trial import (
     INFEASIBLE,
@@ -653,4 +653,6 @@ class Tuner:
             "infeasible": sum(t.status == INFEASIBLE for t in trials),
             "no_slo": sum(t.status == NO_SLO for t in trials),
         }
-        write_study_meta(self.store, self.study, {"status": status, "summary": out.to_json()})
+        self.store.update_study_meta(
+            self.study, {"status": status, "summary": out.to_json()}, TUNE_KIND
+        )
