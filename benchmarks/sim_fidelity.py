@@ -133,21 +133,12 @@ def main() -> None:
     model_name = get_model(model_dir).name
     t0 = time.time()
     cfg = VLLM_TEST_CONFIG
-    runs = []
     with launch("vllm", cfg, model_dir, device="cpu") as srv:
         version = engine_version(srv)
         say(f"vLLM up in {time.time() - t0:.0f} s ({version})")
-        # Blocks interleaved (calibration r0, held-out r0, calibration r1, ...): the host
-        # drifts over minutes, and a fit made only on the first minutes would carry that
-        # drift into every held-out error.
-        for rep in range(max(a.cal_repeats, a.repeats)):
-            cases = fd.calibration_cases() if rep < a.cal_repeats else []
-            cases += fd.heldout_cases() if rep < a.repeats else []
-            for case in cases:
-                cal = case.name.startswith("cal-")
-                res = fd.bench_real(srv.url, srv.served_model, case, scrape=not cal, repeat=rep)
-                runs.append(res)
-                say(f"r{rep} {case.name}: {res.metrics.output_tok_s:.1f} tok/s")
+        runs = fd.run_blocks(
+            srv.url, srv.served_model, repeats=a.repeats, cal_repeats=a.cal_repeats, say=say
+        )
     if a.runs_dir:
         save_runs(runs, a.runs_dir)
     # Fit on the cal-* runs only (least squares, then replay), then replay every run in the

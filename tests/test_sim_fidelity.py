@@ -16,39 +16,23 @@ from servetune.metrics.stats import summarize, summarize_weighted
 from servetune.sim import fidelity as fd
 from servetune.workload.spec import parse_workload
 
-HELD_OUT = ("closed-c4-p300", "closed-c8-p200", "prefix-c2", "noprefix-c2")
-
 
 @pytest.fixture(scope="module")
 def fidelity(vllm_server, llama_test_model):
     from servetune.model import get_model
 
     model_dir = str(llama_test_model)
-    prof, cal_runs = fd.calibrate_live(
-        vllm_server.url,
-        vllm_server.served_model,
-        engine="vllm",
-        engine_version=str(vllm_server.settings.get("version") or "unknown"),
+    # one block of each: the calibration sweep, then the held-out workloads
+    runs = fd.run_blocks(vllm_server.url, vllm_server.served_model, repeats=1, cal_repeats=1)
+    _, _, rows = fd.compare_saved(
+        runs,
+        model_dir,
+        VLLM_TEST_CONFIG,
         model_name=get_model(model_dir).name,
-        refine=(model_dir, VLLM_TEST_CONFIG),
+        engine_version=str(vllm_server.settings.get("version") or "unknown"),
     )
-    cases = {c.name: c for c in fd.heldout_cases()}
-    shapes = fd.engine_history(cal_runs, model_dir, VLLM_TEST_CONFIG, prof)
-    rows = {
-        name: fd.compare_case(
-            vllm_server.url,
-            vllm_server.served_model,
-            cases[name],
-            model_dir,
-            VLLM_TEST_CONFIG,
-            prof,
-            repeats=1,
-            shapes=shapes,
-        )
-        for name in HELD_OUT
-    }
-    print(fd.format_table(list(rows.values()), "held-out (test subset)"))
-    return rows
+    print(fd.format_table(rows, "held-out (test subset)"))
+    return {r.name: r for r in rows}
 
 
 @pytest.mark.engine
@@ -70,9 +54,10 @@ def test_qualitative_effects_appear_in_both(fidelity) -> None:
 @pytest.mark.xfail(
     reason=(
         "issue 5 targets only partly met on this shared 2-core host: the full harness "
-        "(2026-11-30 11:01, 3 repeats) measured held-out median errors of throughput "
-        "17.5% (target 10), P50 TTFT 26.8% (15), P95 TTFT 24.6% (25), P50 TPOT 9.4% (10), "
-        "P95 TPOT 18.6% (25); see docs/simulate.md"
+        "(2026-11-30 13:01, interleaved blocks, 3 repeats) measured held-out median errors "
+        "of throughput 14.9% (target 10), P50 TTFT 16.1% (15), P95 TTFT 20.3% (25), P50 "
+        "TPOT 10.8% (10), P95 TPOT 15.6% (25), while the fit reproduced its own "
+        "calibration runs only to 19-30% (host noise); see docs/simulate.md"
     ),
     strict=False,
 )

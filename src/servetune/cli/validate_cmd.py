@@ -89,24 +89,14 @@ def _live(fd: Any, cfg: Any, model_dir: str, prof: Any, repeats: int) -> tuple[A
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     with launch("vllm", cfg, model_dir, device="cpu") as srv:
         version = str(srv.settings.get("version") or srv.install_version or "unknown")
-        cal_runs: list = []
-        if prof is None:
-            prof, cal_runs = fd.calibrate_live(
-                srv.url,
-                srv.served_model,
-                engine="vllm",
-                engine_version=version,
-                model_name=get_model(model_dir).name,
-                refine=(model_dir, cfg),
-                say=say,
-            )
-        rows = []
-        for case in fd.heldout_cases():
-            rows.append(
-                fd.compare_case(
-                    srv.url, srv.served_model, case, model_dir, cfg, prof, repeats=repeats
-                )
-            )
-            say(f"{case.name}: done")
-    _, cal_rows, _ = fd.compare_saved(cal_runs, model_dir, cfg, prof) if cal_runs else (0, [], 0)
+        runs = fd.run_blocks(
+            srv.url,
+            srv.served_model,
+            repeats=repeats,
+            cal_repeats=1 if prof is None else 0,
+            say=say,
+        )
+    prof, cal_rows, rows = fd.compare_saved(
+        runs, model_dir, cfg, prof, model_name=get_model(model_dir).name, engine_version=version
+    )
     return prof, cal_rows, rows

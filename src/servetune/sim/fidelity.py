@@ -224,47 +224,29 @@ def simulate_like(
     return res
 
 
-def engine_history(
-    runs: Sequence[RunResult],
-    model_path: str,
-    cfg: EngineConfig,
-    profile: Profile,
-    hardware: str = "cpu-host",
-) -> set[int]:
-    """The step sizes a simulated engine has run after replaying `runs` in order: the
-    state the real engine is in when the next workload reaches it."""
-    shapes: set[int] = set()
-    for r in runs:
-        simulate_like(r, model_path, cfg, profile, hardware, shapes)
-    return shapes
-
-
-def calibrate_live(
+def run_blocks(
     url: str,
     served_model: str,
     *,
-    engine: str,
-    engine_version: str,
-    model_name: str,
-    hardware: str = "cpu-host",
-    repeats: int = 1,
-    refine: tuple[str, EngineConfig] | None = None,
+    repeats: int,
+    cal_repeats: int,
+    engine: str = "vllm",
     say: Callable[[str], None] = lambda s: None,
-) -> tuple[Profile, list[RunResult]]:
-    """The live profiling sweep, then the least-squares fit of the calibrated tier and,
-    with `refine=(model_path, cfg)`, its replay refinement (`fit_by_replay`)."""
+) -> list[RunResult]:
+    """All real runs of the harness against one engine, as interleaved blocks
+    (calibration r0, held-out r0, calibration r1, ...): the host drifts over minutes, and
+    a profile fitted on the first minutes only would carry that drift into every held-out
+    error. `cal_repeats=0` runs the held-out workloads only (a profile is given)."""
     runs = []
-    for case in calibration_cases():
-        for rep in range(repeats):
-            runs.append(bench_real(url, served_model, case, engine, scrape=False, repeat=rep))
-        say(f"calibration {case.name}: {runs[-1].metrics.output_tok_s:.1f} tok/s")
-    prof = fit_profile(
-        runs, engine=engine, model=model_name, hardware=hardware, engine_version=engine_version
-    )
-    if refine is not None:
-        say(f"least squares: {prof.coefficients}, api {prof.api_overhead_s:.4f} s")
-        prof = fit_by_replay(runs, prof, refine[0], refine[1])
-    return prof, runs
+    for rep in range(max(cal_repeats, repeats)):
+        cases = calibration_cases() if rep < cal_repeats else []
+        cases += heldout_cases() if rep < repeats else []
+        for case in cases:
+            cal = case.name.startswith("cal-")
+            res = bench_real(url, served_model, case, engine, scrape=not cal, repeat=rep)
+            runs.append(res)
+            say(f"r{rep} {case.name}: {res.metrics.output_tok_s:.1f} tok/s")
+    return runs
 
 
 def nelder_mead(
@@ -431,7 +413,7 @@ def compare_case(
 ) -> Row:
     """Run `case` `repeats` times for real and simulate each run's requests; the row holds
     the median of the real figures and of the simulated ones. `shapes`: the simulated
-    engine's history (`engine_history`), carried on through these runs."""
+    engine's history (step sizes already run), carried on through these runs."""
     reals, sims, pre_r, pre_s = [], [], [], []
     for rep in range(repeats):
         res = bench_real(url, served_model, case, cfg.engine, repeat=rep)
