@@ -53,6 +53,14 @@ _register()
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2."""
+    import signal
+
+    # A process started in the background by a non-interactive shell (`cmd &` in a script,
+    # CI) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt: a
+    # `kill -INT` to stop a bench or an engine would do nothing. Ctrl-C must always stop
+    # a run and keep what it measured, so take SIGINT back.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # Without standalone mode click returns typer.Exit's code instead of exiting.
         code = app(standalone_mode=False)
