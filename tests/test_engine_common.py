@@ -56,3 +56,22 @@ def test_install_is_cached(engine: str, request: pytest.FixtureRequest) -> None:
     )  # fmt: skip
     row = next(r for r in json.loads(listed.stdout) if r["engine"] == engine)
     assert row["installed"] and row["version"] == version and row["source"] == "cache"
+
+
+def test_old_engine_run_dirs_are_pruned_newest_kept(tmp_path) -> None:
+    import os
+
+    from servetune.engines.process import prune_run_dirs
+
+    for i in range(7):
+        d = tmp_path / f"llamacpp-{i}"
+        d.mkdir()
+        (d / "engine.log").write_text("x")
+        os.utime(d, (1_000_000 + i, 1_000_000 + i))
+    (tmp_path / "stray-file").write_text("not a run dir")
+    gone = prune_run_dirs(tmp_path, keep=3)
+    assert sorted(p.name for p in gone) == [f"llamacpp-{i}" for i in range(4)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "llamacpp-4", "llamacpp-5", "llamacpp-6", "stray-file",
+    ]  # fmt: skip
+    assert prune_run_dirs(tmp_path / "missing") == []

@@ -289,6 +289,23 @@ def _failure(srv: EngineServer, default_kind: str, problem: str) -> EngineError:
     return EngineError(srv.engine, kind, msg, log_path=srv.log_path, log_tail=tail)
 
 
+RUN_DIRS_KEPT = 100
+
+
+def prune_run_dirs(root: Path, keep: int = RUN_DIRS_KEPT) -> list[Path]:
+    """Remove all but the `keep` newest engine run dirs (logs, launch files) under `root`:
+    every launch makes one, and a tuning study launches dozens. Returns what was removed."""
+    try:
+        dirs = [d for d in root.iterdir() if d.is_dir()]
+    except OSError:
+        return []
+    dirs.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    gone = dirs[keep:]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone
+
+
 def _machine_env(engine: str, device: Device) -> dict[str, str]:
     """Environment that keeps engine litter inside servetune's cache (vLLM CPU writes
     sockets and a ~150 MB header cache to /tmp and ~/.cache otherwise)."""
@@ -332,7 +349,10 @@ def launch(
         raise EngineError(engine, "port_in_use", f"port {port} on {host} is already in use")
     spec = mod.build(cfg, model, host=host, port=port, device=device, prefix=found.prefix)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    workdir = workdir or install.cache_root() / "runs" / f"{engine}-{stamp}-{port}"
+    if workdir is None:
+        runs = install.cache_root() / "runs"
+        prune_run_dirs(runs)
+        workdir = runs / f"{engine}-{stamp}-{port}"
     spec.write_files(workdir)
     log_path = workdir / "engine.log"
     log_fh = log_path.open("ab")
