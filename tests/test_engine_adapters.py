@@ -298,3 +298,25 @@ def test_cli_engine_not_installed_says_how(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "llamacpp is not installed" in out.stderr
     assert "servetune engine install llamacpp" in out.stderr
+
+
+def test_flag_table_emits_only_knobs_off_their_defaults_in_order() -> None:
+    from servetune.engines.base import FlagBuilder
+
+    table = {
+        "max_num_seqs": "--seqs",
+        "gpu_memory_utilization": "--mem",
+        "enable_prefix_caching": "--no-prefix",  # default on: a negative switch
+        "enforce_eager": "--eager",  # default off: a switch
+        "max_model_len": "--len",  # left at its default: nothing
+    }
+    b = FlagBuilder(EngineConfig(), ["x"])
+    b.map(table)
+    assert b.argv == ["x"]
+    cfg = EngineConfig(
+        max_num_seqs=8, gpu_memory_utilization=1.0, enable_prefix_caching=False,
+        enforce_eager=True,
+    )  # fmt: skip
+    b = FlagBuilder(cfg, ["x"])
+    b.map(table)
+    assert b.argv == ["x", "--seqs", "8", "--mem", "1", "--no-prefix", "--eager"]

@@ -100,6 +100,20 @@ class FlagBuilder:
         if value is not None:
             self.argv.append(str(value))
 
+    def map(self, flags: dict[str, str]) -> None:
+        """The plain knob -> flag cases, in order: each knob that differs from its
+        canonical default adds `flag value` (floats as `fmt_float`); a bool knob adds the
+        bare switch (`enforce_eager: "--enforce-eager"`, or a negative flag such as
+        `enable_prefix_caching: "--no-enable-prefix-caching"` for a default-on knob)."""
+        for knob, name in flags.items():
+            value = getattr(self.cfg, knob)
+            if value == getattr(_DEFAULTS, knob):
+                continue
+            if isinstance(value, bool):
+                self.flag(name)
+            else:
+                self.flag(name, fmt_float(value) if isinstance(value, float) else value)
+
     def unsupported_if_set(self, knob: str, why: str | None = None) -> None:
         """Report `knob` when it differs from the canonical default (nothing to map it to)."""
         if getattr(self.cfg, knob) != getattr(_DEFAULTS, knob):

@@ -73,25 +73,18 @@ def build(
         b.flag("-c", cfg.max_model_len * per_slot)
     if slots is not None:
         b.flag("-np", slots)
-    if cfg.kv_unified:
-        b.flag("--kv-unified")
+    b.map({"kv_unified": "--kv-unified"})
     batch = cfg.batch_size or cfg.max_num_batched_tokens
     if batch is not None:
         b.flag("-b", batch)
-    if cfg.ubatch_size is not None:
-        b.flag("-ub", cfg.ubatch_size)
-    if cfg.threads is not None:
-        b.flag("-t", cfg.threads)
-    if cfg.n_gpu_layers is not None:
-        b.flag("-ngl", cfg.n_gpu_layers)
+    b.map({"ubatch_size": "-ub", "threads": "-t", "n_gpu_layers": "-ngl"})
     if cfg.kv_cache_dtype in _KV_TYPE:
         t = _KV_TYPE[cfg.kv_cache_dtype]
         b.flag("-ctk", t)
         b.flag("-ctv", t)
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "llama.cpp has no fp8 KV cache type")
-    if not cfg.enable_prefix_caching:
-        b.flag("--no-cache-prompt")
+    b.map({"enable_prefix_caching": "--no-cache-prompt"})
     if cfg.enforce_eager:
         b.env["GGML_CUDA_DISABLE_GRAPHS"] = "1"
     b.unsupported_if_set("dtype", "weight types come from the GGUF file")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, fmt_float
+from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec
 from servetune.engines.config import EngineConfig
 
 name = "sglang"
@@ -65,8 +65,7 @@ def build(
     py = list(prefix) if prefix else ["python"]
     argv = [*py, "-m", MODULE, "--model-path", model, "--host", host, "--port", str(port)]
     b = FlagBuilder(cfg, argv)
-    if cfg.dtype != "auto":
-        b.flag("--dtype", cfg.dtype)
+    b.map({"dtype": "--dtype"})
     if cfg.quantization in _QUANT:
         b.flag("--quantization", _QUANT[cfg.quantization])
     elif cfg.quantization is not None:
@@ -75,16 +74,15 @@ def build(
         b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype])
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "SGLang offers auto, bf16, fp8_e4m3/e5m2, fp4_e2m1")
-    if cfg.tensor_parallel_size > 1:
-        b.flag("--tp-size", cfg.tensor_parallel_size)
-    if cfg.pipeline_parallel_size > 1:
-        b.flag("--pp-size", cfg.pipeline_parallel_size)
-    if cfg.data_parallel_size > 1:
-        b.flag("--dp-size", cfg.data_parallel_size)
-    if cfg.max_model_len is not None:
-        b.flag("--context-length", cfg.max_model_len)
-    if cfg.max_num_seqs is not None:
-        b.flag("--max-running-requests", cfg.max_num_seqs)
+    b.map(
+        {
+            "tensor_parallel_size": "--tp-size",
+            "pipeline_parallel_size": "--pp-size",
+            "data_parallel_size": "--dp-size",
+            "max_model_len": "--context-length",
+            "max_num_seqs": "--max-running-requests",
+        }
+    )
     if not cfg.enable_chunked_prefill:
         b.flag("--chunked-prefill-size", -1)
         if cfg.max_num_batched_tokens is not None:
@@ -92,19 +90,14 @@ def build(
     elif cfg.max_num_batched_tokens is not None:
         # vLLM's per-step token budget ~ SGLang's prefill chunk size.
         b.flag("--chunked-prefill-size", cfg.max_num_batched_tokens)
-    if cfg.gpu_memory_utilization != 0.9:
-        b.flag("--mem-fraction-static", fmt_float(cfg.gpu_memory_utilization))
-    if cfg.kv_cache_tokens is not None:
-        b.flag("--max-total-tokens", cfg.kv_cache_tokens)
+    b.map(
+        {"gpu_memory_utilization": "--mem-fraction-static", "kv_cache_tokens": "--max-total-tokens"}
+    )
     b.unsupported_if_set("kv_cache_space_gib", "SGLang sizes the pool in tokens: kv_cache_tokens")
-    if cfg.block_size != 16:
-        b.flag("--page-size", cfg.block_size)
-    if not cfg.enable_prefix_caching:
-        b.flag("--disable-radix-cache")
+    b.map({"block_size": "--page-size", "enable_prefix_caching": "--disable-radix-cache"})
     if cfg.scheduling_policy == "priority":
         b.flag("--enable-priority-scheduling")
-    if cfg.enforce_eager:
-        b.flag("--disable-cuda-graph")
+    b.map({"enforce_eager": "--disable-cuda-graph"})
     for knob in (*LLAMACPP_ONLY, "n_gpu_layers"):
         b.unsupported_if_set(knob, "llama.cpp-only knob")
     b.flag("--enable-metrics")

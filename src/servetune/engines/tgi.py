@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, fmt_float
+from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec
 from servetune.engines.config import EngineConfig
 
 name = "tgi"
@@ -70,20 +70,18 @@ def build(
         b.flag("--kv-cache-dtype", "fp8_e4m3fn")
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "TGI's KV cache is the model dtype or fp8")
-    if cfg.tensor_parallel_size > 1:
-        b.flag("--num-shard", cfg.tensor_parallel_size)
+    b.map({"tensor_parallel_size": "--num-shard"})
     b.unsupported_if_set("pipeline_parallel_size", "TGI shards with tensor parallelism only")
     b.unsupported_if_set("data_parallel_size", "run one TGI per replica behind a balancer")
-    if cfg.max_model_len is not None:
-        b.flag("--max-total-tokens", cfg.max_model_len)
-    if cfg.max_num_seqs is not None:
-        b.flag("--max-batch-size", cfg.max_num_seqs)
-    if cfg.max_num_batched_tokens is not None:
-        b.flag("--max-batch-prefill-tokens", cfg.max_num_batched_tokens)
-    if cfg.kv_cache_tokens is not None:
-        b.flag("--max-batch-total-tokens", cfg.kv_cache_tokens)
-    if cfg.gpu_memory_utilization != 0.9:
-        b.flag("--cuda-memory-fraction", fmt_float(cfg.gpu_memory_utilization))
+    b.map(
+        {
+            "max_model_len": "--max-total-tokens",
+            "max_num_seqs": "--max-batch-size",
+            "max_num_batched_tokens": "--max-batch-prefill-tokens",
+            "kv_cache_tokens": "--max-batch-total-tokens",
+            "gpu_memory_utilization": "--cuda-memory-fraction",
+        }
+    )
     b.unsupported_if_set("kv_cache_space_gib", "TGI sizes the pool in tokens: kv_cache_tokens")
     b.unsupported_if_set("block_size", "TGI's block size follows its attention backend")
     b.unsupported_if_set("enable_chunked_prefill", "TGI 3 always chunks prefills")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from servetune.engines.base import GIB, LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, fmt_float
+from servetune.engines.base import GIB, LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec
 from servetune.engines.config import EngineConfig
 
 name = "trtllm"
@@ -64,20 +64,17 @@ def build(
         kv["dtype"] = _KV_DTYPE[cfg.kv_cache_dtype]
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "no int8 KV cache in the PyTorch backend")
-    if cfg.tensor_parallel_size > 1:
-        b.flag("--tp_size", cfg.tensor_parallel_size)
-    if cfg.pipeline_parallel_size > 1:
-        b.flag("--pp_size", cfg.pipeline_parallel_size)
+    b.map({"tensor_parallel_size": "--tp_size", "pipeline_parallel_size": "--pp_size"})
     b.unsupported_if_set("data_parallel_size", "run one trtllm-serve per replica")
-    if cfg.max_num_seqs is not None:
-        b.flag("--max_batch_size", cfg.max_num_seqs)
-    if cfg.max_num_batched_tokens is not None:
-        b.flag("--max_num_tokens", cfg.max_num_batched_tokens)
-    if cfg.max_model_len is not None:
-        b.flag("--max_seq_len", cfg.max_model_len)
-    if cfg.gpu_memory_utilization != 0.9:
-        # Fraction of memory left free after weights, not of the whole device (seed 003 §4).
-        b.flag("--kv_cache_free_gpu_memory_fraction", fmt_float(cfg.gpu_memory_utilization))
+    b.map(
+        {
+            "max_num_seqs": "--max_batch_size",
+            "max_num_batched_tokens": "--max_num_tokens",
+            "max_model_len": "--max_seq_len",
+            # of the memory left free after weights, not of the device (seed 003 §4)
+            "gpu_memory_utilization": "--kv_cache_free_gpu_memory_fraction",
+        }
+    )
     if cfg.enable_chunked_prefill:
         b.flag("--enable_chunked_prefill")
     if cfg.kv_cache_space_gib is not None:

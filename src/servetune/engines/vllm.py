@@ -22,7 +22,6 @@ from servetune.engines.base import (
     Device,
     FlagBuilder,
     LaunchSpec,
-    fmt_float,
 )
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
@@ -86,8 +85,7 @@ def build(
     py = list(prefix) if prefix else ["python"]
     b = FlagBuilder(cfg, [*py, "-m", MODULE, "--model", model, "--host", host, "--port", str(port)])
 
-    if cfg.dtype != "auto":
-        b.flag("--dtype", cfg.dtype)
+    b.map({"dtype": "--dtype"})
     if cfg.quantization in _QUANT:
         b.flag("--quantization", _QUANT[cfg.quantization])
     elif cfg.quantization in _GGUF and model.endswith(".gguf"):
@@ -96,20 +94,17 @@ def build(
         b.unsupported_knob("quantization", f"vLLM has no '{cfg.quantization}' weight format")
     if cfg.kv_cache_dtype != "auto":
         b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype])
-    if cfg.tensor_parallel_size > 1:
-        b.flag("--tensor-parallel-size", cfg.tensor_parallel_size)
-    if cfg.pipeline_parallel_size > 1:
-        b.flag("--pipeline-parallel-size", cfg.pipeline_parallel_size)
-    if cfg.data_parallel_size > 1:
-        b.flag("--data-parallel-size", cfg.data_parallel_size)
-    if cfg.max_model_len is not None:
-        b.flag("--max-model-len", cfg.max_model_len)
-    if cfg.max_num_seqs is not None:
-        b.flag("--max-num-seqs", cfg.max_num_seqs)
-    if cfg.max_num_batched_tokens is not None:
-        b.flag("--max-num-batched-tokens", cfg.max_num_batched_tokens)
-    if cfg.gpu_memory_utilization != 0.9:
-        b.flag("--gpu-memory-utilization", fmt_float(cfg.gpu_memory_utilization))
+    b.map(
+        {
+            "tensor_parallel_size": "--tensor-parallel-size",
+            "pipeline_parallel_size": "--pipeline-parallel-size",
+            "data_parallel_size": "--data-parallel-size",
+            "max_model_len": "--max-model-len",
+            "max_num_seqs": "--max-num-seqs",
+            "max_num_batched_tokens": "--max-num-batched-tokens",
+            "gpu_memory_utilization": "--gpu-memory-utilization",
+        }
+    )
     if cfg.kv_cache_space_gib is not None:
         # The flag takes bytes, so fractional GiB stay exact; on CPU the legacy env
         # (whole GiB only) is what the docs show, and it overrides the flag.
@@ -123,14 +118,14 @@ def build(
             f"kv_cache_tokens: {cfg.kv_cache_tokens} tokens -> {blocks} blocks of {cfg.block_size}"
         )
     _block_size(cfg, device, b)
-    if not cfg.enable_chunked_prefill:
-        b.flag("--no-enable-chunked-prefill")
-    if not cfg.enable_prefix_caching:
-        b.flag("--no-enable-prefix-caching")
-    if cfg.scheduling_policy != "fcfs":
-        b.flag("--scheduling-policy", cfg.scheduling_policy)
-    if cfg.enforce_eager:
-        b.flag("--enforce-eager")
+    b.map(
+        {
+            "enable_chunked_prefill": "--no-enable-chunked-prefill",
+            "enable_prefix_caching": "--no-enable-prefix-caching",
+            "scheduling_policy": "--scheduling-policy",
+            "enforce_eager": "--enforce-eager",
+        }
+    )
     for knob in (*LLAMACPP_ONLY, "n_gpu_layers"):
         b.unsupported_if_set(knob, "llama.cpp-only knob")
     return b.finish(name, host, port)
