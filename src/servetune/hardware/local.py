@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from servetune.hardware.spec import HardwareSpec
@@ -57,6 +56,8 @@ def cpu_facts() -> dict[str, object]:
 
 def measure_bandwidth_gbs(threads: int, repeats: int = 3) -> float:
     """STREAM-copy bandwidth with one thread per core (numpy releases the GIL in copies)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
     n = _COPY_BYTES // 8
