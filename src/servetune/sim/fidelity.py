@@ -409,12 +409,12 @@ def compare_case(
     *,
     repeats: int = 3,
     keep: list[RunResult] | None = None,
-    shapes: set[int] | None = None,
 ) -> Row:
-    """Run `case` `repeats` times for real and simulate each run's requests; the row holds
-    the median of the real figures and of the simulated ones. `shapes`: the simulated
-    engine's history (step sizes already run), carried on through these runs."""
+    """Run `case` `repeats` times for real (on its own engine) and simulate each run's
+    requests on one simulated engine; the row holds the median of the real figures and of
+    the simulated ones."""
     reals, sims, pre_r, pre_s = [], [], [], []
+    shapes: set[int] = set()  # the step sizes the engine has run, repeat after repeat
     for rep in range(repeats):
         res = bench_real(url, served_model, case, cfg.engine, repeat=rep)
         if keep is not None:
