@@ -24,6 +24,7 @@ import numpy as np
 from servetune.engines.config import EngineConfig
 from servetune.results.schema import Metrics, RunResult
 from servetune.sim.profile import Profile, fit_profile
+from servetune.sim.steptime import FEATURES
 
 FIGURES = ("output_tok_s", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
 # Issue 5's targets on held-out workloads: median absolute % error over workloads.
@@ -282,15 +283,9 @@ def nelder_mead(
     return pts[best], float(vals[best])
 
 
-# The calibrated tier's terms the replay fit adjusts (log-space), plus the API overhead.
-FIT_TERMS = (
-    "const",
-    "prefill_tokens",
-    "decode_seqs",
-    "kv_read_tokens",
-    "attn_pairs",
-    "prefill_sq",
-)
+# The calibrated tier's step terms the replay fit adjusts (log-space); the front-end and
+# new-step-size terms are fitted beside them (`fit_by_replay`).
+FIT_TERMS = FEATURES
 
 
 def fit_by_replay(
