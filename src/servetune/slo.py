@@ -100,13 +100,6 @@ def parse_slo(data: Any, source: str = "slo") -> SLO:
 
 
 def load_slo(path: str | Path) -> SLO:
-    import yaml
+    from servetune.yamlfile import load_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise InputError("--slo", f"cannot read {p}: {exc.strerror}", "check the path") from exc
-    except yaml.YAMLError as exc:
-        raise InputError("--slo", f"{p} is not valid YAML", str(exc).splitlines()[0]) from exc
-    return parse_slo(data, "slo")
+    return parse_slo(load_yaml(path, "--slo"), "slo")

@@ -136,15 +136,9 @@ def fmt_value(v: Any) -> str:
 
 
 def load_space(path: str | Path) -> SearchSpace:
-    import yaml
+    from servetune.yamlfile import load_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise InputError("--space", f"cannot read {p}: {exc.strerror}", "check the path") from exc
-    except yaml.YAMLError as exc:
-        raise InputError("--space", f"{p} is not valid YAML", str(exc).splitlines()[0]) from exc
+    data = load_yaml(path, "--space")
     if isinstance(data, dict) and "space" in data and "knobs" not in data:
         data = data["space"]
     return parse_space(data)

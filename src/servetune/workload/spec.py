@@ -271,18 +271,10 @@ def load_workload(path: str | Path, swept: bool = False) -> WorkloadSpec:
     """Read a YAML/JSON workload file; problems become one InputError naming the field.
 
     `swept`: the command line sets the load (--rate/--concurrency), so the file need not."""
-    import yaml
+    from servetune.yamlfile import load_yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise InputError(
-            "--workload", f"cannot read {p}: {exc.strerror}", "check the path"
-        ) from exc
-    except yaml.YAMLError as exc:
-        raise InputError("--workload", f"{p} is not valid YAML", str(exc).splitlines()[0]) from exc
-    return parse_workload(data, base_dir=p.parent, swept=swept)
+    data = load_yaml(path, "--workload")
+    return parse_workload(data, base_dir=Path(path).parent, swept=swept)
 
 
 def parse_workload(data: Any, base_dir: Path | None = None, swept: bool = False) -> WorkloadSpec:
