@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import yaml
-
 from servetune.engines.base import GIB, LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec
 from servetune.engines.config import EngineConfig
 
@@ -93,6 +91,8 @@ def build(
     if kv:
         extra["kv_cache_config"] = kv
     if extra:
+        import yaml  # only when a config file is written: keeps `import servetune` light
+
         b.files[CONFIG_FILE] = yaml.safe_dump(extra, sort_keys=True)
         b.flag("--config", CONFIG_FILE)
     return b.finish(name, host, port)

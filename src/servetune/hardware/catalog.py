@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from servetune.errors import InputError, closest, from_validation_error
 from servetune.hardware.local import LOCAL_NAMES
 from servetune.hardware.spec import HardwareSpec
+from servetune.yamlfile import parse_yaml
 
 _NAME_FIELD = "hardware"
 _FILE_FIELD = "hardware-file"
@@ -122,7 +123,7 @@ def _catalog(extra_file: str | Path | None) -> _Catalog:
 def _builtin_catalog() -> _Catalog:
     """Parse and validate the packaged YAML once per process."""
     text = (resources.files("servetune") / "data" / "hardware.yaml").read_text("utf-8")
-    return _parse_document(yaml.safe_load(text), where=_BUILTIN_WHERE, origin="hardware.yaml")
+    return _parse_document(parse_yaml(text), where=_BUILTIN_WHERE, origin="hardware.yaml")
 
 
 def _user_catalog(path: str | Path) -> _Catalog:
@@ -168,7 +169,7 @@ def _read_document(p: Path) -> Any:
             raise InputError(_FILE_FIELD, problem, _FILE_FIX) from None
     else:
         try:
-            data = yaml.safe_load(text)
+            data = parse_yaml(text)
         except yaml.YAMLError as exc:
             raise InputError(_FILE_FIELD, _yaml_problem(p, exc), _FILE_FIX) from None
     if data is None:

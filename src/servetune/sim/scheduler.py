@@ -24,12 +24,11 @@ priced in one vectorised call and advanced in one jump.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from servetune.sim.kvcache import PagedKV, private_hash, shared_hash
 from servetune.sim.steptime import Step, StepModel, chunk_attn_pairs
@@ -268,6 +267,7 @@ class Scheduler:
         waiting: deque[SimRequest] = deque()
         wheap: list[tuple[int, float, int, SimRequest]] = []
         running: list[SimRequest] = []
+        prefilling: list[SimRequest] = []  # the running ones in prefill, in running order
         finish: list[tuple[int, int, int, SimRequest]] = []  # (step, rid, version, req)
         cnt = [0] * (bs if paged else 1)  # decode requests needing a block at s % bs
         n_decode = 0
@@ -384,9 +384,9 @@ class Scheduler:
             budget = budget_max - n_decode
             demand = cnt[s % bs] if paged else 0
             sched: list[list] = []  # [req, tokens, new_blocks]
-            for r in running:
-                if r.phase != PREFILL or budget <= 0:
-                    continue
+            for r in prefilling:
+                if budget <= 0:
+                    break
                 n = min(r.target - r.computed, budget)
                 need = (-(-(r.computed + n) // bs) - r.held) if paged else 0
                 sched.append([r, n, need])
@@ -401,6 +401,8 @@ class Scheduler:
                 )
                 preempted = True
                 running.remove(victim)
+                if victim.phase != DECODE:
+                    prefilling.remove(victim)
                 if victim.phase == DECODE:
                     if (victim.s0 - victim.t0 + 1) % bs == s % bs:
                         demand -= 1  # it needed a block this step
@@ -437,6 +439,7 @@ class Scheduler:
                     pop_head()
                     n, need = got
                     running.append(r)
+                    prefilling.append(r)
                     sched.append([r, n, need])
                     budget -= n
 
@@ -457,28 +460,26 @@ class Scheduler:
 
             # 4. price the step; a decode-only step with nothing able to join is a jump
             if not sched:
-                n_steps = 1
-                if not preempted:  # the step after a preemption may admit again
-                    n_steps = self._jump_len(s, n_decode, finish, arrivals, now, cnt, s_off)
-                t0 = now
+                if preempted:  # the step after a preemption may admit again
+                    ctx0 = float(s_off + n_decode * s)
+                    ends = [now + model.decode_time_s(n_decode, ctx0)]
+                else:
+                    ends = self._jump(s, n_decode, finish, arrivals, now, cnt, s_off)
+                n_steps = len(ends)
                 if shape_cost and n_decode not in shapes:
                     shapes.add(n_decode)
-                    t0 += model.new_shape_cost_s(n_decode)
-                if n_steps == 1:
-                    ends = [t0 + model.decode_time_s(n_decode, float(s_off + n_decode * s))]
-                else:
-                    ctx = s_off + n_decode * (s + np.arange(n_steps, dtype=np.float64))
-                    ends = t0 + np.cumsum(model.decode_times_s(n_decode, ctx))
+                    extra_s = model.new_shape_cost_s(n_decode)
+                    ends = [e + extra_s for e in ends]
                 if paged and n_steps > 1:
                     cycles, rest = divmod(n_steps - 1, bs)
                     extra = cycles * sum(cnt) + sum(cnt[(s + j) % bs] for j in range(1, rest + 1))
                     pool_kv.take(extra)
-                times.extend(ends if n_steps == 1 else ends.tolist())
+                times.extend(ends)
                 if self.want_trace:
                     self._trace(
                         s, n_steps, ends[-1], ends[-1] - now, len(running), n_waiting(), 0, 0
                     )
-                now = float(ends[-1])
+                now = ends[-1]
                 s += n_steps
                 stats.jumps += 1
             else:
@@ -510,6 +511,7 @@ class Scheduler:
                                 break
                             r.hashes.append(shared_hash(r.group, i))
                     if r.computed >= r.target:
+                        prefilling.remove(r)
                         r.add_tokens(s, s + 1)
                         r.gen += 1
                         if r.gen >= r.out:
@@ -520,7 +522,7 @@ class Scheduler:
                 s += 1
             stats.steps = s
             if self.check:
-                self.check_invariants(running, s)
+                self.check_invariants(running, s, prefilling)
             if paged:
                 used = pool_kv.total - pool_kv.available
                 if used > stats.max_blocks_used:
@@ -537,10 +539,15 @@ class Scheduler:
 
     # --- helpers ------------------------------------------------------------------
 
-    def check_invariants(self, running: list[SimRequest], s: int) -> None:
+    def check_invariants(
+        self, running: list[SimRequest], s: int, prefilling: list[SimRequest]
+    ) -> None:
         """KV conservation (free + cached + referenced + private = total), references
-        matching holders, no negative counts; seqs cap. Raises AssertionError."""
+        matching holders, no negative counts; seqs cap; the prefill list is exactly the
+        running requests in prefill, in running order. Raises AssertionError."""
         assert len(running) <= self.cfg.max_num_seqs, "more running than max_num_seqs"
+        in_prefill = [r for r in running if r.phase == PREFILL]
+        assert prefilling == in_prefill, "the prefill list lost track of the running ones"
         if not self.paged:
             return
         pool, bs = self.pool, self.bs
@@ -642,7 +649,7 @@ class Scheduler:
         if self.cfg.kv_unified:
             self.unified_used -= r.prompt + r.out
 
-    def _jump_len(
+    def _jump(
         self,
         s: int,
         n_decode: int,
@@ -651,10 +658,10 @@ class Scheduler:
         now: float,
         cnt: list[int],
         s_off: int,
-    ) -> int:
-        """Decode-only steps that can run before anything changes: up to the next finish,
-        the last step whose blocks the pool can still supply, and the last step that
-        starts before the next arrival."""
+    ) -> list[float]:
+        """End times of the decode-only steps that can run before anything changes: up to
+        the next finish, the last step whose blocks the pool can still supply, and the last
+        step that starts before the next arrival."""
         n = finish[0][0] - s + 1
         if self.paged and n > 1:
             avail = self.pool.available
@@ -668,17 +675,18 @@ class Scheduler:
                     if need > avail:
                         n = j
                         break
+        model = self.model
+        ctx0 = float(s_off + n_decode * s)
         if arrivals and n > 1:
             t_arr = arrivals[0][0]
             # Steps only get longer in a decode stretch (contexts grow), so the first step's
             # time bounds how many can start before the arrival.
-            first = self.model.decode_time_s(n_decode, float(s_off + n_decode * s))
+            first = model.decode_time_s(n_decode, ctx0)
             n = min(n, int((t_arr - now) / max(first, 1e-12)) + 2)
-            ctx = s_off + n_decode * (s + np.arange(n, dtype=np.float64))
-            ends = now + np.cumsum(self.model.decode_times_s(n_decode, ctx))
+            ends = model.decode_ends_s(now, n_decode, ctx0, n)
             # steps starting before the arrival: the first always, then those with end < t
-            n = min(n, 1 + int(np.searchsorted(ends[:-1], t_arr, side="left")))
-        return max(n, 1)
+            return ends[: 1 + bisect.bisect_left(ends, t_arr, 0, len(ends) - 1)]
+        return model.decode_ends_s(now, n_decode, ctx0, max(n, 1))
 
     def _trace(
         self,

@@ -149,6 +149,19 @@ class StepModel:
         comp = self.flops_per_token_s * batch + self.flops_per_pair_s * context_sum
         return self.overhead_s + max(mem, comp) + self.comm_s(batch)
 
+    def decode_ends_s(self, t0: float, batch: int, ctx0: float, n: int) -> list[float]:
+        """End times of `n` decode-only steps of an unchanged batch starting at `t0`, the
+        context sum growing by `batch` a step. Short stretches (most of a Poisson run's
+        jumps) in plain floats, long ones in one numpy pass."""
+        if n <= 16:
+            out, t = [], t0
+            for j in range(n):
+                t += self.decode_time_s(batch, ctx0 + batch * j)
+                out.append(t)
+            return out
+        ctx = ctx0 + batch * np.arange(n, dtype=np.float64)
+        return (t0 + np.cumsum(self.decode_times_s(batch, ctx))).tolist()
+
     def decode_times_s(self, batch: int, context_sum: np.ndarray) -> np.ndarray:
         """Seconds of decode-only steps of `batch` sequences whose total contexts are
         `context_sum` (one entry per step): the jump over an unchanged batch."""

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servetune.errors import InputError, from_validation_error
+from servetune.yamlfile import parse_yaml
 
 BUILTIN = {"llamacpp-cpu": "llamacpp-cpu.yaml", "vllm-gpu": "vllm-gpu.yaml"}
 GEMMA_BUILTIN = "builtin:gemma-3-270m-gguf"
@@ -72,7 +73,7 @@ def load_preset(name_or_path: str) -> Preset:
             ) from exc
         where = str(p)
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
         raise InputError(
             "--preset", f"{where} is not valid YAML", str(exc).splitlines()[0]
