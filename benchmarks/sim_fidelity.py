@@ -1,8 +1,9 @@
-"""Simulator fidelity against the real vLLM CPU engine (issue 5 "Fidelity").
+"""Simulator fidelity against the real vLLM CPU engine and llama.cpp (issue 5 "Fidelity").
 
-1. Starts vLLM (CPU build) on the generated small Llama (dummy weights) with the test
-   suite's settings (VLLM_TEST_CONFIG), runs the live calibration sweep and fits the
-   calibrated tier from it alone.
+1. Starts the engine -- vLLM (CPU build) on the generated small Llama (dummy weights) with
+   the test suite's settings (VLLM_TEST_CONFIG), or with `--engine llamacpp` llama-server
+   on Gemma 3 270M Q4_K_M (LLAMACPP_FIDELITY_CONFIG: 4 slots, 2 threads) -- runs the live
+   calibration sweep and fits the calibrated tier from it alone.
    Calibration and held-out blocks are interleaved (cal r0, held-out r0, cal r1, ...) so
    host drift hits both alike.
 2. Runs the held-out workloads `--repeats` times each, simulates every run's exact
@@ -10,12 +11,14 @@
 3. Qualitative effects, real and simulated side by side: TTFT cliff past max_num_seqs,
    the prefix-cache TTFT drop (from step 2), preemptions under KV pressure (its own engine
    with a small KV pool), and the P99 TTFT of the high-priority class under fcfs and
-   priority scheduling (two more engines).
+   priority scheduling (two more engines). llama.cpp has neither preemption nor a priority
+   scheduler: there the cliff and the prefix drop are shown.
 
 Run it alone on the machine (it starts engines):
 
     flock /tmp/servetune-engine.lock .venv/bin/python benchmarks/sim_fidelity.py \
-        [--repeats 3] [--skip-qualitative] [--profile-out vllm-cpu.json] [--json out.json]
+        [--engine vllm|llamacpp] [--repeats 3] [--skip-qualitative] \
+        [--profile-out vllm-cpu.json] [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from dataclasses import asdict
 
 from servetune.engines.process import launch
-from servetune.engines.testmodel import VLLM_TEST_CONFIG, make_llama_dir
+from servetune.engines.testmodel import VLLM_TEST_CONFIG
 from servetune.sim import fidelity as fd
 from servetune.sim.profile import save_profile
 
@@ -120,6 +123,7 @@ def save_runs(runs, where: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", choices=fd.HARNESS_ENGINES, default="vllm")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cal-repeats", type=int, default=2, help="Runs per calibration case.")
     ap.add_argument("--skip-qualitative", action="store_true")
@@ -127,24 +131,29 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--runs-dir", default=None, help="Save every real RunResult here.")
     a = ap.parse_args()
-    model_dir = str(make_llama_dir())
     from servetune.model import get_model
 
+    h = fd.harness_for(a.engine)
+    cfg, model_dir, hardware = h.cfg, h.model, h.hardware
     model_name = get_model(model_dir).name
     t0 = time.time()
-    cfg = VLLM_TEST_CONFIG
-    with launch("vllm", cfg, model_dir, device="cpu") as srv:
+    with launch(a.engine, cfg, h.weights, device="cpu") as srv:
         version = engine_version(srv)
-        say(f"vLLM up in {time.time() - t0:.0f} s ({version})")
+        say(f"{a.engine} up in {time.time() - t0:.0f} s ({version})")
         runs = fd.run_blocks(
-            srv.url, srv.served_model, repeats=a.repeats, cal_repeats=a.cal_repeats, say=say
+            srv.url,
+            srv.served_model,
+            repeats=a.repeats,
+            cal_repeats=a.cal_repeats,
+            engine=a.engine,
+            say=say,
         )
     if a.runs_dir:
         save_runs(runs, a.runs_dir)
     # Fit on the cal-* runs only (least squares, then replay), then replay every run in the
     # order the engine served it, carrying the simulated engine's step-size history.
     prof, cal_rows, rows = fd.compare_saved(
-        runs, model_dir, cfg, model_name=model_name, engine_version=version
+        runs, model_dir, cfg, model_name=model_name, engine_version=version, hardware=hardware
     )
     say(
         f"profile {prof.coefficients} api {prof.api_overhead_s:.4f} ingress "
@@ -168,7 +177,7 @@ def main() -> None:
             "noprefix": [nopre.real["ttft_p50"], nopre.sim["ttft_p50"]],
         },
     }
-    if not a.skip_qualitative:
+    if not a.skip_qualitative and a.engine == "vllm":
         kv = kv_pressure(model_dir, prof, 1)
         qual["kv_pressure"] = {"row": asdict(kv["row"])}
         qual["priority_hi_p99_ttft_ms"] = priority_effect(model_dir, prof)

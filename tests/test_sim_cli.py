@@ -113,6 +113,8 @@ def test_validate_one_line_errors(tmp_path: Path):
     assert r.returncode == 2 and "is not a directory" in r.stderr
     r = cli("validate", "--runs", str(tmp_path))
     assert r.returncode == 2 and "no .json files" in r.stderr
+    r = cli("validate", "--live", "--engine", "tgi")
+    assert r.returncode == 2 and "no fidelity harness for tgi" in r.stderr
 
 
 def test_validate_on_saved_runs_of_a_known_profile_has_zero_error(tmp_path: Path):

@@ -106,6 +106,22 @@ def test_llamacpp_slots():
     assert sched.cfg.slot_ctx == 2048 and res.metrics.completed == 300
 
 
+def test_llamacpp_slot_context_matches_the_launch_command():
+    """max_model_len is per request: the adapter launches -c max_model_len x -np, and the
+    simulated slots get exactly that context each (unified KV: -c is the shared pool)."""
+    from servetune.engines import launch_command
+
+    cpu, g = get_hardware("cpu-host"), get_model("gemma-3-270m")
+    for unified in (False, True):
+        cfg = EngineConfig(
+            engine="llamacpp", max_model_len=2048, parallel_slots=2, kv_unified=unified
+        )
+        argv = launch_command("llamacpp", cfg, "m.gguf", device="cpu").argv
+        c, np_ = int(argv[argv.index("-c") + 1]), int(argv[argv.index("-np") + 1])
+        sc = setup(g, cpu, cfg).sched
+        assert sc.slot_ctx == (c if unified else c // np_) and sc.max_model_len == 2048
+
+
 def test_cpu_threads_take_their_share_of_the_host():
     cpu, g = get_hardware("cpu-host"), get_model("gemma-3-270m")  # 16 cores
     tpot = {}

@@ -38,6 +38,7 @@ def scenario(draw):
         policy=draw(st.sampled_from(["fcfs", "priority"])) if paged else "fcfs",
         slot_ctx=draw(st.integers(20, 400)),
         kv_unified=draw(st.booleans()),
+        prompt_breaks=() if paged or not draw(st.booleans()) else (4 + draw(st.integers(1, 64)), 4),
     )
     n = draw(st.integers(1, 25))
     reqs = []

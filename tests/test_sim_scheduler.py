@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servetune.sim.scheduler import DONE, REJECTED, SchedConfig, Scheduler, SimRequest
+from servetune.sim.scheduler import (
+    DONE,
+    REJECTED,
+    SchedConfig,
+    Scheduler,
+    SimRequest,
+    prompt_breaks,
+)
 from servetune.sim.steptime import calibrated_model
 
 C0, PER_TOKEN = 0.010, 0.001  # 10 ms per step + 1 ms per prefill token
@@ -186,6 +193,25 @@ def test_slots_mode_reuses_a_slot_prompt_cache():
     s = run(c, [a, b])
     assert s.stats.prefix_hit_tokens == 64
     assert token_times(s, b)[0] == pytest.approx(0.090 + 0.010 + 0.026)
+
+
+def test_llamacpp_checkpoint_breaks_make_a_burst_of_prompts_finish_together():
+    """llama-server on an SWA model stops each prompt 4 + n_ubatch (516) and 4 tokens
+    before its end within a step. Four 769-token prompts at t=0, 4 slots, n_batch 2048:
+    steps of 4 x 253 = 1,012, 4 x 512 = 2,048 and 4 x 4 = 16 prompt tokens, and every first
+    token comes with the third step. Without the breaks the first two prompts finish in
+    the first step (769 + 769 + 510 tokens)."""
+    breaks = prompt_breaks(2048, 512)
+    assert breaks == (516, 4)
+    c = cfg(mode="slots", max_num_seqs=4, slot_ctx=2048, kv_blocks=0)
+    with_breaks = [req(i, 769, 2) for i in range(4)]
+    s = run(cfg(mode="slots", max_num_seqs=4, slot_ctx=2048, prompt_breaks=breaks), with_breaks)
+    first = 3 * C0 + (1012 + 2048 + 16) * PER_TOKEN
+    assert [token_times(s, r)[0] for r in with_breaks] == pytest.approx([first] * 4)
+    plain = [req(i, 769, 2) for i in range(4)]
+    s = run(c, plain)
+    assert token_times(s, plain[0])[0] == pytest.approx(C0 + 2048 * PER_TOKEN)
+    assert token_times(s, plain[3])[0] > token_times(s, plain[0])[0]
 
 
 def test_slots_mode_rejects_over_slot_context():

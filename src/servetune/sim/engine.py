@@ -24,7 +24,7 @@ from servetune.plan.planner import Evaluation, evaluate
 from servetune.results.schema import RunResult
 from servetune.sim.profile import Profile
 from servetune.sim.records import SimRecords
-from servetune.sim.scheduler import REJECTED, SchedConfig, Scheduler, SimRequest
+from servetune.sim.scheduler import REJECTED, SchedConfig, Scheduler, SimRequest, prompt_breaks
 from servetune.sim.steptime import StepModel, calibrated_model, roofline_model
 from servetune.slo import SLO
 from servetune.workload.materialize import Request, RequestColumns
@@ -35,6 +35,7 @@ NS = 1_000_000_000
 # llama-server defaults (tools/server README): -np auto resolves to 4 slots, -b 2048.
 LLAMACPP_DEFAULT_SLOTS = 4
 LLAMACPP_DEFAULT_BATCH = 2048
+LLAMACPP_DEFAULT_UBATCH = 512  # -ub
 
 
 class CountingTokenizer(WordTokenizer):
@@ -131,8 +132,14 @@ def setup(
             policy=cfg.scheduling_policy,
         )
     else:
-        slots = cfg.parallel_slots or cfg.max_num_seqs or LLAMACPP_DEFAULT_SLOTS
-        n_ctx = cfg.kv_cache_tokens or ev.max_model_len
+        given = cfg.parallel_slots or cfg.max_num_seqs
+        slots = given or LLAMACPP_DEFAULT_SLOTS
+        if cfg.kv_cache_tokens:
+            n_ctx = cfg.kv_cache_tokens
+        elif cfg.max_model_len is not None and given and not cfg.kv_unified:
+            n_ctx = cfg.max_model_len * slots  # the adapter's -c: max_model_len per slot
+        else:
+            n_ctx = ev.max_model_len
         slot_ctx = n_ctx if cfg.kv_unified else n_ctx // slots
         if slot_ctx <= 0:
             raise InputError("--set kv_cache_tokens", f"{n_ctx} tokens over {slots} slots", None)
@@ -147,6 +154,11 @@ def setup(
             policy="fcfs",
             slot_ctx=slot_ctx,
             kv_unified=cfg.kv_unified,
+            prompt_breaks=(
+                prompt_breaks(batch, cfg.ubatch_size or LLAMACPP_DEFAULT_UBATCH)
+                if model.sliding_window and model.sliding_window_layers
+                else ()
+            ),
         )
     if profile is not None:
         sm = calibrated_model(
