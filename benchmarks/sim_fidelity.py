@@ -113,14 +113,6 @@ def hi_p99(res) -> float | None:
     return float(np.percentile(vals, 99)) if vals else None
 
 
-def save_runs(runs, where: str) -> None:
-    from pathlib import Path
-
-    Path(where).mkdir(parents=True, exist_ok=True)
-    for r in runs:
-        (Path(where) / f"{r.workload.get('name')}-{r.id}.json").write_text(r.model_dump_json())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=fd.HARNESS_ENGINES, default="vllm")
@@ -147,9 +139,8 @@ def main() -> None:
             cal_repeats=a.cal_repeats,
             engine=a.engine,
             say=say,
+            keep=(lambda r: fd.save_run(r, a.runs_dir)) if a.runs_dir else (lambda r: None),
         )
-    if a.runs_dir:
-        save_runs(runs, a.runs_dir)
     # Fit on the cal-* runs only (least squares, then replay), then replay every run in the
     # order the engine served it, carrying the simulated engine's step-size history.
     prof, cal_rows, rows = fd.compare_saved(

@@ -162,3 +162,42 @@ def test_validate_on_saved_runs_of_a_known_profile_has_zero_error(tmp_path: Path
     assert [x["workload"] for x in out["heldout"]] == ["held-c3"]
     assert all(v < 1e-6 for v in out["medians_err_pct"].values()), out["medians_err_pct"]
     assert all(out["targets_met"].values())
+
+
+def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Path):
+    """`calibrate --url` against a server whose timing is known (the mock: TTFT 30 ms, 6 ms
+    between tokens, for any batch): the sweep's runs are kept, the profile is refined by
+    replay, and the simulator with it reproduces the server's TPOT and TTFT."""
+    from servetune.mock.server import MockConfig, mock_in_thread
+
+    prof, runs = tmp_path / "p.json", tmp_path / "runs"
+    with mock_in_thread(MockConfig(ttft_ms=30, itl_ms=6)) as srv:
+        p = cli(
+            "calibrate",
+            "--url",
+            f"http://127.0.0.1:{srv.port}",
+            "--model",
+            "llama-3.2-1b",
+            "--gpu",
+            "cpu-host",
+            "--set",
+            "max_num_seqs=4",
+            "--runs-dir",
+            str(runs),
+            "-o",
+            str(prof),
+        )
+    assert p.returncode == 0, p.stderr
+    assert len(list(runs.glob("cal-*.json"))) == 8  # one of each sweep workload
+    w = tmp_path / "w.yaml"
+    w.write_text(
+        yaml.safe_dump({**WL, "count": 40, "arrival": {"kind": "closed", "concurrency": 2}})
+    )
+    s = cli(
+        "simulate", "--model", "llama-3.2-1b", "--gpu", "cpu-host", "--set", "max_num_seqs=4",
+        "--workload", str(w), "--profile", str(prof), "--json",
+    )  # fmt: skip
+    assert s.returncode == 0, s.stderr
+    m = json.loads(s.stdout)
+    assert 5.0 < m["tpot_ms"]["p50"] < 7.5 and 20 < m["ttft_ms"]["p50"] < 45, m
+    assert cli("calibrate", "--model", "x", "--gpu", "cpu-host", "-o", str(prof)).returncode == 2

@@ -218,27 +218,48 @@ def _print_point(s: dict[str, Any], out: Any) -> None:
 
 
 def calibrate(
-    results: list[Path] = typer.Argument(..., help="Bench result JSON files (RunResult)."),
+    results: list[Path] = typer.Argument(None, help="Bench result JSON files (RunResult)."),
     engine: str = typer.Option("vllm", "--engine"),
     engine_version: str = typer.Option("unknown", "--engine-version"),
-    model: str = typer.Option(..., "--model", "-m", help="Catalog name the runs served."),
+    model: str = typer.Option(..., "--model", "-m", help="Catalog name (or HF dir) served."),
     gpu: str = typer.Option(..., "--gpu", "-g", help="Hardware the runs used (e.g. cpu-host)."),
     output: Path = typer.Option(..., "--output", "-o", help="Profile JSON to write."),
+    url: str | None = typer.Option(
+        None, "--url", help="A running engine: run the profiling sweep against it instead."
+    ),
+    served_model: str | None = typer.Option(
+        None, "--served-model", help="--url: model name to request (default: the first listed)."
+    ),
+    sets: list[str] = typer.Option(
+        [], "--set", help="--url: the running engine's knobs, key=value (the replay needs them)."
+    ),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="--url: runs of each sweep workload."),
+    runs_dir: Path | None = typer.Option(
+        None, "--runs-dir", help="--url: where the sweep's runs are kept (default <output>-runs)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Fit the calibrated step-time tier (least squares) from measured runs."""
+    """Fit the calibrated step-time tier: least squares on result files, or (--url) a short
+    profiling sweep against a live engine, least squares, then refined by replay."""
     from servetune.hardware import get_hardware
     from servetune.model import get_model
     from servetune.sim.profile import fit_profile, load_results, save_profile
 
+    if bool(results) == bool(url):
+        raise InputError("calibrate", "give result files or --url, not both or neither", None)
     m, hw = get_model(model), get_hardware(gpu)
-    prof = fit_profile(
-        load_results(results),
-        engine=engine,
-        model=m.name,
-        hardware=hw.name,
-        engine_version=engine_version,
-    )
+    if url:
+        keep_in = runs_dir or output.with_name(output.stem + "-runs")
+        sweep = (url, served_model, repeats, keep_in)
+        prof = _calibrate_live(sweep, engine, sets, model, hw.name, engine_version)
+    else:
+        prof = fit_profile(
+            load_results(results),
+            engine=engine,
+            model=m.name,
+            hardware=hw.name,
+            engine_version=engine_version,
+        )
     save_profile(prof, output)
     if as_json:
         sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
@@ -249,7 +270,53 @@ def calibrate(
     for k, v in prof.coefficients.items():
         print(f"  {k:15s} {v * 1e3:12.6f} ms  (+/- {prof.stderr.get(k, 0) * 1e3:.6f})")
     print(f"  api_overhead    {prof.api_overhead_s * 1e3:12.3f} ms")
+    if prof.ingress_s or prof.new_shape_s:
+        print(
+            f"  ingress {prof.ingress_s * 1e3:.3f} ms + {prof.ingress_per_token_s * 1e6:.3f} "
+            f"us/token; new step size {prof.new_shape_s * 1e3:.3f} ms + "
+            f"{prof.new_shape_per_token_s * 1e3:.4f} ms/token"
+        )
     print(
         f"  fit: {fit.samples} steps, R^2 {fit.r2:.3f}, relative RMSE {fit.rel_rmse:.1%}, "
         f"confidence {fit.confidence}" + (f", dropped {fit.dropped}" if fit.dropped else "")
     )
+
+
+def _calibrate_live(
+    sweep: tuple[str, str | None, int, Path],
+    engine: str,
+    sets: list[str],
+    model: str,
+    hardware: str,
+    engine_version: str,
+):  # -> Profile
+    """The fidelity harness's calibration sweep, `sweep` = (url, served model or None,
+    repeats, runs dir); every run is saved as it completes, before any fitting, so nothing
+    measured is lost if the fit or the process fails."""
+    from servetune.cli.engine_cmd import parse_sets
+    from servetune.engines.process import served_model_at
+    from servetune.model import get_model
+    from servetune.sim import fidelity as fd
+    from servetune.sim.profile import fit_profile
+
+    url, served_model, repeats, runs_dir = sweep
+    cfg = parse_sets(engine, sets)
+    err = sys.stderr
+    runs = fd.run_blocks(
+        url,
+        served_model or served_model_at(url) or "",
+        repeats=0,
+        cal_repeats=repeats,
+        engine=engine,
+        say=lambda s: print(s, file=err, flush=True),
+        keep=lambda r: fd.save_run(r, runs_dir),
+    )
+    print(f"{len(runs)} sweep runs kept in {runs_dir}", file=err)
+    start = fit_profile(
+        runs,
+        engine=engine,
+        model=get_model(model).name,
+        hardware=hardware,
+        engine_version=engine_version,
+    )
+    return fd.fit_by_replay(runs, start, model, cfg, hardware=hardware)

@@ -413,14 +413,19 @@ def _wait_ready(srv: EngineServer, health_path: str, timeout_s: float) -> None:
         time.sleep(0.25)
 
 
-def _served_model(srv: EngineServer) -> str:
+def served_model_at(url: str) -> str | None:
+    """The first model id a running OpenAI-compatible server lists (None if it lists none)."""
     import httpx
 
     try:
-        data = httpx.get(srv.url + "/v1/models", timeout=10.0).json()
+        data = httpx.get(url.rstrip("/") + "/v1/models", timeout=10.0).json()
         return str(data["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
-        return srv.model
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _served_model(srv: EngineServer) -> str:
+    return served_model_at(srv.url) or srv.model
 
 
 def _first_completion(srv: EngineServer) -> None:

@@ -17,6 +17,7 @@ import statistics
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -268,11 +269,13 @@ def run_blocks(
     cal_repeats: int,
     engine: str = "vllm",
     say: Callable[[str], None] = lambda s: None,
+    keep: Callable[[RunResult], None] = lambda r: None,
 ) -> list[RunResult]:
     """All real runs of the harness against one engine, as interleaved blocks
     (calibration r0, held-out r0, calibration r1, ...): the host drifts over minutes, and
     a profile fitted on the first minutes only would carry that drift into every held-out
-    error. `cal_repeats=0` runs the held-out workloads only (a profile is given)."""
+    error. `cal_repeats=0` runs the held-out workloads only (a profile is given);
+    `repeats=0` the calibration sweep only. `keep` sees each run as soon as it is done."""
     runs = []
     for rep in range(max(cal_repeats, repeats)):
         cases = calibration_cases() if rep < cal_repeats else []
@@ -281,8 +284,16 @@ def run_blocks(
             cal = case.name.startswith("cal-")
             res = bench_real(url, served_model, case, engine, scrape=not cal, repeat=rep)
             runs.append(res)
+            keep(res)
             say(f"r{rep} {case.name}: {res.metrics.output_tok_s:.1f} tok/s")
     return runs
+
+
+def save_run(res: RunResult, where: str | Path) -> None:
+    """One real run as `<where>/<workload>-<id>.json` (what `validate --runs` reads)."""
+    d = Path(where)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{res.workload.get('name')}-{res.id}.json").write_text(res.model_dump_json())
 
 
 def nelder_mead(
