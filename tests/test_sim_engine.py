@@ -200,3 +200,23 @@ def test_dataset_workload_counts_prompts_with_a_tokenizer_or_words(tmp_path):
     res2, _ = simulate(M, HW, cfg, w, keep_requests=True, tokenizer=Double())
     assert sorted(q.prompt_tokens for q in res2.requests) == [6, 10, 14]
     assert len(CountingTokenizer().encode(CountingTokenizer().decode([0] * 7))) == 7
+
+
+def test_decode_stretch_end_times_are_the_running_sum_of_single_steps():
+    """`decode_ends_s` (hoisted plain floats up to 16 steps, numpy beyond) must price a
+    jump exactly as stepping one decode at a time would, on both tiers."""
+    import random
+
+    from servetune.sim.steptime import calibrated_model
+
+    roofline = setup(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), EngineConfig()).step_model
+    coef = {"const": 0.01, "prefill_tokens": 1e-3, "decode_seqs": 2e-4, "kv_read_tokens": 3e-6}
+    rng = random.Random(3)
+    for model in (roofline, calibrated_model({**coef, "attn_pairs": 1e-8}, 0.0)):
+        for _ in range(100):
+            b, ctx0, n = rng.randint(1, 64), rng.uniform(0, 1e5), rng.randint(1, 40)
+            t, want = 0.5, []
+            for j in range(n):
+                t += model.decode_time_s(b, ctx0 + b * j)
+                want.append(t)
+            assert model.decode_ends_s(0.5, b, ctx0, n) == pytest.approx(want, rel=1e-12)
