@@ -117,7 +117,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=fd.HARNESS_ENGINES, default="vllm")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cal-repeats", type=int, default=2, help="Runs per calibration case.")
+    ap.add_argument(
+        "--cal-repeats",
+        type=int,
+        default=None,
+        help="Runs per calibration case (default: --repeats, so every block calibrates).",
+    )
     ap.add_argument("--skip-qualitative", action="store_true")
     ap.add_argument("--profile-out", default=None)
     ap.add_argument("--json", default=None)
@@ -136,7 +141,7 @@ def main() -> None:
             srv.url,
             srv.served_model,
             repeats=a.repeats,
-            cal_repeats=a.cal_repeats,
+            cal_repeats=a.repeats if a.cal_repeats is None else a.cal_repeats,
             engine=a.engine,
             say=say,
             keep=(lambda r: fd.save_run(r, a.runs_dir)) if a.runs_dir else (lambda r: None),
@@ -155,6 +160,9 @@ def main() -> None:
         save_profile(prof, a.profile_out)
     print(fd.format_table(cal_rows, "calibration workloads (fitted on these)"))
     print(fd.format_table(rows, f"held-out workloads (median of {a.repeats} real runs)"))
+    floor = fd.noise_floor(runs)
+    if floor:
+        print(fd.format_table(floor, fd.NOISE_FLOOR_TITLE))
     by = {r.name: r for r in rows}
     c4, c8 = by["closed-c4-p300"], by["closed-c8-p200"]
     pre, nopre = by["prefix-c2"], by["noprefix-c2"]
@@ -181,6 +189,8 @@ def main() -> None:
                     "calibration": [asdict(r) for r in cal_rows],
                     "heldout": [asdict(r) for r in rows],
                     "medians": fd.medians_over(rows),
+                    "noise_floor": [asdict(r) for r in floor],
+                    "noise_floor_medians": fd.medians_over(floor) if floor else None,
                     "qualitative": qual,
                 },
                 fh,

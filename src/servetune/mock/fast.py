@@ -24,7 +24,7 @@ def build(cache: Path | None = None) -> Path | None:
     if cc is None or not SOURCE.exists():
         return None
     if cache is None:
-        from servetune.engines.install import cache_root
+        from servetune.paths import cache_root
 
         cache = cache_root() / "fastmock"
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
