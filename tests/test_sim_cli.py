@@ -55,34 +55,16 @@ def test_simulate_json_and_files(tmp_path: Path):
     prof = tmp_path / "p.json"
     p = cli("calibrate", str(out), "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "-o", str(prof))
     assert p.returncode == 0, p.stderr
-    p = cli(
-        "simulate",
-        "--model",
-        "llama-3.1-8b",
-        "--gpu",
-        "h100-sxm",
-        "--set",
-        "max_model_len=4096",
-        "--workload",
-        str(w),
-        "--profile",
-        str(prof),
-        "--json",
-    )
+
+    def with_profile(model: str) -> subprocess.CompletedProcess:
+        return cli(
+            "simulate", "--model", model, "--gpu", "h100-sxm", "--set", "max_model_len=4096",
+            "--workload", str(w), "--profile", str(prof), "--json",
+        )  # fmt: skip
+
+    p = with_profile("llama-3.1-8b")
     assert p.returncode == 0 and json.loads(p.stdout)["tier"] == "calibrated"
-    p = cli(
-        "simulate",
-        "--model",
-        "qwen3-8b",
-        "--gpu",
-        "h100-sxm",
-        "--set",
-        "max_model_len=4096",
-        "--workload",
-        str(w),
-        "--profile",
-        str(prof),
-    )
+    p = with_profile("qwen3-8b")  # a profile for another model
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "profile is for" in p.stderr
 
 
