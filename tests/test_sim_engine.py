@@ -203,7 +203,7 @@ def test_dataset_workload_counts_prompts_with_a_tokenizer_or_words(tmp_path):
 
 
 def test_decode_stretch_end_times_are_the_running_sum_of_single_steps():
-    """`decode_ends_s` (hoisted plain floats up to 16 steps, numpy beyond) must price a
+    """`decode_ends_s` (plain floats up to 16 steps, numpy beyond) must price a
     jump exactly as stepping one decode at a time would, on both tiers."""
     import random
 

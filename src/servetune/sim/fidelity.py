@@ -159,20 +159,23 @@ def medians_over(rows: Sequence[Row]) -> dict[str, float | None]:
 NOISE_FLOOR_TITLE = "noise floor, real vs real: odd repeats / even repeats / |difference|"
 
 
+def by_workload(runs: Sequence[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs grouped by workload name, each group in the order the engine served them."""
+    by: dict[str, list[RunResult]] = {}
+    for r in sorted(runs, key=lambda r: r.started_unix_s or 0.0):
+        by.setdefault(str(r.workload.get("name") or r.id), []).append(r)
+    return by
+
+
 def noise_floor(runs: Sequence[RunResult]) -> list[Row]:
     """Real against real: per held-out workload with two or more repeats, the median
     figures of its even repeats (r0, r2, ...) compared like a simulation with those of its
     odd ones (r1, r3, ...). Why: it is the error a perfect simulator would still be charged
     on this host, so a target below it cannot be verified here. (Half the repeats each:
     somewhat noisier than the median of all of them that the simulator is held to.)"""
-    by: dict[str, list[RunResult]] = {}
-    for r in sorted(runs, key=lambda r: r.started_unix_s or 0.0):
-        name = str(r.workload.get("name") or r.id)
-        if not name.startswith("cal-"):
-            by.setdefault(name, []).append(r)
     rows = []
-    for name, reps in by.items():
-        if len(reps) < 2:
+    for name, reps in by_workload(runs).items():
+        if name.startswith("cal-") or len(reps) < 2:
             continue
         even = median_figures([figures(r.metrics) for r in reps[0::2]])
         odd = median_figures([figures(r.metrics) for r in reps[1::2]])
@@ -406,8 +409,11 @@ def fit_by_replay(
 
     def unpack(x: np.ndarray) -> dict[str, Any]:
         coef = {k: base[k] * float(np.exp(v)) for k, v in zip(FIT_TERMS, x[:n], strict=True)}
-        out: dict[str, Any] = {"coefficients": coef, "new_shape_s": 0.0}
-        out["new_shape_per_token_s"] = 0.0
+        out: dict[str, Any] = {
+            "coefficients": coef,
+            "new_shape_s": 0.0,
+            "new_shape_per_token_s": 0.0,
+        }
         for (k, v0), v in zip(side.items(), x[n:], strict=True):
             out[k] = v0 * float(np.exp(v))
         return out
@@ -533,9 +539,7 @@ def compare_saved(
     from servetune.errors import InputError
 
     runs = sorted(runs, key=lambda r: r.started_unix_s or 0.0)  # the engine's order
-    by: dict[str, list[RunResult]] = {}
-    for r in runs:
-        by.setdefault(str(r.workload.get("name") or r.id), []).append(r)
+    by = by_workload(runs)
     cal = [r for k, v in by.items() if k.startswith("cal-") for r in v]
     if profile is None:
         if not cal:

@@ -154,21 +154,9 @@ class StepModel:
         context sum growing by `batch` a step. Short stretches (most of a Poisson run's
         jumps) in plain floats, long ones in one numpy pass."""
         if n <= 16:
-            # decode_time_s with its per-batch parts hoisted out of the loop
             out, t = [], t0
-            if self.tier == "calibrated":
-                c = self.coef
-                fixed, per_ctx = c[0] + c[2] * batch, c[3] + c[4]
-                for j in range(n):
-                    t += fixed + per_ctx * (ctx0 + batch * j)
-                    out.append(t)
-                return out
-            fixed = self.overhead_s + self.comm_s(batch)
-            w, comp0 = self.weights_s(batch), self.flops_per_token_s * batch
-            kv, pair = self.mem_per_kv_token_s, self.flops_per_pair_s
             for j in range(n):
-                ctx = ctx0 + batch * j
-                t += fixed + max(w + kv * ctx, comp0 + pair * ctx)
+                t += self.decode_time_s(batch, ctx0 + batch * j)
                 out.append(t)
             return out
         ctx = ctx0 + batch * np.arange(n, dtype=np.float64)
