@@ -184,3 +184,33 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
     m = json.loads(s.stdout)
     assert 5.0 < m["tpot_ms"]["p50"] < 7.5 and 20 < m["ttft_ms"]["p50"] < 45, m
     assert cli("calibrate", "--model", "x", "--gpu", "cpu-host", "-o", str(prof)).returncode == 2
+
+
+def test_calibrate_from_the_store_uses_measured_runs_only(tmp_path: Path):
+    """Bench runs recorded in the store (a study of two loads against the mock) calibrate
+    a profile by study name; a study of simulated runs is refused (fitting the simulator
+    on its own output proves nothing)."""
+    from servetune.mock.server import MockConfig, mock_in_thread
+
+    db, w = str(tmp_path / "st.db"), tmp_path / "w.yaml"
+    w.write_text(
+        yaml.safe_dump({**WL, "count": 12, "arrival": {"kind": "closed", "concurrency": 1}})
+    )
+    with mock_in_thread(MockConfig(ttft_ms=20, itl_ms=4)) as srv:
+        b = cli(
+            "bench", "--url", f"http://127.0.0.1:{srv.port}", "-w", str(w), "--concurrency",
+            "1,4", "--tokenizer", "word", "--db", db, "--study", "measured",
+        )  # fmt: skip
+    assert b.returncode == 0, b.stderr
+    s = cli(
+        "simulate", "--model", "llama-3.2-1b", "--gpu", "cpu-host", "--workload", str(w),
+        "--db", db, "--study", "simulated",
+    )  # fmt: skip
+    assert s.returncode == 0, s.stderr
+    base = ("calibrate", "--model", "llama-3.2-1b", "--gpu", "cpu-host", "--db", db, "--json")
+    p = cli(*base, "--from-store", "measured", "-o", str(tmp_path / "p.json"))
+    assert p.returncode == 0, p.stderr
+    prof = json.loads(p.stdout)
+    assert prof["fit"]["samples"] > 0 and prof["coefficients"]["const"] > 0
+    p = cli(*base, "--from-store", "simulated", "-o", str(tmp_path / "q.json"))
+    assert p.returncode == 2 and "no measured runs" in p.stderr

@@ -237,6 +237,10 @@ def calibrate(
     runs_dir: Path | None = typer.Option(
         None, "--runs-dir", help="--url: where the sweep's runs are kept (default <output>-runs)."
     ),
+    from_store: list[str] = typer.Option(
+        [], "--from-store", help="Stored runs to fit on: run ids, study names, last."
+    ),
+    db: str | None = DB_OPTION,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Fit the calibrated step-time tier: least squares on result files, or (--url) a short
@@ -245,8 +249,10 @@ def calibrate(
     from servetune.model import get_model
     from servetune.sim.profile import fit_profile, load_results, save_profile
 
-    if bool(results) == bool(url):
-        raise InputError("calibrate", "give result files or --url, not both or neither", None)
+    if sum(map(bool, (results, url, from_store))) != 1:
+        raise InputError(
+            "calibrate", "give exactly one source", "result files, --url or --from-store"
+        )
     m, hw = get_model(model), get_hardware(gpu)
     if url:
         keep_in = runs_dir or output.with_name(output.stem + "-runs")
@@ -254,7 +260,7 @@ def calibrate(
         prof = _calibrate_live(sweep, engine, sets, model, hw.name, engine_version)
     else:
         prof = fit_profile(
-            load_results(results),
+            load_results(results) if results else _stored_runs(from_store, db),
             engine=engine,
             model=m.name,
             hardware=hw.name,
@@ -320,3 +326,16 @@ def _calibrate_live(
         engine_version=engine_version,
     )
     return fd.fit_by_replay(runs, start, model, cfg, hardware=hardware)
+
+
+def _stored_runs(refs: list[str], db: str | None) -> list[Any]:
+    """Measured (bench) runs from the store; simulated ones are skipped, since fitting the
+    simulator on its own output would prove nothing."""
+    from servetune.store.store import Store
+
+    with Store.open(db, create=False) as store:
+        runs = [store.load_result(rid) for rid in store.resolve(refs)]
+    real = [r for r in runs if r.backend == "real"]
+    if not real:
+        raise InputError("--from-store", f"no measured runs in {', '.join(refs)}", "bench first")
+    return real
