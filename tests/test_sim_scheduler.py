@@ -186,6 +186,17 @@ def test_decode_stretch_is_one_jump():
     assert s.stats.jumps <= 3 and s.stats.steps == 500
 
 
+def test_an_arrival_does_not_cut_the_decode_stretch_of_a_full_batch():
+    """max_num_seqs 1: a (100-token prompt, 6 tokens) decodes from 110 ms; b arrives at
+    125 ms and can only queue. a's five decode steps stay one jump; b is prefilled when a
+    finishes (160 ms + 10 + 50 ms) and decodes once."""
+    a, b = req(0, 100, 6), req(1, 50, 2, t=0.125)
+    s = run(cfg(max_num_seqs=1), [a, b])
+    assert token_times(s, a) == pytest.approx([0.110, 0.120, 0.130, 0.140, 0.150, 0.160])
+    assert token_times(s, b) == pytest.approx([0.220, 0.230])
+    assert s.stats.jumps == 2  # a's stretch and b's single decode
+
+
 def test_slots_mode_reuses_a_slot_prompt_cache():
     c = cfg(mode="slots", max_num_seqs=1, slot_ctx=1000, kv_blocks=0)
     a = req(0, 80, 2, group=3, shared=64)

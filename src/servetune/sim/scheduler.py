@@ -470,7 +470,11 @@ class Scheduler:
                     ctx0 = float(s_off + n_decode * s)
                     ends = [now + model.decode_time_s(n_decode, ctx0)]
                 else:
-                    ends = self._jump(s, n_decode, finish, arrivals, now, cnt, s_off)
+                    # A full batch cannot take an arrival (it only joins the queue), so
+                    # then arrivals do not cut the stretch; they are queued after it with
+                    # their own timestamps.
+                    joinable = arrivals if len(running) < max_seqs else []
+                    ends = self._jump(s, n_decode, finish, joinable, now, cnt, s_off)
                 n_steps = len(ends)
                 if shape_cost and n_decode not in shapes:
                     shapes.add(n_decode)
