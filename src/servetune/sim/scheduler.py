@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from servetune.sim.kvcache import PagedKV, private_hash, shared_hash
-from servetune.sim.steptime import Step, StepModel, chunk_attn_pairs
+from servetune.sim.steptime import StepModel, chunk_attn_pairs
 
 WAITING, PREFILL, DECODE, DONE, REJECTED = 0, 1, 2, 3, 4
 
@@ -429,9 +429,9 @@ class Scheduler:
                 stats.preemptions += 1
                 push_waiting(victim, front=True)
             if paged:
-                pool_kv.take(demand - sum(item[2] for item in sched))
+                if demand:  # the decoders' blocks, then the chunks' (one allocation)
+                    pool_kv.take(demand)
                 for item in sched:
-                    pool_kv.take(item[2])
                     item[0].held += item[2]
 
             # 3. admission of waiting requests, only in a step without preemption. When it
@@ -502,7 +502,7 @@ class Scheduler:
                     kv_read += r.computed
                     pairs += chunk_attn_pairs(r.computed, n)
                     sq += n * (n + 1) / 2
-                dt = model.time_s(Step(pf_tokens, n_decode, kv_read, pairs, sq))
+                dt = model.time_s(pf_tokens, n_decode, kv_read, pairs, sq)
                 if shape_cost and (m := pf_tokens + n_decode) not in shapes:
                     shapes.add(m)
                     dt += model.new_shape_cost_s(m)

@@ -32,6 +32,7 @@ Both are vectorised over numpy arrays so a decode-only stretch is priced in one 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -62,17 +63,6 @@ DEFAULT_EFFICIENCY = {
     # AVX-512 peak; Python-side scheduling costs more per step than on a GPU box.
     "cpu": {"mem": 0.50, "flops": 0.30, "step_overhead_s": 5.0e-3, "api_overhead_s": 5.0e-3},
 }
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step's features (scalars) - the unit the schedulers price."""
-
-    prefill_tokens: int = 0
-    decode_seqs: int = 0
-    kv_read_tokens: int = 0
-    attn_pairs: float = 0.0
-    prefill_sq: float = 0.0
 
 
 def chunk_attn_pairs(cached: int, n: int) -> float:
@@ -113,6 +103,13 @@ class StepModel:
     new_shape_s: float = 0.0
     new_shape_per_token_s: float = 0.0
     notes: dict[str, float] = field(default_factory=dict)
+    _lines: dict[int, tuple[float, float, float, float, float]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        # plain floats: indexing a numpy array per step costs more than the arithmetic
+        self._coef = tuple(float(v) for v in self.coef)
 
     @property
     def has_shape_cost(self) -> bool:
@@ -122,42 +119,68 @@ class StepModel:
         """Extra seconds of the first step of `tokens` tokens in an engine's life."""
         return self.new_shape_s + self.new_shape_per_token_s * tokens
 
-    def time_s(self, s: Step) -> float:
-        """Seconds of one step."""
+    def time_s(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        kv_read_tokens: float,
+        attn_pairs: float,
+        prefill_sq: float,
+    ) -> float:
+        """Seconds of one step with these features (module docstring)."""
         if self.tier == "calibrated":
-            c = self.coef
-            return float(
+            c = self._coef
+            return (
                 c[0]
-                + c[1] * s.prefill_tokens
-                + c[2] * s.decode_seqs
-                + c[3] * s.kv_read_tokens
-                + c[4] * s.attn_pairs
-                + c[5] * s.prefill_sq
+                + c[1] * prefill_tokens
+                + c[2] * decode_seqs
+                + c[3] * kv_read_tokens
+                + c[4] * attn_pairs
+                + c[5] * prefill_sq
             )
-        tokens = s.prefill_tokens + s.decode_seqs
-        mem = self.weights_s(tokens) + self.mem_per_kv_token_s * s.kv_read_tokens
-        comp = self.flops_per_token_s * tokens + self.flops_per_pair_s * s.attn_pairs
+        tokens = prefill_tokens + decode_seqs
+        mem = self.weights_s(tokens) + self.mem_per_kv_token_s * kv_read_tokens
+        comp = self.flops_per_token_s * tokens + self.flops_per_pair_s * attn_pairs
         return self.overhead_s + max(mem, comp) + self.comm_s(tokens)
 
+    def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:
+        """A decode-only step of `batch` sequences as a function of its context sum x:
+        base + max(m0 + m1 x, f0 + f1 x) (roofline: weight + KV reads vs FLOPs; calibrated:
+        c0 + c_decode b + (c_kv + c_attn) x, the FLOP branch -inf). Cached per batch size:
+        the one formula behind `decode_time_s`, `decode_ends_s` and `decode_times_s`."""
+        line = self._lines.get(batch)
+        if line is None:
+            if self.tier == "calibrated":
+                c = self._coef
+                line = (c[0] + c[2] * batch, 0.0, c[3] + c[4], -math.inf, 0.0)
+            else:
+                line = (
+                    self.overhead_s + self.comm_s(batch),
+                    self.weights_s(batch),
+                    self.mem_per_kv_token_s,
+                    self.flops_per_token_s * batch,
+                    self.flops_per_pair_s,
+                )
+            self._lines[batch] = line
+        return line
+
     def decode_time_s(self, batch: int, context_sum: float) -> float:
-        """`decode_times_s` of one step, in plain floats (numpy's per-call overhead
+        """Seconds of one decode-only step, in plain floats (numpy's per-call overhead
         dominates a one-element array; most steps of a Poisson run are single)."""
-        if self.tier == "calibrated":
-            c = self.coef
-            return float(c[0] + c[2] * batch + (c[3] + c[4]) * context_sum)
-        mem = self.weights_s(batch) + self.mem_per_kv_token_s * context_sum
-        comp = self.flops_per_token_s * batch + self.flops_per_pair_s * context_sum
-        return self.overhead_s + max(mem, comp) + self.comm_s(batch)
+        base, m0, m1, f0, f1 = self.decode_line(batch)
+        return base + max(m0 + m1 * context_sum, f0 + f1 * context_sum)
 
     def decode_ends_s(self, t0: float, batch: int, ctx0: float, n: int) -> list[float]:
         """End times of `n` decode-only steps of an unchanged batch starting at `t0`, the
         context sum growing by `batch` a step. Short stretches (most of a Poisson run's
         jumps) in plain floats, long ones in one numpy pass."""
         if n <= 16:
-            out, t = [], t0
-            for j in range(n):
-                t += self.decode_time_s(batch, ctx0 + batch * j)
+            base, m0, m1, f0, f1 = self.decode_line(batch)
+            out, t, x = [], t0, ctx0
+            for _ in range(n):
+                t += base + max(m0 + m1 * x, f0 + f1 * x)
                 out.append(t)
+                x += batch
             return out
         ctx = ctx0 + batch * np.arange(n, dtype=np.float64)
         return (t0 + np.cumsum(self.decode_times_s(batch, ctx))).tolist()
@@ -165,12 +188,8 @@ class StepModel:
     def decode_times_s(self, batch: int, context_sum: np.ndarray) -> np.ndarray:
         """Seconds of decode-only steps of `batch` sequences whose total contexts are
         `context_sum` (one entry per step): the jump over an unchanged batch."""
-        if self.tier == "calibrated":
-            c = self.coef
-            return c[0] + c[2] * batch + (c[3] + c[4]) * context_sum
-        mem = self.weights_s(batch) + self.mem_per_kv_token_s * context_sum
-        comp = self.flops_per_token_s * batch + self.flops_per_pair_s * context_sum
-        return self.overhead_s + np.maximum(mem, comp) + self.comm_s(batch)
+        base, m0, m1, f0, f1 = self.decode_line(batch)
+        return base + np.maximum(m0 + m1 * context_sum, f0 + f1 * context_sum)
 
 
 def roofline_model(
