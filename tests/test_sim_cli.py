@@ -172,6 +172,7 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
         )
     assert p.returncode == 0, p.stderr
     assert len(list(runs.glob("cal-*.json"))) == 8  # one of each sweep workload
+    assert json.loads(prof.read_text())["fit"]["method"] == "least squares + replay"
     w = tmp_path / "w.yaml"
     w.write_text(
         yaml.safe_dump({**WL, "count": 40, "arrival": {"kind": "closed", "concurrency": 2}})
@@ -188,20 +189,23 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
 
 def test_calibrate_from_the_store_uses_measured_runs_only(tmp_path: Path):
     """Bench runs recorded in the store (a study of two loads against the mock) calibrate
-    a profile by study name; a study of simulated runs is refused (fitting the simulator
-    on its own output proves nothing)."""
+    a profile by study name, refined by replay when bench recorded the engine's knobs
+    (--engine/--set) and by least squares alone when it did not; a study of simulated runs
+    is refused (fitting the simulator on its own output proves nothing)."""
     from servetune.mock.server import MockConfig, mock_in_thread
 
     db, w = str(tmp_path / "st.db"), tmp_path / "w.yaml"
     w.write_text(
         yaml.safe_dump({**WL, "count": 12, "arrival": {"kind": "closed", "concurrency": 1}})
     )
+    knobs = ("--engine", "vllm", "--set", "max_num_seqs=4")
     with mock_in_thread(MockConfig(ttft_ms=20, itl_ms=4)) as srv:
-        b = cli(
-            "bench", "--url", f"http://127.0.0.1:{srv.port}", "-w", str(w), "--concurrency",
-            "1,4", "--tokenizer", "word", "--db", db, "--study", "measured",
-        )  # fmt: skip
-    assert b.returncode == 0, b.stderr
+        for study, extra in (("measured", knobs), ("bare", ())):
+            b = cli(
+                "bench", "--url", f"http://127.0.0.1:{srv.port}", "-w", str(w), "--concurrency",
+                "1,4", "--tokenizer", "word", "--db", db, "--study", study, *extra,
+            )  # fmt: skip
+            assert b.returncode == 0, b.stderr
     s = cli(
         "simulate", "--model", "llama-3.2-1b", "--gpu", "cpu-host", "--workload", str(w),
         "--db", db, "--study", "simulated",
@@ -212,5 +216,15 @@ def test_calibrate_from_the_store_uses_measured_runs_only(tmp_path: Path):
     assert p.returncode == 0, p.stderr
     prof = json.loads(p.stdout)
     assert prof["fit"]["samples"] > 0 and prof["coefficients"]["const"] > 0
+    assert prof["fit"]["method"] == "least squares + replay"
+    p = cli(*base, "--from-store", "bare", "-o", str(tmp_path / "b.json"))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["fit"]["method"] == "least squares"
+    assert "--set the engine's knobs" in p.stderr
+    p = cli(*base, "--from-store", "bare", "--set", "max_num_seqs=4", "-o", str(tmp_path / "c"))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["fit"]["method"] == "least squares + replay"
+    p = cli(*base, "--from-store", "measured", "--engine", "llamacpp", "-o", str(tmp_path / "x"))
+    assert p.returncode == 2 and "served by vllm" in p.stderr
     p = cli(*base, "--from-store", "simulated", "-o", str(tmp_path / "q.json"))
     assert p.returncode == 2 and "no measured runs" in p.stderr

@@ -231,7 +231,7 @@ def calibrate(
         None, "--served-model", help="--url: model name to request (default: the first listed)."
     ),
     sets: list[str] = typer.Option(
-        [], "--set", help="--url: the running engine's knobs, key=value (the replay needs them)."
+        [], "--set", help="The engine's knobs, key=value: the replay fit needs them."
     ),
     repeats: int = typer.Option(1, "--repeats", min=1, help="--url: runs of each sweep workload."),
     runs_dir: Path | None = typer.Option(
@@ -243,8 +243,11 @@ def calibrate(
     db: str | None = DB_OPTION,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Fit the calibrated step-time tier: least squares on result files, or (--url) a short
-    profiling sweep against a live engine, least squares, then refined by replay."""
+    """Fit the calibrated step-time tier by least squares on measured runs (result files,
+    stored runs, or --url: a short profiling sweep against a live engine), then refine it
+    by replaying those runs when the engine's knobs are known (--set, the stored runs' own
+    config, or the sweep's)."""
+    from servetune.cli.engine_cmd import parse_sets
     from servetune.hardware import get_hardware
     from servetune.model import get_model
     from servetune.sim.profile import fit_profile, load_results, save_profile
@@ -256,16 +259,25 @@ def calibrate(
     m, hw = get_model(model), get_hardware(gpu)
     if url:
         keep_in = runs_dir or output.with_name(output.stem + "-runs")
-        sweep = (url, served_model, repeats, keep_in)
-        prof = _calibrate_live(sweep, engine, sets, model, hw.name, engine_version)
+        runs = _sweep(url, served_model, repeats, keep_in, engine)
+        known = [None]
+    elif results:
+        runs, known = load_results(results), [None]
     else:
-        prof = fit_profile(
-            load_results(results) if results else _stored_runs(from_store, db),
-            engine=engine,
-            model=m.name,
-            hardware=hw.name,
-            engine_version=engine_version,
-        )
+        runs, known = _stored_runs(from_store, db)
+    # The sweep is ours, run against one engine: its knobs default when not given.
+    cfg = parse_sets(engine, sets) if url else _replay_config(engine, sets, known)
+    prof = fit_profile(
+        runs, engine=engine, model=m.name, hardware=hw.name, engine_version=engine_version
+    )
+    if cfg is None:
+        print("least squares only: --set the engine's knobs to refine by replay", file=sys.stderr)
+    elif not all(r.requests for r in runs):
+        print("least squares only: the runs keep no requests to replay", file=sys.stderr)
+    else:
+        from servetune.sim.fidelity import fit_by_replay
+
+        prof = fit_by_replay(runs, prof, model, cfg, hardware=hw.name)
     save_profile(prof, output)
     if as_json:
         sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
@@ -282,31 +294,21 @@ def calibrate(
             f"us/token; new step size {prof.new_shape_s * 1e3:.3f} ms + "
             f"{prof.new_shape_per_token_s * 1e3:.4f} ms/token"
         )
+    err = "relative RMSE" if fit.method == "least squares" else "RMS log error of the replays"
     print(
-        f"  fit: {fit.samples} steps, R^2 {fit.r2:.3f}, relative RMSE {fit.rel_rmse:.1%}, "
-        f"confidence {fit.confidence}" + (f", dropped {fit.dropped}" if fit.dropped else "")
+        f"  fit ({fit.method}): {fit.samples} steps, R^2 {fit.r2:.3f}, {err} "
+        f"{fit.rel_rmse:.1%}, confidence {fit.confidence}"
+        + (f", dropped {fit.dropped}" if fit.dropped else "")
     )
 
 
-def _calibrate_live(
-    sweep: tuple[str, str | None, int, Path],
-    engine: str,
-    sets: list[str],
-    model: str,
-    hardware: str,
-    engine_version: str,
-):  # -> Profile
-    """The fidelity harness's calibration sweep, `sweep` = (url, served model or None,
-    repeats, runs dir); every run is saved as it completes, before any fitting, so nothing
-    measured is lost if the fit or the process fails."""
-    from servetune.cli.engine_cmd import parse_sets
+def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, engine: str):
+    """The fidelity harness's calibration sweep against a running engine; every run is
+    saved as it completes, before any fitting, so nothing measured is lost if the fit or
+    the process fails."""
     from servetune.engines.process import served_model_at
-    from servetune.model import get_model
     from servetune.sim import fidelity as fd
-    from servetune.sim.profile import fit_profile
 
-    url, served_model, repeats, runs_dir = sweep
-    cfg = parse_sets(engine, sets)
     err = sys.stderr
     runs = fd.run_blocks(
         url,
@@ -318,24 +320,38 @@ def _calibrate_live(
         keep=lambda r: fd.save_run(r, runs_dir),
     )
     print(f"{len(runs)} sweep runs kept in {runs_dir}", file=err)
-    start = fit_profile(
-        runs,
-        engine=engine,
-        model=get_model(model).name,
-        hardware=hardware,
-        engine_version=engine_version,
-    )
-    return fd.fit_by_replay(runs, start, model, cfg, hardware=hardware)
+    return runs
 
 
-def _stored_runs(refs: list[str], db: str | None) -> list[Any]:
-    """Measured (bench) runs from the store; simulated ones are skipped, since fitting the
-    simulator on its own output would prove nothing."""
+def _replay_config(engine: str, sets: list[str], known: list[dict | None]) -> Any:
+    """The engine's knobs for the replay fit: --set, else the one config every stored run
+    recorded (bench --set, tune); None when they are unknown (least squares only)."""
+    from servetune.cli.engine_cmd import parse_sets
+    from servetune.engines.config import EngineConfig
+
+    if sets:
+        return parse_sets(engine, sets)
+    first = known[0]
+    if not first or any(k != first for k in known):
+        return None
+    cfg = EngineConfig.model_validate(first)
+    if cfg.engine != engine:
+        raise InputError(
+            "--engine", f"the stored runs were served by {cfg.engine}", f"--engine {cfg.engine}"
+        )
+    return cfg
+
+
+def _stored_runs(refs: list[str], db: str | None) -> tuple[list[Any], list[dict | None]]:
+    """Measured (bench) runs from the store, with the engine config each recorded (None
+    when bench had no --set); simulated ones are skipped, since fitting the simulator on
+    its own output would prove nothing."""
     from servetune.store.store import Store
 
     with Store.open(db, create=False) as store:
-        runs = [store.load_result(rid) for rid in store.resolve(refs)]
-    real = [r for r in runs if r.backend == "real"]
+        infos = [store.get(rid) for rid in store.resolve(refs)]
+        real = [i for i in infos if i.backend == "real"]
+        runs = [store.load_result(i.id) for i in real]
     if not real:
         raise InputError("--from-store", f"no measured runs in {', '.join(refs)}", "bench first")
-    return real
+    return runs, [i.engine_config or None for i in real]

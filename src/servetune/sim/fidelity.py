@@ -451,7 +451,8 @@ def fit_by_replay(
         (nelder_mead(loss, x0, step=1.0, iters=iters) for x0 in (np.zeros_like(x1), x1)),
         key=lambda r: r[1],
     )
-    fit = start.fit.model_copy(update={"rel_rmse": float(np.sqrt(val))}) if start.fit else None
+    upd = {"rel_rmse": float(np.sqrt(val)), "method": "least squares + replay"}
+    fit = start.fit.model_copy(update=upd) if start.fit else None
     return start.model_copy(update={**unpack(x), "fit": fit})
 
 

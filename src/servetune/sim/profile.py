@@ -39,6 +39,10 @@ class FitQuality(BaseModel):
     rel_rmse: float
     confidence: str  # high | medium | low
     dropped: list[str] = Field(default_factory=list)
+    # "least squares" on per-step gaps, or "least squares + replay" (sim.fidelity.
+    # fit_by_replay, which needs the engine's knobs); after a replay rel_rmse is the
+    # root mean squared log error of the replayed figures.
+    method: str = "least squares"
 
 
 class Profile(BaseModel):
