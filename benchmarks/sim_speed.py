@@ -11,7 +11,13 @@ writes it first (PYTHONDONTWRITEBYTECODE=1 would make every run recompile servet
 modules, ~0.07 s here). Each case runs --repeat times; the median end-to-end run is shown,
 with the range, because this host's speed drifts. Prints figures; asserts nothing.
 
+With --instructions (needs valgrind) each 10,000-request case also runs once under
+callgrind, which counts the instructions the process executed: the same count for the same
+code and inputs whatever else the host is doing, so two versions compare exactly where
+wall time drifts.
+
     .venv/bin/python benchmarks/sim_speed.py [--n 10000] [--big 100000] [--repeat 5]
+        [--instructions]
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -77,6 +85,25 @@ def spawn(n: int, rate: float | None, repeat: int) -> list[dict]:
     return sorted(runs, key=lambda r: r["total_s"])
 
 
+def instructions(n: int, rate: float | None) -> int:
+    """Instructions the whole child process executed (valgrind callgrind's total)."""
+    args = [sys.executable, __file__, "--child", str(n), str(rate or 0)]
+    vg = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    out = subprocess.run(vg + args, capture_output=True, text=True, check=True, env=child_env())
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise RuntimeError("valgrind printed no instruction count")
+    return int(found.group(1))
+
+
+def show_instructions(label: str, n: int, rate: float | None) -> None:
+    total, start = instructions(n, rate), instructions(1, rate)
+    print(
+        f"{label:26s} {total / 1e6:9,.0f} M instructions, of which {start / 1e6:,.0f} M "
+        f"start-up (a 1-request run): {(total - start) / n:,.0f} per simulated request"
+    )
+
+
 def show(label: str, runs: list[dict]) -> None:
     r = runs[len(runs) // 2]
     ph = r["phases_s"]
@@ -100,12 +127,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--big", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--instructions", action="store_true", help="Also count instructions.")
     a = ap.parse_args()
+    if a.instructions and shutil.which("valgrind") is None:
+        ap.error("--instructions needs valgrind (apt-get install valgrind)")
     spawn(100, None, 1)  # warm-up: writes the bytecode cache
     burst = spawn(a.n, None, a.repeat)
     show(f"{a.n:,} at t=0", burst)
     rate = 0.95 * burst[len(burst) // 2]["simulated_req_s"]
     show(f"{a.n:,} Poisson {rate:.1f}/s", spawn(a.n, rate, a.repeat))
+    if a.instructions:
+        show_instructions(f"{a.n:,} at t=0", a.n, None)
+        show_instructions(f"{a.n:,} Poisson {rate:.1f}/s", a.n, rate)
     if a.big:
         show(f"{a.big:,} at t=0", spawn(a.big, None, 1))
         show(f"{a.big:,} Poisson {rate:.1f}/s", spawn(a.big, rate, 1))

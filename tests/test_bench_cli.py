@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from servetune.bench.output import load_result
 from servetune.mock.server import MockConfig, mock_in_thread
 
@@ -37,6 +39,11 @@ def test_bench_sweep_writes_results_csv_and_json(tmp_path: Path) -> None:
     runs = json.loads(out.stdout)
     assert [r["load"]["rate"] for r in runs] == [40.0, 80.0]
     assert all(r["metrics"]["slo_pass"] and r["metrics"]["completed"] == 30 for r in runs)
+    # The mock reports no queue or prefill time: the split holds the client's parts only,
+    # and they add up to the mean TTFT.
+    split = runs[0]["ttft_split_ms"]
+    assert split["queue_ms"] is None and split["prefill_ms"] is None
+    assert split["connect_ms"] + split["rest_ms"] == pytest.approx(split["ttft_ms"])
     res = load_result(tmp_path / "r-rate40.json")
     assert len(res.records) == 30 and len(res.requests) == 30
     assert res.records[0].output_text is None  # text not stored unless --save-text

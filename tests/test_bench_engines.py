@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
+from rich.console import Console
 
+from servetune.bench.progress import ttft_split_table
 from servetune.bench.runner import BenchOptions, run_point
 from servetune.bench.server_metrics import engine_adapter, http_fetcher, ttft_breakdown
 from servetune.engines.metrics import EngineMetrics, Histogram
@@ -29,6 +32,14 @@ def bench(srv, engine: str, data: dict, **opts):
         **opts,
     )
     return run_point(spec, materialize(spec, tok), o)
+
+
+def rendered(table) -> str:
+    """What bench prints for the TTFT split table (None: it prints none)."""
+    assert table is not None, "bench would print no TTFT split"
+    out = io.StringIO()
+    Console(file=out, width=200).print(table)
+    return out.getvalue()
 
 
 def running_max(res) -> float:
@@ -69,6 +80,7 @@ def test_llamacpp_counts_ttft_concurrency_and_cancel(llamacpp_server) -> None:
     assert busy_slots_per_decode(res) > 1.05
     split = ttft_breakdown(res.records, res.server.deltas)
     assert split["prefill_ms"] is not None and 0 < split["prefill_ms"] <= split["ttft_ms"]
+    assert f"{split['prefill_ms']:.1f}" in rendered(ttft_split_table([res]))
     # 1 user on the same 2-slot server: it never ran 2 at once. Every decode call has at
     # least one busy slot, so a mean of 1 (to the gauge's 6 printed digits) proves it.
     res = bench(llamacpp_server, "llamacpp", {"arrival": {"kind": "closed", "concurrency": 1},
@@ -137,3 +149,5 @@ def test_vllm_prefix_hits_running_limit_and_ttft_vs_prefill(vllm_server) -> None
     split = ttft_breakdown(res.records, res.server.deltas)
     assert split["queue_ms"] is not None and split["prefill_ms"] is not None
     assert split["rest_ms"] is not None and split["rest_ms"] >= 0
+    table = rendered(ttft_split_table([res]))
+    assert f"{split['queue_ms']:.1f}" in table and f"{split['prefill_ms']:.1f}" in table

@@ -42,6 +42,12 @@ class LiveProgress:
             self.live = None
 
 
+def load_label(r: RunResult) -> str:
+    if r.load.get("kind") != "closed":
+        return f"rate {r.load['rate']}"
+    return f"conc {r.load['concurrency']}"
+
+
 def summary_table(results: list[RunResult]) -> Table:
     """One row per load point: the headline figures, client flags and SLO verdict."""
     t = Table(title="servetune bench", show_lines=False)
@@ -53,11 +59,7 @@ def summary_table(results: list[RunResult]) -> Table:
         t.add_column(c, justify="right")
     for r in results:
         m = r.metrics
-        load = (
-            f"rate {r.load['rate']}"
-            if r.load.get("kind") != "closed"
-            else f"conc {r.load['concurrency']}"
-        )
+        load = load_label(r)
         slo = "-" if m.slo_pass is None else ("[green]pass[/]" if m.slo_pass else "[red]fail[/]")
         if r.client.bottleneck:
             load += " [red]![/]"
@@ -76,4 +78,29 @@ def summary_table(results: list[RunResult]) -> Table:
             "-" if m.goodput_req_s is None else f"{m.goodput_req_s:.2f}",
             slo,
         )
+    return t
+
+
+def ttft_split(r: RunResult) -> dict[str, float | None]:
+    """The run's mean TTFT split into connect / engine queue / prefill / rest
+    (`server_metrics.ttft_breakdown`); {} when no request completed."""
+    from servetune.bench.server_metrics import ttft_breakdown
+
+    return ttft_breakdown(r.records, r.server.deltas if r.server else None)
+
+
+def ttft_split_table(results: list[RunResult]) -> Table | None:
+    """Where each point's mean TTFT went, when the engine said (bench --engine: vLLM's
+    queue and prefill histograms, llama.cpp's per-request prompt_ms); None when no point
+    has the engine's side (then TTFT is only the client's one number)."""
+    rows = [(r, ttft_split(r)) for r in results]
+    rows = [(r, s) for r, s in rows if s.get("queue_ms") is not None or s.get("prefill_ms")]
+    if not rows:
+        return None
+    t = Table(title="TTFT split, mean ms", caption="connect + queue + prefill + rest = TTFT")
+    for c in ("load", "TTFT", "connect", "queue", "prefill", "rest"):
+        t.add_column(c, justify="right")
+    for r, s in rows:
+        parts = ("ttft_ms", "connect_ms", "queue_ms", "prefill_ms", "rest_ms")
+        t.add_row(load_label(r), *(_ms(s.get(k)) for k in parts))
     return t

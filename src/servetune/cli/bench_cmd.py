@@ -111,7 +111,7 @@ def bench(
 
     from servetune.bench.client import Timeouts
     from servetune.bench.output import ResultStore, write_csv, write_result
-    from servetune.bench.progress import LiveProgress, summary_table
+    from servetune.bench.progress import LiveProgress, summary_table, ttft_split, ttft_split_table
     from servetune.bench.runner import BenchInterrupted, BenchOptions, run_point
     from servetune.bench.server_metrics import engine_adapter, http_fetcher
     from servetune.cli.engine_cmd import parse_sets
@@ -211,12 +211,16 @@ def bench(
         payload = [
             {"id": r.id, "load": r.load, "status": r.status, "client": r.client.model_dump(),
              "metrics": r.metrics.model_dump(), "cancellation": r.cancellation,
-             "server_deltas": r.server.deltas if r.server else None}
+             "server_deltas": r.server.deltas if r.server else None,
+             "ttft_split_ms": ttft_split(r) or None}
             for r in results
         ]  # fmt: skip
         typer.echo(json.dumps(payload if many else payload[0], indent=2))
     else:
         Console().print(summary_table(results))
+        split = ttft_split_table(results)
+        if split is not None:
+            Console().print(split)
     if any(r.status == "interrupted" for r in results):
         raise typer.Exit(130)
 
