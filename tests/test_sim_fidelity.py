@@ -53,9 +53,9 @@ def test_qualitative_effects_appear_in_both(fidelity) -> None:
 @pytest.mark.engine
 @pytest.mark.xfail(
     reason=(
-        "issue 5 targets not all met at once on this shared 2-core host: five runs of the "
+        "issue 5 targets not all met at once on this shared 2-core host: six runs of the "
         "full harness (2026-11-30) missed throughput, P50 TTFT or P50 TPOT in turn (best: "
-        "8.0 / 16.4 / 10.8 / 9.1 / 3.1% and 10.6 / 11.4 / 10.5 / 14.6 / 9.6% against 10 / 15 "
+        "8.0 / 16.4 / 10.8 / 9.1 / 3.1% and 5.9 / 11.4 / 10.7 / 11.1 / 9.7% against 10 / 15 "
         "/ 25 / 10 / 25), and the real engine against itself (odd vs even repeats, "
         "`fidelity.noise_floor`) differs by 8-18% in throughput and 4-19% in P50 TPOT, "
         "above those two 10% targets; this subset runs 1 repeat; see docs/simulate.md"
