@@ -103,12 +103,14 @@ class StepModel:
     new_shape_s: float = 0.0
     new_shape_per_token_s: float = 0.0
     notes: dict[str, float] = field(default_factory=dict)
+    # Derived, not arguments: `coef` as plain floats (indexing a numpy array per step costs
+    # more than the arithmetic) and the decode lines per batch size (`decode_line`).
+    _coef: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _lines: dict[int, tuple[float, float, float, float, float]] = field(
-        default_factory=dict, repr=False, compare=False
+        init=False, default_factory=dict, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
-        # plain floats: indexing a numpy array per step costs more than the arithmetic
         self._coef = tuple(float(v) for v in self.coef)
 
     @property
