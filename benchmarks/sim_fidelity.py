@@ -163,6 +163,8 @@ def main() -> None:
     floor = fd.noise_floor(runs)
     if floor:
         print(fd.format_table(floor, fd.NOISE_FLOOR_TITLE))
+    judged, figs = fd.verdict(rows, floor)
+    print(f"verdict: {judged}" + (f" ({', '.join(figs)})" if figs else ""))
     by = {r.name: r for r in rows}
     c4, c8 = by["closed-c4-p300"], by["closed-c8-p200"]
     pre, nopre = by["prefix-c2"], by["noprefix-c2"]
@@ -191,6 +193,7 @@ def main() -> None:
                     "medians": fd.medians_over(rows),
                     "noise_floor": [asdict(r) for r in floor],
                     "noise_floor_medians": fd.medians_over(floor) if floor else None,
+                    "verdict": {"result": judged, "figures": figs},
                     "qualitative": qual,
                 },
                 fh,

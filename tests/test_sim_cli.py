@@ -145,6 +145,7 @@ def test_validate_on_saved_runs_of_a_known_profile_has_zero_error(tmp_path: Path
     assert all(v < 1e-6 for v in out["medians_err_pct"].values()), out["medians_err_pct"]
     assert all(out["targets_met"].values())
     assert out["noise_floor"] == [] and out["noise_floor_pct"] is None  # one run: no floor
+    assert out["verdict"] == {"result": "met", "figures": []}
 
 
 def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Path):

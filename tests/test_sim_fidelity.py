@@ -6,6 +6,8 @@ Plus the exactness the fast paths promise (lazy sim records, weighted ITL summar
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -17,13 +19,20 @@ from servetune.sim import fidelity as fd
 from servetune.workload.spec import parse_workload
 
 
+@dataclass
+class Subset:
+    rows: dict[str, fd.Row]  # held-out workload -> real (median of repeats) vs simulated
+    floor: list[fd.Row]  # the real engine against itself (repeat 0 vs repeat 1)
+
+
 @pytest.fixture(scope="module")
-def fidelity(vllm_server, llama_test_model):
+def fidelity(vllm_server, llama_test_model) -> Subset:
     from servetune.model import get_model
 
     model_dir = str(llama_test_model)
-    # one block of each: the calibration sweep, then the held-out workloads
-    runs = fd.run_blocks(vllm_server.url, vllm_server.served_model, repeats=1, cal_repeats=1)
+    # two interleaved blocks, each the calibration sweep then the held-out workloads: two
+    # repeats give the noise floor that says whether this host can judge the targets now
+    runs = fd.run_blocks(vllm_server.url, vllm_server.served_model, repeats=2, cal_repeats=2)
     _, _, rows = fd.compare_saved(
         runs,
         model_dir,
@@ -31,14 +40,17 @@ def fidelity(vllm_server, llama_test_model):
         model_name=get_model(model_dir).name,
         engine_version=str(vllm_server.settings.get("version") or "unknown"),
     )
+    floor = fd.noise_floor(runs)
     print(fd.format_table(rows, "held-out (test subset)"))
-    return {r.name: r for r in rows}
+    print(fd.format_table(floor, fd.NOISE_FLOOR_TITLE))
+    return Subset({r.name: r for r in rows}, floor)
 
 
 @pytest.mark.engine
 def test_qualitative_effects_appear_in_both(fidelity) -> None:
-    c4, c8 = fidelity["closed-c4-p300"], fidelity["closed-c8-p200"]
-    pre, nopre = fidelity["prefix-c2"], fidelity["noprefix-c2"]
+    by = fidelity.rows
+    c4, c8 = by["closed-c4-p300"], by["closed-c8-p200"]
+    pre, nopre = by["prefix-c2"], by["noprefix-c2"]
     for side in ("real", "sim"):
         # Past max_num_seqs (4) requests queue: the TTFT cliff. c8 sends 200-token prompts
         # and c4 300-token ones, so compare TTFT per prompt token (without a queue c8's
@@ -51,21 +63,38 @@ def test_qualitative_effects_appear_in_both(fidelity) -> None:
 
 
 @pytest.mark.engine
-@pytest.mark.xfail(
-    reason=(
-        "issue 5 targets not all met at once on this shared 2-core host: six runs of the "
-        "full harness (2026-11-30) missed throughput, P50 TTFT or P50 TPOT in turn (best: "
-        "8.0 / 16.4 / 10.8 / 9.1 / 3.1% and 5.9 / 11.4 / 10.7 / 11.1 / 9.7% against 10 / 15 "
-        "/ 25 / 10 / 25), and the real engine against itself (odd vs even repeats, "
-        "`fidelity.noise_floor`) differs by 8-18% in throughput and 4-19% in P50 TPOT, "
-        "above those two 10% targets; this subset runs 1 repeat; see docs/simulate.md"
-    ),
-    strict=False,
-)
 def test_heldout_errors_within_issue_targets(fidelity) -> None:
-    med = fd.medians_over(list(fidelity.values()))
-    for k, target in fd.TARGETS.items():
-        assert med[k] is not None and med[k] <= target, (k, med[k], target)
+    """Issue 5's targets (median over held-out workloads: throughput and P50 TPOT <= 10%,
+    P50 TTFT <= 15%, P95s <= 25%), asserted whenever this host can measure them. When the
+    real engine's own two repeats differ by more than a target (`fidelity.noise_floor`),
+    a miss on that figure is no evidence about the model and the test skips, naming the
+    floor. Measured with the full harness: 3.2 / 4.3 / 3.4 / 2.5 / 2.5% on a quiet hour
+    (floor 3.0 / 8.2 / 2.6 / 1.9 / 1.9%); on noisy hours the floor reached 14-29%."""
+    rows = list(fidelity.rows.values())
+    judged, figs = fd.verdict(rows, fidelity.floor)
+    med, floor = fd.medians_over(rows), fd.medians_over(fidelity.floor)
+    if judged == "too noisy":
+        pytest.skip(f"host too noisy to judge {figs}: sim {med}, real vs real {floor}")
+    assert judged == "met", (figs, med, floor)
+
+
+def test_verdict_judges_only_what_the_floor_allows() -> None:
+    """Hand-made rows: a miss on a figure whose floor is within its target is a miss; a
+    miss where the real engine differed from itself by more is "too noisy"; no floor
+    (one repeat) judges every figure."""
+
+    def row(**err: float) -> fd.Row:
+        full = {k: 1.0 for k in fd.TARGETS}
+        return fd.Row("w", {}, {}, {**full, **err})
+
+    ok, tpot_off = [row()], [row(tpot_p50=12.0)]
+    assert fd.verdict(ok, []) == ("met", [])
+    assert fd.verdict([row(output_tok_s=0.0)], []) == ("met", [])  # exact is met
+    assert fd.verdict(tpot_off, []) == ("missed", ["tpot_p50"])
+    assert fd.verdict(tpot_off, [row(tpot_p50=9.0)]) == ("missed", ["tpot_p50"])
+    assert fd.verdict(tpot_off, [row(tpot_p50=15.0)]) == ("too noisy", ["tpot_p50"])
+    both = [row(tpot_p50=12.0, output_tok_s=11.0)]
+    assert fd.verdict(both, [row(tpot_p50=15.0)]) == ("missed", ["output_tok_s"])
 
 
 @pytest.mark.engine

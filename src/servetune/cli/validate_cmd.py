@@ -68,6 +68,7 @@ def validate(
         save_profile(prof, profile_out)
     med = fd.medians_over(rows)
     met = {k: med[k] is not None and med[k] <= t for k, t in fd.TARGETS.items()}
+    judged, figs = fd.verdict(rows, floor)
     if as_json:
         out = {
             "profile": prof.model_dump(mode="json"),
@@ -76,6 +77,7 @@ def validate(
             "medians_err_pct": med,
             "targets_pct": fd.TARGETS,
             "targets_met": met,
+            "verdict": {"result": judged, "figures": figs},
             "noise_floor": _rows_json(floor),
             "noise_floor_pct": fd.medians_over(floor) if floor else None,
         }
@@ -88,8 +90,15 @@ def validate(
     if floor:
         print()
         print(fd.format_table(floor, fd.NOISE_FLOOR_TITLE))
-    missed = [k for k, ok in met.items() if not ok]
-    print("targets met" if not missed else f"targets missed: {', '.join(missed)}", file=sys.stderr)
+    print(VERDICT_LINES[judged].format(", ".join(figs)), file=sys.stderr)
+
+
+VERDICT_LINES = {
+    "met": "targets met",
+    "missed": "targets missed: {}",
+    "too noisy": "targets not judgeable here: {} missed, but the real engine differs from "
+    "itself by more (noise floor above the target)",
+}
 
 
 def _live(fd: Any, h: Any, prof: Any, repeats: int) -> tuple[Any, list, list, list]:

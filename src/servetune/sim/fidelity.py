@@ -183,6 +183,27 @@ def noise_floor(runs: Sequence[RunResult]) -> list[Row]:
     return rows
 
 
+def verdict(rows: Sequence[Row], floor: Sequence[Row]) -> tuple[str, list[str]]:
+    """The issue's targets, judged only where this host can judge them: "met" (every
+    median error within its target), "missed" (with the figures missed where the real
+    engine reproduced itself within the target), or "too noisy" (every miss is on a figure
+    whose real-vs-real floor already exceeds its target: a perfect simulator would be
+    charged as much, so the miss says nothing about the model). No floor (one repeat):
+    every miss counts."""
+    med = medians_over(rows)
+    fl = medians_over(floor) if floor else {}
+
+    def above(v: float | None, t: float, unknown: bool) -> bool:
+        return unknown if v is None else v > t
+
+    missed = [k for k, t in TARGETS.items() if above(med.get(k), t, True)]
+    if not missed:
+        return "met", []
+    noisy = {k for k, t in TARGETS.items() if above(fl.get(k), t, False)}
+    judged = [k for k in missed if k not in noisy]
+    return ("missed", judged) if judged else ("too noisy", missed)
+
+
 # --- real and simulated runs ----------------------------------------------------------
 
 
