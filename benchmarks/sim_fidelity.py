@@ -46,16 +46,8 @@ def engine_version(srv) -> str:
 def kv_pressure(model_dir: str, profile, repeats: int) -> dict:
     """Small KV pool (max_model_len 1024, 1,280-token pool) under 4 long sequences."""
     cfg = VLLM_TEST_CONFIG.model_copy(update={"max_model_len": 1024, "kv_cache_tokens": 1280})
-    case = fd.Case(
-        "kv-pressure",
-        {
-            "arrival": {"kind": "closed", "concurrency": 4},
-            "count": 8,
-            "input_tokens": {"dist": "fixed", "value": 300},
-            "output_tokens": {"dist": "fixed", "value": 120},
-            "seed": 17,
-        },
-    )
+    w = fd.closed_workload(4, 8, fd.fixed_tokens(300), fd.fixed_tokens(120), seed=17)
+    case = fd.Case("kv-pressure", w)
     with launch("vllm", cfg, model_dir, device="cpu") as srv:
         row = fd.compare_case(srv.url, srv.served_model, case, model_dir, cfg, profile, repeats=1)
     return {"row": row, "cfg": cfg}

@@ -117,15 +117,8 @@ def test_llamacpp_burst_of_long_prompts_gets_first_tokens_together(llamacpp_serv
     from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG
     from servetune.metrics.compute import request_latencies_ms
 
-    case = fd.Case(
-        "burst-2x1500",
-        {
-            "arrival": {"kind": "closed", "concurrency": 2},
-            "count": 2,
-            "input_tokens": {"dist": "fixed", "value": 1500},
-            "output_tokens": {"dist": "fixed", "value": 4},
-        },
-    )
+    w = fd.closed_workload(2, 2, fd.fixed_tokens(1500), fd.fixed_tokens(4))
+    case = fd.Case("burst-2x1500", w)
     srv = llamacpp_server
     real = fd.bench_real(srv.url, srv.served_model, case, "llamacpp", scrape=False)
     sim = fd.simulate_like(real, "gemma-3-270m", LLAMACPP_TEST_CONFIG, None)

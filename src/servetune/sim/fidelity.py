@@ -41,7 +41,8 @@ class Case:
     workload: dict[str, Any]
 
 
-def _closed(conc: int, count: int, inp: dict, out: dict, **extra: Any) -> dict[str, Any]:
+def closed_workload(conc: int, count: int, inp: dict, out: dict, **extra: Any) -> dict[str, Any]:
+    """A closed-loop workload dict: `conc` users, `count` requests (the harness's shape)."""
     return {
         "arrival": {"kind": "closed", "concurrency": conc},
         "count": count,
@@ -51,7 +52,8 @@ def _closed(conc: int, count: int, inp: dict, out: dict, **extra: Any) -> dict[s
     }
 
 
-def _fixed(v: int) -> dict[str, Any]:
+def fixed_tokens(v: int) -> dict[str, Any]:
+    """A fixed length distribution of `v` tokens."""
     return {"dist": "fixed", "value": v}
 
 
@@ -62,22 +64,26 @@ def calibration_cases() -> list[Case]:
     out = []
     for conc in (1, 2, 4):
         for prompt in (64, 768):
-            w = _closed(conc, 2 * conc + 2, _fixed(prompt), _fixed(24), seed=conc * 7 + prompt)
+            w = closed_workload(
+                conc, 2 * conc + 2, fixed_tokens(prompt), fixed_tokens(24), seed=conc * 7 + prompt
+            )
             out.append(Case(f"cal-c{conc}-p{prompt}", w))
     # One open-loop run: arrivals mid-step and prefills mixed with decodes at varying
     # batch sizes, which closed loops of equal lengths rarely produce.
     w = {
         "arrival": {"kind": "poisson", "rate": 2.0},
         "count": 10,
-        "input_tokens": _fixed(512),
-        "output_tokens": _fixed(24),
+        "input_tokens": fixed_tokens(512),
+        "output_tokens": fixed_tokens(24),
         "seed": 23,
     }
     out.append(Case("cal-poisson-p512", w))
     # Varied prompt lengths: most steps have a size the engine has not run before, which
     # costs extra the first time (steptime.StepModel.new_shape_s); fixed-length runs repeat
     # their few step sizes. Lengths and concurrency differ from every held-out case.
-    w = _closed(2, 10, {"dist": "uniform", "low": 40, "high": 900}, _fixed(24), seed=29)
+    w = closed_workload(
+        2, 10, {"dist": "uniform", "low": 40, "high": 900}, fixed_tokens(24), seed=29
+    )
     out.append(Case("cal-c2-varied", w))
     return out
 
@@ -86,26 +92,38 @@ def heldout_cases() -> list[Case]:
     """Workloads the profile never saw: other lengths, distributions and arrival kinds."""
     uni = {"dist": "uniform", "low": 100, "high": 500}
     return [
-        Case("closed-c3-uniform", _closed(3, 12, uni, {"dist": "uniform", "low": 16, "high": 40})),
-        Case("closed-c4-p300", _closed(4, 12, _fixed(300), _fixed(32), seed=3)),
+        Case(
+            "closed-c3-uniform",
+            closed_workload(3, 12, uni, {"dist": "uniform", "low": 16, "high": 40}),
+        ),
+        Case("closed-c4-p300", closed_workload(4, 12, fixed_tokens(300), fixed_tokens(32), seed=3)),
         Case(
             "poisson-lognormal",
             {
                 "arrival": {"kind": "poisson", "rate": 3.0},
                 "count": 16,
                 "input_tokens": {"dist": "lognormal", "mean": 250, "sigma": 0.6, "max": 1200},
-                "output_tokens": _fixed(24),
+                "output_tokens": fixed_tokens(24),
                 "seed": 5,
             },
         ),
         # Over max_num_seqs (4): requests queue for a slot -> the TTFT cliff.
-        Case("closed-c8-p200", _closed(8, 16, _fixed(200), _fixed(24), seed=11)),
+        Case(
+            "closed-c8-p200", closed_workload(8, 16, fixed_tokens(200), fixed_tokens(24), seed=11)
+        ),
         # Shared prefixes: a prefix-cache hit removes most of the prefill.
         Case(
             "prefix-c2",
-            _closed(2, 10, _fixed(640), _fixed(16), seed=13, prefix={"groups": 1, "tokens": 576}),
+            closed_workload(
+                2,
+                10,
+                fixed_tokens(640),
+                fixed_tokens(16),
+                seed=13,
+                prefix={"groups": 1, "tokens": 576},
+            ),
         ),
-        Case("noprefix-c2", _closed(2, 10, _fixed(640), _fixed(16), seed=13)),
+        Case("noprefix-c2", closed_workload(2, 10, fixed_tokens(640), fixed_tokens(16), seed=13)),
     ]
 
 
