@@ -1,4 +1,4 @@
-"""How much load can this client offer honestly? (issue 4; field notes: client self-calibration)
+"""How much load can this client offer honestly? (field notes: client self-calibration)
 
 Procedure: a mock server (TTFT 5 ms, ITL 1 ms, 16 streamed chunks per request) on one
 core, the client on the other (sched_setaffinity / taskset). For rising Poisson rates, a

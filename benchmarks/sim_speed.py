@@ -1,11 +1,11 @@
-"""Simulator speed and memory (issue 5 targets: >= 20,000 simulated requests per wall-second
+"""Simulator speed and memory (targets: >= 20,000 simulated requests per wall-second
 end to end, start-up included; <= 200 MB resident at 100,000 requests).
 
 Workload: input 512 / output 256 tokens, vLLM config max_num_seqs 128 (Llama-3.1-8B on one
 H100, roofline tier), all requests at t=0 and Poisson at ~95% of the capacity measured by the
 t=0 run. Each case runs in a fresh process so start-up (imports, catalogs, planner) and peak
 RSS are its own; "end to end" is `simulate()` returning its RunResult with metrics, timed
-from the first servetune import. Children run on one core (the issue's condition; BLAS held
+from the first servetune import. Children run on one core (the target's condition; BLAS held
 to one thread) with Python's bytecode cache on, as for an installed package: a warm-up child
 writes it first (PYTHONDONTWRITEBYTECODE=1 would make every run recompile servetune's
 modules, ~0.07 s here). Each case runs --repeat times; the median end-to-end run is shown,
@@ -56,17 +56,17 @@ def case(n: int, rate: float | None) -> dict:
     t1 = time.perf_counter()
     res, sched = simulate(model, hw, cfg, spec)
     t2 = time.perf_counter()
-    sim = res.target["sim"]
+    sim = res.target.sim
     return {
         "n": n,
         "rate": rate,
         "startup_s": t1 - t0,
-        "phases_s": sim["phases_s"],
+        "phases_s": sim.phases_s,
         "total_s": t2 - t0,
         "completed": res.metrics.completed,
         "simulated_req_s": res.metrics.completed / max(res.duration_s, 1e-9),
-        "steps": sim["steps"],
-        "jumps": sim["jumps"],
+        "steps": sim.steps,
+        "jumps": sim.jumps,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 

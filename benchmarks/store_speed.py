@@ -1,4 +1,4 @@
-"""Experiment store speed (issue 6): how fast raw records go into SQLite, and what
+"""Experiment store speed: how fast raw records go into SQLite, and what
 streaming them costs a bench run.
 
 1. Write throughput: 10,000 synthetic records (~110 streamed chunks each) appended in
@@ -27,10 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+
 
 def write_throughput(folder: Path, n: int = 10_000, batch: int = 100) -> None:
     from servetune.store import Store
-    from servetune.store.synthetic import synthetic_run
+
+    sys.path.insert(0, str(TESTS))  # the toy runs the store tests use
+    from synthetic_runs import synthetic_run
 
     result, meta = synthetic_run(64, n_requests=n, seed=5)
     chunks = sum(len(r.chunk_ns) for r in result.records)
@@ -69,8 +73,8 @@ def _wait_up(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 def bench_overhead(folder: Path, requests: int, concurrency: int, reps: int) -> None:
-    from servetune.bench.output import ResultStore
     from servetune.bench.runner import BenchOptions, run_point
+    from servetune.store.writer import ResultStore
     from servetune.workload.materialize import materialize
     from servetune.workload.spec import parse_workload
     from servetune.workload.tokenizer import WordTokenizer

@@ -12,18 +12,33 @@ DIR="${SERVETUNE_SERVICES_DIR:-$ROOT/.cache/services}"
 PORT="${SERVETUNE_PG_PORT:-55432}"
 
 log() { echo "services: $*" >&2; }
+# A missing prerequisite is one line on stderr and exit 2, like servetune's own errors.
+die() {
+  echo "error: $*" >&2
+  exit 2
+}
 
+# apt_install TOOL PACKAGE...: install what provides TOOL, as root or through sudo.
 apt_install() {
+  local tool="$1" sudo=""
+  shift
+  if ! command -v apt-get >/dev/null 2>&1; then
+    die "$tool not found, and this system has no apt-get: install $* with its package manager"
+  fi
   if [ "$(id -u)" -ne 0 ]; then
-    log "need root to install $* (apt-get install -y $*)"
-    return 1
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo="sudo -n"
+    else
+      die "$tool not found: sudo apt-get install -y $* (needs root or sudo)"
+    fi
   fi
+  log "installing $* (apt-get)"
   if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' 2>/dev/null | head -1)" ]; then
-    apt-get update -q >&2
+    $sudo apt-get update -q >&2
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2 || {
-    apt-get update -q >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2 || {
+    $sudo apt-get update -q >&2
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2
   }
 }
 
@@ -66,8 +81,8 @@ start_pg() {
   local bin d url
   bin="$(pg_bin)" || true
   if [ -z "$bin" ]; then
-    apt_install postgresql
-    bin="$(pg_bin)"
+    apt_install "PostgreSQL (pg_ctl)" postgresql
+    bin="$(pg_bin)" || die "PostgreSQL still not found under /usr/lib/postgresql after apt-get"
   fi
   d="$(pg_dir)"
   if [ ! -f "$d/data/PG_VERSION" ]; then
@@ -98,9 +113,9 @@ stop_pg() {
 
 ensure_chromium() {
   if ! command -v chromium >/dev/null 2>&1; then
-    apt_install chromium fonts-dejavu-core
+    apt_install chromium chromium fonts-dejavu-core
+    command -v chromium >/dev/null || die "chromium still not on PATH after apt-get"
   fi
-  command -v chromium >/dev/null
 }
 
 mkdir -p "$DIR"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from servetune.bench.output import load_result
 from servetune.mock.server import MockConfig, mock_in_thread
+from servetune.results.files import load_result
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

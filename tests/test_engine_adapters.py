@@ -17,6 +17,7 @@ import yaml
 
 from servetune.engines import ENGINES, EngineConfig, LaunchSpec, launch_commands
 from servetune.engines import vllm as vllm_adapter
+from servetune.engines.base import GIB, PlannedPool
 from servetune.engines.registry import adapter, launch_command
 from servetune.errors import InputError
 
@@ -97,6 +98,7 @@ def test_tgi_golden() -> None:
 
 
 def test_trtllm_golden_with_config_file() -> None:
+    # An explicit KV size goes to kv_cache_config.max_gpu_total_bytes: no fraction flag.
     cfg = TUNED.with_(block_size=32, kv_cache_space_gib=20)
     spec = launch_command("trtllm", cfg, MODEL)
     assert spec.argv == [
@@ -105,7 +107,6 @@ def test_trtllm_golden_with_config_file() -> None:
         "--max_batch_size", "64",
         "--max_num_tokens", "8192",
         "--max_seq_len", "8192",
-        "--kv_cache_free_gpu_memory_fraction", "0.92",
         "--enable_chunked_prefill",
         "--config", "servetune-trtllm.yaml",
     ]  # fmt: skip
@@ -154,6 +155,50 @@ def test_llamacpp_context_is_per_slot_unless_unified() -> None:
     assert unified[unified.index("-c") + 1] == "1024" and "--kv-unified" in unified
     pool = launch_command("llamacpp", base.with_(kv_cache_tokens=3000), "m.gguf").argv
     assert pool[pool.index("-c") + 1] == "3000"
+
+
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_llamacpp_context_is_the_planned_pool() -> None:
+    """A plan of 28,048 KV tokens for 64 slots of 8,192: -c is the pool, not 64 x 8,192;
+    split per slot it would leave 438 tokens each, so the slots share it (--kv-unified)."""
+    cfg = EngineConfig(max_model_len=8192, max_num_seqs=64)
+    pool = PlannedPool(kv_tokens=28_048, kv_bytes=3.4 * GIB, free_after_load_bytes=5.6 * GIB)
+    spec = launch_command("llamacpp", cfg, "m.gguf", pool=pool)
+    assert _arg(spec.argv, "-c") == "28048" and _arg(spec.argv, "-np") == "64"
+    assert "--kv-unified" in spec.argv
+    assert any(n.startswith("kv_unified:") and "438" in n for n in spec.notes)
+    # A pool larger than the slots can fill: -c is what they fill, split per slot.
+    big = PlannedPool(kv_tokens=10**6, kv_bytes=120 * GIB, free_after_load_bytes=130 * GIB)
+    roomy = launch_command("llamacpp", cfg, "m.gguf", pool=big).argv
+    assert _arg(roomy, "-c") == str(8192 * 64) and "--kv-unified" not in roomy
+    # A plan turns a memory fraction or KV size into -c: nothing left unsupported.
+    sized = cfg.with_(gpu_memory_utilization=0.8, kv_cache_space_gib=3)
+    assert launch_command("llamacpp", sized, "m.gguf", pool=pool).unsupported == []
+    # The user's own KV size wins over the plan.
+    own = launch_command("llamacpp", cfg.with_(kv_cache_tokens=4096), "m.gguf", pool=pool)
+    assert _arg(own.argv, "-c") == "4096"
+
+
+def test_trtllm_fraction_is_of_the_memory_free_after_loading() -> None:
+    """80 GiB device, 16 GiB weights, 1 GiB activation peak, 1.5 GiB overheads, util 0.9:
+    the plan's pool is 72 - 18.5 = 53.5 GiB of the 61.5 GiB left free = 0.8699 (floored),
+    where passing 0.9 through would give TensorRT-LLM 55.35 GiB."""
+    pool = PlannedPool(kv_tokens=1, kv_bytes=53.5 * GIB, free_after_load_bytes=61.5 * GIB)
+    spec = launch_command("trtllm", EngineConfig(), MODEL, pool=pool)
+    assert _arg(spec.argv, "--kv_cache_free_gpu_memory_fraction") == "0.8699"
+    assert any("53.50 GiB" in n and "61.50 GiB" in n for n in spec.notes)
+
+
+def test_trtllm_without_a_plan_reports_the_fraction_it_cannot_convert() -> None:
+    spec = launch_command("trtllm", EngineConfig(gpu_memory_utilization=0.92), MODEL)
+    assert "--kv_cache_free_gpu_memory_fraction" not in spec.argv
+    assert spec.unsupported == ["gpu_memory_utilization"]
+    assert any("free after loading" in n for n in spec.notes)
+    default = launch_command("trtllm", EngineConfig(), MODEL)
+    assert default.unsupported == []
 
 
 def test_defaults_emit_no_tuning_flags() -> None:

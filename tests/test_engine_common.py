@@ -21,6 +21,7 @@ ENGINES = {
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(60)  # refused before the engine starts: ~0.01 s
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_busy_port_is_a_clear_error(engine: str, request: pytest.FixtureRequest) -> None:
     install, model_fixture, config, _ = ENGINES[engine]
@@ -37,6 +38,7 @@ def test_busy_port_is_a_clear_error(engine: str, request: pytest.FixtureRequest)
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(120)  # reads a stamp and lists engines: ~0.5 s
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_install_is_cached(engine: str, request: pytest.FixtureRequest) -> None:
     """A second install only reads the stamp: no pip/cmake step, no change on disk."""

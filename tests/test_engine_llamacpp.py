@@ -5,11 +5,14 @@ a user meets. Shares one server (conftest.llamacpp_server); some tests start the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,7 +20,9 @@ import pytest
 from servetune.engines.process import EngineError, launch, pid_alive
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG
 
-pytestmark = pytest.mark.engine
+# Bound per test, engine start included: ~10x the slowest here on a busy 2-core host (two
+# detached engines started and stopped, 33 s).
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
 
 def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> dict:
@@ -116,8 +121,9 @@ def test_cli_launch_serves_until_interrupted(llamacpp_install, gemma_gguf) -> No
     cmd = [
         sys.executable, "-m", "servetune.cli.app", "engine", "launch", "llamacpp",
         "-m", str(gemma_gguf), "--set", "parallel_slots=1", "--set", "max_model_len=1024",
-        "--set", "threads=2", "--json",
+        "--set", "threads=2", "--timeout", "120", "--json",
     ]  # fmt: skip
+    # --timeout bounds the read below: not ready by then, the CLI exits and stdout ends
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -135,3 +141,91 @@ def test_cli_launch_serves_until_interrupted(llamacpp_install, gemma_gguf) -> No
             proc.kill()
             proc.wait()
     assert not pid_alive(record["pid"])
+
+
+def _live_procs() -> list[int]:
+    """Every process that is not a zombie, read straight from /proc."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if "\nState:\tZ" not in Path(f"/proc/{entry}/status").read_text():
+                found.append(int(entry))
+    return found
+
+
+def _group_members(pgid: int) -> list[int]:
+    found = []
+    for pid in _live_procs():
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(pid) == pgid:
+                found.append(pid)
+    return found
+
+
+def _cwd_under(folder: Path) -> list[int]:
+    """Live PIDs whose working directory is inside `folder` (engines run in their run dir)."""
+    found = []
+    for pid in _live_procs():
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(folder)):
+                found.append(pid)
+    return found
+
+
+def test_detach_ps_stop_leave_no_orphan(llamacpp_install, gemma_gguf, tmp_path, monkeypatch):
+    """Two detached llama-servers: the CLI returns once each serves; one dies behind
+    servetune's back and `ps` shows it dead; `stop` ends the other's whole process group;
+    `stop --all` cleans the dead entry; then there is nothing left to stop."""
+    cache = tmp_path / "cache"  # a private state file; the engine comes from --executable
+    monkeypatch.setenv("SERVETUNE_CACHE", str(cache))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "servetune.cli.app", "engine", *args],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+
+    def ps() -> dict[str, str]:
+        return {row["id"]: row["state"] for row in json.loads(cli("ps", "--json").stdout)}
+
+    launch_args = (
+        "launch", "llamacpp", "-m", str(gemma_gguf), "--executable", llamacpp_install.where,
+        "--set", "parallel_slots=1", "--set", "max_model_len=512", "--set", "threads=1",
+        "--timeout", "120", "--detach", "--json",
+    )  # fmt: skip
+    try:
+        records = []
+        for _ in range(2):
+            out = cli(*launch_args)
+            assert out.returncode == 0, out.stderr
+            records.append(json.loads(out.stdout))
+        live, dead = records
+        for rec in records:  # the launching CLI has exited; the engines still serve
+            assert httpx.get(rec["url"] + "/health", timeout=5).status_code == 200
+            assert Path(rec["log"]).is_relative_to(cache)
+        assert ps() == {live["id"]: "alive", dead["id"]: "alive"}
+
+        os.killpg(dead["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pid_alive(dead["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ps() == {live["id"]: "alive", dead["id"]: "dead"}
+
+        group = _group_members(live["pid"])
+        assert live["pid"] in group
+        out = cli("stop", live["id"])
+        assert out.returncode == 0 and out.stdout.startswith(f"stopped {live['id']}")
+        assert not [p for p in group if pid_alive(p)]
+        assert _group_members(live["pid"]) == []
+        assert ps() == {dead["id"]: "dead"}
+
+        out = cli("stop", "--all")
+        assert out.returncode == 0 and "already exited" in out.stdout
+        assert ps() == {}
+        again = cli("stop", "--all")
+        assert again.returncode == 2 and "nothing to stop" in again.stderr
+    finally:  # whatever a failure left running, found by its run dir
+        for pid in _cwd_under(cache):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+    assert not _cwd_under(cache)  # nothing was left for the clean-up to kill

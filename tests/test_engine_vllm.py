@@ -1,12 +1,13 @@
 """vLLM (CPU build) for real: launch from an EngineConfig, stream, metrics, effective
-settings vs the planner, clean stop, and the errors a user meets (bad flag, KV too
-large, busy port). Shares one server (conftest.vllm_server); three tests start their own.
+settings vs the planner, clean stop, and the errors a user meets (bad flag here; busy port
+in test_engine_common; a KV space too large to allocate in test_tune_real, where the
+tuner meets it: each such launch loads the model first, ~90 s on a busy host). Shares one
+server (conftest.vllm_server); two tests start their own.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,9 @@ import pytest
 from servetune.engines.process import EngineError, launch, pid_alive
 from servetune.engines.testmodel import VLLM_TEST_CONFIG
 
-pytestmark = pytest.mark.engine
+# Bound per test, engine start included: 10x the slowest here on a busy 2-core host (its
+# own launch and stop, 89 s).
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 
 def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> dict:
@@ -114,13 +117,3 @@ def test_invalid_flag_quotes_the_engine_log(vllm_install, llama_test_model: Path
     assert e.kind == "bad_flag" and e.exit_code == 2
     assert "unrecognized arguments: --no-such-flag" in str(e)
     assert e.log_path is not None and "full log:" in e.one_line()
-
-
-def test_too_large_kv_space_quotes_the_engine_log(vllm_install, llama_test_model: Path) -> None:
-    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    cfg = VLLM_TEST_CONFIG.with_(kv_cache_space_gib=int(total_gib * 4))
-    with pytest.raises(EngineError) as err:
-        launch("vllm", cfg, str(llama_test_model), device="cpu", timeout_s=180)
-    e = err.value
-    assert e.kind == "oom" and e.exit_code == 2
-    assert "less than requested memory for kv" in str(e)

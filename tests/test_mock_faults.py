@@ -8,6 +8,7 @@ from servetune.bench.client import Timeouts
 from servetune.bench.runner import BenchOptions, run_point
 from servetune.bench.server_metrics import http_fetcher
 from servetune.mock.server import MockConfig, mock_in_thread
+from servetune.status import RequestStatus, RunStatus
 from servetune.workload.materialize import materialize
 from servetune.workload.spec import parse_workload
 from servetune.workload.tokenizer import WordTokenizer
@@ -47,9 +48,9 @@ def run(cfg: MockConfig, count: int = 6, users: int = 2, **opts):
 )
 def test_fault_is_classified(fault: str, expected: str) -> None:
     res, _ = run(MockConfig(faults={fault: 1.0}, slow_headers_s=3.0))
-    assert res.status == "completed"
+    assert res.status == RunStatus.COMPLETED
     assert len(res.records) == 6
-    assert {r.status for r in res.records} == {"error"}
+    assert {r.status for r in res.records} == {RequestStatus.ERROR}
     assert res.metrics.errors_by_class == {expected: 6}
     assert res.metrics.error_rate == 1.0
 
@@ -65,7 +66,7 @@ def test_mixed_faults_counted_and_good_requests_measured() -> None:
 
 def test_circuit_breaker_stops_the_run() -> None:
     res, _ = run(MockConfig(faults={"http_500": 1.0}), count=500, users=4, breaker_error_rate=0.5)
-    assert res.status == "circuit_breaker"
+    assert res.status == RunStatus.CIRCUIT_BREAKER
     assert "circuit breaker" in (res.stop_reason or "")
     assert len(res.records) < 500
 
@@ -79,7 +80,7 @@ def test_cancelled_streams_free_the_slot() -> None:
         cancel_after_chunks=2,
         scrape=True,
     )
-    cancelled = [r for r in res.records if r.status == "cancelled"]
+    cancelled = [r for r in res.records if r.status == RequestStatus.CANCELLED]
     assert cancelled and all(len(r.chunk_ns) == 2 for r in cancelled)
     assert srv.stats.cancelled == len(cancelled)
     assert res.cancellation == {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from servetune.errors import InputError
-from servetune.model.catalog import catalog_entry, catalog_names, get_model
+from servetune.model.catalog import catalog_entry, catalog_names, get_model, serving_reference
 
 REQUIRED = {
     *("llama-2-7b", "llama-2-13b", "llama-2-70b"),
@@ -48,7 +48,22 @@ def test_names_are_case_insensitive() -> None:
 
 def test_hf_repo_id_resolves_to_catalog() -> None:
     assert get_model("meta-llama/Llama-3.1-8B").name == "llama-3.1-8b"
+    assert get_model("meta-llama/Llama-3.1-8B-Instruct").name == "llama-3.1-8b"
     assert get_model("openai/gpt-oss-20b").name == "gpt-oss-20b"
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_every_entry_names_the_repo_a_server_loads(name: str) -> None:
+    repo = serving_reference(name)
+    assert repo == catalog_entry(name)["_hf_repo"] and "/" in repo
+    assert get_model(repo).name == name  # and it resolves back
+
+
+def test_engines_get_a_loadable_model_not_the_catalog_id(tmp_path: Path) -> None:
+    assert serving_reference("llama-3.1-8b") == "meta-llama/Llama-3.1-8B-Instruct"
+    assert serving_reference("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"  # an HF id passes through
+    assert serving_reference(str(tmp_path / "config.json")) == str(tmp_path)
+    assert serving_reference(str(tmp_path)) == str(tmp_path)
 
 
 def test_path_to_config(tmp_path: Path) -> None:

@@ -74,6 +74,34 @@ def test_deepseek_v3_main_model_exact() -> None:
     assert get_model("deepseek-v3").params_total == 671_026_419_200
 
 
+def test_gpt_oss_120b_classes_from_shapes() -> None:
+    """36 layers, hidden 2880, 128 experts of width 2880, GQA 64 x 64 query / 8 x 64 KV."""
+    c = get_model("gpt-oss-120b").params_classes
+    assert c.experts == 36 * 128 * 3 * 2880 * 2880 == 114_661_785_600
+    assert c.attention == 36 * (2880 * (4096 + 2 * 512) + 4096 * 2880)
+    assert c.router == 36 * 2880 * 128
+    assert c.mlp == c.shared_experts == 0
+
+
+def test_deepseek_v3_classes_from_shapes() -> None:
+    c = get_model("deepseek-v3").params_classes
+    # q_a 7168x1536, q_b 1536x(128x192), kv_a 7168x576, kv_b 512x(128x256), o (128x128)x7168
+    mla = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert c.attention == 61 * mla
+    assert c.mlp == 3 * 3 * 7168 * 18432  # first_k_dense_replace = 3
+    assert c.experts == 58 * 256 * 3 * 7168 * 2048
+    assert c.shared_experts == 58 * 3 * 7168 * 2048
+    assert c.router == 58 * 7168 * 256
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_classes_are_the_body_bar_its_vectors(name: str) -> None:
+    """What the classes leave of the body is norms, biases and sinks: under 0.5%."""
+    spec = get_model(name)
+    rest = spec.params_body - sum(spec.params_classes.model_dump().values())
+    assert 0 < rest < 0.005 * spec.params_body
+
+
 def test_qwen2_bias_terms_counted() -> None:
     spec = get_model("qwen2.5-7b")
     q_dim, kv_dim = 28 * 128, 4 * 128

@@ -29,7 +29,7 @@ def test_llamacpp_launch_names_a_gguf_file() -> None:
         PlanArgs(model="gemma-3-270m", gpu="cpu-host", scenario="cpu-edge", quant="q4_k_m")
     )
     argv = result.launch["llamacpp"].argv
-    assert argv[argv.index("-m") + 1] == "gemma-3-270m-Q4_K_M.gguf"
+    assert argv[argv.index("-m") + 1] == "gemma-3-270m-it-Q4_K_M.gguf"  # the served repo
     assert result.engine == "llamacpp"
 
 
@@ -37,4 +37,5 @@ def test_llamacpp_launch_names_a_gguf_file() -> None:
 def test_llamacpp_gguf_name_for_unquantized(dtype: str) -> None:
     result = run_plan(PlanArgs(model="llama-3.1-8b", gpu="h100-sxm", dtype=dtype))
     name = result.launch["llamacpp"].argv[result.launch["llamacpp"].argv.index("-m") + 1]
-    assert name == ("Llama-3.1-8B-F16.gguf" if dtype == "float16" else "Llama-3.1-8B-BF16.gguf")
+    kind = "F16" if dtype == "float16" else "BF16"
+    assert name == f"Llama-3.1-8B-Instruct-{kind}.gguf"

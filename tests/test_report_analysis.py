@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from servetune.report.analysis import (
+from servetune.metrics.sweep import (
     LINEAR,
     OVER,
     SATURATION,
     classify_regions,
-    ecdf,
     pareto_front,
     sweet_spot,
 )
+from servetune.report.analysis import ecdf
 
 
 def test_three_regions_and_the_sweet_spot_at_saturation_start() -> None:

@@ -4,9 +4,11 @@ blank, nothing is fetched from the network; PNG/SVG export through kaleido."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from servetune.engines.config import EngineConfig
 from servetune.report import build_report, export_images
 from servetune.report.charts import Chart
 from servetune.store import Store
-from servetune.store.synthetic import synthetic_run, synthetic_sweep
+from synthetic_runs import synthetic_run, synthetic_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = [
@@ -167,3 +169,21 @@ def test_report_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> 
     code, _, err = cli("nope", "-o", str(tmp_path / "x.html"))
     assert code == 2 and err.count("\n") == 1 and "no run or study 'nope'" in err
     assert not (tmp_path / "x.html").exists()
+
+
+def test_the_empty_server_chart_names_only_options_bench_has(tmp_path: Path) -> None:
+    """Runs without scraped server metrics: the chart's note says why, naming bench's own
+    option (an option it does not have would send the reader nowhere)."""
+    from servetune.report.charts import server_metrics
+    from servetune.report.data import load_report_data
+
+    with Store.open(str(tmp_path / "r.db")) as store:
+        run, meta = synthetic_run(2, n_requests=20)
+        store.save_result(run.model_copy(update={"server": None}), meta, study="bare")
+        note = server_metrics(load_report_data(store, ["bare"])).note
+    named = re.findall(r"--[a-z][a-z-]*", note)
+    usage = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "bench", "--help"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+    ).stdout  # fmt: skip
+    assert named == ["--no-scrape"] and all(f in usage.split() for f in named), note

@@ -12,23 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from servetune.cli.app import main
+from cli_run import run_cli
 from servetune.engines.config import EngineConfig
 from servetune.store import Store
-from servetune.store.synthetic import synthetic_run, synthetic_sweep
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    argv, sys.argv = sys.argv, ["servetune", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out, err = capsys.readouterr()
-    return code, out, err
+from synthetic_runs import synthetic_run, synthetic_sweep
 
 
 @pytest.fixture
@@ -89,6 +76,41 @@ def test_show_prints_the_section_16_record(capsys: pytest.CaptureFixture[str], d
     assert "max_num_seqs=64" in out and "TTFT ms P50/P95/P99" in out
     code, out, _ = run_cli(capsys, "runs", "show", "last", "--json")
     assert json.loads(out)["id"] == "bench-two-knobs"
+
+
+def test_show_names_what_a_run_did_not_measure(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed loop offers no rate, even when its load kept the rate of the arrival it
+    replaced (bench's built-in workload run with --concurrency stores rate 1); an open
+    loop shows its rate. GPU use and quality, which nothing records, say how to."""
+    from servetune.results.schema import Load
+
+    monkeypatch.setenv("SERVETUNE_DB", str(tmp_path / "runs.db"))
+    monkeypatch.setenv("COLUMNS", "250")
+    with Store.open(str(tmp_path / "runs.db")) as s:
+        for rid, load in (
+            ("closed", Load(kind="closed", rate=1.0, concurrency=2)),
+            ("open", Load(kind="poisson", rate=2.5)),
+        ):
+            run, meta = synthetic_run(2, n_requests=20)
+            run.id = meta.id = rid
+            s.save_result(run.model_copy(update={"load": load}), meta)
+
+    def shown(rid: str, label: str) -> str:
+        code, out, _ = run_cli(capsys, "runs", "show", rid)
+        assert code == 0
+        return " ".join(next(line for line in out.splitlines() if line.startswith(label)).split())
+
+    assert shown("closed", "rate req/s").startswith("rate req/s (offered / achieved) - (closed")
+    assert shown("open", "rate req/s").startswith("rate req/s (offered / achieved) 2.5 / ")
+    assert "not measured: no GPU telemetry" in shown("closed", "GPU memory / util")
+    assert "nvidia-smi" in shown("closed", "GPU memory / util")
+    code, out, _ = run_cli(capsys, "runs", "list", "--json")
+    assert {r["id"]: r["rate"] for r in json.loads(out)} == {"closed": None, "open": 2.5}
+    code, out, _ = run_cli(capsys, "runs", "show", "closed")
+    quality = out[out.index("Quality") :].splitlines()[1]
+    assert "not measured" in quality and "set_quality" in " ".join(out.split())
 
 
 def test_compare_highlights_exactly_the_differing_knob(

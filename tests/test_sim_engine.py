@@ -11,8 +11,10 @@ from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.model import get_model
 from servetune.plan.planner import evaluate
+from servetune.sim.calibrate import fit_profile
 from servetune.sim.engine import setup, simulate
-from servetune.sim.profile import Profile, fit_profile, load_profile, save_profile
+from servetune.sim.profile import Profile, load_profile, save_profile
+from servetune.status import RequestStatus
 from servetune.workload.spec import parse_workload
 
 M, HW = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
@@ -38,7 +40,7 @@ def test_pool_comes_from_the_planner():
 
 def test_simulate_produces_a_runresult_with_bench_metrics():
     res, _ = simulate(M, HW, EngineConfig(max_model_len=8192, max_num_seqs=64), spec())
-    assert res.backend == "sim" and res.target["tier"] == "roofline"
+    assert res.backend == "sim" and res.target.tier == "roofline"
     assert len(res.records) == 300 and res.metrics.completed == 300
     r = res.records[0]
     assert len(r.chunk_ns) == r.output_tokens and r.chunk_ns == sorted(r.chunk_ns)
@@ -68,7 +70,7 @@ def test_memory_headroom_check_is_the_peak_share_of_the_pool():
         slo = parse_slo({"kv_cache_usage_max": limit})
         res, sched = simulate(M, HW, cfg, busy, slo=slo)
         (check,) = res.metrics.slo_checks
-        assert check.value == sched.stats.max_blocks_used / res.target["kv_blocks"]
+        assert check.value == sched.stats.max_blocks_used / res.target.kv_blocks
         assert check.ok is ok and res.metrics.slo_pass is ok
     # llama.cpp slots preallocate KV: reported as not measured, never a failure
     cpu, g = get_hardware("cpu-host"), get_model("gemma-3-270m")
@@ -82,13 +84,13 @@ def test_prefix_cache_lowers_ttft():
     w = spec(prefix={"groups": 2, "tokens": 512}, input_tokens={"dist": "fixed", "value": 600})
     on, _ = simulate(M, HW, EngineConfig(max_model_len=8192), w)
     off, _ = simulate(M, HW, EngineConfig(max_model_len=8192, enable_prefix_caching=False), w)
-    assert on.target["sim"]["prefix_hit_tokens"] > 0
+    assert on.target.sim.prefix_hit_tokens > 0
     assert on.metrics.ttft_ms.p50 < off.metrics.ttft_ms.p50
 
 
 def test_rejections_are_per_request_errors():
     res, _ = simulate(M, HW, EngineConfig(max_model_len=300), spec())
-    bad = [r for r in res.records if r.status == "error"]
+    bad = [r for r in res.records if r.status == RequestStatus.ERROR]
     assert bad and all("max_model_len" in r.error_detail for r in bad)
     assert res.metrics.failed == len(bad)
 
@@ -155,7 +157,7 @@ def test_fit_recovers_known_coefficients(tmp_path):
     assert load_profile(path).coefficients == fit.coefficients
     # the fitted profile predicts the run it was fitted on
     again, _ = simulate(M, HW, cfg, spec(arrival={"kind": "poisson", "rate": 10}), profile=fit)
-    assert again.target["tier"] == "calibrated"
+    assert again.target.tier == "calibrated"
     assert again.metrics.tpot_ms.p50 == pytest.approx(runs[1].metrics.tpot_ms.p50, rel=0.1)
 
 

@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servetune.sim.scheduler import DONE, REJECTED, SchedConfig, Scheduler, SimRequest
+from servetune.sim.request import Phase, SimRequest
+from servetune.sim.scheduler import SchedConfig, Scheduler
 from servetune.sim.steptime import calibrated_model
 
 MODEL = calibrated_model(
@@ -57,7 +58,7 @@ def scenario(draw):
                 draw(st.integers(0, 3)),
                 group,
                 min(prompt, 48) if group >= 0 else 0,
-                scheduled=t,
+                scheduled_s=t,
             )
         )
     closed = draw(st.one_of(st.none(), st.integers(1, 4)))
@@ -74,14 +75,15 @@ def test_invariants(sc):
     times = np.asarray(s.step_end_s)
     assert np.all(np.diff(times) > 0), "time must increase step by step"
     for r in reqs:
-        assert r.phase in (DONE, REJECTED)
-        if r.phase == REJECTED:
-            assert r.reason
+        assert r.phase in (Phase.DONE, Phase.REJECTED)
+        if r.phase is Phase.REJECTED:
+            assert r.reject_reason
             continue
-        steps = [k for a, b in zip(r.segs[::2], r.segs[1::2], strict=True) for k in range(a, b)]
-        assert len(steps) == r.out == r.gen, "tokens conserved"
+        ranges = r.token_step_ranges
+        steps = [k for a, b in zip(ranges[::2], ranges[1::2], strict=True) for k in range(a, b)]
+        assert len(steps) == r.output_tokens == r.generated, "tokens conserved"
         assert steps == sorted(set(steps)), "one token per step, in order"
-        assert times[steps[0]] >= r.arrival
+        assert times[steps[0]] >= r.arrival_s
     if c.mode == "paged":
-        assert s.pool.available == c.kv_blocks and not s.pool.refs
+        assert s.policy.kv.available == c.kv_blocks and not s.policy.kv.refs
         assert s.stats.max_blocks_used <= c.kv_blocks

@@ -1,4 +1,4 @@
-"""Hand-computed scheduler scenarios (issue 5), with a calibrated step model whose
+"""Hand-computed scheduler scenarios, with a calibrated step model whose
 coefficients make every step time easy to add up by hand."""
 
 from __future__ import annotations
@@ -6,14 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servetune.sim.scheduler import (
-    DONE,
-    REJECTED,
-    SchedConfig,
-    Scheduler,
-    SimRequest,
-    prompt_breaks,
-)
+from servetune.sim.policies import prompt_breaks
+from servetune.sim.request import Phase, SimRequest
+from servetune.sim.scheduler import SchedConfig, Scheduler
 from servetune.sim.steptime import calibrated_model
 
 C0, PER_TOKEN = 0.010, 0.001  # 10 ms per step + 1 ms per prefill token
@@ -39,13 +34,14 @@ def cfg(**kw) -> SchedConfig:
 
 
 def req(i, prompt, out, t=0.0, prio=0, group=-1, shared=0) -> SimRequest:
-    return SimRequest(i, i, prompt, out, t, prio, group, shared, scheduled=t)
+    return SimRequest(i, i, prompt, out, t, prio, group, shared, scheduled_s=t)
 
 
 def token_times(sched: Scheduler, r: SimRequest) -> list[float]:
     times = np.asarray(sched.step_end_s)
+    ranges = r.token_step_ranges
     return np.concatenate(
-        [times[r.segs[k] : r.segs[k + 1]] for k in range(0, len(r.segs), 2)]
+        [times[ranges[k] : ranges[k + 1]] for k in range(0, len(ranges), 2)]
     ).tolist()
 
 
@@ -61,7 +57,7 @@ def test_one_request_ttft_is_its_prefill_step():
     t = token_times(s, r)
     # prefill step: 10 ms + 100 x 1 ms; then 4 decode steps of 10 ms each
     assert t == pytest.approx([0.110, 0.120, 0.130, 0.140, 0.150])
-    assert r.phase == DONE and len(t) == 5
+    assert r.phase is Phase.DONE and len(t) == 5
 
 
 def test_a_new_step_size_pays_once_per_engine():
@@ -85,7 +81,7 @@ def test_a_new_step_size_pays_once_per_engine():
 def test_api_overhead_shifts_every_chunk():
     r = req(0, 10, 2)
     s = run(cfg(), [r], model_kw={"api": 0.005})
-    rec_first = s.step_end_s[r.segs[0]] + s.model.api_overhead_s
+    rec_first = s.step_end_s[r.token_step_ranges[0]] + s.model.api_overhead_s
     assert rec_first == pytest.approx(0.020 + 0.005)
 
 
@@ -119,14 +115,25 @@ def test_kv_exhaustion_preempts_the_tail_and_recomputes():
     assert s.stats.prefill_tokens == 16 + 16 + 33
     tb = token_times(s, b)
     assert all(x < y for x, y in zip(tb, tb[1:], strict=False))
-    assert s.pool.available == 4
+    assert s.policy.kv.available == 4
+
+
+@pytest.mark.parametrize("policy, victim", [("fcfs", 1), ("priority", 0)])
+def test_preemption_takes_the_tail_or_the_worst_priority(policy, victim):
+    """a (priority 1) starts first, b (priority 0) a step later; four blocks cannot hold
+    both: fcfs preempts the tail of the running list (b), priority the request it ranks
+    last (a)."""
+    reqs = [req(0, 16, 20, prio=1), req(1, 16, 20, t=0.001, prio=0)]
+    s = run(cfg(kv_blocks=4, prefix_caching=False, policy=policy), reqs)
+    assert [r.preemptions for r in reqs] == [1 if r.index == victim else 0 for r in reqs]
+    assert s.stats.preemptions == 1
 
 
 def test_preempted_request_hits_its_own_cached_blocks():
     a, b = req(0, 16, 20), req(1, 16, 20)
     s = run(cfg(kv_blocks=5, prefix_caching=True), [a, b])
     assert s.stats.preemptions >= 1
-    assert b.cached_tokens > 0  # its full blocks survived in the LRU and were reused
+    assert b.prefix_hit_tokens > 0  # its full blocks survived in the LRU and were reused
 
 
 def test_prefix_hit_removes_prefill_tokens():
@@ -159,8 +166,8 @@ def test_priority_reorders_waiting(policy, order):
 def test_too_long_request_is_rejected_with_reason():
     ok, bad = req(0, 10, 5), req(1, 4000, 200)
     run(cfg(), [ok, bad])
-    assert bad.phase == REJECTED and "max_model_len" in bad.reason
-    assert ok.phase == DONE
+    assert bad.phase is Phase.REJECTED and "max_model_len" in bad.reject_reason
+    assert ok.phase is Phase.DONE
 
 
 def test_open_loop_arrival_waits_for_the_step_boundary():
@@ -176,7 +183,7 @@ def test_closed_loop_issues_next_on_finish():
     s = Scheduler(cfg(), model(), closed_users=1, check=True)
     s.run(reqs)
     ends = [token_times(s, r)[-1] for r in reqs]
-    starts = [r.arrival for r in reqs]
+    starts = [r.arrival_s for r in reqs]
     assert starts[1] == pytest.approx(ends[0]) and starts[2] == pytest.approx(ends[1])
 
 
@@ -229,7 +236,7 @@ def test_slots_mode_rejects_over_slot_context():
     c = cfg(mode="slots", max_num_seqs=2, slot_ctx=100, kv_blocks=0)
     a, b = req(0, 80, 10), req(1, 90, 20)
     run(c, [a, b])
-    assert a.phase == DONE and b.phase == REJECTED and "slot context" in b.reason
+    assert a.phase is Phase.DONE and b.phase is Phase.REJECTED and "slot context" in b.reject_reason
 
 
 def test_serial_ingress_splits_a_burst_and_prefill_sq_is_charged():

@@ -13,7 +13,7 @@ from servetune.errors import InputError
 from servetune.metrics.compute import compute_metrics
 from servetune.results.schema import RequestRecord
 from servetune.store import codec
-from servetune.store.synthetic import synthetic_run
+from synthetic_runs import synthetic_run
 
 ns = st.integers(min_value=0, max_value=2**62)
 opt_int = st.none() | st.integers(min_value=-(2**40), max_value=2**40)

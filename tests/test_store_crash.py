@@ -12,13 +12,15 @@ import textwrap
 import time
 from pathlib import Path
 
+from servetune.status import RunStatus
 from servetune.store import Store
 
 WRITER = textwrap.dedent(
     """
     import sys
+    sys.path.insert(0, sys.argv[2])  # the tests folder, for the synthetic runs
     from servetune.store import Store
-    from servetune.store.synthetic import synthetic_run
+    from synthetic_runs import synthetic_run
 
     result, meta = synthetic_run(8, n_requests=400)
     store = Store.open(sys.argv[1])
@@ -37,7 +39,9 @@ WRITER = textwrap.dedent(
 
 def _start(db: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WRITER, str(db), str(Path(__file__).parent)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     run_id = proc.stdout.readline().strip()
@@ -51,7 +55,7 @@ def test_killed_writer_leaves_readable_db_with_run_incomplete(tmp_path: Path) ->
     try:
         time.sleep(0.3)
         with Store.open(str(db), create=False) as reader:  # a reader while it writes
-            assert reader.get(run_id).status == "running"
+            assert reader.get(run_id).status == RunStatus.RUNNING
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # mid-run, likely mid-transaction
         proc.wait(timeout=30)
@@ -69,12 +73,12 @@ def test_killed_writer_leaves_readable_db_with_run_incomplete(tmp_path: Path) ->
 
     with Store.open(str(db), create=False) as store:
         info = store.get(run_id)
-        assert info.status == "incomplete"
+        assert info.status == RunStatus.INCOMPLETE
         records = store.records(run_id)
         assert len(records) == stored_n
         result = store.load_result(run_id)  # metrics recomputed from what was kept
-        assert result.status == "interrupted" and result.metrics.measured > 0
-        assert [i.id for i in store.list_runs(status="incomplete")] == [run_id]
+        assert result.status == RunStatus.INTERRUPTED and result.metrics.measured > 0
+        assert [i.id for i in store.list_runs(status=RunStatus.INCOMPLETE)] == [run_id]
 
     with Store.open(str(db)) as writer:  # the next writer persists the verdict
         writer.begin_run({"model": "next"})

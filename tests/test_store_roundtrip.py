@@ -15,9 +15,10 @@ from sqlalchemy.engine import make_url
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
+from servetune.status import RunStatus
 from servetune.store import RunMeta, Store
-from servetune.store.synthetic import synthetic_run, synthetic_sweep
 from servetune.store.transfer import export
+from synthetic_runs import synthetic_run, synthetic_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,14 +108,14 @@ def test_save_and_load_result_round_trip(store: Store) -> None:
 def test_incremental_writes_then_finish(store: Store) -> None:
     result, meta = synthetic_run(4, n_requests=50)
     rid = store.begin_run(meta)
-    assert store.get(rid).status == "running"  # this process is alive
+    assert store.get(rid).status == RunStatus.RUNNING  # this process is alive
     for i in range(0, 50, 20):
         store.append_records(rid, [r.model_dump() for r in result.records[i : i + 20]])
     assert store.get(rid).n_records == 50
     partial = store.load_result(rid)  # no final result yet: metrics from the records
     assert partial.metrics.completed == result.metrics.completed
     store.finish_run(rid, result)
-    assert store.get(rid).status == "completed"
+    assert store.get(rid).status == RunStatus.COMPLETED
     assert _dump(store.records(rid)) == _dump(result.records)
 
 
@@ -197,7 +198,7 @@ def test_import_bench_result_file_and_record_log(store: Store, tmp_path: Path) -
     log.write_text("\n".join(lines) + "\n")
     [(rid, what)] = store.import_file(log)
     info = store.get(rid)
-    assert what == "imported" and info.status == "interrupted" and info.n_records == 30
+    assert what == "imported" and info.status == RunStatus.INTERRUPTED and info.n_records == 30
     assert info.created_utc == "2026-01-02T03:04:05Z"
     bad = tmp_path / "bad.json"
     bad.write_text('{"id": "x", "records": [{"index": "nope"}]}')

@@ -1,4 +1,4 @@
-"""bench and simulate write the experiment store by default (issue 6, "Store"): every
+"""bench and simulate write the experiment store by default (docs/store.md): every
 record, streamed as measured; --no-store; Ctrl-C and kill keep what was measured; an
 unreachable database never costs the result files; sim and real runs compare."""
 
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from servetune.bench.output import load_result
-from servetune.cli.app import main
+from cli_run import run_cli
 from servetune.mock.server import MockConfig, mock_in_thread
+from servetune.results.files import load_result
+from servetune.status import RunStatus
 from servetune.store import Store
 
 WORKLOAD = (
@@ -30,20 +31,6 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test in its own folder, so the default ./servetune.db lands there."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SERVETUNE_DB", raising=False)
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """servetune in this process (no interpreter start-up): exit code, stdout, stderr."""
-    argv, sys.argv = sys.argv, ["servetune", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def workload(tmp_path: Path, count: int = 30, rate: float = 200) -> str:
@@ -70,7 +57,7 @@ def test_bench_stores_every_record_by_default(
     assert "stored 2 runs in" in err and str(tmp_path / "servetune.db") in err
     with Store.open("servetune.db", create=False) as store:
         runs = store.list_runs()
-        assert [r.status for r in runs] == ["completed", "completed"]
+        assert [r.status for r in runs] == [RunStatus.COMPLETED] * 2
         assert len({r.study for r in runs}) == 1 and runs[0].study.startswith("bench-sweep-")
         for label in ("rate200", "rate400"):
             res = load_result(tmp_path / f"r-{label}.json")
@@ -150,10 +137,10 @@ def test_ctrl_c_finishes_the_run_as_interrupted(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     res = load_result(tmp_path / "r.json")
-    assert res.status == "interrupted" and 0 < len(res.records) < 200, err
+    assert res.status == RunStatus.INTERRUPTED and 0 < len(res.records) < 200, err
     with Store.open("servetune.db", create=False) as store:
         (run,) = store.list_runs()
-        assert run.id == res.id and run.status == "interrupted"
+        assert run.id == res.id and run.status == RunStatus.INTERRUPTED
         assert run.n_records == len(res.records) == len(store.records(run.id))
 
 
@@ -165,7 +152,7 @@ def test_killed_bench_leaves_an_incomplete_run_with_its_records(tmp_path: Path) 
         proc.communicate(timeout=30)
     with Store.open("servetune.db", create=False) as store:
         (run,) = store.list_runs()
-        assert run.status == "incomplete"
+        assert run.status == RunStatus.INCOMPLETE
         assert len(store.records(run.id)) >= seen > 0
         assert store.load_result(run.id).metrics.completed >= seen
 

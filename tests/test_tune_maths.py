@@ -11,6 +11,8 @@ from servetune.tune.oomedge import find_edge, step_back
 from servetune.tune.space import check_constraint, parse_space
 from servetune.tune.stats import mean_ci
 from servetune.tune.sweetspot import analyse, doubling
+from servetune.tune.trial import TrialResult, TrialStatus
+from servetune.tune.tuner import held_in_repeats, pick_winner
 
 
 def _threshold(cap: float, calls: list[float]):
@@ -155,3 +157,106 @@ def test_random_and_bayes_never_repeat_and_respect_the_budget() -> None:
         s = make_strategy(name, space, 5, 3, {})
         asked = _drive(s, lambda p: float(p["max_num_seqs"]))
         assert len(asked) == 5
+
+
+def _fcfs_run(rate: float, service_rate: float, seconds: float, warmup_s: float):
+    """A single FCFS server with a fixed service time, fed at a fixed rate: the queue is
+    flat when service_rate > rate and grows at (rate - service_rate) otherwise. Returns
+    the run (records + metrics with an SLO) and the workload it measured."""
+    from servetune.metrics.compute import compute_metrics
+    from servetune.results.schema import RequestRecord, RunResult
+    from servetune.slo import parse_slo
+    from servetune.workload.spec import parse_workload
+
+    s = 1_000_000_000
+    spec = parse_workload({"count": int(rate * seconds), "warmup_s": warmup_s,
+                           "input_tokens": {"dist": "fixed", "value": 8},
+                           "output_tokens": {"dist": "fixed", "value": 2},
+                           "arrival": {"kind": "constant", "rate": rate}})  # fmt: skip
+    free, records = 0, []
+    for i in range(spec.count):
+        arrive = int(i * s / rate)
+        start = max(arrive, free)
+        free = start + int(s / service_rate)
+        chunks = [start + 1_000_000, free]
+        records.append(
+            RequestRecord(index=i, scheduled_ns=arrive, send_ns=arrive, chunk_ns=chunks,
+                          chunk_tokens=[1, 1], end_ns=free)
+        )  # fmt: skip
+    slo = parse_slo({"ttft_ms": {"p95": 1e9}})  # percentiles never bind: only steady state
+    m = compute_metrics(records, warmup_s=warmup_s, slo=slo)
+    return RunResult(id="x", created_utc="now", records=records, metrics=m), spec
+
+
+def test_a_growing_queue_fails_whatever_its_percentiles() -> None:
+    from servetune.measure.steady import REAL_STEADY, SIM_STEADY, apply_steady_state
+
+    for rule in (SIM_STEADY, REAL_STEADY):
+        res, spec = _fcfs_run(rate=10.0, service_rate=8.0, seconds=60, warmup_s=10)
+        assert res.metrics.slo_pass  # the percentiles alone would pass it
+        st = apply_steady_state(res, spec, rule)
+        assert st is not None and not st.steady and not res.metrics.slo_pass
+        # a queue fed at 10 req/s and served at 8: 80% achieved; the wait grows at
+        # (10 - 8) / 8 = 0.25 s per s (each arrival waits 1/8 - 1/10 s more)
+        assert st.achieved_ratio == pytest.approx(0.8, abs=0.02)
+        assert st.queue_slope == pytest.approx(0.25, rel=0.02)
+        failed = {c.stat for c in res.metrics.slo_checks if not c.ok}
+        assert failed == {"shortfall", "queue_slope"}
+        assert st.signals()["steady"] is False
+    res, spec = _fcfs_run(rate=8.0, service_rate=10.0, seconds=60, warmup_s=10)
+    st = apply_steady_state(res, spec, SIM_STEADY)
+    assert st is not None and st.steady and res.metrics.slo_pass
+    assert st.achieved_ratio == pytest.approx(1.0, abs=0.02) and st.queue_slope == 0
+
+
+def test_steady_rule_scales_the_count_with_the_rate() -> None:
+    from servetune.measure.loads import load_spec
+    from servetune.measure.steady import SteadyRule
+    from servetune.workload.spec import parse_workload
+
+    rule = SteadyRule(warmup_s=10, window_s=50, max_requests=5000)
+    wl = parse_workload({"count": 300, "input_tokens": {"dist": "fixed", "value": 8},
+                         "output_tokens": {"dist": "fixed", "value": 8},
+                         "arrival": {"kind": "poisson", "rate": 1}})  # fmt: skip
+    counts = {r: load_spec(wl, "rate", r, 4, rule).count for r in (1, 10, 40, 1000)}
+    # 60 s of arrivals, never fewer than the workload's 300, at most the cap
+    assert counts == {1: 300, 10: 600, 40: 2400, 1000: 5000}
+    spec = load_spec(wl, "rate", 40, 4, rule)
+    assert spec.warmup_s == 10 and spec.arrival.rate == 40 and spec.arrival.open_loop
+    by_time = parse_workload({**wl.model_dump(), "count": None, "duration_s": 120})
+    assert load_spec(by_time, "rate", 10, 4, rule).count == 1200  # 120 s at 10 req/s
+    closed = load_spec(wl, "concurrency", 8, 4, rule)  # closed loop: per user, unchanged
+    assert (closed.count, closed.warmup_s) == (300, 0) and not closed.arrival.open_loop
+    with pytest.raises(ValueError, match="window_s"):
+        SteadyRule(window_s=0)
+
+
+def _finalist(label: str, mean: float, passed: int, n: int = 3) -> TrialResult:
+    return TrialResult(
+        key=label,
+        config={"engine": "vllm"},
+        label=label,
+        backend="real",
+        status=TrialStatus.OK,
+        ci={"mean": mean, "low": mean, "high": mean, "n": n, "passed": passed},
+    )
+
+
+def test_winner_is_a_finalist_whose_capacity_held_in_its_repeats() -> None:
+    fast_but_failing = _finalist("fast", 9.0, passed=0)
+    held = _finalist("held", 5.0, passed=3)
+    half = _finalist("half", 7.0, passed=1)
+    assert pick_winner([fast_but_failing, held, half], higher_is_better=True) is held
+    assert held_in_repeats(held) and not held_in_repeats(half)
+    # nothing held: the best mean, flagged by the caller (held_in_repeats is False)
+    w = pick_winner([half, fast_but_failing], higher_is_better=True)
+    assert w is fast_but_failing and not held_in_repeats(w)
+    # lower is better (TTFT objective): the lowest mean among those that held
+    low = _finalist("low", 2.0, passed=2)
+    assert pick_winner([held, low, half], higher_is_better=False) is low
+
+
+def test_without_repetitions_the_ranking_decides() -> None:
+    first = TrialResult("a", {"engine": "vllm"}, "a", "sim", TrialStatus.OK, score=3.0)
+    second = TrialResult("b", {"engine": "vllm"}, "b", "sim", TrialStatus.OK, score=4.0)
+    assert pick_winner([first, second], higher_is_better=True) is first

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from servetune.status import TrialStatus
 from servetune.store import Store
 from servetune.tune.tuner import Tuner
 
@@ -29,7 +30,7 @@ def test_ray_runs_sim_trials_in_parallel_into_one_store(tmp_path: Path) -> None:
         if ray.is_initialized():
             ray.shutdown()
     trials = out.ranked
-    assert len(trials) == 7 and all(t.status == "ok" for t in trials)
+    assert len(trials) == 7 and all(t.status == TrialStatus.OK for t in trials)
     workers = {t.worker for t in trials}
     assert len(workers) >= 2, workers  # more than one process ran trials
     spans = sorted((t.started_unix_s, t.ended_unix_s) for t in trials)
@@ -37,5 +38,5 @@ def test_ray_runs_sim_trials_in_parallel_into_one_store(tmp_path: Path) -> None:
     assert overlaps, spans  # some trials ran at the same time
     with Store.open(str(tmp_path / "tune.db")) as st:
         runs = [r for r in st.list_runs(study="ray") if "trial" in r.tags]
-    assert sorted(r.meta["target"]["tune"]["key"] for r in runs) == sorted(t.key for t in trials)
+    assert sorted(r.tune.key for r in runs) == sorted(t.key for t in trials)
     assert out.winner is not None and out.winner.score > 0

@@ -4,20 +4,27 @@
   store, and the winner beats the default (a KV pool too small for the prompts) on
   goodput, with repetitions and a CI.
 - vLLM CPU: a config whose KV space cannot be allocated is recorded infeasible with the
-  engine's own log lines, and the study goes on to the next config.
+  engine's own log lines (read as out of memory), and the study goes on to the next
+  config. The one test of that vLLM launch error: a launch that loads the model, then
+  fails, costs ~90 s on a busy host.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from servetune.cli.tune_cmd import write_report
 from servetune.engines.testmodel import VLLM_TEST_CONFIG
+from servetune.measure import BackendSpec
 from servetune.slo import parse_slo
+from servetune.status import RunStatus, TrialStatus
 from servetune.store import Store
-from servetune.tune.backends import BackendSpec
 from servetune.tune.capacity import concurrency_lattice
 from servetune.tune.objective import Objective
 from servetune.tune.space import parse_space
@@ -25,7 +32,9 @@ from servetune.tune.trial import SearchSettings
 from servetune.tune.tuner import Tuner, TuneSettings
 from servetune.workload.spec import parse_workload
 
-pytestmark = pytest.mark.engine
+# Bound per test, engine starts included: each study here took 80-90 s on a busy 2-core
+# host; the CLI runs are bounded at 600 s by `_tune` itself.
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 
 def _settings(
@@ -65,7 +74,6 @@ def _settings(
         repeats=repeats,
         db=str(tmp / "real.db"),
         study="real",
-        report=tmp / "report.html",
         edge=False,
         verbose=True,
     )
@@ -93,13 +101,14 @@ def test_llamacpp_study_winner_beats_the_default(llamacpp_install, gemma_gguf, t
     s = _settings(tmp_path, space, engine="llamacpp", model="gemma-3-270m",
                   model_path=str(gemma_gguf), workload=workload, slo=slo, max_load=2,
                   repeats=3)  # fmt: skip
-    out = Tuner(s).run()
+    tuner = Tuner(s)
+    out = tuner.run()
     assert len(out.ranked) == 2  # the baseline is not run twice
     by_kv = {t.config["kv_cache_tokens"]: t for t in out.ranked}
     default, big = by_kv[512], by_kv[2048]
-    assert out.baseline is default and default.status == "no_slo"
+    assert out.baseline is default and default.status == TrialStatus.NO_SLO
     assert any(c["metric"] == "error_rate" for p in default.points for c in p.missed())
-    assert out.winner is big and big.status == "ok"
+    assert out.winner is big and big.status == TrialStatus.OK
     best_default = max(p.goodput_req_s or 0.0 for p in default.points)
     assert big.best.goodput_req_s > best_default
     assert "-c 2048" in big.launch_command and "-np 4" in big.launch_command
@@ -111,6 +120,7 @@ def test_llamacpp_study_winner_beats_the_default(llamacpp_install, gemma_gguf, t
         assert sum("rep" in r.tags for r in runs) == 3
         kept = [r for r in runs if r.conclusion == "keep"]
         assert len(kept) == 1 and kept[0].engine_config["kv_cache_tokens"] == 2048
+    write_report(tuner.store, out, tmp_path / "report.html")  # what `servetune tune` does
     assert out.report_path is not None and out.report_path.exists()
 
 
@@ -137,10 +147,88 @@ def test_vllm_kv_space_that_cannot_be_allocated_is_infeasible_and_the_study_goes
     out = Tuner(s).run()
     by_kv = {t.config["kv_cache_space_gib"]: t for t in out.ranked}
     bad, good = by_kv[too_big], by_kv[1]
-    assert bad.status == "infeasible"
+    assert bad.status == TrialStatus.INFEASIBLE
     assert "less than requested memory for kv" in bad.reason
     assert bad.log_tail  # the engine's own lines
-    assert good.status == "ok" and out.winner is good  # the study went on
+    assert good.status == TrialStatus.OK and out.winner is good  # the study went on
     with Store.open(str(tmp_path / "real.db")) as st:
-        failed = [r for r in st.list_runs(study="real") if r.status == "failed"]
+        failed = [r for r in st.list_runs(study="real") if r.status == RunStatus.FAILED]
     assert len(failed) == 1 and "engine log" in (failed[0].stop_reason or "")
+    # the launch error it came from, as the engine layer read vLLM's log: out of memory
+    # (also what `servetune engine launch` says, exit code 2)
+    tag = failed[0].tune
+    assert tag is not None and tag.failure is not None and tag.failure.kind == "oom"
+
+
+def _tune(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """`servetune tune` as a user runs it, bounded: a hung engine fails the test."""
+    return subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "tune", "--db", str(tmp / "main.db"),
+         "-o", str(tmp / "main.html"), *args],
+        capture_output=True, text=True, cwd=tmp, timeout=600,
+    )  # fmt: skip
+
+
+SMALL_SPACE = """engine: llamacpp
+fixed: {quantization: q4_k_m, threads: 2}
+knobs:
+  parallel_slots: [1, 4]
+"""
+# The preset's completions, fewer and shorter: each point (the SLO probe too) takes about
+# a third of the preset's time.
+SHORT_WORKLOAD = """api: completions
+count: 4
+input_tokens: {dist: uniform, low: 32, high: 96}
+output_tokens: {dist: fixed, value: 8}
+arrival: {kind: closed, concurrency: 1}
+"""
+
+
+def test_main_job_preset_ends_with_a_recommendation(llamacpp_install, gemma_gguf, tmp_path):
+    # The built-in default (hybrid, SLO from this host) on 3 configs with short trials.
+    (tmp_path / "space.yaml").write_text(SMALL_SPACE)
+    (tmp_path / "wl.yaml").write_text(SHORT_WORKLOAD)
+    p = _tune(tmp_path, "--space", "space.yaml", "--workload", "wl.yaml", "--study", "main",
+              "--top-k", "1", "--max-load", "2", "--max-probes", "2", "--repeats", "2",
+              "--time-budget", "90")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("SLO derived from this host: P95 TTFT <= 4 x probe")
+    head = next(i for i, x in enumerate(lines) if x.startswith(("== winner: ", "== NO CONFIG")))
+    assert lines[head + 1] == "launch command:"
+    assert "llama-server" in lines[head + 2] and "-t 2" in lines[head + 2]
+    with Store.open(str(tmp_path / "main.db")) as st:
+        summary = st.study_meta("main")["summary"]
+        runs = st.list_runs(study="main")
+    derived = summary["slo_derived"]
+    assert derived["backend"] == "real" and derived["samples"] == 4
+    assert summary["slo"]["ttft_ms"]["p95"] == round(4 * derived["probe_ttft_p95_ms"])
+    w = summary["winner"]
+    assert w["launch_command"] in p.stdout
+    (probe,) = [r for r in runs if "slo" in r.tags]
+    assert probe.backend == "real" and probe.n_records == 4 and probe.id == derived["run_id"]
+    real = [r for r in runs if r.backend == "real" and "probe" in r.tags]
+    assert real and all(r.status == RunStatus.COMPLETED and r.n_records > 0 for r in real)
+    concluded = [r for r in runs if r.conclusion]
+    assert len(concluded) == 1 and concluded[0].tune.key == w["key"]
+    assert concluded[0].conclusion == ("keep" if summary["slo_met"] else "next")
+    assert (tmp_path / "main.html").exists()
+
+
+def test_real_engine_slo_nothing_meets_is_a_best_effort(llamacpp_install, gemma_gguf, tmp_path):
+    (tmp_path / "space.yaml").write_text(SMALL_SPACE.replace("[1, 4]", "[2]"))
+    (tmp_path / "slo.yaml").write_text("ttft_ms: {p95: 1}\n")
+    (tmp_path / "wl.yaml").write_text(SHORT_WORKLOAD)
+    p = _tune(tmp_path, "--backend", "real", "--space", "space.yaml", "--slo", "slo.yaml",
+              "--workload", "wl.yaml", "--study", "imp", "--max-load", "1", "--repeats", "0",
+              "--json")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["slo_met"] is False and out["slo_derived"] is None  # --slo is used as given
+    assert out["shortfall"]["binding"]["metric"] == "ttft_ms"
+    assert out["shortfall"]["binding"]["ratio"] > 1
+    assert "llama-server" in out["winner"]["launch_command"]
+    with Store.open(str(tmp_path / "main.db")) as st:
+        kept = [r for r in st.list_runs(study="imp") if r.conclusion]
+    assert [r.conclusion for r in kept] == ["next"]
+    assert kept[0].id == out["shortfall"]["run_id"]

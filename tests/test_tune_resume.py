@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from servetune.measure import BackendSpec, SimBackend
+from servetune.status import RunStatus
 from servetune.store import Store
 from servetune.tune import executors
-from servetune.tune.backends import BackendSpec, SimBackend, SimSession
 from servetune.tune.capacity import concurrency_lattice
 from servetune.tune.objective import Objective
 from servetune.tune.space import parse_space
@@ -74,12 +75,12 @@ def test_sigkill_then_resume_loses_and_repeats_no_trial(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     after = _trial_runs(db, "kill")
-    keys = [(r.meta["target"]["tune"]["key"]) for r in after]
+    keys = [r.tune.key for r in after]
     assert len(keys) == len(set(keys)), "a trial was stored twice"
     assert len(after) == 121  # 120 grid configs + the baseline, none lost
-    assert all(r.status == "completed" for r in after)
+    assert all(r.status == RunStatus.COMPLETED for r in after)
     kept = {r.id: r.created_utc for r in after}
-    done_before = [r for r in before if r.status == "completed"]
+    done_before = [r for r in before if r.status == RunStatus.COMPLETED]
     assert len(before) - len(done_before) <= 1  # at most the trial being written
     assert all(kept[r.id] == r.created_utc for r in done_before)  # never redone
     assert out["counts"]["trials"] == 121
@@ -96,19 +97,11 @@ class CountingReal(SimBackend):
         self.probes = 0
         self.stop_after = stop_after
 
-    def session(self, cfg):  # type: ignore[override]
-        backend = self
-
-        class S(SimSession):
-            def probe(self, kind: str, load: float):
-                if backend.stop_after is not None and backend.probes >= backend.stop_after:
-                    raise KeyboardInterrupt
-                backend.probes += 1
-                return super().probe(kind, load)
-
-        import contextlib
-
-        return contextlib.nullcontext(S(self, cfg))
+    def probe(self, session, kind: str, load: float):  # type: ignore[override]
+        if self.stop_after is not None and self.probes >= self.stop_after:
+            raise KeyboardInterrupt
+        self.probes += 1
+        return super().probe(session, kind, load)
 
 
 def _settings(tmp_path: Path, spec: BackendSpec) -> TuneSettings:
@@ -125,7 +118,6 @@ def _settings(tmp_path: Path, spec: BackendSpec) -> TuneSettings:
         repeats=3,
         db=str(tmp_path / "real.db"),
         study="pointwise",
-        report=tmp_path / "r.html",
         edge=False,
         verbose=False,
     )
@@ -152,8 +144,8 @@ def test_point_level_resume_measures_each_point_once(tmp_path: Path) -> None:
     assert first.probes == 7
     with Store.open(str(tmp_path / "real.db")) as st:
         runs = st.list_runs(study="pointwise")
-    assert sum(r.status == "completed" for r in runs) == 7
-    assert sum(r.status == "interrupted" for r in runs) == 1  # the point being measured
+    assert sum(r.status == RunStatus.COMPLETED for r in runs) == 7
+    assert sum(r.status == RunStatus.INTERRUPTED for r in runs) == 1  # the point being measured
     second = CountingReal(spec, stop_after=None)
     executors._BACKENDS[key] = second
     executors._RECORDERS.clear()  # as a new process would: the study is read from the store

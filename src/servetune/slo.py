@@ -13,7 +13,7 @@ TTFT, TPOT and E2E are each at or below that metric's per-request threshold: the
 `goodput` entry when given, else the metric's tightest (smallest) target. Errors and
 timeouts are misses (field notes: GuideLLM #1085 counts them so; vLLM ignores them).
 
-`kv_cache_usage_max` is the memory-headroom target (issue 7, seed 003 §15 "stay one step
+`kv_cache_usage_max` is the memory-headroom target (seed 003 §15 "stay one step
 back from the OOM edge"): the peak fraction of the KV pool in use during the run (the
 engine's own gauge: vLLM `kv_cache_usage_perc`, SGLang `token_usage`; the simulator's
 peak blocks) must stay at or below it. A pool that runs full is where preemption and
@@ -25,9 +25,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servetune.errors import InputError, from_validation_error
+from servetune.yamlfile import load_yaml
 
 Stat = Literal["p50", "p90", "p95", "p99", "mean", "max"]
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -89,8 +90,6 @@ class SLO(_Strict):
 
 
 def parse_slo(data: Any, source: str = "slo") -> SLO:
-    from pydantic import ValidationError
-
     if not isinstance(data, dict):
         raise InputError(source, "must be a mapping like {ttft_ms: {p95: 800}}")
     try:
@@ -100,6 +99,32 @@ def parse_slo(data: Any, source: str = "slo") -> SLO:
 
 
 def load_slo(path: str | Path) -> SLO:
-    from servetune.yamlfile import load_yaml
-
     return parse_slo(load_yaml(path, "--slo"), "slo")
+
+
+class HostRule(_Strict):
+    """An SLO derived from the machine a study runs on: P95 TTFT at most `ttft_x` times,
+    and P95 TPOT at most `tpot_x` times, the P95 of an idle probe (the same requests sent
+    one at a time). A fixed target written on one machine fails every config on a slower
+    or busier one; a multiple of this host's own idle latency asks the same of every host:
+    "under load, stay within k x what the host does idle". P95 against P95 compares like
+    with like, so a noisy host's spikes widen the target instead of failing every config."""
+
+    ttft_x: float = Field(4.0, gt=1, description="P95 TTFT target / idle P95 TTFT.")
+    tpot_x: float = Field(3.0, gt=1, description="P95 TPOT target / idle P95 TPOT.")
+
+
+def derive_slo(base: SLO, rule: HostRule, ttft_ms: float | None, tpot_ms: float | None) -> SLO:
+    """`base` with its TTFT and TPOT targets replaced by P95 <= x * the probe's P95
+    (whole ms), and their goodput thresholds with them; a metric the probe did not
+    measure (None) keeps `base`'s targets. Pure."""
+    data = base.model_dump(exclude_none=True)
+    goodput = dict(data.pop("goodput", {}))
+    for metric, probe, x in (("ttft_ms", ttft_ms, rule.ttft_x), ("tpot_ms", tpot_ms, rule.tpot_x)):
+        if probe is None or probe <= 0:
+            continue
+        data[metric] = {"p95": max(1.0, round(x * probe))}
+        goodput.pop(metric, None)
+    if goodput:
+        data["goodput"] = goodput
+    return SLO.model_validate(data)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.bench.http import Connection
+from servetune.status import RequestStatus
 
 try:  # orjson parses SSE payloads ~5x faster; the stdlib is the fallback
     from orjson import JSONDecodeError as _JSONError
@@ -149,7 +150,7 @@ class RequestState:
         self.last_event_ns = 0
         self.chunk_ns: list[int] = []
         self.chunk_tokens: list[int] = []
-        self.status = "ok"
+        self.status = RequestStatus.OK
         self.error: str | None = None
         self.detail: str | None = None
         self.http_status: int | None = None
@@ -182,16 +183,20 @@ class RequestState:
         self._arm()
 
     def fail(
-        self, kind: str, detail: str, now_ns: int | None = None, status: str = "error"
+        self,
+        kind: str,
+        detail: str,
+        now_ns: int | None = None,
+        status: RequestStatus = RequestStatus.ERROR,
     ) -> None:
         if self.done:
             return
         self.status = status
-        self.error = kind if status == "error" else None
+        self.error = kind if status == RequestStatus.ERROR else None
         self.detail = detail
         self._complete(now_ns if now_ns is not None else _now_ns())
 
-    def abort(self, status: str, kind: str | None, detail: str) -> None:
+    def abort(self, status: RequestStatus, kind: str | None, detail: str) -> None:
         """Stop the request from our side (timeout, cancellation, run stop)."""
         if self.done:
             return
@@ -236,7 +241,8 @@ class RequestState:
             return
         d = self._deadline()
         if d is not None and _now_ns() >= d[0]:
-            self.abort("error", d[1], f"no progress within the {d[1].split('_')[0]} limit")
+            limit = d[1].split("_")[0]
+            self.abort(RequestStatus.ERROR, d[1], f"no progress within the {limit} limit")
         else:
             self._arm()
 
@@ -301,17 +307,19 @@ class RequestState:
         try:
             obj = _loads(payload)
         except _JSONError:
-            self.abort("error", "malformed_response", f"bad SSE JSON: {payload[:80]!r}")
+            self.abort(RequestStatus.ERROR, "malformed_response", f"bad SSE JSON: {payload[:80]!r}")
             return
         if type(obj) is not dict:
             self.abort(
-                "error", "malformed_response", f"SSE data is not an object: {payload[:80]!r}"
+                RequestStatus.ERROR,
+                "malformed_response",
+                f"SSE data is not an object: {payload[:80]!r}",
             )
             return
         if "error" in obj and obj["error"]:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
-            self.abort("error", "server_error_event", str(msg)[:200])
+            self.abort(RequestStatus.ERROR, "server_error_event", str(msg)[:200])
             return
         usage = obj.get("usage")
         choices = obj.get("choices")
@@ -344,7 +352,8 @@ class RequestState:
                 if self.texts is not None:
                     self.texts.append((reasoning or "") + (text or ""))
                 if self.cancel_after is not None and len(self.chunk_ns) >= self.cancel_after:
-                    self.abort("cancelled", None, f"cancelled after {len(self.chunk_ns)} chunks")
+                    n = len(self.chunk_ns)
+                    self.abort(RequestStatus.CANCELLED, None, f"cancelled after {n} chunks")
                     return
             fr = c.get("finish_reason")
             if fr:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from servetune.bench.server_metrics import ttft_breakdown
 from servetune.results.schema import RunResult
 
 
@@ -43,20 +44,27 @@ class LiveProgress:
 
 
 def load_label(r: RunResult) -> str:
-    if r.load.get("kind") != "closed":
-        return f"rate {r.load['rate']}"
-    return f"conc {r.load['concurrency']}"
+    """`rate 4.0`, `conc 8`, or `trace` (a replayed trace sets no rate)."""
+    if r.load.kind == "closed":
+        return f"conc {r.load.concurrency}"
+    return "trace" if r.load.rate is None else f"rate {r.load.rate}"
+
+
+def _columns(t: Table, headers: tuple[str, ...]) -> None:
+    """Right-justified columns that fold rather than cut a cell when squeezed; the first
+    (the load, the row's label) never breaks. The CLI prints wide tables in blocks of
+    columns (`cli.render.print_tables`), so numbers keep their full width."""
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="right", overflow="fold", no_wrap=i == 0)
 
 
 def summary_table(results: list[RunResult]) -> Table:
     """One row per load point: the headline figures, client flags and SLO verdict."""
     t = Table(title="servetune bench", show_lines=False)
-    cols = (
+    _columns(t, (
         "load", "ok/err", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
         "ITL p99", "E2E p99", "lag p99", "goodput", "SLO",
-    )  # fmt: skip
-    for c in cols:
-        t.add_column(c, justify="right")
+    ))  # fmt: skip
     for r in results:
         m = r.metrics
         load = load_label(r)
@@ -84,8 +92,6 @@ def summary_table(results: list[RunResult]) -> Table:
 def ttft_split(r: RunResult) -> dict[str, float | None]:
     """The run's mean TTFT split into connect / engine queue / prefill / rest
     (`server_metrics.ttft_breakdown`); {} when no request completed."""
-    from servetune.bench.server_metrics import ttft_breakdown
-
     return ttft_breakdown(r.records, r.server.deltas if r.server else None)
 
 
@@ -98,8 +104,7 @@ def ttft_split_table(results: list[RunResult]) -> Table | None:
     if not rows:
         return None
     t = Table(title="TTFT split, mean ms", caption="connect + queue + prefill + rest = TTFT")
-    for c in ("load", "TTFT", "connect", "queue", "prefill", "rest"):
-        t.add_column(c, justify="right")
+    _columns(t, ("load", "TTFT", "connect", "queue", "prefill", "rest"))
     for r, s in rows:
         parts = ("ttft_ms", "connect_ms", "queue_ms", "prefill_ms", "rest_ms")
         t.add_row(load_label(r), *(_ms(s.get(k)) for k in parts))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import multiprocessing as mp
 import os
 import secrets
 import time
@@ -19,27 +20,23 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from servetune.aio import install_fast_loop, raise_fd_limit
 from servetune.bench.client import Timeouts, build_body
 from servetune.bench.http import Target
-from servetune.bench.output import RecordLog, ResultStore, StoreLog
 from servetune.bench.server_metrics import Fetch, Scraper, running_now
-from servetune.bench.worker import (
-    Item,
-    Worker,
-    WorkerConfig,
-    WorkerStats,
-    install_fast_loop,
-    process_main,
-    raise_fd_limit,
-)
+from servetune.bench.worker import Item, Worker, WorkerConfig, WorkerStats, process_main
 from servetune.metrics.compute import apply_memory_slo, client_warnings, compute_metrics
-from servetune.results.schema import ClientInfo, RequestRecord, RunResult
+from servetune.results.files import RecordLog
+from servetune.results.schema import ClientInfo, Load, RequestRecord, RunResult
+from servetune.results.schema import Target as RunTarget
 from servetune.slo import SLO
+from servetune.status import RequestStatus, RunStatus
 from servetune.workload.materialize import Request
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer
@@ -47,6 +44,23 @@ from servetune.workload.tokenizer import Tokenizer
 # Rough per-core capacity of one worker, used only to pick the worker count.
 AUTO_RATE_PER_WORKER = 1000.0
 AUTO_USERS_PER_WORKER = 256
+
+
+class RecordStream(Protocol):
+    """Where one run's records go as they are measured, then its final result."""
+
+    def write(self, batch: list[dict[str, Any]]) -> None: ...
+
+    def finish(self, result: RunResult | None) -> None: ...
+
+
+class RunRecorder(Protocol):
+    """The experiment store as the runner sees it (`store.writer.ResultStore`): a run
+    begins with what is known up front; None when the store is off."""
+
+    def begin(
+        self, run_id: str, *, keep_text: bool = False, **fields: Any
+    ) -> RecordStream | None: ...
 
 
 @dataclass
@@ -71,7 +85,7 @@ class BenchOptions:
     tokenizer: Tokenizer | None = None
     headers: dict[str, str] = field(default_factory=dict)
     progress: Callable[[dict[str, Any]], None] | None = None
-    store: ResultStore | None = None  # None: --no-store
+    store: RunRecorder | None = None  # None: --no-store
 
 
 class BenchInterrupted(Exception):
@@ -173,7 +187,7 @@ class Collector:
         self.pool = len(requests)
         self.opts = opts
         self.log = RecordLog(opts.records_path)
-        self.stored: StoreLog | None = None
+        self.stored: RecordStream | None = None
         self.records: list[RequestRecord] = []
         self.recent: deque[bool] = deque(maxlen=opts.breaker_window)
         self.recent_ttft_ms: deque[float] = deque(maxlen=2000)
@@ -199,11 +213,11 @@ class Collector:
                 )
             rec = RequestRecord.model_construct(**d)
             self.records.append(rec)
-            if rec.status in ("ok", "error"):
-                self.recent.append(rec.status == "error")
-            if rec.status == "error":
+            if rec.status in (RequestStatus.OK, RequestStatus.ERROR):
+                self.recent.append(rec.status == RequestStatus.ERROR)
+            if rec.status == RequestStatus.ERROR:
                 self.errors += 1
-            elif rec.status == "ok" and rec.chunk_ns:
+            elif rec.status == RequestStatus.OK and rec.chunk_ns:
                 self.recent_ttft_ms.append((rec.chunk_ns[0] - rec.send_ns) / 1e6)
                 n = rec.output_tokens
                 if n > 1:
@@ -285,8 +299,6 @@ def _run_in_process(
 def _run_processes(
     cfgs: list[WorkerConfig], col: Collector, on_anchor: Callable[[int], None]
 ) -> tuple[list[WorkerStats], int, bool]:
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
 
     ctx = mp.get_context("spawn")
     conns, procs = [], []
@@ -364,14 +376,9 @@ def run_point(
     started_unix = time.time()
     created = datetime.now(timezone.utc)
     run_id = f"bench-{created:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
-    load = {
-        "kind": spec.arrival.kind,
-        "rate": spec.arrival.rate,
-        "concurrency": spec.arrival.concurrency,
-        "burstiness": spec.arrival.burstiness if spec.arrival.kind == "gamma" else None,
-    }
-    target = {"url": opts.url, "api": spec.api, "model": opts.model or spec.model}
-    col.log.header({"id": run_id, "load": load, "url": opts.url})
+    load = Load.of(spec.arrival)
+    target = RunTarget(url=opts.url, api=spec.api, model=opts.model or spec.model)
+    col.log.header({"id": run_id, "load": load.model_dump(mode="json"), "url": opts.url})
     if opts.store is not None:
         col.stored = opts.store.begin(
             run_id,
@@ -405,7 +412,7 @@ def run_point(
     cancellation = None
     if scraper is not None:
         server = scraper.stop()
-        n_cancel = sum(r.status == "cancelled" for r in col.records)
+        n_cancel = sum(r.status == RequestStatus.CANCELLED for r in col.records)
         if n_cancel:
             time.sleep(min(2.0, opts.scrape_interval_s))
             after = scraper.sample()
@@ -420,7 +427,7 @@ def run_point(
     if opts.tokenizer is not None and opts.keep_text:
         tok = opts.tokenizer
         for r in records:
-            if r.output_text is not None and r.status == "ok":
+            if r.output_text is not None and r.status == RequestStatus.OK:
                 r.tokenizer_completion_tokens = len(tok.encode(r.output_text))
     records.sort(key=lambda r: (r.send_ns, r.index))
     metrics = compute_metrics(
@@ -449,7 +456,11 @@ def run_point(
         bottleneck=bool(warnings),
         warnings=warnings,
     )
-    status = "interrupted" if interrupted else "circuit_breaker" if col.tripped else "completed"
+    status = RunStatus.COMPLETED
+    if interrupted:
+        status = RunStatus.INTERRUPTED
+    elif col.tripped:
+        status = RunStatus.CIRCUIT_BREAKER
     result = RunResult(
         id=run_id,
         created_utc=created.isoformat(timespec="seconds"),
@@ -458,7 +469,7 @@ def run_point(
         load=load,
         slo=slo,
         status=status,
-        stop_reason=col.tripped if status == "circuit_breaker" else None,
+        stop_reason=col.tripped if status == RunStatus.CIRCUIT_BREAKER else None,
         anchor_ns=anchor,
         started_unix_s=started_unix,
         duration_s=wall_s,

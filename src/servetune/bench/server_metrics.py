@@ -13,7 +13,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from servetune.engines.metrics import canonical
 from servetune.results.schema import RequestRecord, ServerSeries
+from servetune.status import RequestStatus
 
 Fetch = Callable[[], dict[str, float]]
 Adapter = Callable[[str], dict[str, float]]
@@ -47,8 +49,6 @@ def engine_adapter(engine: str) -> Adapter:
     counters, plus `<histogram>_count` / `_sum` so deltas give the run's mean queue time etc."""
 
     def adapt(text: str) -> dict[str, float]:
-        from servetune.engines.metrics import canonical
-
         m = canonical(engine, text)
         out = dict(m.values)
         for name, h in m.histograms.items():
@@ -144,7 +144,7 @@ def ttft_breakdown(
     (it reports no queue time). rest: what neither explains (HTTP, tokenizing, scheduling
     gaps, detokenizing, the network). Milliseconds; None where the engine is silent.
     """
-    ok = [r for r in records if r.status == "ok" and r.chunk_ns]
+    ok = [r for r in records if r.status == RequestStatus.OK and r.chunk_ns]
     if not ok:
         return {}
     n = len(ok)

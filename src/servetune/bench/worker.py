@@ -16,14 +16,19 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import queue
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from servetune.aio import install_fast_loop, raise_fd_limit
 from servetune.bench.client import RequestState, Timeouts
 from servetune.bench.http import Connection, Pool, Target
+from servetune.status import RequestStatus
 
 _now_ns = time.monotonic_ns
 
@@ -231,7 +236,7 @@ class Worker:
         self.issuing = False
         self.waiting.clear()
         for st in list(self.in_flight):
-            st.abort("aborted", None, f"run stopped: {reason}")
+            st.abort(RequestStatus.ABORTED, None, f"run stopped: {reason}")
         if self._idle is not None:
             self._idle.set()
 
@@ -296,38 +301,12 @@ class Worker:
         )
 
 
-def install_fast_loop() -> str:
-    """uvloop when installed (a faster event loop); returns the loop's name."""
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        return "uvloop"
-    except ImportError:  # pragma: no cover
-        return "asyncio"
-
-
-def raise_fd_limit() -> None:
-    """One socket per request in flight: lift the soft open-files limit to the hard one."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ImportError, ValueError, OSError):  # pragma: no cover
-        pass
-
-
 def process_main(conn: Any, cfg: WorkerConfig) -> None:
     """Entry point of a worker process: ready -> anchor -> run -> records... -> done.
 
     Records go to the parent from a sender thread: a batch can be larger than the pipe's
     buffer, and a blocking send on the event loop would stall it (send lag) whenever the
     parent is slow to read; the thread waits instead, without the GIL."""
-    import queue
-    import signal
-    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates Ctrl-C
     raise_fd_limit()

@@ -1,14 +1,14 @@
 """`servetune bench` (load-test a real OpenAI-compatible server) and `servetune mock-server`.
 
-Thin layer: parse flags, load the workload and SLO, call `bench.runner`, print, write
-the files and the experiment store. Heavy imports happen inside the commands so
-`servetune --help` stays fast. The store options are shared with `simulate`.
+Thin layer: parse the flags into `measure.BenchSettings`, call `measure.run_bench`, and
+show what it reports (progress, client warnings, the summary table or JSON). Heavy
+imports happen inside the commands so `servetune --help` stays fast. The store options
+and the number lists are shared with `simulate`.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +17,7 @@ import typer
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
-    from servetune.engines.config import EngineConfig
-    from servetune.slo import SLO
-    from servetune.store import RunMeta
+    from servetune.measure import StoreSettings
 
 # The experiment store, as bench and simulate take it (docs/store.md).
 DB_OPTION = typer.Option(
@@ -29,18 +27,11 @@ NO_STORE_OPTION = typer.Option(False, "--no-store", help="Do not record the runs
 STUDY_OPTION = typer.Option(None, "--study", help="Store the runs in this study (sweep: auto).")
 TAG_OPTION = typer.Option([], "--tag", help="Tag the stored runs (repeatable).")
 
-DEFAULT_WORKLOAD = {
-    "name": "default-chat",
-    "count": 200,
-    "arrival": {"kind": "poisson", "rate": 1.0},
-    "input_tokens": {"dist": "lognormal", "mean": 512, "sigma": 0.5, "min": 16, "max": 4096},
-    "output_tokens": {"dist": "lognormal", "mean": 128, "sigma": 0.5, "min": 8, "max": 1024},
-}
 
-
-def _numbers(value: str | None, flag: str, cast: type) -> list:
+def numbers(value: str | None, flag: str, cast: type) -> tuple:
+    """A comma-separated list of positive numbers (--rate 1,2,4); () when not given."""
     if not value:
-        return []
+        return ()
     try:
         out = [cast(v) for v in value.split(",") if v.strip()]
     except ValueError:
@@ -49,11 +40,16 @@ def _numbers(value: str | None, flag: str, cast: type) -> list:
         ) from None
     if not out or any(v <= 0 for v in out):
         raise InputError(flag, "values must be > 0", "e.g. 1,2,4")
-    return out
+    return tuple(out)
 
 
-def _point_path(base: Path, label: str, many: bool) -> Path:
-    return base if not many else base.with_name(f"{base.stem}-{label}{base.suffix or '.json'}")
+def store_settings(
+    kind: str, db: str | None, no_store: bool, study: str | None, tags: list[str]
+) -> StoreSettings | None:
+    """The store options as bench and simulate take them (None: --no-store)."""
+    from servetune.measure import StoreSettings
+
+    return None if no_store else StoreSettings(db, kind, study, tuple(tags))
 
 
 def bench(
@@ -110,167 +106,77 @@ def bench(
     from rich.console import Console
 
     from servetune.bench.client import Timeouts
-    from servetune.bench.output import ResultStore, write_csv, write_result
     from servetune.bench.progress import LiveProgress, summary_table, ttft_split, ttft_split_table
-    from servetune.bench.runner import BenchInterrupted, BenchOptions, run_point
-    from servetune.bench.server_metrics import engine_adapter, http_fetcher
     from servetune.cli.engine_cmd import parse_sets
-    from servetune.slo import load_slo
-    from servetune.workload.materialize import materialize
-    from servetune.workload.spec import load_workload, parse_workload
-    from servetune.workload.tokenizer import WordTokenizer, load_tokenizer
+    from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
+    from servetune.status import RunStatus
 
     if rate and concurrency:
         raise InputError("--rate", "give --rate or --concurrency, not both", None)
     if sets and not engine:
         raise InputError("--set", "knobs need --engine (vllm, llamacpp, ...)", None)
-    config = parse_sets(engine, sets) if engine and sets else None
-    rates = _numbers(rate, "--rate", float)
-    users = _numbers(concurrency, "--concurrency", int)
-    swept = bool(rates or users)
-    spec = (
-        load_workload(workload, swept=swept)
-        if workload
-        else parse_workload(DEFAULT_WORKLOAD, swept=swept)
-    )
-    slo = load_slo(slo_file) if slo_file else None
-    tok = load_tokenizer(tokenizer, url)
+    settings = BenchSettings(
+        url=url,
+        config=parse_sets(engine, sets) if engine and sets else None,
+        loads=SweepLoads(
+            numbers(rate, "--rate", float), numbers(concurrency, "--concurrency", int),
+            count, duration,
+        ),
+        workload=workload,
+        max_concurrency=max_concurrency,
+        slo=slo_file,
+        model=model,
+        tokenizer=tokenizer,
+        files=ResultFiles(output, csv_path, save_text=save_text),
+        store=store_settings("bench", db, no_store, study, tags),
+        workers=workers,
+        timeouts=Timeouts(connect_timeout, ttft_timeout, idle_timeout, total_timeout),
+        cancel_fraction=cancel_fraction,
+        cancel_after_chunks=cancel_after,
+        breaker_error_rate=breaker or None,
+        scrape=scrape,
+        engine=engine,
+        launch_command=launch_command,
+        continuous_usage=continuous_usage,
+        api_key=os.environ.get(api_key_env) or None,
+    )  # fmt: skip
     err = Console(stderr=True)
-    if isinstance(tok, WordTokenizer) and tokenizer is None:
-        err.print(
-            "[yellow]note:[/] no --tokenizer: prompt lengths use whitespace words, not tokens"
-        )
-    points: list[tuple[str, dict]] = [(f"rate{r:g}", {"rate": r}) for r in rates]
-    points += [(f"conc{u}", {"concurrency": u}) for u in users]
-    if not points:
-        points = [("point", {})]
-    if max_concurrency is not None:
-        points = [
-            (lbl, {**kw, "concurrency": kw.get("concurrency", max_concurrency)})
-            for lbl, kw in points
-        ]
 
-    fetch = http_fetcher(url, engine_adapter(engine) if engine else None) if scrape else None
-    results = []
-    progress = LiveProgress(err) if not as_json else None
-    many = len(points) > 1
-    api_key = os.environ.get(api_key_env) or None
-    store = None
-    if not no_store:
-        store = ResultStore.open(
-            db, kind="bench", study=study, tags=tags, sweep=many, files=bool(output), say=_say
-        )
-    if store is not None:
-        store.meta = _bench_meta(url, api_key, engine, config, launch_command, slo)
-    try:
-        for label, kw in points:
-            try:
-                pspec = spec.with_load(count=count, duration_s=duration, **kw)
-            except ValueError as exc:
-                raise InputError("--concurrency", str(exc), None) from None
-            requests = materialize(pspec, tok)
-            out_path = _point_path(output, label, many) if output else None
-            opts = BenchOptions(
-                url=url,
-                api_key=api_key,
-                model=model,
-                timeouts=Timeouts(connect_timeout, ttft_timeout, idle_timeout, total_timeout),
-                workers=workers,
-                save_text=save_text,
-                continuous_usage=continuous_usage,
-                cancel_fraction=cancel_fraction,
-                cancel_after_chunks=cancel_after,
-                breaker_error_rate=breaker or None,
-                records_path=out_path.with_suffix(".records.jsonl") if out_path else None,
-                metrics_fetch=fetch,
-                tokenizer=tok,
-                progress=progress,
-                store=store,
+    def ready(_: Any) -> None:
+        if tokenizer is None:
+            err.print(
+                "[yellow]note:[/] no --tokenizer: prompt lengths use whitespace words, not tokens"
             )
-            try:
-                res = run_point(pspec, requests, opts, slo, label)
-            except BenchInterrupted as exc:
-                res = exc.result
-            finally:
-                if progress is not None:
-                    progress.close()
-            results.append(res)
-            if out_path:
-                write_result(res, out_path, save_text)
-            for w in res.client.warnings:
-                err.print(f"[bold red]CLIENT BOTTLENECK ({label}):[/] {w}")
-            if res.status != "completed":
-                err.print(f"[bold red]{label}: {res.status}[/] {res.stop_reason or ''}")
-                break
-    finally:
-        if csv_path and results:
-            write_csv(results, csv_path)
-        if store is not None:
-            store.close(sys.exc_info()[1])  # the error or Ctrl-C under way, if any
+
+    def point(p: Any, res: Any) -> None:
+        for w in res.client.warnings:
+            err.print(f"[bold red]CLIENT BOTTLENECK ({p.label}):[/] {w}")
+        if res.status != RunStatus.COMPLETED:
+            err.print(f"[bold red]{p.label}: {res.status}[/] {res.stop_reason or ''}")
+
+    live = LiveProgress(err) if not as_json else None
+    results = run_bench(settings, Hooks(ready=ready, point=point, say=say_line, live=live))
     if as_json:
         payload = [
-            {"id": r.id, "load": r.load, "status": r.status, "client": r.client.model_dump(),
-             "metrics": r.metrics.model_dump(), "cancellation": r.cancellation,
+            {"id": r.id, "load": r.load.model_dump(), "status": r.status,
+             "client": r.client.model_dump(), "metrics": r.metrics.model_dump(),
+             "cancellation": r.cancellation,
              "server_deltas": r.server.deltas if r.server else None,
              "ttft_split_ms": ttft_split(r) or None}
             for r in results
         ]  # fmt: skip
-        typer.echo(json.dumps(payload if many else payload[0], indent=2))
+        typer.echo(json.dumps(payload if settings.loads.many else payload[0], indent=2))
     else:
-        Console().print(summary_table(results))
-        split = ttft_split_table(results)
-        if split is not None:
-            Console().print(split)
-    if any(r.status == "interrupted" for r in results):
+        from servetune.cli.render import print_tables
+
+        print_tables(summary_table(results), ttft_split_table(results))
+    if any(r.status == RunStatus.INTERRUPTED for r in results):
         raise typer.Exit(130)
 
 
-def _say(line: str) -> None:
+def say_line(line: str) -> None:
     """One line on stderr, never wrapped (store notes)."""
     typer.echo(line, err=True)
-
-
-def server_software(url: str, api_key: str | None = None) -> dict[str, Any]:
-    """The engine's version as the server reports it: vLLM's /version, llama.cpp's /props
-    `build_info`. Best effort, 2 s: {} when the server says neither."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    base = url.rstrip("/")
-    for path, key in (("/version", "version"), ("/props", "build_info")):
-        try:
-            r = httpx.get(base + path, headers=headers, timeout=2.0)
-            version = r.json().get(key) if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            continue
-        if version:
-            return {"engine_version": str(version)}
-    return {}
-
-
-def _bench_meta(
-    url: str,
-    api_key: str | None,
-    engine: str | None,
-    config: EngineConfig | None,
-    launch_command: str | None,
-    slo: SLO | None,
-) -> RunMeta:
-    """What bench knows about every run: this host, the engine (and its config only when
-    given with --set: never guessed), the launch command when given, the SLO."""
-    from servetune.store import RunMeta, host_info, software_info
-
-    software = software_info() | server_software(url, api_key)
-    if engine:
-        software["engine"] = engine
-    return RunMeta(
-        backend="real",
-        engine_config=config.model_dump(mode="json") if config is not None else None,
-        launch_command=launch_command,
-        hardware=host_info(),
-        software=software,
-        slo=slo.model_dump(mode="json") if slo is not None else None,
-    )
 
 
 def mock_server(

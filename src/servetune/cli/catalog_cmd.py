@@ -1,10 +1,16 @@
-"""`servetune models` and `servetune gpus`: what the built-in catalogs hold."""
+"""`servetune models` and `servetune gpus`: what the built-in catalogs hold.
+
+One row per entry with its full name: on a terminal narrower than the table the columns
+are printed in blocks that each repeat the name (`cli.render.print_tables`); piped, the
+rows stay whole lines, so `servetune models | grep llama` finds them.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -15,7 +21,7 @@ def register(app: typer.Typer) -> None:
 
 
 def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    from servetune.model.catalog import catalog_entry, catalog_names, get_model
+    from servetune.model.catalog import catalog_names, get_model, serving_reference
 
     rows = []
     for name in catalog_names():
@@ -23,7 +29,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
         rows.append(
             {
                 "name": name,
-                "hf_repo": catalog_entry(name).get("_source"),
+                "hf_repo": serving_reference(name),
                 "architecture": m.architecture,
                 "params_total": m.params_total,
                 "params_active": m.params_active,
@@ -39,21 +45,13 @@ def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from servetune.cli.render import print_tables
 
-    table = Table(title="servetune model catalog")
-    for col in (
-        "name",
-        "params",
-        "active",
-        "layers",
-        "kv heads x dim",
-        "context",
-        "attention",
-        "HF repo",
-    ):
-        table.add_column(col)
+    table = _catalog_table(
+        "servetune model catalog",
+        ("params", "active", "layers", "kv heads x dim", "context"),
+        ("attention", "HF repo"),
+    )
     for r in rows:
         table.add_row(
             r["name"],
@@ -65,7 +63,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
             r["attention"],
             r["hf_repo"] or "",
         )
-    Console().print(table)
+    print_tables(table)
 
 
 def gpus(
@@ -78,21 +76,13 @@ def gpus(
     if as_json:
         sys.stdout.write(json.dumps([s.model_dump() for s in specs], indent=2) + "\n")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from servetune.cli.render import print_tables
 
-    table = Table(title="servetune accelerator catalog (dense TFLOP/s)")
-    for col in (
-        "name",
-        "memory GiB",
-        "GB/s",
-        "bf16",
-        "fp8",
-        "int8",
-        "per node",
-        "interconnect GB/s",
-    ):
-        table.add_column(col)
+    table = _catalog_table(
+        "servetune accelerator catalog (dense TFLOP/s)",
+        ("memory GiB", "GB/s", "bf16", "fp8", "int8", "per node"),
+        ("interconnect GB/s",),
+    )
     for s in specs:
         tf = s.tflops
         table.add_row(
@@ -105,4 +95,18 @@ def gpus(
             str(s.devices_per_node),
             f"{s.interconnect} {s.interconnect_gbs:g}",
         )
-    Console().print(table)
+    print_tables(table)
+
+
+def _catalog_table(title: str, numbers: tuple[str, ...], texts: tuple[str, ...]) -> Any:
+    """A catalog table: the entry's name (never broken), then number columns
+    (right-justified) and text columns; a squeezed cell folds, it is never cut."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("name", no_wrap=True)
+    for col in numbers:
+        table.add_column(col, justify="right", overflow="fold")
+    for col in texts:
+        table.add_column(col, overflow="fold")
+    return table

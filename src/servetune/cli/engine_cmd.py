@@ -95,9 +95,11 @@ def install_cmd(
     """Install the CPU-capable engines into servetune's cache (idempotent; cached runs take ms)."""
     import time
 
-    from servetune.engines.install import INSTALLABLE, install
+    from servetune.engines.install import INSTALLABLE, install, read_stamp, require_build_tools
 
     names = list(INSTALLABLE) if engines == ["all"] else engines
+    if "llamacpp" in names and (force or read_stamp("llamacpp") is None):
+        require_build_tools()  # fail in a second, not after the vLLM install's minutes
     for name in names:
         t0 = time.monotonic()
         found = install(name, force=force, say=lambda m: typer.echo(m, err=True))
@@ -184,13 +186,18 @@ def launch_cmd(
         None, "--executable", help="Engine python (vllm, sglang) or binary to use."
     ),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds to become ready."),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="Return once ready; leave it running (engine ps / stop)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the ready record as JSON."),
 ) -> None:
     """Start an engine, wait until it answers a real completion, print its URL and effective
-    settings, keep it up until Ctrl-C, then stop it (nothing left running)."""
+    settings, keep it up until Ctrl-C, then stop it (nothing left running). With --detach,
+    return once it is ready and leave it running under an id for `engine ps` / `engine stop`."""
     import signal
     import time
 
+    from servetune.engines import detached
     from servetune.engines.process import launch
 
     cfg = parse_sets(engine, sets, extra)
@@ -208,10 +215,19 @@ def launch_cmd(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
+    run_id, workdir = detached.new_run_dir(engine) if detach else (None, None)
     typer.echo(f"starting {engine} ...", err=True)
-    with launch(
-        engine, cfg, model, host=host, port=port, executable=executable, timeout_s=timeout
-    ) as srv:
+    srv = launch(
+        engine,
+        cfg,
+        model,
+        host=host,
+        port=port,
+        executable=executable,
+        timeout_s=timeout,
+        workdir=workdir,
+    )
+    try:
         record = {
             "engine": engine,
             "url": srv.url,
@@ -223,17 +239,94 @@ def launch_cmd(
             "unsupported": srv.spec.unsupported,
             "settings": srv.settings,
         }
+        if run_id:
+            record = {"id": detached.record(run_id, srv).id, **record}
         if as_json:
             typer.echo(json.dumps(record, indent=2, default=str))
         else:
-            typer.echo(f"{engine} ready at {srv.url} in {record['ready_s']}s (pid {srv.pid})")
+            named = f"id {run_id}, pid {srv.pid}" if run_id else f"pid {srv.pid}"
+            typer.echo(f"{engine} ready at {srv.url} in {record['ready_s']}s ({named})")
             typer.echo(f"log: {srv.log_path}")
             for key, value in srv.settings.items():
                 typer.echo(f"  {key}: {value}")
-            typer.echo("Ctrl-C to stop", err=True)
+    except BaseException:
+        srv.stop()
+        raise
+    if run_id:
+        srv.detach()
+        typer.echo(f"running in the background; stop: servetune engine stop {run_id}", err=True)
+        return
+    with srv:
+        typer.echo("Ctrl-C to stop", err=True)
         try:
             while True:
                 time.sleep(1.0)
                 srv.check()
         except KeyboardInterrupt:
             typer.echo("stopping ...", err=True)
+
+
+@engine_app.command("ps")
+def ps_cmd(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The engines started with `launch --detach`: id, engine, model, URL, pid, uptime, and
+    whether they still run (a dead one stays listed until `engine stop` cleans it)."""
+    import time
+
+    from servetune.engines import detached
+
+    now = time.time()
+    rows = [
+        {
+            "id": e.id,
+            "engine": e.engine,
+            "model": e.model,
+            "url": e.url,
+            "pid": e.pid,
+            "uptime_s": round(now - e.started_at, 1),
+            "state": e.state(),
+            "log": e.log,
+        }
+        for e in detached.entries()
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        typer.echo("no detached engines (start one with: servetune engine launch --detach)")
+        return
+    table = [("ID", "ENGINE", "MODEL", "URL", "PID", "UPTIME", "STATE")] + [
+        (
+            r["id"],
+            r["engine"],
+            r["model"],
+            r["url"],
+            str(r["pid"]),
+            detached.format_uptime(r["uptime_s"]) if r["state"] == "alive" else "-",
+            r["state"],
+        )
+        for r in rows
+    ]
+    widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
+    for row in table:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+@engine_app.command("stop")
+def stop_cmd(
+    ids: list[str] = typer.Argument(None, help="Ids from `servetune engine ps`."),
+    every: bool = typer.Option(False, "--all", help="Stop every detached engine."),
+    grace: float = typer.Option(
+        20.0, "--grace", min=0.0, help="Seconds between SIGTERM and SIGKILL."
+    ),
+) -> None:
+    """Stop detached engines: SIGTERM to the whole process group, SIGKILL after --grace,
+    checked by PID so nothing is orphaned; a dead engine's entry is just removed."""
+    from servetune.engines import detached
+
+    for entry in detached.select(ids or [], every):
+        if detached.stop(entry, grace):
+            typer.echo(f"stopped {entry.id} ({entry.engine}, pid {entry.pid})")
+        else:
+            typer.echo(f"{entry.id} had already exited; entry removed")

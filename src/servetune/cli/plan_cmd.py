@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,10 @@ def plan(
     ),
     dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16, float32."),
     quant: str | None = typer.Option(
-        None, "--quant", help="fp8, int8, awq, gptq, q8_0, q6_k, q5_k_m, q4_k_m, q3_k_m, q2_k."
+        None,
+        "--quant",
+        help="fp8, int8, awq, gptq, mxfp4, q8_0, q6_k, q5_k_m, q4_k_m, q3_k_m, q2_k "
+        "(default: the checkpoint's own quantization_config, else --dtype).",
     ),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp16, bf16, fp8, int8."),
     max_model_len: int | None = typer.Option(None, "--max-model-len"),
@@ -66,8 +70,17 @@ def plan(
         None, "--hardware-file", help="YAML/JSON with extra accelerators."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    remeasure: bool = typer.Option(
+        False, "--remeasure", help="--gpu local: measure this host again (the cache is shared)."
+    ),
 ) -> None:
+    from servetune.hardware import local
     from servetune.plan.service import PlanArgs, plan_to_json, run_plan
+
+    if remeasure:
+        from servetune.hardware.catalog import normalize_name
+
+        local.request_remeasure(normalize_name(gpu))
 
     args = PlanArgs(
         model=model,
@@ -93,13 +106,19 @@ def plan(
         hardware_file=hardware_file,
     )
     result = run_plan(args)
+    host = local.measurement_behind(result.hardware)  # None unless --gpu local
     if as_json:
         payload: dict[str, Any] = plan_to_json(result)
+        if host is not None:
+            payload["host_measurement"] = local.report_json(host, time.time())
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     else:
+        from servetune.cli.render import console
         from servetune.plan.render import render_plan
 
-        render_plan(result)
+        render_plan(result, console())
+        if host is not None:
+            typer.echo("\n".join(local.describe(host, time.time())))
     if not result.plan.evaluation.fits:
         from servetune.errors import InputError
 

@@ -14,8 +14,8 @@ import typer
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
+    from servetune.store import RunInfo, Store
     from servetune.store.compare import Comparison
-    from servetune.store.store import RunInfo, Store
 
 runs_app = typer.Typer(
     name="runs",
@@ -40,9 +40,9 @@ def _open(db: str | None, create: bool = False) -> Store:
 
 
 def _console() -> Any:
-    from rich.console import Console
+    from servetune.cli.render import console
 
-    return Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None)
+    return console(highlight=False, soft_wrap=False)
 
 
 def _emit(obj: Any) -> None:
@@ -98,7 +98,7 @@ def list_runs(
         if as_json:
             _emit([_summary(i) for i in infos])
             return
-        from servetune.store.experiment import fmt
+        from servetune.report.experiment import fmt
 
         rows = [
             [
@@ -163,6 +163,8 @@ def _summary(i: RunInfo) -> dict[str, Any]:
         "tags",
     )
     out = {k: getattr(i, k) for k in keys}
+    if i.load_kind == "closed":  # users send on completion: a closed loop offers no rate
+        out["rate"] = None
     out["metrics"] = {
         p: _metric(i, p)
         for p in (
@@ -181,19 +183,27 @@ def _summary(i: RunInfo) -> dict[str, Any]:
 
 
 def _status(s: str) -> str:
-    color = {"completed": "green", "running": "cyan", "incomplete": "yellow"}.get(s, "red")
-    return f"[{color}]{s}[/]"
+    from servetune.status import RunStatus
+
+    colors = {
+        RunStatus.COMPLETED: "green",
+        RunStatus.RUNNING: "cyan",
+        RunStatus.INCOMPLETE: "yellow",
+    }
+    return f"[{colors.get(s, 'red')}]{s}[/]"
 
 
 def _table(headers: list[str], rows: list[list[Any]], title: str) -> None:
     from rich.table import Table
+
+    from servetune.cli.render import print_tables
 
     t = Table(title=title, title_justify="left")
     for h in headers:
         t.add_column(h, overflow="fold")
     for r in rows:
         t.add_row(*[str(x) for x in r])
-    _console().print(t)
+    print_tables(t, con=_console())
 
 
 @runs_app.command("show")
@@ -203,7 +213,7 @@ def show(
     db: str | None = _DB,
 ) -> None:
     """The seed 003 §16 experiment record of one run."""
-    from servetune.store.experiment import experiment_record
+    from servetune.report.experiment import experiment_record
 
     with _open(db) as store:
         ids = store.resolve([ref])
@@ -263,7 +273,7 @@ def compare(
 def _print_comparison(comp: Comparison, all_knobs: bool) -> None:
     from rich.table import Table
 
-    from servetune.store.experiment import fmt
+    from servetune.report.experiment import fmt
 
     con = _console()
     labels = [f"{chr(65 + i) if i < 26 else i} {rid}" for i, rid in enumerate(comp.run_ids)]
@@ -286,7 +296,7 @@ def _print_comparison(comp: Comparison, all_knobs: bool) -> None:
     m = Table(title="Metrics (delta vs A)", title_justify="left")
     m.add_column("metric", style="bold")
     for lab in labels:
-        m.add_column(lab, justify="right")
+        m.add_column(lab, justify="right", overflow="fold")
     for row in comp.metrics:
         cells = []
         for i, v in enumerate(row.values):

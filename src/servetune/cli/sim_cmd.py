@@ -1,7 +1,8 @@
 """`servetune simulate` and `servetune calibrate`: the engine simulator's commands.
 
-Thin layer: resolve the nouns, call `servetune.sim`, print, write the files and the
-experiment store (the same options and helper as bench). Heavy imports inside commands.
+Thin layer: `simulate` parses its flags into `measure.SimulateSettings` and calls
+`measure.run_simulate` (the same sweep, files and store as bench); `calibrate` fits a
+profile with `sim.calibrate`. Heavy imports inside commands.
 """
 
 from __future__ import annotations
@@ -13,12 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from servetune.cli.bench_cmd import DB_OPTION, NO_STORE_OPTION, STUDY_OPTION, TAG_OPTION
+from servetune.cli.bench_cmd import (
+    DB_OPTION,
+    NO_STORE_OPTION,
+    STUDY_OPTION,
+    TAG_OPTION,
+    numbers,
+    say_line,
+    store_settings,
+)
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
-    from servetune.engines.config import EngineConfig
-    from servetune.hardware.spec import HardwareSpec
+    from servetune.results.schema import RunResult
 
 _SET_HELP = "Canonical knob, repeatable: --set max_num_seqs=64 --set enable_prefix_caching=false"
 
@@ -30,40 +38,29 @@ def register(app: typer.Typer) -> None:
     app.command("calibrate", help="Fit a simulator profile from bench result files.")(calibrate)
 
 
-def _numbers(value: str | None, flag: str, cast: type) -> list:
-    if not value:
-        return []
-    try:
-        out = [cast(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(flag, f"{value!r} is not a comma-separated list", "e.g. 1,2,4") from None
-    if not out or any(v <= 0 for v in out):
-        raise InputError(flag, "values must be > 0", "e.g. 1,2,4")
-    return out
-
-
-def _summary(res: Any) -> dict[str, Any]:
-    m = res.metrics
-    sim = res.target["sim"]
+def _summary(res: RunResult) -> dict[str, Any]:
+    m, t = res.metrics, res.target
+    sim = t.sim
+    assert sim is not None  # every simulated run carries its counters
     return {
         "id": res.id,
-        "tier": res.target["tier"],
-        "load": res.load,
+        "tier": t.tier,
+        "load": res.load.model_dump(),
         "completed": m.completed,
-        "rejected": sim["rejected"],
+        "rejected": sim.rejected,
         "output_tok_s": round(m.output_tok_s, 2),
         "req_s": round(m.req_s, 3),
         "ttft_ms": {k: getattr(m.ttft_ms, k) for k in ("p50", "p95", "p99")},
         "tpot_ms": {k: getattr(m.tpot_ms, k) for k in ("p50", "p95", "p99")},
         "e2e_ms_p50": m.e2e_ms.p50,
-        "preemptions": sim["preemptions"],
-        "prefix_hit_tokens": sim["prefix_hit_tokens"],
-        "max_kv_blocks_used": sim["max_kv_blocks_used"],
-        "kv_blocks": res.target["kv_blocks"],
+        "preemptions": sim.preemptions,
+        "prefix_hit_tokens": sim.prefix_hit_tokens,
+        "max_kv_blocks_used": sim.max_kv_blocks_used,
+        "kv_blocks": t.kv_blocks,
         "goodput_req_s": m.goodput_req_s,
         "slo_pass": m.slo_pass,
-        "steps": sim["steps"],
-        "wall_s": round(sim["wall_s"], 3),
+        "steps": sim.steps,
+        "wall_s": round(sim.wall_s, 3),
     }
 
 
@@ -93,128 +90,44 @@ def simulate(
     tags: list[str] = TAG_OPTION,
 ) -> None:
     """Replay the workload through a scheduler model of the engine (see docs/simulate.md)."""
-    from servetune.bench.output import ResultStore
-    from servetune.cli.bench_cmd import _say
     from servetune.cli.engine_cmd import parse_sets
-    from servetune.hardware import get_hardware
-    from servetune.model import get_model
-    from servetune.sim.engine import capacity_note, materialize_for_sim, setup
-    from servetune.sim.engine import simulate as run
-    from servetune.sim.profile import load_profile
-    from servetune.slo import load_slo
-    from servetune.workload.spec import WorkloadSpec, load_workload
+    from servetune.cli.sim_report import print_lines, sim_header, sim_point
+    from servetune.measure import Hooks, ResultFiles, SimulateSettings, SweepLoads, run_simulate
 
     cfg = parse_sets(engine, sets)
     if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
         cfg = cfg.with_(tensor_parallel_size=gpus)
-    m = get_model(model)
-    hw = get_hardware(gpu, hardware_file)
-    prof = load_profile(profile) if profile else None
-    slo = load_slo(slo_file) if slo_file else None
-    su = setup(m, hw, cfg, prof)  # fail fast, one line, before any work
-    fixed_requests = None
-    if replay is not None:
-        from servetune.sim.profile import load_results
+    settings = SimulateSettings(
+        config=cfg,
+        model=model,
+        gpu=gpu,
+        hardware_file=hardware_file,
+        workload=workload,
+        replay=replay,
+        loads=SweepLoads(
+            numbers(rate, "--rate", float), numbers(concurrency, "--concurrency", int),
+            count, duration,
+        ),
+        profile=profile,
+        slo=slo_file,
+        # the simulator makes no text: its results are written whole
+        files=ResultFiles(output, trace=trace_path, save_text=True),
+        store=store_settings("sim", db, no_store, study, tags),
+    )  # fmt: skip
 
-        base = load_results([replay])[0]
-        spec = WorkloadSpec.model_validate(base.workload)
-        fixed_requests = base.requests or None
-        if fixed_requests is None:
-            raise InputError("--replay", f"{replay} holds no requests", "bench with -o")
-    elif workload is not None:
-        spec = load_workload(workload, swept=bool(rate or concurrency))
-    else:
-        raise InputError("--workload", "give a workload file or --replay", "see docs/simulate.md")
-    points: list[dict[str, Any]] = [{"rate": r} for r in _numbers(rate, "--rate", float)]
-    points += [{"concurrency": c} for c in _numbers(concurrency, "--concurrency", int)]
-    if not points:
-        points = [{}]
-    err = sys.stderr
-    if not as_json:
-        tier = su.step_model.tier + (f" ({prof.key})" if prof else "")
-        print(f"simulate {m.name} on {hw.name} [{engine}], step times: {tier}", file=err)
-        print(capacity_note(su), file=err)
-    store = None
-    if not no_store:
-        store = ResultStore.open(
-            db, kind="sim", study=study, tags=tags, sweep=len(points) > 1, files=bool(output),
-            say=_say,
-        )  # fmt: skip
-    if store is not None:
-        from servetune.store import RunMeta
-
-        store.meta = RunMeta(
-            backend="sim",
-            model=m.name,
-            engine_config=cfg.model_dump(mode="json"),
-            hardware=sim_hardware(hw, cfg),
-            software={"engine": cfg.engine, "step_model": su.step_model.tier}
-            | ({"engine_version": prof.engine_version, "profile": prof.key} if prof else {}),
-            slo=slo.model_dump(mode="json") if slo is not None else None,
-        )
-    summaries = []
-    for i, kw in enumerate(points):
-        try:
-            pspec = spec.with_load(count=count, duration_s=duration, **kw)
-        except ValueError as exc:
-            raise InputError("--concurrency", str(exc), None) from None
-        reqs = fixed_requests if (fixed_requests and not kw and count is None) else None
-        if reqs is None:
-            reqs = materialize_for_sim(pspec)
-        res, sched = run(m, hw, cfg, pspec, reqs, profile=prof, slo=slo, trace=bool(trace_path))
-        suffix = f"-{i}" if len(points) > 1 else ""
-        if output:
-            path = output.with_name(f"{output.stem}{suffix}{output.suffix or '.json'}")
-            path.write_text(res.model_dump_json())
-        if trace_path:
-            from servetune.sim.trace import write_trace
-
-            tp = trace_path.with_name(f"{trace_path.stem}{suffix}{trace_path.suffix or '.csv'}")
-            write_trace(sched, tp)
-        if store is not None:
-            store.save(res)
-        s = _summary(res)
-        summaries.append(s)
+    def ready(session: Any) -> None:  # the report goes to stdout, store notes to stderr
         if not as_json:
-            _print_point(s, err)
-    if store is not None:
-        store.close()
+            print_lines(sim_header(session))
+
+    def point(_: Any, res: RunResult) -> None:
+        if not as_json:
+            print_lines(sim_point(res))
+
+    results = run_simulate(settings, Hooks(ready=ready, point=point, say=say_line))
     if as_json:
-        sys.stdout.write(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2))
+        summaries = [_summary(r) for r in results]
+        sys.stdout.write(json.dumps(summaries if settings.loads.many else summaries[0], indent=2))
         sys.stdout.write("\n")
-
-
-def sim_hardware(hw: HardwareSpec, cfg: EngineConfig) -> dict[str, Any]:
-    """The simulated device as the store's §16 hardware record: the catalog entry, not
-    this host (`simulated: true`), with the spec the step times were priced from."""
-    spec = hw.model_dump(mode="json")
-    if hw.kind == "cpu":
-        return {"cpu": hw.display_name, "catalog": hw.name, "simulated": True, "spec": spec}
-    return {
-        "gpu": hw.display_name,
-        "gpu_count": cfg.world_size,
-        "catalog": hw.name,
-        "simulated": True,
-        "spec": spec,
-    }
-
-
-def _print_point(s: dict[str, Any], out: Any) -> None:
-    load = s["load"]
-    what = f"rate {load['rate']:g}/s" if load.get("rate") else f"concurrency {load['concurrency']}"
-
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:,.1f}"
-
-    t, p = s["ttft_ms"], s["tpot_ms"]
-    print(
-        f"{what}: {s['output_tok_s']:,.0f} out tok/s, {s['req_s']:.2f} req/s | "
-        f"TTFT p50/p95/p99 {ms(t['p50'])}/{ms(t['p95'])}/{ms(t['p99'])} ms | "
-        f"TPOT p50/p95 {ms(p['p50'])}/{ms(p['p95'])} ms | preemptions {s['preemptions']}, "
-        f"rejected {s['rejected']}, prefix hits {s['prefix_hit_tokens']:,} tok "
-        f"[{s['tier']}, {s['wall_s']:.2f} s]",
-        file=out,
-    )
 
 
 def calibrate(
@@ -250,7 +163,8 @@ def calibrate(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.hardware import get_hardware
     from servetune.model import get_model
-    from servetune.sim.profile import fit_profile, load_results, save_profile
+    from servetune.sim.calibrate import fit_profile
+    from servetune.sim.profile import load_results, save_profile
 
     if sum(map(bool, (results, url, from_store))) != 1:
         raise InputError(
@@ -275,7 +189,7 @@ def calibrate(
     elif not all(r.requests for r in runs):
         print("least squares only: the runs keep no requests to replay", file=sys.stderr)
     else:
-        from servetune.sim.fidelity import fit_by_replay
+        from servetune.sim.calibrate import fit_by_replay
 
         prof = fit_by_replay(runs, prof, model, cfg, hardware=hw.name)
     save_profile(prof, output)
@@ -306,8 +220,8 @@ def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, eng
     """The fidelity harness's calibration sweep against a running engine; every run is
     saved as it completes, before any fitting, so nothing measured is lost if the fit or
     the process fails."""
+    from servetune import validate as fd
     from servetune.engines.process import served_model_at
-    from servetune.sim import fidelity as fd
 
     err = sys.stderr
     runs = fd.run_blocks(
@@ -346,7 +260,7 @@ def _stored_runs(refs: list[str], db: str | None) -> tuple[list[Any], list[dict 
     """Measured (bench) runs from the store, with the engine config each recorded (None
     when bench had no --set); simulated ones are skipped, since fitting the simulator on
     its own output would prove nothing."""
-    from servetune.store.store import Store
+    from servetune.store import Store
 
     with Store.open(db, create=False) as store:
         infos = [store.get(rid) for rid in store.resolve(refs)]

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from servetune.errors import InputError
+
+if TYPE_CHECKING:
+    from servetune.store import Store
+    from servetune.tune.tuner import TuneOutcome
 
 
 def register(app: typer.Typer) -> None:
@@ -57,6 +61,9 @@ def tune(
     address: str | None = typer.Option(None, "--address", help="Ray cluster (auto, ray://...)."),
     ray_cpus: int | None = typer.Option(None, "--ray-cpus", help="CPUs of a local Ray."),
     profile: Path | None = typer.Option(None, "--profile", help="Calibrated sim profile."),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate", help="Hybrid: calibrate the simulator again (else cached)."
+    ),
     executable: str | None = typer.Option(None, "--executable", help="Engine binary/python."),
     db: str | None = typer.Option(None, "--db", help="Store (path or SQLAlchemy URL)."),
     study: str | None = typer.Option(None, "--study", help="Study name (resumes if it exists)."),
@@ -70,7 +77,7 @@ def tune(
 ) -> None:
     """Rank configs (simulator and/or real engine), verify, re-run finalists, step back
     from the OOM edge, explain, record (see docs/tune.md)."""
-    from servetune.tune.tuner import NoConfigMeetsSLO, Tuner
+    from servetune.tune.tuner import NothingMeasured, Tuner
 
     settings = build_settings(locals())
     say = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
@@ -81,27 +88,44 @@ def tune(
         f"objective {settings.objective.label}"
     )
     say(head)
+    tuner = Tuner(settings, say)
     try:
-        out = Tuner(settings, say).run()
-    except NoConfigMeetsSLO as exc:
-        err = sys.stderr
-        print("no config meets the SLO. Closest:", file=err)
-        for t, why in exc.rows:
-            print(f"  {t.label} [{t.backend}]: missed {why}", file=err)
+        out = tuner.run()
+    except NothingMeasured as exc:  # every config skipped or infeasible: their reasons
         if as_json:
             sys.stdout.write(json.dumps(exc.outcome.to_json(), indent=2, default=str) + "\n")
+        else:
+            print_outcome(exc.outcome)
         raise
+    write_report(tuner.store, out, report)
     if as_json:
         sys.stdout.write(json.dumps(out.to_json(), indent=2, default=str) + "\n")
         return
     print_outcome(out)
 
 
+def write_report(store: Store, out: TuneOutcome, path: Path | None) -> None:
+    """The study's HTML report (default out/STUDY.html) of the runs the tuner picked;
+    a report that cannot be built becomes a note, the study stands."""
+    from servetune.report import build_report
+
+    if not out.report_runs:
+        return
+    path = path or Path("out") / f"{out.study}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        build_report(store, out.report_runs, path, title=f"servetune tune: study {out.study}")
+    except InputError as exc:
+        out.notes.append(f"report not written: {exc.one_line()}")
+        return
+    out.report_path = path
+
+
 def build_settings(o: dict[str, Any]) -> Any:
     """Preset + flags -> TuneSettings (every problem one line, exit 2)."""
     from servetune.engines.process import default_device
+    from servetune.measure import BackendSpec
     from servetune.slo import load_slo, parse_slo
-    from servetune.tune.backends import BackendSpec
     from servetune.tune.objective import Objective
     from servetune.tune.preset import load_plan, load_preset, resolve_model_path
     from servetune.tune.space import load_space, parse_space
@@ -222,9 +246,10 @@ def build_settings(o: dict[str, Any]) -> Any:
         study=o["study"],
         fresh=o["fresh"],
         time_budget_s=opts.time_budget_s,
-        report=o["report"],
         edge=not o["no_edge"],
+        recalibrate=o["recalibrate"],
         verbose=not o["quiet"],
+        host_slo=None if o["slo_file"] else pre.slo_from_host,  # --slo is used as given
     )
 
 
@@ -233,8 +258,13 @@ def _ms(v: float | None) -> str:
 
 
 def print_outcome(out: Any) -> None:
+    from servetune.status import TrialStatus
+    from servetune.tune.shortfall import shortfall
+
     obj = out.objective
     w = out.winner
+    if out.host_slo is not None:
+        print(out.host_slo.text())
     print(f"\n== ranking ({out.mode}; {out.counts.get('trials', 0)} trials, {out.elapsed_s:.0f} s)")
     width = max([len(t.label) for t in out.ranked[:12]] + [6])
     print(
@@ -242,17 +272,26 @@ def print_outcome(out: Any) -> None:
         f"{'P95 TTFT':>9s} {'P95 TPOT':>9s}"
     )
     for i, t in enumerate(out.ranked[:12], 1):
-        b = t.best
+        sf = shortfall(t) if t.best is None else None
+        b = t.best or (sf.point if sf else None)  # no passing point: the closest one
         cap = f"{t.capacity:.3g}" if t.capacity is not None else "-"
         print(
             f"{i:>3}  {t.label:{width}s} {t.status:10s} {cap:>8s} {obj.show(t.score):>20s} "
             f"{_ms(b.ttft_p95_ms if b else None):>9s} {_ms(b.tpot_p95_ms if b else None):>9s}"
         )
-        if t.status in ("infeasible", "skipped") and t.reason:
+        if t.status in (TrialStatus.INFEASIBLE, TrialStatus.SKIPPED) and t.reason:
             print(f"     {t.reason[:150]}")
     if len(out.ranked) > 12:
         print(f"     ... {len(out.ranked) - 12} more in the study")
     if w is None:
+        return
+    if not out.slo_met:  # a result, not an error: what to run, and how far it missed
+        print(f"\n== NO CONFIG MEETS THE SLO - best effort: {w.label}")
+        print(f"launch command:\n  {w.launch_command}")
+        print("how far it missed (value vs target at its closest load):")
+        for line in out.explanation:
+            print(f"  - {line}")
+        _print_tail(out)
         return
     print(f"\n== winner: {w.label}")
     print(f"launch command:\n  {w.launch_command}")
@@ -279,13 +318,20 @@ def print_outcome(out: Any) -> None:
         print(f"  {r['launch_command']}")
     elif r:
         print("safety: the winner is already at least one step below any OOM edge seen")
+    _print_tail(out)
+
+
+def _print_tail(out: Any) -> None:
+    """The simulator's calibration and its sim-vs-real check (hybrid), notes, the report
+    and the study: the end of every outcome."""
+    from servetune.tune.simvsreal import line
+
+    if out.calibration is not None:
+        print(out.calibration.line())
     for row in out.sim_vs_real:
-        err = row.get("score_error")
-        shown = f"{err:+.0%}" if err is not None else "n/a"
-        print(
-            f"sim vs real, {row['label']}: sim {obj.show(row['sim_score'])}, real "
-            f"{obj.show(row['real_score'])} (sim error {shown})"
-        )
+        print(line(row))
+    if out.calibration is not None and out.calibration.check is not None:
+        print(out.calibration.check_line())
     for n in out.notes:
         print(f"note: {n}")
     if out.report_path:

@@ -3,20 +3,9 @@
 The adapters (and the registry that imports all five) load on first use, so code that
 only needs EngineConfig -- the simulator, the planner -- does not pay for them."""
 
-from typing import Any
-
 from servetune.engines.config import ENGINES, EngineConfig
+from servetune.lazy import lazy_exports as _lazy_exports
 
-__all__ = ["ENGINES", "EngineConfig", "LaunchSpec", "launch_command", "launch_commands"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "LaunchSpec":
-        from servetune.engines.base import LaunchSpec
-
-        return LaunchSpec
-    if name in ("launch_command", "launch_commands"):
-        from servetune.engines import registry
-
-        return getattr(registry, name)
-    raise AttributeError(f"module 'servetune.engines' has no attribute {name!r}")
+_WHERE = {"LaunchSpec": "base", "launch_command": "registry", "launch_commands": "registry"}
+__all__ = ["ENGINES", "EngineConfig", *_WHERE]
+__getattr__ = _lazy_exports(__name__, _WHERE)

@@ -3,7 +3,8 @@ shared rules for turning canonical knobs into flags.
 
 Adapters are pure: the same EngineConfig gives the same command on any machine.
 Machine-specific things (the venv python, cache dirs, a free port) are passed in
-by the caller (`engines.process`, the CLI, the planner), never looked up here.
+by the caller (`engines.process`, the CLI, the planner), never looked up here; so is
+the planner's KV pool (`PlannedPool`), for engines that size KV their own way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,19 @@ Device = Literal["gpu", "cpu"]
 LLAMACPP_ONLY = ("parallel_slots", "batch_size", "ubatch_size", "threads", "kv_unified")
 # EngineConfig's own defaults, used to tell "set away from default" (reported when unmapped).
 _DEFAULTS = EngineConfig()
+
+
+@dataclass(frozen=True)
+class PlannedPool:
+    """The KV pool `servetune plan` sized for one GPU (or the host) of a replica.
+
+    vLLM, SGLang and TGI take a fraction of device memory, which is what the plan is
+    computed from; llama.cpp (`-c` tokens) and TensorRT-LLM (a fraction of the memory
+    left free after loading) need these figures to size the same pool."""
+
+    kv_tokens: int  # KV capacity in tokens
+    kv_bytes: float  # the pool
+    free_after_load_bytes: float  # device - weights - activation peak - fixed overheads
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ class Adapter(Protocol):
         port: int | None = ...,
         device: Device = ...,
         prefix: Sequence[str] | None = ...,
+        pool: PlannedPool | None = ...,
     ) -> LaunchSpec: ...
 
 

@@ -18,7 +18,7 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 KVDtype = Literal["auto", "fp16", "bf16", "fp8", "int8"]
 # Weight formats servetune knows the size of (see plan.quant). None = unquantized dtype.
 Quantization = Literal[
-    "fp8", "int8", "awq", "gptq", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"
+    "fp8", "int8", "awq", "gptq", "mxfp4", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"
 ]
 
 

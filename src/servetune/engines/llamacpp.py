@@ -6,17 +6,20 @@ common/arg.cpp and tools/server/): -m, --host, --port, -c/--ctx-size, -np/--para
 -ctk/-ctv (cache types f16, bf16, q8_0, ...), --no-cache-prompt, --metrics, --slots.
 
 Context sizing: `-c` is the whole KV pool. Without --kv-unified each of the `-np`
-slots gets c/np tokens (so `-c 4096 -np 4` gives 1,024 per request); with it, slots
-share the pool. So `max_model_len` becomes `-c max_model_len * np` unless the pool is
-unified or given directly (`kv_cache_tokens`). /props and /slots report what the
-server actually chose.
+slots gets c/np tokens (so `-c 4096 -np 4` gives 1,024 per request; llama_context:
+n_ctx_seq = n_ctx / n_seq_max unless kv_unified); with it, slots share the pool. So
+`max_model_len` becomes `-c max_model_len * np` unless the pool is unified or given
+directly (`kv_cache_tokens`). With a plan's KV pool (`PlannedPool`), `-c` is the
+planned capacity, capped at what the slots can fill (max_model_len x np); when that
+split leaves a slot less than max_model_len, the slots share the pool (--kv-unified),
+as vLLM's paged blocks do. /props and /slots report what the server actually chose.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servetune.engines.base import Device, FlagBuilder, LaunchSpec
+from servetune.engines.base import Device, FlagBuilder, LaunchSpec, PlannedPool
 from servetune.engines.config import EngineConfig
 
 name = "llamacpp"
@@ -55,8 +58,10 @@ def build(
     port: int | None = None,
     device: Device = "gpu",
     prefix: Sequence[str] | None = None,
+    pool: PlannedPool | None = None,
 ) -> LaunchSpec:
-    """EngineConfig -> llama-server command (metrics and slots endpoints always on)."""
+    """EngineConfig -> llama-server command (metrics and slots endpoints always on); `pool`
+    sizes -c from a plan when the config does not give kv_cache_tokens."""
     port = default_port if port is None else port
     exe = list(prefix) if prefix else ["llama-server"]
     b = FlagBuilder(cfg, [*exe, "-m", model, "--host", host, "--port", str(port)])
@@ -66,14 +71,13 @@ def build(
     slots = cfg.parallel_slots or cfg.max_num_seqs
     if cfg.parallel_slots and cfg.max_num_seqs and cfg.max_num_seqs != cfg.parallel_slots:
         b.notes.append("max_num_seqs: parallel_slots wins (-np)")
-    if cfg.kv_cache_tokens is not None:
-        b.flag("-c", cfg.kv_cache_tokens)
-    elif cfg.max_model_len is not None:
-        per_slot = 1 if cfg.kv_unified or not slots else slots
-        b.flag("-c", cfg.max_model_len * per_slot)
+    context, unified = _context(cfg, slots, pool, b)
+    if context is not None:
+        b.flag("-c", context)
     if slots is not None:
         b.flag("-np", slots)
-    b.map({"kv_unified": "--kv-unified"})
+    if unified:
+        b.flag("--kv-unified")
     batch = cfg.batch_size or cfg.max_num_batched_tokens
     if batch is not None:
         b.flag("-b", batch)
@@ -93,14 +97,35 @@ def build(
     b.unsupported_if_set("tensor_parallel_size", "use -sm/-ts to split layers across GPUs")
     b.unsupported_if_set("pipeline_parallel_size", "use -sm/-ts to split layers across GPUs")
     b.unsupported_if_set("data_parallel_size", "run one llama-server per replica")
-    b.unsupported_if_set("gpu_memory_utilization", "llama.cpp sizes KV by -c, not a fraction")
-    b.unsupported_if_set("kv_cache_space_gib", "llama.cpp sizes KV in tokens: kv_cache_tokens")
+    if pool is None:  # a plan turns either into -c tokens
+        b.unsupported_if_set("gpu_memory_utilization", "llama.cpp sizes KV by -c, not a fraction")
+        b.unsupported_if_set("kv_cache_space_gib", "llama.cpp sizes KV in tokens: kv_cache_tokens")
     b.unsupported_if_set("block_size", "llama.cpp has no paged KV blocks")
     b.unsupported_if_set("enable_chunked_prefill", "llama.cpp always splits prompts by -b")
     b.unsupported_if_set("scheduling_policy", "llama.cpp assigns idle slots first come")
     b.flag("--metrics")
     b.flag("--slots")
     return b.finish(name, host, port)
+
+
+def _context(
+    cfg: EngineConfig, slots: int | None, pool: PlannedPool | None, b: FlagBuilder
+) -> tuple[int | None, bool]:
+    """(-c, whether the slots share it): kv_cache_tokens as given; else the plan's pool,
+    capped at max_model_len per slot; else max_model_len per slot (one, when unified)."""
+    unified, length, seqs = cfg.kv_unified, cfg.max_model_len, slots or 1
+    if cfg.kv_cache_tokens is not None:
+        return cfg.kv_cache_tokens, unified
+    if pool is None or pool.kv_tokens <= 0:
+        return (None if length is None else length * (1 if unified else seqs)), unified
+    context = pool.kv_tokens if length is None else min(pool.kv_tokens, length * seqs)
+    if length is not None and not unified and context // seqs < length:
+        unified = True
+        b.notes.append(
+            f"kv_unified: the planned pool of {context:,} tokens split over {seqs} slots "
+            f"leaves {context // seqs:,} each, under max_model_len {length:,}; slots share it"
+        )
+    return context, unified
 
 
 def effective_settings(props: dict, slots: list[dict] | None) -> dict[str, object]:

@@ -18,6 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from servetune.engines.registry import adapter
+from servetune.errors import InputError
+
 # Gauges that are ratios: several label sets (e.g. DP ranks) are averaged, not summed.
 _MEAN = {"kv_cache_usage", "prefix_cache_hit_rate", "busy_slots_per_decode"}
 
@@ -99,8 +102,6 @@ def _histogram(samples: Samples, family: str) -> Histogram | None:
 
 def canonical(engine: str, text: str) -> EngineMetrics:
     """Map one engine's /metrics text to canonical names."""
-    from servetune.engines.registry import adapter
-
     mod = adapter(engine)
     samples = parse(text)
     values: dict[str, float] = {}
@@ -118,8 +119,6 @@ def canonical(engine: str, text: str) -> EngineMetrics:
 def scrape(url: str, engine: str, timeout_s: float = 5.0) -> EngineMetrics:
     """GET <url>/metrics and map it (fresh connection: llama.cpp closes after each reply)."""
     import httpx
-
-    from servetune.errors import InputError
 
     try:
         resp = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout_s)

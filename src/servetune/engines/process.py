@@ -22,16 +22,19 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from servetune.engines import install
+from servetune.engines import install, llamacpp, vllm
 from servetune.engines.base import Device, LaunchSpec
 from servetune.engines.config import EngineConfig
+from servetune.engines.metrics import scrape
 from servetune.engines.registry import adapter
 from servetune.errors import InputError
 from servetune.paths import cache_root
+from servetune.procfs import stat_fields
 
 # Kinds that are the user's input (exit 2); anything else is a runtime failure (exit 1).
 _INPUT_KINDS = {"bad_flag", "port_in_use", "oom", "bad_model", "not_installed"}
@@ -96,17 +99,8 @@ def _proc_table() -> dict[int, tuple[int, int, int]]:
     """pid -> (ppid, pgid, start time in clock ticks) for every live process (no zombies)."""
     table: dict[int, tuple[int, int, int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] == "Z":
-            continue
-        table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]))
+        if entry.isdigit() and (fields := stat_fields(entry)) is not None:
+            table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]))
     return table
 
 
@@ -131,6 +125,62 @@ def engine_pids(root_pid: int, pgid: int) -> dict[int, int]:
 
 def pid_alive(pid: int) -> bool:
     return pid in _proc_table()
+
+
+def still_running(known: Iterable[tuple[int, int]]) -> set[int]:
+    """Of (pid, start time) pairs, the PIDs that still name the same live process: PID and
+    start time together name one process for good, although PIDs are reused."""
+    table = _proc_table()
+    return {pid for pid, started in known if pid in table and table[pid][2] == started}
+
+
+def leader_pids(pid: int, started: int) -> dict[int, int]:
+    """Live processes of an engine known only by its group leader's PID and start time (one
+    this process did not launch): the group plus descendants, or nothing when the PID now
+    names another process (Linux never reuses a PID while its process group has members)."""
+    row = _proc_table().get(pid)
+    if row is not None and row[2] != started:
+        return {}
+    return engine_pids(pid, pid)
+
+
+def terminate_group(
+    pgid: int | None,
+    live: Callable[[], set[int]],
+    grace_s: float,
+    reap: Callable[[], object] = lambda: None,
+) -> set[int]:
+    """Stop one engine without orphans: SIGTERM its process group (None: the group is not
+    known to be ours) and every PID `live()` reports (descendants that left the group),
+    SIGKILL what is left after `grace_s`, then wait up to 10 s more. Returns the PIDs still
+    alive after all that (normally none). `reap` collects our own child's exit status."""
+
+    def signal_all(pids: set[int], sig: signal.Signals) -> None:
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def wait_gone(seconds: float) -> set[int]:
+        deadline = time.monotonic() + seconds
+        while True:
+            reap()
+            left = live()
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
+
+    pids = live()
+    if not pids:
+        return set()
+    signal_all(pids, signal.SIGTERM)
+    left = wait_gone(grace_s)
+    if left:
+        signal_all(left, signal.SIGKILL)
+        left = wait_gone(10.0)
+    return left
 
 
 # --- the running engine -------------------------------------------------------------
@@ -176,8 +226,7 @@ class EngineServer:
         """Live PIDs of this engine: group + descendants + any seen earlier that is still
         the same process (start time checked, so a reused PID is never ours)."""
         self.known_pids.update(engine_pids(self.proc.pid, self.proc.pid))
-        table = _proc_table()
-        return {p for p, start in self.known_pids.items() if p in table and table[p][2] == start}
+        return still_running(self.known_pids.items())
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -200,7 +249,6 @@ class EngineServer:
             raise _failure(self, "crash", f"exited with code {rc} while running")
 
     def metrics(self, timeout_s: float = 5.0):  # -> metrics.EngineMetrics
-        from servetune.engines.metrics import scrape
 
         return scrape(self.url, self.engine, timeout_s)
 
@@ -208,43 +256,24 @@ class EngineServer:
         """SIGTERM the group, SIGKILL what is left after `grace_s`, verify by PID."""
         if self._stopped:
             return
-        pgid = self.proc.pid
-        pids = self.pids()
-        if pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGTERM)
-        for pid in pids:  # descendants that moved to another group
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            self.proc.poll()
-            if not self.pids():
-                break
-            time.sleep(0.1)
-        left = self.pids()
-        if left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self.pids():
-                self.proc.poll()
-                time.sleep(0.1)
+        terminate_group(self.proc.pid, self.pids, grace_s, reap=self.proc.poll)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         self._stopped = True
+        self.detach()
+        if survivors := self.pids():
+            raise EngineError(
+                self.engine, "crash", f"processes {sorted(survivors)} survived SIGKILL"
+            )
+
+    def detach(self) -> None:
+        """Let the engine outlive this process: no atexit stop, our copy of the log closed
+        (the engine keeps its own descriptor). Used by `engine launch --detach`."""
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
         with _LIVE_LOCK:
             _LIVE.discard(self)
-        if survivors := self.pids():
-            raise EngineError(
-                self.engine, "crash", f"processes {sorted(survivors)} survived SIGKILL"
-            )
 
     def __enter__(self) -> EngineServer:
         return self
@@ -456,8 +485,6 @@ def effective_settings(srv: EngineServer) -> dict[str, object]:
 
     out: dict[str, object] = {"served_model": srv.served_model, "version": srv.install_version}
     if srv.engine == "vllm":
-        from servetune.engines import vllm
-
         out.update(vllm.parse_log(srv.log_text()))
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
             out["version"] = httpx.get(srv.url + "/version", timeout=5.0).json()["version"]
@@ -465,8 +492,6 @@ def effective_settings(srv: EngineServer) -> dict[str, object]:
             models = httpx.get(srv.url + "/v1/models", timeout=5.0).json()["data"]
             out["max_model_len"] = models[0].get("max_model_len")
     elif srv.engine == "llamacpp":
-        from servetune.engines import llamacpp
-
         with contextlib.suppress(httpx.HTTPError, ValueError):
             props = httpx.get(srv.url + "/props", timeout=5.0).json()
             slots_resp = httpx.get(srv.url + "/slots", timeout=5.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from servetune.engines import llamacpp, sglang, tgi, trtllm, vllm
-from servetune.engines.base import Device, LaunchSpec
+from servetune.engines.base import Device, LaunchSpec, PlannedPool
 from servetune.engines.config import ENGINES, EngineConfig
 from servetune.errors import InputError, closest
 
@@ -38,13 +38,17 @@ def launch_command(
     port: int | None = None,
     device: Device = "gpu",
     prefix: list[str] | None = None,
+    pool: PlannedPool | None = None,
 ) -> LaunchSpec:
-    """One engine's launch command from the canonical config."""
-    return adapter(engine).build(cfg, model, host=host, port=port, device=device, prefix=prefix)
+    """One engine's launch command from the canonical config (and the planned KV pool,
+    when a plan sized one)."""
+    return adapter(engine).build(
+        cfg, model, host=host, port=port, device=device, prefix=prefix, pool=pool
+    )
 
 
 def launch_commands(
-    cfg: EngineConfig, model: str, *, device: Device = "gpu"
+    cfg: EngineConfig, model: str, *, device: Device = "gpu", pool: PlannedPool | None = None
 ) -> dict[str, LaunchSpec]:
     """The SAME config as a starting command for every engine (each on its default port)."""
-    return {name: launch_command(name, cfg, model, device=device) for name in ENGINES}
+    return {name: launch_command(name, cfg, model, device=device, pool=pool) for name in ENGINES}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec
+from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, PlannedPool
 from servetune.engines.config import EngineConfig
 
 name = "sglang"
@@ -59,8 +59,10 @@ def build(
     port: int | None = None,
     device: Device = "gpu",
     prefix: Sequence[str] | None = None,
+    pool: PlannedPool | None = None,
 ) -> LaunchSpec:
-    """EngineConfig -> SGLang server command (metrics always on: servetune reads them)."""
+    """EngineConfig -> SGLang server command (metrics always on: servetune reads them).
+    `pool` is not needed: --mem-fraction-static is a share of device memory, as in the plan."""
     port = default_port if port is None else port
     py = list(prefix) if prefix else ["python"]
     argv = [*py, "-m", MODULE, "--model-path", model, "--host", host, "--port", str(port)]

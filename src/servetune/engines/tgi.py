@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec
+from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, PlannedPool
 from servetune.engines.config import EngineConfig
 
 name = "tgi"
@@ -53,8 +53,10 @@ def build(
     port: int | None = None,
     device: Device = "gpu",
     prefix: Sequence[str] | None = None,
+    pool: PlannedPool | None = None,
 ) -> LaunchSpec:
-    """EngineConfig -> text-generation-launcher command (+ PREFIX_CACHING env)."""
+    """EngineConfig -> text-generation-launcher command (+ PREFIX_CACHING env). `pool` is
+    not needed: --cuda-memory-fraction is a share of device memory, as in the plan."""
     port = default_port if port is None else port
     exe = list(prefix) if prefix else ["text-generation-launcher"]
     b = FlagBuilder(cfg, [*exe, "--model-id", model, "--hostname", host, "--port", str(port)])

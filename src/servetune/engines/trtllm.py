@@ -3,8 +3,9 @@
 Flag names checked against tensorrt_llm/commands/serve.py and
 tensorrt_llm/llmapi/llm_args.py (TensorRT-LLM 1.x main branch, 2026):
 --max_batch_size, --max_num_tokens, --max_seq_len, --tp_size, --pp_size,
---kv_cache_free_gpu_memory_fraction, --enable_chunked_prefill (off by default, so
-the canonical default `True` is emitted), --config <yaml> (alias
+--kv_cache_free_gpu_memory_fraction (a share of the memory free after loading: see
+`_kv_fraction`), --enable_chunked_prefill (off by default, so the canonical default
+`True` is emitted), --config <yaml> (alias
 --extra_llm_api_options). Knobs without a CLI flag go in that YAML: top-level
 `dtype`, `kv_cache_config` {dtype, enable_block_reuse (prefix caching, on by
 default), tokens_per_block (default 32), max_tokens, max_gpu_total_bytes} and
@@ -13,9 +14,18 @@ default), tokens_per_block (default 32), max_tokens, max_gpu_total_bytes} and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from servetune.engines.base import GIB, LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec
+from servetune.engines.base import (
+    GIB,
+    LLAMACPP_ONLY,
+    Device,
+    FlagBuilder,
+    LaunchSpec,
+    PlannedPool,
+    fmt_float,
+)
 from servetune.engines.config import EngineConfig
 
 name = "trtllm"
@@ -44,8 +54,10 @@ def build(
     port: int | None = None,
     device: Device = "gpu",
     prefix: Sequence[str] | None = None,
+    pool: PlannedPool | None = None,
 ) -> LaunchSpec:
-    """EngineConfig -> trtllm-serve command, plus a `--config` YAML when needed."""
+    """EngineConfig -> trtllm-serve command, plus a `--config` YAML when needed; `pool`
+    turns the plan's KV pool into TensorRT-LLM's own fraction."""
     port = default_port if port is None else port
     exe = list(prefix) if prefix else ["trtllm-serve"]
     b = FlagBuilder(cfg, [*exe, model, "--host", host, "--port", str(port)])
@@ -69,10 +81,9 @@ def build(
             "max_num_seqs": "--max_batch_size",
             "max_num_batched_tokens": "--max_num_tokens",
             "max_model_len": "--max_seq_len",
-            # of the memory left free after weights, not of the device (seed 003 §4)
-            "gpu_memory_utilization": "--kv_cache_free_gpu_memory_fraction",
         }
     )
+    _kv_fraction(cfg, pool, b)
     if cfg.enable_chunked_prefill:
         b.flag("--enable_chunked_prefill")
     if cfg.kv_cache_space_gib is not None:
@@ -96,3 +107,29 @@ def build(
         b.files[CONFIG_FILE] = yaml.safe_dump(extra, sort_keys=True)
         b.flag("--config", CONFIG_FILE)
     return b.finish(name, host, port)
+
+
+def _kv_fraction(cfg: EngineConfig, pool: PlannedPool | None, b: FlagBuilder) -> None:
+    """--kv_cache_free_gpu_memory_fraction is a share of the memory left free after the
+    weights and a profiling forward pass, not of the device like gpu_memory_utilization:
+    TensorRT-LLM's KvCacheCreator._cal_max_memory (tensorrt_llm/_torch/pyexecutor/
+    _util.py) sizes KV as (total - profiling peak + temporary KV) x fraction, and its
+    docs ("How to Change KV Cache Behavior") read the default 0.9 as "90% of free GPU
+    memory". With the plan's figures: fraction = KV pool / (device - weights - activation
+    peak - fixed overheads), floored to 4 decimals so the pool never exceeds the plan."""
+    if cfg.kv_cache_space_gib is not None:
+        return  # kv_cache_config.max_gpu_total_bytes sizes the pool
+    free = pool.free_after_load_bytes if pool else 0.0
+    if pool is None or pool.kv_bytes <= 0 or free <= 0:
+        b.unsupported_if_set(
+            "gpu_memory_utilization",
+            "TensorRT-LLM's fraction is of the memory free after loading; "
+            "`servetune plan` converts it with its memory figures",
+        )
+        return
+    fraction = math.floor(min(pool.kv_bytes / free, 1.0) * 1e4) / 1e4
+    b.flag("--kv_cache_free_gpu_memory_fraction", fmt_float(fraction))
+    b.notes.append(
+        f"gpu_memory_utilization: the planned {pool.kv_bytes / GIB:.2f} GiB KV pool is "
+        f"{fraction} of the {free / GIB:.2f} GiB free after loading"
+    )

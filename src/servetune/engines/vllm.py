@@ -22,6 +22,7 @@ from servetune.engines.base import (
     Device,
     FlagBuilder,
     LaunchSpec,
+    PlannedPool,
 )
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
@@ -32,7 +33,7 @@ health_path = "/health"
 MODULE = "vllm.entrypoints.openai.api_server"
 
 _KV_DTYPE = {"fp8": "fp8", "fp16": "float16", "bf16": "bfloat16", "int8": "int8_per_token_head"}
-_QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
+_QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "mxfp4": "mxfp4"}
 _GGUF = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"}
 
 # Canonical metric -> vLLM sample name (prometheus text); histograms by family name.
@@ -78,9 +79,11 @@ def build(
     port: int | None = None,
     device: Device = "gpu",
     prefix: Sequence[str] | None = None,
+    pool: PlannedPool | None = None,
 ) -> LaunchSpec:
     """EngineConfig -> vLLM OpenAI server command. `prefix` replaces `python -m <module>`'s
-    python (e.g. a venv interpreter); `device="cpu"` applies the CPU build's rules."""
+    python (e.g. a venv interpreter); `device="cpu"` applies the CPU build's rules. `pool`
+    is not needed: --gpu-memory-utilization is the plan's own input."""
     port = default_port if port is None else port
     py = list(prefix) if prefix else ["python"]
     b = FlagBuilder(cfg, [*py, "-m", MODULE, "--model", model, "--host", host, "--port", str(port)])

@@ -33,7 +33,7 @@ import yaml
 from pydantic import ValidationError
 
 from servetune.errors import InputError, closest, from_validation_error
-from servetune.hardware.local import LOCAL_NAMES
+from servetune.hardware.local import LOCAL_NAMES, local_hardware
 from servetune.hardware.spec import HardwareSpec
 from servetune.yamlfile import parse_yaml
 
@@ -93,8 +93,6 @@ def get_hardware(name: str, extra_file: str | Path | None = None) -> HardwareSpe
 
 @lru_cache(maxsize=1)
 def _local() -> HardwareSpec:
-    from servetune.hardware.local import local_hardware
-
     return local_hardware()
 
 

@@ -3,7 +3,7 @@
 Inputs are raw records with monotonic-ns timestamps; nothing here does I/O, so `bench`
 and `simulate` compute identical figures from identical records.
 
-Speed (issue 5): `compute_metrics` works on columns (numpy arrays over all records at
+Speed (benchmarks/sim_speed.py): `compute_metrics` uses columns (numpy arrays over all records at
 once), not per record. Records become columns through `record_columns`; a record
 container may hand over its own columns (`columns()`: the simulator's lazy records keep
 chunk times as ranges into one array of step ends, so 100,000 x 256 chunk timestamps are
@@ -23,11 +23,12 @@ import numpy as np
 from servetune.metrics.stats import summarize, summarize_weighted
 from servetune.results.schema import Dist, Metrics, RequestRecord, SLOCheck
 from servetune.slo import SLO
+from servetune.status import RequestStatus
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
-STATUS_CODES = {"ok": 0, "error": 1, "cancelled": 2, "aborted": 3}
-OK, ERROR, CANCELLED, ABORTED = 0, 1, 2, 3
+# A request's status in the columns: its RequestStatus's position, as a small int.
+STATUS_CODES: dict[str, int] = {s.value: i for i, s in enumerate(RequestStatus)}
 
 
 # --- per-record definitions (the contract; the columnar code below computes the same) ---
@@ -75,7 +76,7 @@ def max_in_flight(records: Sequence[RequestRecord]) -> int:
 
 def meets_slo(r: RequestRecord, thresholds: dict[str, float]) -> bool:
     """A request counts toward goodput when it completed and every threshold holds."""
-    if r.status != "ok":
+    if r.status != RequestStatus.OK:
         return False
     ttft, tpot, e2e = request_latencies_ms(r)
     vals = {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e}
@@ -172,6 +173,10 @@ class RecordColumns:
     @property
     def n(self) -> int:
         return len(self.send)
+
+    def status_is(self, status: RequestStatus) -> np.ndarray:
+        """Mask of the records that ended with `status`."""
+        return self.status == STATUS_CODES[status]
 
 
 class HasColumns(Protocol):
@@ -304,10 +309,10 @@ def compute_metrics(
     start, end, _ = _window(c, warmup_s, cooldown_s)
     window_s = max((end - start) / NS_PER_S, 1e-9)
     measured = (c.send >= start) & (c.send <= end)
-    ok = measured & (c.status == OK)
-    failed = measured & (c.status == ERROR)
-    cancelled = int((measured & (c.status == CANCELLED)).sum())
-    aborted = int((measured & (c.status == ABORTED)).sum())
+    ok = measured & c.status_is(RequestStatus.OK)
+    failed = measured & c.status_is(RequestStatus.ERROR)
+    cancelled = int((measured & c.status_is(RequestStatus.CANCELLED)).sum())
+    aborted = int((measured & c.status_is(RequestStatus.ABORTED)).sum())
     n_measured = int(measured.sum())
     n_failed = int(failed.sum())
     attempted = n_measured - cancelled - aborted
@@ -336,7 +341,7 @@ def compute_metrics(
     # Completions are counted by when they finish (steady-state throughput), whatever
     # their send time; latency samples are taken from requests sent in the window.
     finishing = has_chunks & (c.last >= start) & (c.last <= end)
-    done_in_window = int((finishing & (c.status == OK)).sum())
+    done_in_window = int((finishing & c.status_is(RequestStatus.OK)).sum())
     errors_by_class: dict[str, int] = {}
     for i in np.flatnonzero(failed).tolist():
         key = c.errors[i] or "unknown"
@@ -402,7 +407,7 @@ def _meets(c: RecordColumns, thresholds: dict[str, float]) -> np.ndarray:
     # Without chunks every latency is undefined: only a TPOT-only SLO is met.
     out = np.full(c.n, all(k == "tpot_ms" for k in thresholds))
     out[idx] = ok_lat
-    return out & (c.status == OK)
+    return out & c.status_is(RequestStatus.OK)
 
 
 def apply_slo(

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from servetune.paths import cache_root
+
 SOURCE = Path(__file__).with_name("fastmock.c")
 
 
@@ -24,8 +26,6 @@ def build(cache: Path | None = None) -> Path | None:
     if cc is None or not SOURCE.exists():
         return None
     if cache is None:
-        from servetune.paths import cache_root
-
         cache = cache_root() / "fastmock"
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     exe = cache / f"fastmock-{digest}"

@@ -23,6 +23,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from servetune.aio import install_fast_loop, raise_fd_limit
+from servetune.workload.tokenizer import WordTokenizer
+
 FAULTS = (
     "http_500",
     "http_429",
@@ -179,13 +182,9 @@ class _MockProtocol(asyncio.Protocol):
         elif path == "/tokenize":
             req = json.loads(body or b"{}")
             text = req.get("prompt", req.get("content", ""))
-            from servetune.workload.tokenizer import WordTokenizer
-
             toks = WordTokenizer().encode(text)
             self._send_json(200, {"tokens": toks, "count": len(toks), "max_model_len": 1 << 20})
         elif path == "/detokenize":
-            from servetune.workload.tokenizer import WordTokenizer
-
             toks = json.loads(body or b"{}").get("tokens", [])
             self._send_json(200, {"prompt": WordTokenizer().decode(toks)})
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
@@ -427,8 +426,6 @@ def mock_in_thread(cfg: MockConfig | None = None) -> Iterator[MockServer]:
 
 def serve_forever(cfg: MockConfig, host: str, port: int) -> None:
     """Blocking: run the mock until interrupted (the `servetune mock-server` command)."""
-    from servetune.bench.worker import install_fast_loop, raise_fd_limit
-
     raise_fd_limit()
     install_fast_loop()
 

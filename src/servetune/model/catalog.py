@@ -1,7 +1,9 @@
 """Built-in model catalog: `data/models/<short-name>.json`, HF config.json facts.
 
 Planning a well-known model should not need a download, so the catalog keeps the
-config fields servetune reads, with `_source` (the HF repo) and the published
+config fields servetune reads (a checkpoint that ships quantized keeps its
+`quantization_config` too), with `_source` (the HF repo the facts come from),
+`_hf_repo` (the repo a server loads: the instruct/chat release) and the published
 parameter counts the tests check the computed ones against.
 """
 
@@ -62,13 +64,27 @@ def _catalog_spec(name: str) -> ModelSpec:
 
 @lru_cache(maxsize=1)
 def _by_source() -> dict[str, str]:
-    """HF repo id (lower case) -> short name, so `meta-llama/Llama-3.1-8B` also resolves."""
+    """HF repo id (lower case) -> short name, so `meta-llama/Llama-3.1-8B` and
+    `meta-llama/Llama-3.1-8B-Instruct` also resolve."""
     out: dict[str, str] = {}
     for name in catalog_names():
-        source = _load_entry(name).get("_source")
-        if isinstance(source, str):
-            out[source.lower()] = name
+        entry = _load_entry(name)
+        for key in ("_source", "_hf_repo"):
+            if isinstance(entry.get(key), str):
+                out[entry[key].lower()] = name
     return out
+
+
+def serving_reference(given: str) -> str:
+    """What an engine's --model should be: a catalog name becomes the HF repo a server
+    loads (`_hf_repo`); a path stays the user's (config.json's directory for a config
+    file); an HF repo id passes through."""
+    key = given.strip().lower()
+    if key in _catalog_files():
+        entry = _load_entry(key)
+        return str(entry.get("_hf_repo") or entry["_source"])
+    path = Path(given.strip()).expanduser()
+    return str(path.parent if path.name == "config.json" else given.strip())
 
 
 def get_model(name_or_path: str) -> ModelSpec:

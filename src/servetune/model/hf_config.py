@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from servetune.errors import InputError, from_validation_error
 from servetune.model.params import Traits, count_params
+from servetune.model.quantization import checkpoint_quant
 from servetune.model.spec import MLASpec, ModelSpec, MoESpec
 
 # Fields every decoder-only config must give (after family defaults are applied).
@@ -206,6 +207,7 @@ def spec_from_hf_dict(cfg: dict[str, Any], name: str, source: str = "config.json
             "params_active": counts.active,
             "params_embedding": counts.embedding,
             "params_lm_head": counts.lm_head,
+            "params_classes": counts.classes,
         }
     )
 
@@ -318,6 +320,7 @@ def _build_spec(
             moe=_MOE_BUILDERS[family.moe](flat, source) if family.moe else None,
             mla=mla,
             torch_dtype=str(dtype),
+            quantization=checkpoint_quant(flat.get("quantization_config"), source),
         )
     except ValidationError as exc:
         raise from_validation_error(exc, prefix=source) from None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servetune.model.spec import ModelSpec
+from servetune.model.spec import ModelSpec, ParamClasses
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,13 @@ class Traits:
 
 @dataclass(frozen=True)
 class ParamCounts:
-    """The four counts `ModelSpec` carries."""
+    """The counts `ModelSpec` carries."""
 
     total: int
     active: int
     embedding: int
     lm_head: int
+    classes: ParamClasses = ParamClasses()
 
 
 def gated_mlp_params(hidden: int, intermediate: int, bias: bool = False) -> int:
@@ -62,7 +63,7 @@ def gqa_attention_params(spec: ModelSpec, traits: Traits) -> int:
     """
     q_dim = spec.num_attention_heads * spec.head_dim
     kv_dim = spec.num_kv_heads * spec.head_dim
-    count = spec.hidden_size * (q_dim + 2 * kv_dim) + q_dim * spec.hidden_size
+    count = gqa_matrix_params(spec)
     if traits.qkv_bias:
         count += q_dim + 2 * kv_dim
     if traits.o_bias:
@@ -72,6 +73,13 @@ def gqa_attention_params(spec: ModelSpec, traits: Traits) -> int:
     if traits.attention_sinks:
         count += spec.num_attention_heads  # GptOssAttention.sinks
     return count
+
+
+def gqa_matrix_params(spec: ModelSpec) -> int:
+    """The four projection matrices of (grouped-query) attention, one layer."""
+    q_dim = spec.num_attention_heads * spec.head_dim
+    kv_dim = spec.num_kv_heads * spec.head_dim
+    return spec.hidden_size * (q_dim + 2 * kv_dim) + q_dim * spec.hidden_size
 
 
 def mla_attention_params(spec: ModelSpec) -> int:
@@ -106,6 +114,44 @@ def attention_params(spec: ModelSpec, traits: Traits) -> int:
     if spec.mla is not None:
         return mla_attention_params(spec)
     return gqa_attention_params(spec, traits)
+
+
+def attention_matrix_params(spec: ModelSpec) -> int:
+    """One layer's attention projection matrices: MLA's without its two low-rank
+    layernorms (q_a_layernorm when q_lora_rank is set, kv_a_layernorm), GQA's without
+    biases, q/k norms or sinks."""
+    if spec.mla is not None:
+        norms = (spec.mla.q_lora_rank or 0) + spec.mla.kv_lora_rank
+        return mla_attention_params(spec) - norms
+    return gqa_matrix_params(spec)
+
+
+def layer_split(spec: ModelSpec) -> tuple[int, int]:
+    """(dense-MLP layers, MoE layers): DeepSeek's first_k_dense_replace keeps the first k
+    layers dense; every other MoE family is MoE throughout."""
+    if spec.moe is None:
+        return spec.num_layers, 0
+    dense = min(spec.moe.first_dense_layers, spec.num_layers)
+    return dense, spec.num_layers - dense
+
+
+def param_classes(spec: ModelSpec) -> ParamClasses:
+    """Block weight matrices by class, all layers (the shapes of `count_params`' terms,
+    without their biases and norms)."""
+    hidden = spec.hidden_size
+    dense_layers, moe_layers = layer_split(spec)
+    classes = {
+        "attention": spec.num_layers * attention_matrix_params(spec),
+        "mlp": dense_layers * gated_mlp_params(hidden, spec.intermediate_size),
+    }
+    if spec.moe is not None:
+        moe = spec.moe
+        expert = gated_mlp_params(hidden, moe.expert_intermediate_size)
+        shared = gated_mlp_params(hidden, moe.shared_expert_intermediate_size)
+        classes["experts"] = moe_layers * moe.num_experts * expert
+        classes["shared_experts"] = moe_layers * moe.num_shared_experts * shared
+        classes["router"] = moe_layers * hidden * moe.num_experts
+    return ParamClasses(**classes)
 
 
 def moe_layer_params(spec: ModelSpec, traits: Traits) -> tuple[int, int]:
@@ -143,20 +189,15 @@ def lm_head_params(spec: ModelSpec) -> int:
 
 
 def count_params(spec: ModelSpec, traits: Traits) -> ParamCounts:
-    """Total, active, embedding and LM-head parameter counts of a decoder-only model."""
+    """Total, active, embedding and LM-head parameter counts of a decoder-only model,
+    and its block matrices by class."""
     hidden, layers = spec.hidden_size, spec.num_layers
     attn = attention_params(spec, traits)
     norms = traits.norms_per_layer * hidden  # RMSNorm weight vectors, no bias
     dense_mlp = gated_mlp_params(hidden, spec.intermediate_size, traits.mlp_bias)
 
-    if spec.moe is None:
-        dense_layers, moe_layers = layers, 0
-        moe_total = moe_active = 0
-    else:
-        # DeepSeek's first_k_dense_replace: the first k layers keep a dense MLP.
-        dense_layers = min(spec.moe.first_dense_layers, layers)
-        moe_layers = layers - dense_layers
-        moe_total, moe_active = moe_layer_params(spec, traits)
+    dense_layers, moe_layers = layer_split(spec)
+    moe_total, moe_active = moe_layer_params(spec, traits) if spec.moe else (0, 0)
 
     shared_per_layer = attn + norms
     body_total = layers * shared_per_layer + dense_layers * dense_mlp + moe_layers * moe_total
@@ -170,4 +211,5 @@ def count_params(spec: ModelSpec, traits: Traits) -> ParamCounts:
         active=body_active + outer,
         embedding=embedding,
         lm_head=lm_head,
+        classes=param_classes(spec),
     )

@@ -7,7 +7,12 @@ config.json form. Parameter counts are computed from the shapes, never typed in.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+# Body tensor classes a checkpoint can quantize separately (HF module names in model.quantization).
+TensorClass = Literal["attention", "mlp", "experts", "shared_experts", "lm_head"]
 
 
 class MoESpec(BaseModel):
@@ -36,6 +41,53 @@ class MLASpec(BaseModel):
     q_lora_rank: int | None = None
 
 
+class ParamClasses(BaseModel):
+    """Weight-matrix parameters of the transformer blocks by class, all layers.
+
+    Formats that quantize only some tensors (MXFP4 experts, a checkpoint's `ignore`
+    list) need them apart; what `params_body` holds beyond their sum is routers, norms,
+    biases and attention sinks, which every format keeps at 16 bits."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attention: int = Field(0, ge=0)  # q/k/v/o (or MLA) projection matrices
+    mlp: int = Field(0, ge=0)  # dense gated-MLP matrices
+    experts: int = Field(0, ge=0)  # routed-expert gate/up/down matrices
+    shared_experts: int = Field(0, ge=0)  # always-on expert matrices (DeepSeek)
+    router: int = Field(0, ge=0)  # expert-choice matrices
+
+
+class QuantScheme(BaseModel):
+    """How one group of a checkpoint's tensors is stored: values, scales, zero points.
+
+    Facts only, as config.json's `quantization_config` states them; the bytes they
+    take are computed in plan.quant."""
+
+    model_config = ConfigDict(frozen=True)
+
+    classes: tuple[TensorClass, ...]  # the tensors stored this way
+    bits: PositiveInt  # bits per stored value
+    kind: Literal["int", "float"]
+    group_size: PositiveInt | None = None  # values per scale along a row; None: per row/tensor
+    block: tuple[PositiveInt, PositiveInt] | None = None  # 2-D scale blocks (fp8 block-wise)
+    scale_bits: int = Field(16, ge=0)  # bits of each scale
+    zero_bits: int = Field(0, ge=0)  # bits of each zero point (asymmetric int formats)
+    activations: Literal["fp8", "int8"] | None = None  # W8A8: activations quantized too
+
+
+class CheckpointQuant(BaseModel):
+    """The weight format a checkpoint ships in (config.json `quantization_config`).
+
+    `schemes` is empty for a `quant_method` servetune has no size rule for; the planner
+    then asks for `--quant`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: str  # quant_method as written: fp8, mxfp4, compressed-tensors, awq, gptq, ...
+    schemes: tuple[QuantScheme, ...] = ()
+    summary: str = ""  # one line for plans: "FP8 e4m3, 128x128 block scales (fp32)"
+
+
 class ModelSpec(BaseModel):
     """Shapes of a decoder-only transformer, as the serving maths needs them."""
 
@@ -60,11 +112,14 @@ class ModelSpec(BaseModel):
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     torch_dtype: str = "bfloat16"
+    # The checkpoint's own quantized format (config.json quantization_config), if any.
+    quantization: CheckpointQuant | None = None
     # Computed from the shapes by model.params (not typed in).
     params_total: int = Field(0, ge=0)
     params_active: int = Field(0, ge=0)
     params_embedding: int = Field(0, ge=0)  # input embedding table
     params_lm_head: int = Field(0, ge=0)  # 0 when tied to the embedding
+    params_classes: ParamClasses = ParamClasses()  # block matrices by class
 
     @property
     def is_moe(self) -> bool:

@@ -18,7 +18,13 @@ from servetune.engines.config import EngineConfig
 from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
 from servetune.plan import kv as kvmath
-from servetune.plan.quant import WeightFormat, kv_dtype_bytes, weight_format, weights_bytes
+from servetune.plan.quant import (
+    WeightFormat,
+    format_source,
+    kv_dtype_bytes,
+    weight_format,
+    weights_bytes,
+)
 from servetune.units import GiB
 
 
@@ -112,15 +118,23 @@ class MemoryBudget(BaseModel):
     kv_effective_bytes_per_token: float  # at max_model_len (sliding windows capped)
     kv_dtype_bytes: int
     weight_format: str
+    weight_format_note: str
+    weight_format_source: str  # "quantization" (asked for), "checkpoint" or "dtype"
     max_num_batched_tokens: int
     max_num_seqs: int
     explicit_kv_pool: bool
 
     @property
-    def free_after_kv_bytes(self) -> float:
+    def free_after_load_bytes(self) -> float:
+        """Device memory left once weights, the profiling pass's activation peak and the
+        fixed overheads are claimed: what TensorRT-LLM's KV fraction is a fraction of."""
         return self.device_bytes - (
-            self.weights_bytes + self.activation_bytes + self.overhead_bytes + self.kv_pool_bytes
+            self.weights_bytes + self.activation_bytes + self.overhead_bytes
         )
+
+    @property
+    def free_after_kv_bytes(self) -> float:
+        return self.free_after_load_bytes - self.kv_pool_bytes
 
 
 def memory_budget(
@@ -161,6 +175,8 @@ def memory_budget(
         ),
         kv_dtype_bytes=kv_bytes,
         weight_format=fmt.name,
+        weight_format_note=fmt.note,
+        weight_format_source=format_source(cfg.quantization, model),
         max_num_batched_tokens=batched,
         max_num_seqs=seqs,
         explicit_kv_pool=cfg.kv_cache_space_gib is not None,

@@ -265,7 +265,7 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
         ("lower max_num_seqs", {"max_num_seqs": max(b.max_num_seqs // 2, 1)}),
         ("lower max_model_len", {"max_model_len": max(base.max_model_len // 2, 256)}),
     ]
-    if cfg.quantization is None:
+    if cfg.quantization is None and req.model.quantization is None:  # 16-bit weights
         quant = "fp8" if "fp8" in req.hardware.tflops else "awq"
         steps.append((f"quantize weights ({WEIGHT_FORMATS[quant].note})", {"quantization": quant}))
     if cfg.kv_cache_dtype not in ("fp8", "int8"):
@@ -370,7 +370,8 @@ def make_plan(req: PlanRequest) -> Plan:
 def scenario_config(
     scenario: Scenario, base: EngineConfig, explicit: set[str], model: ModelSpec
 ) -> EngineConfig:
-    """Apply a scenario's starting knobs (seed 003 §12) without overriding what the user set."""
+    """Apply a scenario's starting knobs (seed 003 §12), its weight format included (cpu-edge:
+    GGUF Q4_K_M), without overriding what the user set."""
     knobs = {
         "max_model_len": min(scenario.max_model_len, model.max_position_embeddings),
         "max_num_seqs": scenario.max_num_seqs,
@@ -379,5 +380,6 @@ def scenario_config(
         "enable_prefix_caching": scenario.prefix_caching,
         "enable_chunked_prefill": scenario.chunked_prefill,
         "kv_cache_dtype": scenario.kv_cache_dtype,
+        "quantization": scenario.quantization,
     }
     return base.with_(**{k: v for k, v in knobs.items() if k not in explicit})

@@ -26,6 +26,7 @@ class Scenario:
     prefix_caching: bool = True
     chunked_prefill: bool = True
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None  # a weight format the scenario implies (GGUF on CPU/edge)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -105,6 +106,7 @@ SCENARIOS: dict[str, Scenario] = {
             512,
             0.90,
             prefix_caching=True,
+            quantization="q4_k_m",
         ),
     )
 }

@@ -7,6 +7,13 @@ Sources:
 - AWQ / GPTQ int4, group 128: 4-bit weights + one fp16 scale and one packed 4-bit
   zero point per group of 128 => 4 + (16 + 4) / 128 bits (AWQ paper; AutoGPTQ format).
   Embedding and LM head unquantized.
+- MXFP4 (OCP Microscaling Formats (MX) v1.0): 32 FP4 e2m1 values share one E8M0 scale,
+  4 + 8/32 = 4.25 bpw; vLLM's `mxfp4` method (and GPT-OSS's checkpoint) quantizes the MoE
+  expert matrices only, everything else stays 16-bit.
+- A checkpoint's own format (config.json `quantization_config`, see model.quantization):
+  each scheme's value bits plus its scales and zero points spread over the weights that
+  share them, on the tensor classes it covers; routers, norms, biases and the embedding
+  stay 16-bit. DeepSeek-V3's FP8 = 8 + 32/(128 x 128) bpw (one fp32 scale per block).
 - GGUF block formats (llama.cpp ggml-quants block layouts): Q8_0 = 34 B / 32 w = 8.5 bpw,
   Q6_K = 6.5625, Q5_K = 5.5, Q4_K = 4.5, Q3_K = 3.4375, Q2_K = 2.625 bpw. The "_M" mixes
   raise some tensors (attn_v, ffn_down) a level; their body rate here is derived from
@@ -17,9 +24,12 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-from servetune.model.spec import ModelSpec
+from servetune.errors import InputError
+from servetune.model.quantization import MXFP4, supported_methods
+from servetune.model.spec import ModelSpec, QuantScheme
 
 # llama.cpp K-quants pack rows in super-blocks of 256 weights; a tensor whose rows are not
 # a multiple of 256 falls back to a legacy type (llama-quant.cpp): Q2_K/Q3_K -> IQ4_NL
@@ -30,7 +40,10 @@ K_QUANT_FALLBACK_BITS = {"q2_k": 4.5, "q3_k_m": 4.5, "q4_k_m": 5.5, "q5_k_m": 6.
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """Effective bits per weight for the transformer body, embedding and LM head."""
+    """Effective bits per weight for the transformer body, embedding and LM head.
+
+    `class_bits` gives some body tensor classes (ModelSpec.params_classes) their own
+    rate; the rest of the body is at `body_bits`."""
 
     name: str
     body_bits: float
@@ -38,6 +51,27 @@ class WeightFormat:
     lm_head_bits: float
     compute: str  # dtype the matmuls run in (for the FLOP/s peak)
     note: str
+    class_bits: dict[str, float] = field(default_factory=dict, hash=False)
+
+
+def scheme_bits(scheme: QuantScheme) -> float:
+    """Stored bits per weight: the value, plus each scale and zero point spread over the
+    weights that share it (a `group_size` run of a row, or a `block` tile)."""
+    shared = scheme.block[0] * scheme.block[1] if scheme.block else scheme.group_size
+    extra = (scheme.scale_bits + scheme.zero_bits) / shared if shared else 0.0
+    return scheme.bits + extra
+
+
+def scheme_format(name: str, schemes: Iterable[QuantScheme], note: str) -> WeightFormat:
+    """A format that stores the classes `schemes` cover at their rates and leaves the rest
+    (embedding, routers, norms, biases, uncovered matrices) in 16 bits. Matmuls run in
+    the schemes' activation type for W8A8 formats, else in 16-bit (weight-only formats
+    dequantize on the fly)."""
+    schemes = list(schemes)
+    class_bits = {c: scheme_bits(s) for s in schemes for c in s.classes}
+    head_bits = class_bits.pop("lm_head", 16.0)
+    compute = next((s.activations for s in schemes if s.activations), "bf16")
+    return WeightFormat(name, 16, 16, head_bits, compute, note, class_bits=class_bits)
 
 
 _Q6K, _Q8 = 6.5625, 8.5
@@ -54,6 +88,7 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
         WeightFormat(
             "gptq", 4 + 20 / 128, 16, 16, "bf16", "GPTQ int4 g128 (+fp16 scale, int4 zero)"
         ),
+        scheme_format("mxfp4", [MXFP4], "MXFP4 MoE experts 4.25 bpw (OCP MX v1.0), rest 16-bit"),
         WeightFormat("q8_0", _Q8, _Q8, _Q8, "bf16", "GGUF Q8_0"),
         WeightFormat("q6_k", _Q6K, _Q6K, _Q6K, "bf16", "GGUF Q6_K"),
         WeightFormat("q5_k_m", 5.65, 5.5, _Q6K, "bf16", "GGUF Q5_K_M (embed Q5_K, output Q6_K)"),
@@ -66,17 +101,54 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
 
 
-def weight_format(dtype: str, quantization: str | None, model: ModelSpec) -> WeightFormat:
-    """The format the weights are stored in: the quantization if any, else the dtype
-    (`auto` = the checkpoint's torch_dtype, as vLLM does, except that vLLM serves a
-    float32 checkpoint in 16 bits: bf16)."""
+def format_source(quantization: str | None, model: ModelSpec) -> str:
+    """Where `weight_format`'s answer comes from: "quantization" (asked for), "checkpoint"
+    (config.json's quantization_config) or "dtype"."""
     if quantization:
-        return WEIGHT_FORMATS[quantization]
+        return "quantization"
+    return "checkpoint" if model.quantization is not None else "dtype"
+
+
+def weight_format(dtype: str, quantization: str | None, model: ModelSpec) -> WeightFormat:
+    """The format the weights are stored in: the quantization asked for (--quant or a
+    scenario) if any, else the checkpoint's own (an engine loads a quantized checkpoint
+    as it ships), else the dtype (`auto` = the checkpoint's torch_dtype, as vLLM does,
+    except that vLLM serves a float32 checkpoint in 16 bits: bf16)."""
+    if quantization:
+        return _applicable(WEIGHT_FORMATS[quantization], model)
+    if model.quantization is not None:
+        return checkpoint_format(model)
     if dtype == "auto":
         dtype = model.torch_dtype
         if _DTYPE_ALIASES.get(dtype, dtype) == "fp32":
             dtype = "bf16"
     return WEIGHT_FORMATS[_DTYPE_ALIASES.get(dtype, dtype)]
+
+
+def checkpoint_format(model: ModelSpec) -> WeightFormat:
+    """The checkpoint's own format, or a one-line error when its method has no size rule."""
+    q = model.quantization
+    if q is None or not q.schemes:
+        method = q.method if q else "none"
+        raise InputError(
+            f"{model.name}: quantization_config.quant_method",
+            f"{method!r} has no size rule in servetune (known: {', '.join(supported_methods())})",
+            "plan it with --quant in the nearest format (fp8, int8, awq, gptq, mxfp4, q4_k_m)",
+        )
+    return _applicable(scheme_format(q.method, q.schemes, q.summary), model)
+
+
+def _applicable(fmt: WeightFormat, model: ModelSpec) -> WeightFormat:
+    """Refuse a format that quantizes only tensor classes the model lacks (MXFP4 on a
+    dense model would silently plan 16-bit weights)."""
+    counts = model.params_classes
+    if fmt.class_bits and not any(getattr(counts, c) for c in fmt.class_bits):
+        raise InputError(
+            "--quant",
+            f"{fmt.name} quantizes {', '.join(fmt.class_bits)} only, and {model.name} has none",
+            "use fp8, int8, awq or gptq for a dense model",
+        )
+    return fmt
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, weights: WeightFormat) -> int:
@@ -91,7 +163,8 @@ def kv_dtype_bytes(kv_cache_dtype: str, weights: WeightFormat) -> int:
 
 def weights_bytes(model: ModelSpec, fmt: WeightFormat) -> float:
     """Total weight bytes: body + embedding + LM head at their own rates (seed 000 §2.1:
-    parameters x bytes per parameter, made exact per tensor class).
+    parameters x bytes per parameter, made exact per tensor class), and the body classes
+    a format rates apart (MXFP4 experts, a checkpoint's schemes) at theirs.
 
     A tied embedding is also the output layer and is stored at the LM head's rate
     (llama.cpp's rule). GGUF K-quant tensors whose rows are not a multiple of 256 use
@@ -100,6 +173,8 @@ def weights_bytes(model: ModelSpec, fmt: WeightFormat) -> float:
     embedding_bits = fmt.lm_head_bits if tied else fmt.embedding_bits
     head_bits = fmt.lm_head_bits
     body_bits = model.params_body * fmt.body_bits
+    for name, bits in fmt.class_bits.items():
+        body_bits += getattr(model.params_classes, name) * (bits - fmt.body_bits)
     if fmt.name in K_QUANT_FALLBACK_BITS:
         body_bits += misaligned_row_params(model) * (
             K_QUANT_FALLBACK_BITS[fmt.name] - fmt.body_bits

@@ -27,6 +27,11 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     style = "green" if ev.fits else "bold red"
     console.print(f"[{style}]{'FITS' if ev.fits else 'DOES NOT FIT'}[/]: {ev.verdict}")
 
+    console.print(
+        f"Weights: [bold]{b.weight_format}[/] ({b.weight_format_note}) "
+        f"from {result.weight_format_origin}",
+        highlight=False,
+    )
     mem = Table(title=f"Memory per GPU ({b.weight_format} weights, GiB)", title_justify="left")
     mem.add_column("term")
     mem.add_column("GiB", justify="right")
@@ -104,9 +109,8 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
 
     fx = Table(title="If it runs out of memory: seed 003 §13 order", title_justify="left")
     fx.add_column("#", justify="right")
-    fx.add_column("fix")
-    fx.add_column("change")
-    fx.add_column("gives")
+    for col in ("fix", "change", "gives"):  # `gpu_memory_utilization=0.85` folds, never cut
+        fx.add_column(col, overflow="fold")
     for f in plan.fixes:
         fx.add_row(
             str(f.step), f.action, ", ".join(f"{k}={v}" for k, v in f.change.items()), f.effect

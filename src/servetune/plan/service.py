@@ -9,12 +9,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from servetune.engines import launch_command, launch_commands
+from servetune.engines.base import PlannedPool
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError, from_validation_error
+from servetune.hardware.catalog import get_hardware
 from servetune.hardware.spec import HardwareSpec
+from servetune.model.catalog import get_model, serving_reference
 from servetune.model.spec import ModelSpec
+from servetune.plan import kv as kvmath
 from servetune.plan.memory import Overheads
-from servetune.plan.planner import Plan, PlanRequest, make_plan, scenario_config
+from servetune.plan.planner import Evaluation, Plan, PlanRequest, make_plan, scenario_config
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
 from servetune.units import GiB
 
@@ -67,6 +72,7 @@ class PlanResult:
     engine: str
     engine_reason: str
     launch: dict[str, Any]
+    weight_format_origin: str = "--dtype"  # --quant, scenario <name>, checkpoint, --dtype
 
 
 def _flag(name: str) -> str:
@@ -101,9 +107,6 @@ def parse_overheads(items: list[str]) -> Overheads:
 
 def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
     """Validate arguments and load the model and hardware (file I/O happens here)."""
-    from servetune.hardware.catalog import get_hardware
-    from servetune.model.catalog import get_model
-
     for name in (
         "gpus",
         "block_size",
@@ -172,50 +175,60 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
     return req, scenario
 
 
-def model_reference(given: str) -> str:
-    """What to pass an engine as --model: the HF repo for catalog models, else the path
-    the user gave (a local model directory or config.json's directory)."""
-    from servetune.model.catalog import catalog_entry, catalog_names
-
-    if given.strip().lower() in catalog_names():
-        return str(catalog_entry(given).get("_source") or given)
-    path = Path(given)
-    return str(path.parent if path.name == "config.json" else path)
-
-
-def gguf_reference(given: str, quant: str | None, dtype: str) -> str:
-    """llama-server loads a GGUF file: name one after the model and its quantization
-    (llama.cpp's convert/quantize naming), or pass through a path that already is one."""
+def gguf_reference(given: str, weight_format: str) -> str:
+    """llama-server loads a GGUF file: name one after the model and the plan's weight
+    format (llama.cpp's convert/quantize type names: K-quants, MXFP4 for GPT-OSS experts,
+    else the 16-bit conversion), or pass through a path that already is one."""
     if given.endswith(".gguf"):
         return given
-    stem = Path(model_reference(given)).name
-    gguf_types = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"}
-    if quant in gguf_types:
-        kind = quant.upper()
+    stem = Path(serving_reference(given)).name
+    gguf_types = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "mxfp4"}
+    if weight_format in gguf_types:
+        kind = weight_format.upper()
     else:
-        kind = {"float16": "F16", "float32": "F32"}.get(dtype, "BF16")
+        kind = {"fp16": "F16", "fp32": "F32"}.get(weight_format, "BF16")
     return f"{stem}-{kind}.gguf"
 
 
-def run_plan(args: PlanArgs) -> PlanResult:
-    from servetune.engines import launch_command, launch_commands
+def planned_pool(ev: Evaluation) -> PlannedPool:
+    """The plan's KV pool in the terms engine adapters size KV with."""
+    b = ev.budget
+    return PlannedPool(
+        kv_tokens=ev.kv_capacity_tokens,
+        kv_bytes=b.kv_pool_bytes,
+        free_after_load_bytes=b.free_after_load_bytes,
+    )
 
+
+def run_plan(args: PlanArgs) -> PlanResult:
     req, scenario = build_request(args)
     plan = make_plan(req)
     default_scenario = scenario or get_scenario("chat")
     engine, reason = recommend_engine(req.hardware, default_scenario)
     cfg = plan.evaluation.config
     device = "cpu" if req.hardware.kind == "cpu" else "gpu"
-    launch = launch_commands(cfg, model_reference(args.model), device=device)
-    gguf = gguf_reference(args.model, cfg.quantization, cfg.dtype)
-    launch["llamacpp"] = launch_command("llamacpp", cfg, gguf, device=device)
-    return PlanResult(plan, req.model, req.hardware, scenario, engine, reason, launch)
+    pool = planned_pool(plan.evaluation)
+    launch = launch_commands(cfg, serving_reference(args.model), device=device, pool=pool)
+    gguf = gguf_reference(args.model, plan.evaluation.budget.weight_format)
+    launch["llamacpp"] = launch_command("llamacpp", cfg, gguf, device=device, pool=pool)
+    origin = weight_format_origin(
+        plan.evaluation.budget.weight_format_source, args.quant is not None, plan.scenario
+    )
+    return PlanResult(plan, req.model, req.hardware, scenario, engine, reason, launch, origin)
+
+
+def weight_format_origin(source: str, quant_given: bool, scenario: str | None) -> str:
+    """Where the plan's weight format came from, in the user's terms (`source` is
+    MemoryBudget.weight_format_source)."""
+    if source == "quantization":
+        return "--quant" if quant_given else f"scenario {scenario}"
+    if source == "checkpoint":
+        return "checkpoint quantization_config"
+    return "--dtype"
 
 
 def plan_to_json(result: PlanResult) -> dict[str, Any]:
     """The stable, machine-readable form of a plan (keys documented in docs/plan.md)."""
-    from servetune.plan import kv as kvmath
-
     plan, ev = result.plan, result.plan.evaluation
     b, cfg = ev.budget, ev.config
     return {
@@ -226,6 +239,8 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
         "params_total": result.model.params_total,
         "params_active": result.model.params_active,
         "weight_format": b.weight_format,
+        "weight_format_note": b.weight_format_note,
+        "weight_format_source": result.weight_format_origin,
         "weights_bytes": round(b.weights_total_bytes),
         "weights_per_gpu_bytes": round(b.weights_bytes),
         "activation_bytes": round(b.activation_bytes),

@@ -8,8 +8,10 @@ each chart (kaleido, driving the system's Chromium). See docs/report.md.
     build_report(store, ["my-sweep"], Path("report.html"), images=Path("img"))
 """
 
-from __future__ import annotations
+from servetune.lazy import lazy_exports as _lazy_exports
 
-from servetune.report.build import ReportOutput, build_charts, build_report, export_images
-
-__all__ = ["ReportOutput", "build_charts", "build_report", "export_images"]
+# The builder loads on first use: `runs list/show` print the seed 003 §16 record
+# (`report.experiment`) and must not pay for the charts and the planner.
+_WHERE = dict.fromkeys(["ReportOutput", "build_charts", "build_report", "export_images"], "build")
+__all__ = list(_WHERE)
+__getattr__ = _lazy_exports(__name__, _WHERE)

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from servetune.errors import InputError
+from servetune.plan.service import PlanArgs, plan_to_json, run_plan
 from servetune.report import charts as ch
 from servetune.report.data import ReportData, load_report_data
 from servetune.report.html import render_html
-from servetune.store.store import Store
+from servetune.store import Store
 
 IMAGE_FORMATS = ("png", "svg")
 
@@ -28,8 +29,6 @@ class ReportOutput:
 
 
 def _plan_args(info: Any) -> Any:
-    from servetune.plan.service import PlanArgs
-
     cfg = info.engine_config
     hw = info.meta.get("hardware") or {}
     return PlanArgs(
@@ -56,8 +55,6 @@ def _plan_args(info: Any) -> Any:
 def plans_for(data: ReportData) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The plan of each series: stored with the run (meta.plan) or recomputed from its
     model, GPU and engine config when the catalog knows them."""
-    from servetune.plan.service import plan_to_json, run_plan
-
     plans: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     for name, members in data.series.items():

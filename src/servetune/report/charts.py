@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servetune.metrics import sweep
 from servetune.metrics.compute import request_latencies_ms
-from servetune.report import analysis
+from servetune.report.analysis import ecdf
 from servetune.report.data import ReportData, RunData
+from servetune.status import RequestStatus
 
 PALETTE = (
     "#1f77b4",
@@ -27,9 +29,9 @@ PALETTE = (
 )
 PCT_DASH = {"p50": "solid", "p95": "dash", "p99": "dot"}
 REGION_COLORS = {
-    analysis.LINEAR: "rgba(44,160,44,0.10)",
-    analysis.SATURATION: "rgba(255,127,14,0.13)",
-    analysis.OVER: "rgba(214,39,40,0.12)",
+    sweep.LINEAR: "rgba(44,160,44,0.10)",
+    sweep.SATURATION: "rgba(255,127,14,0.13)",
+    sweep.OVER: "rgba(214,39,40,0.12)",
 }
 MAX_CDF_RUNS = 8
 MAX_SERVER_RUNS = 6
@@ -184,8 +186,8 @@ def sweet_spot(data: ReportData) -> Chart:
 
     xs = [data.x(r) or 0.0 for r in members]
     ys = [_m(r, "output_tok_s") or 0.0 for r in members]
-    regions = analysis.classify_regions(xs, ys)
-    idx, why = analysis.sweet_spot(xs, ys)
+    regions = sweep.classify_regions(xs, ys)
+    idx, why = sweep.sweet_spot(xs, ys)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     log = data.x_kind == "concurrency"
     # On a log axis plotly.js takes the range and annotation positions in log10 units but
@@ -269,7 +271,7 @@ def sweet_spot(data: ReportData) -> Chart:
     where = f"{data.x_title} = {xs[idx]:g}" if idx is not None else "-"
     chart.note = (
         f"Series {name}. Sweet spot: {where} ({why}). Regions from the throughput gain per "
-        f"load step (elasticity >= {analysis.LINEAR_MIN}: linear; >= {analysis.FLAT_MAX}: "
+        f"load step (elasticity >= {sweep.LINEAR_MIN}: linear; >= {sweep.FLAT_MAX}: "
         "saturation; below: over-saturation, where latency climbs for no throughput)."
     )
     return chart
@@ -327,7 +329,7 @@ def pareto(data: ReportData) -> Chart:
                     "<extra></extra>",
                 )
             )
-    front = analysis.pareto_front([p[1] for p in pts], [p[2] for p in pts])
+    front = sweep.pareto_front([p[1] for p in pts], [p[2] for p in pts])
     fig.add_trace(
         go.Scatter(
             x=[pts[i][1] for i in front],
@@ -368,10 +370,10 @@ def cdfs(data: ReportData) -> Chart:
         rows=1, cols=3, subplot_titles=("TTFT ms", "TPOT ms", "E2E ms"), horizontal_spacing=0.06
     )
     for k, r in enumerate(runs):
-        lat = [request_latencies_ms(x) for x in r.result.records if x.status == "ok"]
+        lat = [request_latencies_ms(x) for x in r.result.records if x.status == RequestStatus.OK]
         color = PALETTE[k % len(PALETTE)]
         for col in range(3):
-            xs, ps = analysis.ecdf([v[col] for v in lat if v[col] is not None])
+            xs, ps = ecdf([v[col] for v in lat if v[col] is not None])
             fig.add_trace(
                 go.Scatter(
                     x=xs,
@@ -409,7 +411,10 @@ def server_metrics(data: ReportData) -> Chart:
     chart = Chart("server", "Server metrics over time")
     runs = [r for r in data.runs if r.result.server and r.result.server.values]
     if not runs:
-        chart.note = "No server metrics were scraped for these runs (bench --metrics-url)."
+        chart.note = (
+            "No server metrics in these runs: bench scrapes the server's /metrics unless run"
+            " with --no-scrape, and simulated runs have none."
+        )
         return chart
     if len(runs) > MAX_SERVER_RUNS:
         step = (len(runs) - 1) / (MAX_SERVER_RUNS - 1)

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servetune.errors import InputError
 from servetune.results.schema import RunResult
+from servetune.store import RunInfo, Store
 from servetune.store.compare import compare_runs
-from servetune.store.store import RunInfo, Store
 
 MAX_RUNS = 200
 
@@ -73,8 +74,6 @@ def _config_key(info: RunInfo) -> str:
 
 def load_report_data(store: Store, refs: Sequence[str], title: str | None = None) -> ReportData:
     """Resolve refs (runs, studies, A,B,C) and load every run's full result."""
-    from servetune.errors import InputError
-
     ids = store.resolve(refs)
     if not ids:
         raise InputError("RUNS", "nothing to report: the study has no runs")

@@ -13,7 +13,7 @@ from typing import Any
 from servetune import __version__
 from servetune.report.charts import Chart
 from servetune.report.data import ReportData
-from servetune.store.experiment import experiment_record, fmt
+from servetune.report.experiment import experiment_record, fmt
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222}

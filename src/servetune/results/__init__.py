@@ -1,5 +1,17 @@
-"""RunResult: the one result schema of `bench` (real server) and `simulate`."""
+"""RunResult: the one result schema of `bench` (real server) and `simulate`, and the
+files a run is kept in (`files`: the result JSON, the JSONL record log)."""
 
-from servetune.results.schema import Metrics, RequestRecord, RunResult
+from servetune.results.files import RecordLog, load_result, write_result
+from servetune.results.schema import Load, Metrics, RequestRecord, RunResult, Target, TuneTag
 
-__all__ = ["Metrics", "RequestRecord", "RunResult"]
+__all__ = [
+    "Load",
+    "Metrics",
+    "RecordLog",
+    "RequestRecord",
+    "RunResult",
+    "Target",
+    "TuneTag",
+    "load_result",
+    "write_result",
+]

@@ -3,20 +3,40 @@
 All times are integer nanoseconds on the monotonic clock, relative to the run's anchor
 (`RunResult.anchor_ns`), so records from several worker processes share one time axis.
 `bench` and `simulate` both write this schema; a sim-vs-real comparison is a diff.
+What was measured and at what load are typed parts (`Target`, `Load`, tune's `TuneTag`)
+that read and write the same JSON objects as the plain dicts of earlier versions.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    model_serializer,
+)
 
 from servetune.slo import SLO
+from servetune.status import RequestStatus, RunStatus
 from servetune.workload.materialize import Request
+from servetune.workload.spec import Arrival
 
 SCHEMA_VERSION = 1
 
-Status = Literal["ok", "error", "cancelled", "aborted"]
+# Status fields are Literals of the enum's members rather than the enum: input strings
+# still validate to members, and records built without validation on the hot path (plain
+# strings) serialise without a type warning.
+RecordStatus = Literal[
+    RequestStatus.OK, RequestStatus.ERROR, RequestStatus.CANCELLED, RequestStatus.ABORTED
+]
+# What a finished RunResult can say; `running`/`incomplete` exist only in the store.
+ResultStatus = Literal[
+    RunStatus.COMPLETED, RunStatus.INTERRUPTED, RunStatus.CIRCUIT_BREAKER, RunStatus.FAILED
+]
 
 # Error classes (docs/bench.md). Timeouts follow seed 003 §10's split.
 ERROR_CLASSES = (
@@ -55,7 +75,7 @@ class RequestRecord(BaseModel):
     chunk_tokens: list[int] = Field(default_factory=list, description="Tokens per content chunk.")
     first_answer_ns: int | None = Field(None, description="First non-reasoning content.")
     end_ns: int
-    status: Status = "ok"
+    status: RecordStatus = RequestStatus.OK
     error: str | None = None
     error_detail: str | None = None
     http_status: int | None = None
@@ -173,6 +193,112 @@ class ServerSeries(BaseModel):
         return max(vals) if vals else None
 
 
+class StoredPart(BaseModel):
+    """A typed part of a stored run. Unknown keys are kept (an older or newer servetune
+    may write more), and only the keys that were given are written back, so a part reads
+    and writes the same JSON object as the plain dict it replaces. Like that dict, a part
+    with nothing given is falsy."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        given = self.model_fields_set | set(self.model_extra or {})
+        return {k: v for k, v in out.items() if k in given}
+
+    def __bool__(self) -> bool:
+        return bool(self.model_fields_set or self.model_extra)
+
+
+class SimStats(StoredPart):
+    """What the simulator did to produce a run (sim.engine.simulate)."""
+
+    steps: int = 0
+    jumps: int = 0  # idle gaps skipped to the next arrival
+    preemptions: int = 0
+    rejected: int = 0  # requests that can never fit (prompt beyond the pool or max length)
+    prefix_hit_tokens: int = 0
+    prefill_tokens_computed: int = 0
+    kv_evictions: int = 0
+    max_kv_blocks_used: int = 0
+    wall_s: float = 0.0
+    phases_s: dict[str, float] = Field(default_factory=dict)
+
+
+class TuneFailure(StoredPart):
+    """Why a tuned config could not be measured, in the engine's own words."""
+
+    kind: str  # oom, crash, timeout, bad_flag, ...
+    reason: str
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class TuneTag(StoredPart):
+    """What `tune` attaches to each run it stores (the study itself is the run's study).
+    `key` is the config id (tune.space.config_key); `pid` the point id, the key that
+    makes a resumed study find the run again."""
+
+    pid: str
+    key: str
+    phase: str  # the run's role: probe | rep | sweet (sweet-spot sweep) | trial | launch
+    load_kind: str | None = None  # concurrency | rate
+    load: float | None = None
+    rep: int | None = None
+    failure: TuneFailure | None = None
+    trial: dict[str, Any] | None = None  # tune.trial.TrialResult.to_json(): sim trials
+
+
+class Target(StoredPart):
+    """What was measured: the server (bench), the simulated engine (simulate), the
+    launched engine (tune), and the tuner's tag. Every field is optional: each producer
+    fills what it knows."""
+
+    url: str | None = None
+    api: str | None = None
+    model: str | None = None
+    engine: str | None = None
+    hardware: str | None = None
+    config: dict[str, Any] | None = Field(None, description="EngineConfig, non-default knobs.")
+    settings: dict[str, Any] | None = Field(None, description="A live engine's effective ones.")
+    tier: str | None = Field(None, description="Simulator step-time tier.")
+    profile: str | None = Field(None, description="Simulator profile key.")
+    efficiency: dict[str, float] | None = None
+    kv_blocks: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    sim: SimStats = Field(default_factory=SimStats)  # empty (falsy) but for simulated runs
+    tune: TuneTag | None = None
+
+
+class Load(StoredPart):
+    """The load a run was measured at: the arrival process, rate and concurrency."""
+
+    kind: str | None = None  # closed | constant | poisson | gamma | trace
+    rate: float | None = None  # offered req/s (open loop)
+    concurrency: int | None = None  # users (closed loop) or the in-flight cap (open loop)
+    burstiness: float | None = None  # gamma shape
+
+    @classmethod
+    def of(cls, arrival: Arrival) -> Load:
+        """The load of a workload's arrival process (bench and simulate)."""
+        gamma = arrival.kind == "gamma"
+        return cls(
+            kind=arrival.kind,
+            rate=arrival.rate,
+            concurrency=arrival.concurrency,
+            burstiness=arrival.burstiness if gamma else None,
+        )
+
+    @classmethod
+    def point(cls, load_kind: str, load: float) -> Load:
+        """A tuning point: `load` closed-loop users, or `load` req/s of Poisson arrivals."""
+        if load_kind == "concurrency":
+            return cls(kind="closed", concurrency=int(load))
+        return cls(kind="poisson", rate=load)
+
+
 class RunResult(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -180,11 +306,11 @@ class RunResult(BaseModel):
     id: str
     created_utc: str
     backend: Literal["real", "sim"] = "real"
-    target: dict[str, Any] = Field(default_factory=dict)
+    target: Target = Field(default_factory=Target)
     workload: dict[str, Any] = Field(default_factory=dict)
-    load: dict[str, Any] = Field(default_factory=dict)
+    load: Load = Field(default_factory=Load)
     slo: SLO | None = None
-    status: Literal["completed", "interrupted", "circuit_breaker", "failed"] = "completed"
+    status: ResultStatus = RunStatus.COMPLETED
     stop_reason: str | None = None
     anchor_ns: int = 0
     started_unix_s: float = 0.0

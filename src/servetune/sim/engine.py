@@ -21,13 +21,15 @@ from servetune.hardware.spec import HardwareSpec
 from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
-from servetune.results.schema import RunResult
+from servetune.results.schema import Load, RunResult, SimStats, Target
+from servetune.sim.policies import prompt_breaks
 from servetune.sim.profile import Profile
 from servetune.sim.records import SimRecords
-from servetune.sim.scheduler import REJECTED, SchedConfig, Scheduler, SimRequest, prompt_breaks
+from servetune.sim.request import Phase, SimRequest
+from servetune.sim.scheduler import SchedConfig, Scheduler
 from servetune.sim.steptime import StepModel, calibrated_model, roofline_model
 from servetune.slo import SLO
-from servetune.workload.materialize import Request, RequestColumns
+from servetune.workload.materialize import Request, RequestColumns, materialize, materialize_columns
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, WordTokenizer
 
@@ -63,8 +65,6 @@ def materialize_for_sim(spec: WorkloadSpec, tokenizer: Tokenizer | None = None) 
     path draws no text at all). Datasets and traces need a tokenizer to count their
     prompts: `tokenizer` (the model's, for exact counts) or else `CountingTokenizer`'s
     word count."""
-    from servetune.workload.materialize import materialize, materialize_columns
-
     cols = materialize_columns(spec)
     if cols is None:
         tok = tokenizer if tokenizer is not None else CountingTokenizer()
@@ -134,16 +134,20 @@ def setup(
     else:
         given = cfg.parallel_slots or cfg.max_num_seqs
         slots = given or LLAMACPP_DEFAULT_SLOTS
+        # -np auto (no slots given) also turns --kv-unified on (tools/server/server.cpp)
+        unified = cfg.kv_unified or not given
         if cfg.kv_cache_tokens:
             n_ctx = cfg.kv_cache_tokens
-        elif cfg.max_model_len is not None and given and not cfg.kv_unified:
+        elif cfg.max_model_len is not None and given and not unified:
             n_ctx = cfg.max_model_len * slots  # the adapter's -c: max_model_len per slot
         else:
             n_ctx = ev.max_model_len
-        slot_ctx = n_ctx if cfg.kv_unified else n_ctx // slots
+        slot_ctx = n_ctx if unified else n_ctx // slots
         if slot_ctx <= 0:
             raise InputError("--set kv_cache_tokens", f"{n_ctx} tokens over {slots} slots", None)
-        batch = cfg.batch_size or LLAMACPP_DEFAULT_BATCH
+        # -b as the adapter sets it; llama_context caps -ub at -b (n_ubatch = min(ub, b))
+        batch = cfg.batch_size or cfg.max_num_batched_tokens or LLAMACPP_DEFAULT_BATCH
+        ubatch = min(cfg.ubatch_size or LLAMACPP_DEFAULT_UBATCH, batch)
         sc = SchedConfig(
             mode="slots",
             max_num_seqs=slots,
@@ -153,12 +157,13 @@ def setup(
             prefix_caching=cfg.enable_prefix_caching,  # cache_prompt
             policy="fcfs",
             slot_ctx=slot_ctx,
-            kv_unified=cfg.kv_unified,
+            kv_unified=unified,
             prompt_breaks=(
-                prompt_breaks(batch, cfg.ubatch_size or LLAMACPP_DEFAULT_UBATCH)
+                prompt_breaks(batch, ubatch)
                 if model.sliding_window and model.sliding_window_layers
                 else ()
             ),
+            n_ubatch=ubatch,
         )
     if profile is not None:
         sm = calibrated_model(
@@ -275,12 +280,13 @@ def records_from(sched: Scheduler, cols: RequestColumns | None = None) -> SimRec
     def col(f: Any, dtype: Any) -> np.ndarray:
         return np.fromiter(map(f, done), dtype=dtype, count=n)
 
-    send = np.rint(col(lambda r: r.arrival, float) * NS).astype(np.int64)
-    sched_s = col(lambda r: np.nan if r.scheduled is None else r.scheduled, float)
+    send = np.rint(col(lambda r: r.arrival_s, float) * NS).astype(np.int64)
+    sched_s = col(lambda r: np.nan if r.scheduled_s is None else r.scheduled_s, float)
     has_sched = ~np.isnan(sched_s)
     sched_ns = np.where(has_sched, np.rint(np.nan_to_num(sched_s) * NS), 0).astype(np.int64)
-    idx = col(lambda r: r.idx, np.int64)
-    ok = col(lambda r: r.phase != REJECTED, bool)
+    idx = col(lambda r: r.index, np.int64)
+    rejected = Phase.REJECTED  # a local: the enum class's attribute lookup is slow
+    ok = col(lambda r: r.phase is not rejected, bool)
     order = np.lexsort((idx, send))
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
@@ -288,14 +294,16 @@ def records_from(sched: Scheduler, cols: RequestColumns | None = None) -> SimRec
     seg_rec: list[int] = []
     flat: list[int] = []  # a0, b0, a1, b1, ... over all segments
     for k, r in enumerate(done):
-        segs = r.segs
+        segs = r.token_step_ranges
         flat += segs
         seg_rec += [rank_of[k]] * (len(segs) // 2)
     bounds = np.asarray(flat, dtype=np.int64).reshape(-1, 2)
     seg_a, seg_b = bounds[:, 0], bounds[:, 1]
     rec_arr = np.asarray(seg_rec, dtype=np.int64)
     seg_order = np.argsort(rec_arr, kind="stable")
-    reasons = {int(rank[k]): r.reason or "" for k, r in enumerate(done) if r.phase == REJECTED}
+    reasons = {
+        int(rank[k]): r.reject_reason or "" for k, r in enumerate(done) if r.phase is rejected
+    }
     if cols is not None:
         sub_of = np.asarray(cols.sub_names, dtype=object)[cols.sub]
         sub = sub_of[idx[order]].tolist() if len(cols) else []
@@ -310,14 +318,14 @@ def records_from(sched: Scheduler, cols: RequestColumns | None = None) -> SimRec
         scheduled_ns=sched_ns[order],
         scheduled_has=has_sched[order],
         priority=col(lambda r: r.priority, np.int64)[order],
-        prompt=col(lambda r: r.prompt, np.int64)[order],
-        out=col(lambda r: r.out, np.int64)[order],
+        prompt=col(lambda r: r.prompt_tokens, np.int64)[order],
+        out=col(lambda r: r.output_tokens, np.int64)[order],
         ok=ok[order],
         seg_rec=rec_arr[seg_order],
         seg_a=seg_a[seg_order],
         seg_b=seg_b[seg_order],
         preemptions=col(lambda r: r.preemptions, np.int64)[order],
-        cached=col(lambda r: r.cached_tokens, np.int64)[order],
+        cached=col(lambda r: r.prefix_hit_tokens, np.int64)[order],
         reasons=reasons,
         sub=sub,
         prefix_group=group,
@@ -378,40 +386,34 @@ def simulate(
         id=f"sim-{created:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}",
         created_utc=created.isoformat(timespec="seconds"),
         backend="sim",
-        target={
-            "engine": cfg.engine,
-            "model": model.name,
-            "hardware": hw.name,
-            "config": cfg.model_dump(mode="json", exclude_defaults=True),
-            "tier": su.step_model.tier,
-            "profile": profile.key if profile is not None else None,
-            "efficiency": su.step_model.notes or None,
-            "kv_blocks": su.sched.kv_blocks,
-            "kv_capacity_tokens": ev.kv_capacity_tokens if ev else None,
-            "max_num_seqs": su.sched.max_num_seqs,
-            "max_num_batched_tokens": su.sched.max_num_batched_tokens,
-            "sim": {
-                "steps": st.steps,
-                "jumps": st.jumps,
-                "preemptions": st.preemptions,
-                "rejected": st.rejected,
-                "prefix_hit_tokens": st.prefix_hit_tokens,
-                "prefill_tokens_computed": st.prefill_tokens,
-                "kv_evictions": st.evictions,
-                "max_kv_blocks_used": st.max_blocks_used,
-                "wall_s": time.perf_counter() - clock[0],
-                "phases_s": phases,
-            },
-        },
+        target=Target(
+            engine=cfg.engine,
+            model=model.name,
+            hardware=hw.name,
+            config=cfg.model_dump(mode="json", exclude_defaults=True),
+            tier=su.step_model.tier,
+            profile=profile.key if profile is not None else None,
+            efficiency=su.step_model.notes or None,
+            kv_blocks=su.sched.kv_blocks,
+            kv_capacity_tokens=ev.kv_capacity_tokens if ev else None,
+            max_num_seqs=su.sched.max_num_seqs,
+            max_num_batched_tokens=su.sched.max_num_batched_tokens,
+            sim=SimStats(
+                steps=st.steps,
+                jumps=st.jumps,
+                preemptions=st.preemptions,
+                rejected=st.rejected,
+                prefix_hit_tokens=st.prefix_hit_tokens,
+                prefill_tokens_computed=st.prefill_tokens,
+                kv_evictions=st.evictions,
+                max_kv_blocks_used=st.max_blocks_used,
+                wall_s=time.perf_counter() - clock[0],
+                phases_s=phases,
+            ),
+        ),
         workload=spec.model_dump(mode="json"),
-        load={
-            "kind": spec.arrival.kind,
-            "rate": spec.arrival.rate,
-            "concurrency": spec.arrival.concurrency,
-            "burstiness": spec.arrival.burstiness if spec.arrival.kind == "gamma" else None,
-        },
+        load=Load.of(spec.arrival),
         slo=slo,
-        status="completed",
         anchor_ns=0,
         started_unix_s=time.time(),
         duration_s=int(records.end_ns.max(initial=0)) / NS,
@@ -436,4 +438,7 @@ def capacity_note(setup_: SimSetup) -> str:
         )
     ctx = "shared" if sc.kv_unified else "per slot"
     batch = sc.max_num_batched_tokens
-    return f"{sc.max_num_seqs} slots, {sc.slot_ctx:,} tokens {ctx}, batch {batch}"
+    return (
+        f"{sc.max_num_seqs} slots, {sc.slot_ctx:,} tokens {ctx}, batch {batch}, "
+        f"ubatch {sc.n_ubatch}"
+    )

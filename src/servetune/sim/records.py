@@ -1,6 +1,6 @@
 """The simulator's request records, kept as columns and built one at a time on access.
 
-Why (issue 5 speed/memory): a simulated request's content chunks are consecutive step
+Why (benchmarks/sim_speed.py's memory): a simulated request's content chunks are consecutive step
 ends of the run, so its chunk times are one range (or, after a preemption, a few ranges)
 of the run's array of step-end times. Storing those ranges instead of 256 Python ints per
 request takes a 100,000-request RunResult from ~2.5 GB to a few MB, and the metrics read
@@ -17,8 +17,9 @@ from typing import overload
 
 import numpy as np
 
-from servetune.metrics.compute import NS_PER_MS, FlatChunks, RecordColumns
+from servetune.metrics.compute import NS_PER_MS, STATUS_CODES, FlatChunks, RecordColumns
 from servetune.results.schema import RequestRecord
+from servetune.status import RequestStatus
 
 # Above this many inter-chunk gaps the pooled ITL is summarised from (distinct step gap,
 # count) pairs instead of the expanded sample: identical count/min/max/percentiles, mean
@@ -183,7 +184,7 @@ class SimRecords(Sequence[RequestRecord]):
                 chunk_ns=[],
                 chunk_tokens=[],
                 end_ns=send,
-                status="error",
+                status=RequestStatus.ERROR,
                 error="http_4xx",
                 http_status=400,
                 error_detail=self.reasons.get(k),
@@ -196,7 +197,7 @@ class SimRecords(Sequence[RequestRecord]):
             chunk_tokens=[1] * len(ns),
             first_answer_ns=ns[0],
             end_ns=ns[-1],
-            status="ok",
+            status=RequestStatus.OK,
             finish_reason="length",
             usage_completion_tokens=len(ns),
             server_timings={
@@ -214,7 +215,9 @@ class SimRecords(Sequence[RequestRecord]):
         return RecordColumns(
             send=self.send_ns,
             end=self.end_ns,
-            status=np.where(self.ok, 0, 1).astype(np.int8),
+            status=np.where(
+                self.ok, STATUS_CODES[RequestStatus.OK], STATUS_CODES[RequestStatus.ERROR]
+            ).astype(np.int8),
             errors=[None if self.ok[k] else "http_4xx" for k in range(n)]
             if not self.ok.all()
             else [None] * n,

@@ -24,7 +24,7 @@ tiers the same way):
 - ``calibrated``: t = c0 + c_prefill x prefill_tokens + c_decode x decode_seqs
   + c_kv x kv_read_tokens + c_attn x attn_pairs + c_sq x prefill_sq, coefficients fitted by
   least squares from measured runs (BLIS's beta/alpha form: per-step, per-token and
-  per-KV-read terms), then refined by replay (`sim.fidelity.fit_by_replay`), with the
+  per-KV-read terms), then refined by replay (`sim.calibrate.fit_by_replay`), with the
   front-end terms `api_overhead_s` (per chunk, out) and `ingress_s` (per request, in).
 
 Both are vectorised over numpy arrays so a decode-only stretch is priced in one call.
@@ -145,6 +145,20 @@ class StepModel:
         comp = self.flops_per_token_s * tokens + self.flops_per_pair_s * attn_pairs
         return self.overhead_s + max(mem, comp) + self.comm_s(tokens)
 
+    def extra_passes_s(self, sizes: tuple[int, ...]) -> float:
+        """Seconds a step adds for running as more than one forward pass: each pass after
+        the first (`sizes`: its tokens; llama.cpp's ubatches, `sim.policies.ubatch_sizes`)
+        runs the whole network again. Calibrated: the per-step constant c0 again per pass
+        (c0 is fitted on steps of one pass, and on a CPU it is mostly the pass over the
+        weights). Roofline: the weight reads (and all-reduce) of a pass of that many
+        tokens; the engine's per-step overhead is paid once, and the pass's share of the
+        per-token work is already in the step's time."""
+        if not sizes:
+            return 0.0
+        if self.tier == "calibrated":
+            return self._coef[0] * len(sizes)
+        return sum(self.weights_s(t) + self.comm_s(t) for t in sizes)
+
     def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:
         """A decode-only step of `batch` sequences as a function of its context sum x:
         base + max(m0 + m1 x, f0 + f1 x) (roofline: weight + KV reads vs FLOPs; calibrated:
@@ -166,18 +180,22 @@ class StepModel:
             self._lines[batch] = line
         return line
 
-    def decode_time_s(self, batch: int, context_sum: float) -> float:
+    def decode_time_s(self, batch: int, context_sum: float, extra_s: float = 0.0) -> float:
         """Seconds of one decode-only step, in plain floats (numpy's per-call overhead
-        dominates a one-element array; most steps of a Poisson run are single)."""
+        dominates a one-element array; most steps of a Poisson run are single). `extra_s`:
+        what the batch's split into passes adds per step (`extra_passes_s`)."""
         base, m0, m1, f0, f1 = self.decode_line(batch)
-        return base + max(m0 + m1 * context_sum, f0 + f1 * context_sum)
+        return base + extra_s + max(m0 + m1 * context_sum, f0 + f1 * context_sum)
 
-    def decode_ends_s(self, t0: float, batch: int, ctx0: float, n: int) -> list[float]:
+    def decode_ends_s(
+        self, t0: float, batch: int, ctx0: float, n: int, extra_s: float = 0.0
+    ) -> list[float]:
         """End times of `n` decode-only steps of an unchanged batch starting at `t0`, the
         context sum growing by `batch` a step. Short stretches (most of a Poisson run's
         jumps) in plain floats, long ones in one numpy pass."""
         if n <= 16:
             base, m0, m1, f0, f1 = self.decode_line(batch)
+            base += extra_s
             out, t, x = [], t0, ctx0
             for _ in range(n):
                 t += base + max(m0 + m1 * x, f0 + f1 * x)
@@ -185,7 +203,7 @@ class StepModel:
                 x += batch
             return out
         ctx = ctx0 + batch * np.arange(n, dtype=np.float64)
-        return (t0 + np.cumsum(self.decode_times_s(batch, ctx))).tolist()
+        return (t0 + np.cumsum(self.decode_times_s(batch, ctx) + extra_s)).tolist()
 
     def decode_times_s(self, batch: int, context_sum: np.ndarray) -> np.ndarray:
         """Seconds of decode-only steps of `batch` sequences whose total contexts are

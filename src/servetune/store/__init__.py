@@ -10,14 +10,17 @@
         # or, for a finished result:  store.save_result(result, meta, study=..., tags=...)
         store.import_file(path)                     # bench JSON / JSONL log / export JSON
 
-SQLite (WAL) by default, any SQLAlchemy URL for a team (PostgreSQL tested). Schema
-migrations ship in `migrations/` and run on open; foreign, corrupt or newer databases
-are refused with a one-line InputError. See docs/store.md.
+Bench and simulate write through `ResultStore` (a store failure never stops a
+measurement). SQLite (WAL) by default, any SQLAlchemy URL for a team (PostgreSQL
+tested). Schema migrations ship in `migrations/` and run on open; foreign, corrupt or
+newer databases are refused with a one-line InputError. See docs/store.md.
 """
 
 from __future__ import annotations
 
 from servetune.store.meta import RunMeta, host_info, software_info
-from servetune.store.store import RunInfo, Store
+from servetune.store.runinfo import RunInfo
+from servetune.store.store import Store
+from servetune.store.writer import ResultStore
 
-__all__ = ["RunInfo", "RunMeta", "Store", "host_info", "software_info"]
+__all__ = ["ResultStore", "RunInfo", "RunMeta", "Store", "host_info", "software_info"]

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from servetune.store.experiment import knob_defaults
-
-if TYPE_CHECKING:
-    from servetune.store.store import RunInfo
+from servetune.engines.config import EngineConfig
+from servetune.status import RunStatus
+from servetune.store.runinfo import RunInfo
 
 # (label, metrics path, which way is better)
 METRICS: tuple[tuple[str, str, str | None], ...] = (
@@ -97,6 +96,11 @@ class Comparison:
         }
 
 
+def knob_defaults() -> dict[str, Any]:
+    """Every engine knob's default: a knob a run did not record had this value."""
+    return {k: f.default for k, f in EngineConfig.model_fields.items()}
+
+
 def _key(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
@@ -121,7 +125,7 @@ def _context(info: RunInfo) -> dict[str, Any]:
         "hardware.cpu": hw.get("cpu"),
         "software.engine_version": sw.get("engine_version") or info.engine_version,
     }
-    for k, v in (info.part("load") or {}).items():
+    for k, v in info.load.model_dump().items():
         ctx[f"load.{k}"] = v
     for k, v in (info.part("workload") or {}).items():
         if k != "arrival":  # the load, compared above
@@ -161,7 +165,7 @@ def compare_runs(
     if not diff:
         comp.warnings.append("no knob or context differs: the deltas are run-to-run noise")
     for i in infos:
-        if i.status not in ("completed",):
+        if i.status != RunStatus.COMPLETED:
             comp.warnings.append(f"{i.id} is {i.status}: its metrics cover what was recorded")
     return comp
 

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servetune import __version__
 from servetune.metrics.compute import request_latencies_ms
-from servetune.results.schema import Metrics, RequestRecord, ServerSeries
+from servetune.results.schema import Load, Metrics, RequestRecord, ServerSeries, Target
+from servetune.status import RequestStatus
 
 Verdict = Literal["keep", "drop", "next"]
 VERDICTS: tuple[str, ...] = ("keep", "drop", "next")
@@ -50,9 +51,9 @@ class RunMeta(BaseModel):
         default_factory=dict,
         description="engine, engine_version, servetune, driver, cuda, nccl, python, os.",
     )
-    target: dict[str, Any] = Field(default_factory=dict)
+    target: Target = Field(default_factory=Target)
     workload: dict[str, Any] = Field(default_factory=dict)
-    load: dict[str, Any] = Field(default_factory=dict)
+    load: Load = Field(default_factory=Load)
     slo: dict[str, Any] | None = None
     plan: dict[str, Any] | None = Field(None, description="plan_to_json(), for the report.")
     note: str | None = None
@@ -137,18 +138,18 @@ def _pcts(values: Sequence[float]) -> dict[str, float] | None:
 
 
 def request_distribution(
-    records: Sequence[RequestRecord], metrics: Metrics | None, load: dict[str, Any]
+    records: Sequence[RequestRecord], metrics: Metrics | None, load: Load
 ) -> dict[str, Any]:
     """Seed 003 §16 "request distribution": input/output length P50/P95/P99 as measured,
     concurrency and arrival rate (offered and achieved)."""
-    done = [r for r in records if r.status == "ok"]
+    done = [r for r in records if r.status == RequestStatus.OK]
     out: dict[str, Any] = {
         "requests": len(records),
         "input_tokens": _pcts([r.input_tokens for r in records if r.input_tokens]),
         "output_tokens": _pcts([r.output_tokens for r in done]),
-        "arrival": load.get("kind"),
-        "concurrency": load.get("concurrency"),
-        "rate_req_s": load.get("rate"),
+        "arrival": load.kind,
+        "concurrency": load.concurrency,
+        "rate_req_s": load.rate,
     }
     if metrics is not None:
         out.update(
@@ -166,7 +167,7 @@ def _windowed_p99_cv(records: Sequence[RequestRecord], slices: int = 5) -> float
     pts = sorted(
         (r.send_ns, t)
         for r in records
-        if r.status == "ok" and (t := request_latencies_ms(r)[0]) is not None
+        if r.status == RequestStatus.OK and (t := request_latencies_ms(r)[0]) is not None
     )
     if len(pts) < 20 * slices:
         return None
@@ -186,7 +187,7 @@ def stability(
     errs: dict[str, int] = {}
     ooms = 0
     for r in records:
-        if r.status == "error":
+        if r.status == RequestStatus.ERROR:
             errs[r.error or "unknown"] = errs.get(r.error or "unknown", 0) + 1
             detail = f"{r.error_detail or ''}".lower()
             if "out of memory" in detail or "oom" in detail.split():
@@ -197,7 +198,7 @@ def stability(
         "http_5xx": errs.get("http_5xx", 0),
         "timeouts": sum(v for k, v in errs.items() if k.endswith("timeout")),
         "ooms": ooms,
-        "cancelled": sum(r.status == "cancelled" for r in records),
+        "cancelled": sum(r.status == RequestStatus.CANCELLED for r in records),
         "cancellation_freed": (cancellation or {}).get("freed"),
         "p99_jitter_cv": _windowed_p99_cv(records),
     }

@@ -9,8 +9,8 @@ Writers (bench, simulate, tune):
     store.save_result(result, meta, study=...)   # all three in one, for finished results
 
 A writer that dies leaves its run "running" with a dead pid (or a stale heartbeat on
-another host): readers show it as "incomplete", and the records appended so far are
-there, so its metrics can still be computed. Readers: `list_runs`, `get`, `resolve`,
+another host): readers show it as "incomplete" (`liveness`), and the records appended
+so far are there, so its metrics can still be computed. Readers: `list_runs`, `get`, `resolve`,
 `records`, `load_result`. Edits: `tag`, `conclude`, `set_quality`, `delete`.
 """
 
@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
-import socket
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +32,12 @@ from sqlalchemy.orm import Session
 
 from servetune.errors import InputError, closest, from_validation_error
 from servetune.metrics.compute import compute_metrics
-from servetune.results.schema import Metrics, RequestRecord, RunResult, ServerSeries
+from servetune.results.schema import Load, Metrics, RequestRecord, RunResult, ServerSeries
 from servetune.slo import SLO
+from servetune.status import RunStatus
 from servetune.store import codec
 from servetune.store.db import display_url, open_engine, resolve_url
+from servetune.store.liveness import effective_status, writer_token
 from servetune.store.meta import (
     VERDICTS,
     RunMeta,
@@ -47,162 +46,17 @@ from servetune.store.meta import (
     stability,
 )
 from servetune.store.models import Blob, RecordChunk, Run, RunBlob, RunTag, Study
+from servetune.store.runinfo import RunInfo, run_info
+from servetune.store.timestamps import utc_now, utc_text
+from servetune.store.transfer import read_import
 from servetune.workload.materialize import Request
 
-STALE_AFTER_S = 900  # a running run silent this long on another host counts as dead
 CHUNK_RECORDS = 5000  # records per stored chunk when a finished run is compacted
 _RESULT_BULK = {"records", "requests", "metrics", "server"}
 
 
-def utc_now() -> str:
-    return _utc(datetime.now(timezone.utc))
-
-
-def _utc(value: datetime | str | None) -> str:
-    """ISO-8601 UTC with a Z, second precision: sortable as text on every database."""
-    if value is None:
-        return utc_now()
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise InputError("date", f"not an ISO date/time: {value!r}") from exc
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _proc_start(pid: int) -> str | None:
-    """The kernel's start time of `pid` (so a recycled pid is not mistaken for ours)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):  # zombie/dead: killed, not yet reaped
-        return None
-    return fields[19]
-
-
-def writer_token() -> str:
-    pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_proc_start(pid) or 0}"
-
-
-def writer_alive(token: str | None) -> bool | None:
-    """True/False for a writer on this host; None when it cannot be told (other host)."""
-    if not token or token.count(":") < 2:
-        return None
-    host, pid, start = token.rsplit(":", 2)
-    if host != socket.gethostname() or not Path("/proc").is_dir():
-        return None
-    return _proc_start(int(pid)) == start
-
-
-def effective_status(status: str, writer: str | None, updated_utc: str, now: datetime) -> str:
-    """A "running" run whose writer is gone is incomplete, whatever the row says."""
-    if status != "running":
-        return status
-    alive = writer_alive(writer)
-    if alive is False:
-        return "incomplete"
-    if alive is None:
-        beat = datetime.fromisoformat(updated_utc.replace("Z", "+00:00"))
-        if now - beat > timedelta(seconds=STALE_AFTER_S):
-            return "incomplete"
-    return status
-
-
-@dataclass
-class RunInfo:
-    """One run as listed/shown/compared (records not loaded)."""
-
-    id: str
-    study: str | None
-    created_utc: str
-    updated_utc: str
-    backend: str
-    status: str
-    stop_reason: str | None
-    model: str | None
-    engine: str | None
-    engine_version: str | None
-    hardware: str | None
-    gpu_count: int | None
-    load_kind: str | None
-    rate: float | None
-    concurrency: int | None
-    n_records: int
-    meta: dict[str, Any]
-    result: dict[str, Any]
-    metrics: dict[str, Any] | None
-    request_dist: dict[str, Any] | None
-    stability: dict[str, Any] | None
-    quality: dict[str, Any] | None
-    conclusion: str | None
-    conclusion_note: str | None
-    concluded_utc: str | None
-    tags: list[str] = field(default_factory=list)
-
-    @property
-    def engine_config(self) -> dict[str, Any]:
-        return dict(self.meta.get("engine_config") or {})
-
-    def part(self, name: str) -> Any:
-        """target/workload/load/slo: the final result's, else what begin_run was told."""
-        return self.result.get(name) or self.meta.get(name)
-
-    def load_label(self) -> str:
-        if self.concurrency is not None and self.load_kind in (None, "closed", "concurrency"):
-            return f"c={self.concurrency}"
-        if self.rate is not None:
-            return f"{self.rate:g} req/s"
-        if self.concurrency is not None:
-            return f"c={self.concurrency}"
-        return self.load_kind or "-"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _info(run: Run, now: datetime) -> RunInfo:
-    return RunInfo(
-        id=run.id,
-        study=run.study.name if run.study else None,
-        created_utc=run.created_utc,
-        updated_utc=run.updated_utc,
-        backend=run.backend,
-        status=effective_status(run.status, run.writer, run.updated_utc, now),
-        stop_reason=run.stop_reason,
-        model=run.model,
-        engine=run.engine,
-        engine_version=run.engine_version,
-        hardware=run.hardware,
-        gpu_count=run.gpu_count,
-        load_kind=run.load_kind,
-        rate=run.rate,
-        concurrency=run.concurrency,
-        n_records=run.n_records,
-        meta=run.meta or {},
-        result=run.result or {},
-        metrics=run.metrics,
-        request_dist=run.request_dist,
-        stability=run.stability,
-        quality=run.quality,
-        conclusion=run.conclusion,
-        conclusion_note=run.conclusion_note,
-        concluded_utc=run.concluded_utc,
-        tags=sorted(t.tag for t in run.tags),
-    )
-
-
-def _load_columns(load: Mapping[str, Any]) -> dict[str, Any]:
-    rate, conc = load.get("rate"), load.get("concurrency")
-    return {
-        "load_kind": load.get("kind"),
-        "rate": float(rate) if isinstance(rate, (int, float)) else None,
-        "concurrency": int(conc) if isinstance(conc, (int, float)) else None,
-    }
+def _load_columns(load: Load) -> dict[str, Any]:
+    return {"load_kind": load.kind, "rate": load.rate, "concurrency": load.concurrency}
 
 
 def _dump_json(obj: Any) -> bytes:
@@ -314,12 +168,12 @@ class Store:
                 run = Run(
                     id=run_id,
                     study_id=study_id,
-                    created_utc=_utc(m.created_utc) if m.created_utc else now,
+                    created_utc=utc_text(m.created_utc) if m.created_utc else now,
                     updated_utc=now,
                     backend=m.backend,
-                    status="running",
+                    status=RunStatus.RUNNING,
                     writer=writer_token(),
-                    model=m.model or m.target.get("model"),
+                    model=m.model or m.target.model,
                     engine=m.engine(),
                     engine_version=m.software.get("engine_version"),
                     hardware=m.hardware.get("gpu") or m.hardware.get("cpu"),
@@ -409,12 +263,14 @@ class Store:
             run.request_dist = request_distribution(records, result.metrics, result.load)
             run.stability = stability(records, result.metrics, result.cancellation)
             run.updated_utc = utc_now()
-            run.model = run.model or result.target.get("model")
+            run.model = run.model or result.target.model
             if result.load:
                 for k, v in _load_columns(result.load).items():
                     setattr(run, k, v)
 
-    def abandon_run(self, run_id: str, status: str = "failed", reason: str | None = None) -> None:
+    def abandon_run(
+        self, run_id: str, status: RunStatus = RunStatus.FAILED, reason: str | None = None
+    ) -> None:
         """A writer that knows it cannot finish (engine crashed, Ctrl-C before a result)."""
         with self._session() as s, s.begin():
             run = self._run(s, run_id)
@@ -451,16 +307,18 @@ class Store:
         now = datetime.now(timezone.utc)
         with self._session() as s, s.begin():
             rows = s.execute(
-                select(Run.id, Run.writer, Run.updated_utc).where(Run.status == "running")
+                select(Run.id, Run.writer, Run.updated_utc).where(Run.status == RunStatus.RUNNING)
             ).all()
-            dead = [
-                rid for rid, w, u in rows if effective_status("running", w, u, now) != "running"
-            ]
+            running = RunStatus.RUNNING
+            dead = [rid for rid, w, u in rows if effective_status(running, w, u, now) != running]
             if dead:
                 s.execute(
                     update(Run)
                     .where(Run.id.in_(dead))
-                    .values(status="incomplete", stop_reason="the writer stopped before finishing")
+                    .values(
+                        status=RunStatus.INCOMPLETE,
+                        stop_reason="the writer stopped before finishing",
+                    )
                 )
         return len(dead)
 
@@ -502,7 +360,7 @@ class Store:
 
     def get(self, run_id: str) -> RunInfo:
         with self._session() as s:
-            return _info(self._run(s, run_id), datetime.now(timezone.utc))
+            return run_info(self._run(s, run_id), datetime.now(timezone.utc))
 
     def list_runs(
         self,
@@ -531,9 +389,9 @@ class Store:
         if tag:
             q = q.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
         if since:
-            q = q.where(Run.created_utc >= _utc(since))
+            q = q.where(Run.created_utc >= utc_text(since))
         if until:
-            end = _utc(until) if "T" in until else _utc(until + "T23:59:59")
+            end = utc_text(until) if "T" in until else utc_text(until + "T23:59:59")
             q = q.where(Run.created_utc <= end)
         if backend:
             q = q.where(Run.backend == backend)
@@ -543,7 +401,7 @@ class Store:
             q = q.order_by(Run.created_utc, Run.id)
         now = datetime.now(timezone.utc)
         with self._session() as s:
-            infos = [_info(r, now) for r in s.scalars(q).unique()]
+            infos = [run_info(r, now) for r in s.scalars(q).unique()]
         if limit:
             infos.reverse()
         if status:
@@ -610,7 +468,7 @@ class Store:
         what was stored and its metrics computed from the records that reached the store."""
         with self._session() as s:
             run = self._run(s, run_id)
-            info = _info(run, datetime.now(timezone.utc))
+            info = run_info(run, datetime.now(timezone.utc))
             records = self._records(s, run_id)
             requests = self._get_blob(s, run_id, "requests")
             server = self._get_blob(s, run_id, "server")
@@ -618,14 +476,14 @@ class Store:
             "id": run_id,
             "created_utc": info.created_utc,
             "backend": info.backend,
-            "target": info.meta.get("target") or {},
             "workload": info.meta.get("workload") or {},
             "load": info.meta.get("load") or {},
             "slo": info.meta.get("slo"),
-            "status": "interrupted",
+            "status": RunStatus.INTERRUPTED,
             "stop_reason": info.stop_reason or f"run {info.status}: no final result stored",
         }
         res = RunResult.model_validate(base)
+        res.target = info.target  # with what begin_run was told (tune's tag)
         res.records = records
         res.requests = [Request.model_validate(r) for r in requests or []]
         res.server = ServerSeries.model_validate(server) if server is not None else None
@@ -689,8 +547,6 @@ class Store:
         """Import a RunResult JSON (bench's output), a list of them, a `runs export
         --format json` file, or a bench JSONL record log. Returns (run id, what happened);
         runs already in the store are skipped, never duplicated."""
-        from servetune.store.transfer import read_import
-
         out: list[tuple[str, str]] = []
         for item in read_import(Path(path)):
             rid = item.meta.id or item.result.id

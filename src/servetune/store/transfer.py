@@ -8,6 +8,7 @@ import csv
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,11 +16,15 @@ from pydantic import ValidationError
 
 from servetune.errors import InputError, from_validation_error
 from servetune.metrics.compute import compute_metrics
-from servetune.results.schema import RequestRecord, RunResult
+from servetune.metrics.table import csv_row
+from servetune.results.schema import RequestRecord, RunResult, Target
+from servetune.status import RunStatus
 from servetune.store.meta import RunMeta
+from servetune.store.runinfo import RunInfo
+from servetune.store.timestamps import utc_now
 
-if TYPE_CHECKING:
-    from servetune.store.store import RunInfo, Store
+if TYPE_CHECKING:  # the Store imports this module to read import files
+    from servetune.store.store import Store
 
 EXPORT_FORMAT = 1
 FORMATS = ("csv", "json", "parquet")
@@ -103,24 +108,21 @@ def _from_jsonl(path: Path, text: str) -> ImportItem:
         except ValidationError as exc:
             raise from_validation_error(exc, f"{path.name}:{i}") from exc
     records.sort(key=lambda r: (r.send_ns, r.index))
-    load = head.get("load") or {}
     result = RunResult(
         id=head["id"],
         created_utc=str(head.get("created_utc") or _created_from_id(head["id"])),
-        target={"url": head.get("url")} if head.get("url") else {},
-        load=load,
-        status="interrupted",
+        target=Target(url=head["url"]) if head.get("url") else Target(),
+        load=head.get("load") or {},
+        status=RunStatus.INTERRUPTED,
         stop_reason=f"imported from the record log {path.name} (no final result)",
         records=records,
         metrics=compute_metrics(records),
     )
-    return ImportItem(result, RunMeta(load=load))
+    return ImportItem(result, RunMeta(load=result.load))
 
 
 def _created_from_id(run_id: str) -> str:
     """bench ids carry their UTC start: bench-20260101T120000-abcdef."""
-    from datetime import datetime, timezone
-
     for part in run_id.split("-"):
         try:
             return datetime.strptime(part, "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc).isoformat()
@@ -171,8 +173,6 @@ def _scalar(v: Any) -> Any:
 
 def record_rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]]:
     """One row per request, with the per-request latencies (bench's CSV columns)."""
-    from servetune.bench.output import csv_row
-
     for rid in run_ids:
         for r in store.records(rid):
             yield {"run_id": rid, **csv_row(r)}
@@ -180,8 +180,6 @@ def record_rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]
 
 def export_json(store: Store, run_ids: Sequence[str], path: Path) -> None:
     """A file `runs import` reads back into any store (SQLite -> team PostgreSQL)."""
-    from servetune.store.store import utc_now
-
     runs = []
     for rid in run_ids:
         info = store.get(rid)

@@ -16,8 +16,9 @@ from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
-from servetune.tune.backends import BackendSpec, make_backend
+from servetune.measure.backends import BackendSpec, make_backend
 from servetune.tune.objective import Objective, gpus_of
+from servetune.tune.study import Recorder
 from servetune.tune.trial import SearchSettings, TrialResult, run_trial
 
 EXECUTORS: tuple[str, ...] = ("local", "ray")
@@ -50,8 +51,6 @@ def backend_for(spec: BackendSpec) -> Any:
 
 
 def recorder_for(db: str, study: str, kind: str) -> Any:
-    from servetune.tune.study import Recorder
-
     k = (db, study, kind)
     if k not in _RECORDERS:  # read the study once per process; our own writes keep it current
         _RECORDERS[k] = Recorder(db, study, kind)

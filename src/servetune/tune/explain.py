@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from servetune.tune.backends import PointResult
+from servetune.measure import steady
+from servetune.measure.result import PointResult
+from servetune.status import RunStatus, TrialStatus
 from servetune.tune.objective import Objective
-from servetune.tune.trial import OK, TrialResult
+from servetune.tune.shortfall import Shortfall, shortfall
+from servetune.tune.space import fmt_value
+from servetune.tune.trial import TrialResult
 
 _METRIC = {
     "ttft_ms": "TTFT",
@@ -22,13 +26,16 @@ _METRIC = {
 
 
 def check_text(c: dict[str, Any]) -> str:
-    """`P95 TTFT 1,234 ms > 800`."""
+    """`P95 TTFT 1,234 ms > 800` (a missed check), `P95 TTFT 640 ms <= 800` (a met one)."""
+    if c.get("metric") == steady.CHECK:
+        return steady.check_text(c)
     name = _METRIC.get(str(c.get("metric")), str(c.get("metric")))
     v, t = c.get("value"), c.get("target")
+    op = "<=" if c.get("ok") else ">"
     if c.get("metric") in ("error_rate", "kv_cache_usage"):
-        return f"{name} {v or 0:.1%} > {t:.1%}"
+        return f"{name} {v or 0:.1%} {op} {t:.1%}"
     shown = "none" if v is None else f"{v:,.0f}"
-    return f"{str(c.get('stat', '')).upper()} {name} {shown} ms > {t:,.0f}"
+    return f"{str(c.get('stat', '')).upper()} {name} {shown} ms {op} {t:,.0f}"
 
 
 def failing_point(t: TrialResult) -> PointResult | None:
@@ -49,7 +56,7 @@ def binding_slo(t: TrialResult) -> str:
         return "no SLO target was reached within the loads tried (capacity is a lower bound)"
     missed = p.missed()
     if not missed:
-        why = "the run did not complete" if p.status != "completed" else "errors"
+        why = "the run did not complete" if p.status != RunStatus.COMPLETED else "errors"
         return f"at {_load(p)}: {why}"
     return f"at {_load(p)}: " + ", ".join(check_text(c) for c in missed[:2])
 
@@ -95,8 +102,6 @@ def _load(p: PointResult) -> str:
 
 
 def differing(a: dict[str, Any], b: dict[str, Any], knobs: list[str]) -> list[str]:
-    from servetune.tune.space import fmt_value
-
     names = [k for k in knobs if a.get(k) != b.get(k)]
     return [f"{k} {fmt_value(b.get(k))} -> {fmt_value(a.get(k))}" for k in names]
 
@@ -111,11 +116,13 @@ def explain(
     """A few lines: margin, knobs, binding SLO, bottleneck, sweet spot."""
     out: list[str] = []
     score = winner.score
-    others = [t for t in ranked if t.key != winner.key and t.status == OK]
+    others = [t for t in ranked if t.key != winner.key and t.status == TrialStatus.OK]
     line = f"best {objective.label}: {objective.show(score)}"
     if winner.capacity is not None and objective.searches_capacity:
         unit = "users" if winner.best and winner.best.load_kind == "concurrency" else "req/s"
         line += f" at a capacity of {winner.capacity:.3g} {unit} within the SLO"
+        evidence = steady.evidence_text(winner.best.signals) if winner.best else None
+        line += f" ({evidence})" if evidence else ""
     out.append(line)
     if others and score is not None and others[0].score is not None:
         ru = others[0]
@@ -124,7 +131,7 @@ def explain(
             f"differs in {', '.join(differing(winner.config, ru.config, knobs)) or 'nothing'}"
         )
     if baseline is not None and baseline.key != winner.key:
-        if baseline.status == OK and baseline.score is not None and score is not None:
+        if baseline.status == TrialStatus.OK and baseline.score is not None and score is not None:
             out.append(
                 f"vs the baseline ({baseline.label}): {objective.show(baseline.score)} "
                 f"({_pct(score, baseline.score)}); changed "
@@ -151,18 +158,26 @@ def _pct(a: float, b: float) -> str:
     return f"{(a - b) / abs(b):+.0%}"
 
 
-def closest_misses(trials: list[TrialResult], n: int = 3) -> list[tuple[TrialResult, str]]:
-    """When no config meets the SLO: the configs that came closest (smallest worst
-    value/target ratio at their lowest load) and which SLO each missed."""
-    rows: list[tuple[float, TrialResult, str]] = []
-    for t in trials:
-        if not t.points:
-            continue
-        p = min(t.points, key=lambda q: q.load)
-        missed = p.missed()
-        if not missed:
-            continue
-        ratio = max((c.get("value") or float("inf")) / (c.get("target") or 1) for c in missed)
-        rows.append((ratio, t, f"at {_load(p)}: " + ", ".join(check_text(c) for c in missed)))
-    rows.sort(key=lambda r: r[0])
-    return [(t, why) for _, t, why in rows[:n]]
+def explain_shortfall(t: TrialResult, sf: Shortfall, runner_up: TrialResult | None) -> list[str]:
+    """Why the best-effort config is the closest to the SLO: the check that binds, every
+    check as value vs target (ratio), the bottleneck, and the next closest config."""
+    out = [f"closest to the SLO at {_load(sf.point)} (no config met it)"]
+    b = sf.binding
+    if b is not None:
+        out.append(f"binding SLO: {check_text(b)} ({_ratio(b)})")
+    elif not sf.point.passed:
+        out.append(f"binding: the run at {_load(sf.point)} did not complete")
+    out += [f"{check_text(c)} ({_ratio(c)})" for c in sf.checks if c != b]
+    out.append("bottleneck: " + bottleneck(t))
+    if runner_up is not None:
+        ru = shortfall(runner_up)
+        if ru is not None and ru.binding is not None:
+            out.append(
+                f"next closest {runner_up.label}: {check_text(ru.binding)} at {_load(ru.point)}"
+            )
+    return out
+
+
+def _ratio(c: dict[str, Any]) -> str:
+    r = c.get("ratio")
+    return "not measured" if r is None or r == float("inf") else f"{r:.2f}x the target"

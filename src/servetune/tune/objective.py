@@ -18,7 +18,7 @@ from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
-    from servetune.tune.backends import PointResult
+    from servetune.measure.result import PointResult
 
 ObjectiveKind = Literal["goodput", "cost", "latency"]
 OBJECTIVES: tuple[str, ...] = ("goodput", "cost", "latency")

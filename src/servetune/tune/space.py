@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from servetune.engines.config import ENGINES, EngineConfig
+from servetune.engines.registry import launch_command
 from servetune.errors import InputError, closest
+from servetune.yamlfile import load_yaml
 
 # Knobs that size memory, in seed 003 §13's OOM handling order (first = first to lower).
 MEMORY_KNOBS = (
@@ -136,8 +138,6 @@ def fmt_value(v: Any) -> str:
 
 
 def load_space(path: str | Path) -> SearchSpace:
-    from servetune.yamlfile import load_yaml
-
     data = load_yaml(path, "--space")
     if isinstance(data, dict) and "space" in data and "knobs" not in data:
         data = data["space"]
@@ -273,8 +273,6 @@ def _check_values(space: SearchSpace) -> None:
 
 def _check_engine_maps(space: SearchSpace) -> None:
     """A knob the engine has no flag for would make every trial the same config."""
-    from servetune.engines.registry import launch_command
-
     for name, values in space.knobs.items():
         for v in values:
             try:

@@ -15,14 +15,23 @@ milliseconds). The study's settings fingerprint, progress and final summary live
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
-from servetune.results.schema import Metrics, RunResult
-from servetune.store import RunMeta, Store
-from servetune.tune.backends import Infeasible, PointResult
+from servetune.measure.result import Infeasible, PointResult
+from servetune.results.schema import (
+    Load,
+    Metrics,
+    RunResult,
+    Target,
+    TuneFailure,
+    TuneTag,
+)
+from servetune.status import RunStatus
+from servetune.store import RunInfo, RunMeta, Store
 from servetune.tune.trial import TrialResult
 
 TUNE_KIND = "tune"
@@ -49,23 +58,23 @@ class Recorder:
         self._attempts.clear()
         partial = []
         for info in self.store.list_runs(study=self.study):
-            tune = (info.meta.get("target") or {}).get("tune") or {}
-            pid = tune.get("pid")
-            if not pid:
+            tag = info.tune
+            if tag is None:
                 continue
-            if info.status == "incomplete" and info.backend == "sim":
+            pid = tag.pid
+            if info.status == RunStatus.INCOMPLETE and info.backend == "sim":
                 partial.append(info.id)
                 continue
             self._attempts[pid] = self._attempts.get(pid, 0) + 1
-            if info.status == "completed":
-                if tune.get("trial") is not None and info.backend == "sim":
-                    self._trials[tune["trial"]["key"]] = TrialResult.from_json(tune["trial"])
-                if info.metrics is not None and tune.get("load_kind"):
-                    self._points[pid] = _point_from_info(info, tune)
-            elif info.status == "failed" and tune.get("failure"):
-                f = tune["failure"]
+            if info.status == RunStatus.COMPLETED:
+                if tag.trial is not None and info.backend == "sim":
+                    self._trials[tag.key] = TrialResult.from_json(tag.trial)
+                if info.metrics is not None and tag.load_kind and tag.load is not None:
+                    self._points[pid] = _point_from_info(info, tag.load_kind, tag.load)
+            elif info.status == RunStatus.FAILED and tag.failure is not None:
+                f = tag.failure
                 self._points.setdefault(
-                    pid, Infeasible(f["kind"], info.stop_reason or f["reason"], f["log_tail"])
+                    pid, Infeasible(f.kind, info.stop_reason or f.reason, f.log_tail)
                 )
         if partial:
             self.store.delete(partial)
@@ -92,8 +101,8 @@ class Recorder:
         backend: Any,
         cfg: EngineConfig,
         command: str | None,
-        tune: dict[str, Any],
-        load: dict[str, Any],
+        tag: TuneTag,
+        load: Load,
     ) -> RunMeta:
         m = backend.meta()
         return RunMeta(
@@ -101,13 +110,13 @@ class Recorder:
             backend="sim" if backend.name == "sim" else "real",
             study=self.study,
             study_kind=TUNE_KIND,
-            tags=["tune", str(tune.get("phase", "trial"))],
+            tags=["tune", tag.phase],
             model=m.get("model"),
             engine_config=cfg.model_dump(mode="json"),
             launch_command=command,
             hardware=m.get("hardware") or {},
             software=m.get("software") or {},
-            target={"tune": tune},
+            target=Target(tune=tag),
             workload=m.get("workload") or {},
             load=load,
             slo=m.get("slo"),
@@ -125,16 +134,9 @@ class Recorder:
         if self.kind == "sim" and phase == "probe":
             return None  # simulator probes: stored per trial (save_sim_trial)
         run_id = self._run_id(pid)
-        tune = {
-            "pid": pid,
-            "key": pid.split("/")[0],
-            "load_kind": kind,
-            "load": load,
-            "phase": phase,
-            "rep": rep,
-        }
-        load_d = {"kind": "closed" if kind == "concurrency" else "poisson", kind: load}
-        self.store.begin_run(self._meta(run_id, backend, cfg, command, tune, load_d))
+        key = pid.split("/")[0]
+        tag = TuneTag(pid=pid, key=key, load_kind=kind, load=load, phase=phase, rep=rep)
+        self.store.begin_run(self._meta(run_id, backend, cfg, command, tag, Load.point(kind, load)))
         return run_id
 
     def finish_point(
@@ -148,19 +150,19 @@ class Recorder:
     def fail_point(self, run_id: str | None, exc: Infeasible) -> None:
         if run_id is None:
             return
-        self.store.abandon_run(run_id, "failed", _failure_text(exc))
+        self.store.abandon_run(run_id, RunStatus.FAILED, _failure_text(exc))
 
     def abandon_point(self, run_id: str | None) -> None:
         if run_id is not None:
-            self.store.abandon_run(run_id, "interrupted", "stopped while measuring")
+            self.store.abandon_run(run_id, RunStatus.INTERRUPTED, "stopped while measuring")
 
     def record_failure(self, pid: str, backend: Any, cfg: EngineConfig, exc: Infeasible) -> None:
         """A config that would not start: a failed run quoting the engine's log."""
         run_id = self._run_id(pid)
-        failure = {"kind": exc.kind, "reason": exc.reason, "log_tail": exc.log_tail[-30:]}
-        tune = {"pid": pid, "key": pid.split("/")[0], "phase": "launch", "failure": failure}
-        self.store.begin_run(self._meta(run_id, backend, cfg, backend.command(cfg), tune, {}))
-        self.store.abandon_run(run_id, "failed", _failure_text(exc))
+        failure = TuneFailure(kind=exc.kind, reason=exc.reason, log_tail=exc.log_tail[-30:])
+        tag = TuneTag(pid=pid, key=pid.split("/")[0], phase="launch", failure=failure)
+        self.store.begin_run(self._meta(run_id, backend, cfg, backend.command(cfg), tag, Load()))
+        self.store.abandon_run(run_id, RunStatus.FAILED, _failure_text(exc))
         self._points[pid] = exc
 
     def save_sim_trial(self, trial: TrialResult, res: RunResult | None, backend: Any) -> None:
@@ -171,22 +173,15 @@ class Recorder:
             return
         run_id = self._run_id(pid)
         best = trial.best or (trial.points[-1] if trial.points else None)
-        tune: dict[str, Any] = {
-            "pid": pid,
-            "key": trial.key,
-            "phase": "trial",
-            "trial": trial.to_json(),
-        }
+        tag = TuneTag(pid=pid, key=trial.key, phase="trial", trial=trial.to_json())
+        load = Load()
         if best is not None:
-            tune.update(load_kind=best.load_kind, load=best.load)
-        load = {}
-        if best is not None:
-            k = best.load_kind
-            load = {"kind": "closed" if k == "concurrency" else "poisson", k: best.load}
-        meta = self._meta(run_id, backend, trial.cfg, trial.launch_command, tune, load)
+            tag.load_kind, tag.load = best.load_kind, best.load
+            load = Load.point(best.load_kind, best.load)
+        meta = self._meta(run_id, backend, trial.cfg, trial.launch_command, tag, load)
         if res is None:
             self.store.begin_run(meta)
-            self.store.abandon_run(run_id, "failed", trial.reason or trial.status)
+            self.store.abandon_run(run_id, RunStatus.FAILED, trial.reason or str(trial.status))
         else:
             light = res.model_copy(update={"id": run_id, "records": [], "requests": []})
             self.store.save_result(light, meta)
@@ -198,33 +193,32 @@ def _failure_text(exc: Infeasible) -> str:
     return f"{exc.kind}: {exc.reason}" + (f" [engine log: {lines}]" if lines else "")
 
 
-def _point_from_info(info: Any, tune: dict[str, Any]) -> PointResult:
+def _point_from_info(info: RunInfo, load_kind: str, load: float) -> PointResult:
     m = Metrics.model_validate(info.metrics)
     result = info.result or {}
     if info.backend == "sim":
-        sim = (result.get("target") or {}).get("sim") or {}
-        signals = {
-            "preemptions": sim.get("preemptions", 0),
-            "rejected": sim.get("rejected", 0),
-            "kv_blocks": (result.get("target") or {}).get("kv_blocks"),
-            "max_kv_blocks_used": sim.get("max_kv_blocks_used"),
+        target = info.target
+        sim = target.sim
+        signals: dict[str, Any] = {
+            "preemptions": sim.preemptions,
+            "rejected": sim.rejected,
+            "kv_blocks": target.kv_blocks,
+            "max_kv_blocks_used": sim.max_kv_blocks_used,
         }
     else:
         signals = dict(result.get("server_summary") or {})
     signals["max_in_flight"] = m.max_in_flight
     return PointResult.from_metrics(
         m,
-        tune["load_kind"],
-        float(tune["load"]),
+        load_kind,
+        load,
         signals=signals,
-        status=str(result.get("status") or info.status),
+        status=RunStatus(result.get("status") or info.status),
         run_id=info.id,
     )
 
 
 def fingerprint(parts: dict[str, Any]) -> str:
-    import json
-
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 

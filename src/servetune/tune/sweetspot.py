@@ -1,8 +1,9 @@
 """The concurrency sweet spot (seed 000 §3.1): double the batch from 1, label each point
 linear / saturation / over-saturation, and name the knee (the start of saturation).
 
-The region maths is the report's (`report.analysis`: throughput elasticity between
-neighbouring points), so the tuner's knee and the report's starred point always agree.
+The region maths is `metrics.sweep` (throughput elasticity between neighbouring
+points), shared with the report, so the tuner's knee and the report's starred point
+always agree.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servetune.report.analysis import classify_regions, sweet_spot
+from servetune.metrics.sweep import classify_regions, sweet_spot
 
 
 def doubling(limit: int, start: int = 1) -> list[int]:

@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from servetune.engines.config import EngineConfig
+from servetune.measure.backends import Backend
+from servetune.measure.result import Infeasible, PointResult
 from servetune.results.schema import RunResult
-from servetune.tune.backends import Backend, Infeasible, PointResult
+from servetune.status import TrialStatus
 from servetune.tune.capacity import Lattice, Probe, search_capacity
 from servetune.tune.objective import Objective
 from servetune.tune.space import config_key
@@ -28,9 +30,6 @@ Say = Callable[[str], None]
 
 class _TimeUp(Exception):
     """The study's time budget ran out inside a trial: keep what was measured."""
-
-
-OK, NO_SLO, INFEASIBLE, SKIPPED = "ok", "no_slo", "infeasible", "skipped"
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class TrialResult:
     config: dict[str, Any]
     label: str
     backend: str
-    status: str
+    status: TrialStatus
     reason: str = ""
     log_tail: list[str] = field(default_factory=list)
     points: list[PointResult] = field(default_factory=list)
@@ -81,6 +80,7 @@ class TrialResult:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TrialResult:
         t = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        t.status = TrialStatus(t.status)
         t.points = [PointResult.from_json(p) for p in d.get("points") or []]
         t.reps = [PointResult.from_json(p) for p in d.get("reps") or []]
         t.best = PointResult.from_json(d["best"]) if d.get("best") else None
@@ -116,13 +116,13 @@ def run_trial(
         config=cfg.model_dump(mode="json", exclude_defaults=True) | {"engine": cfg.engine},
         label=label,
         backend=backend.name,
-        status=OK,
+        status=TrialStatus.OK,
         worker=worker_id(),
         started_unix_s=started,
     )
     reason = backend.check(cfg)
     if reason:
-        trial.status, trial.reason = SKIPPED, reason
+        trial.status, trial.reason = TrialStatus.SKIPPED, reason
         return _done(trial, t0)
     if backend.name == "sim" and (cached := recorder.sim_trial(key)) is not None:
         return cached
@@ -162,17 +162,18 @@ def run_trial(
             trial.first_fail = min(above) if above else None
             trial.capacity_note = "stopped by the time budget (capacity is a lower bound)"
         except Infeasible as exc:
-            trial.status, trial.reason, trial.log_tail = INFEASIBLE, exc.reason, exc.log_tail
+            trial.status = TrialStatus.INFEASIBLE
+            trial.reason, trial.log_tail = exc.reason, exc.log_tail
         trial.launch_command = backend.command(cfg)  # default port: what a user runs
         trial.measured = lazy.measured
         trial.launched = lazy.tried
-    if trial.status == OK:
+    if trial.status == TrialStatus.OK:
         scored = [(objective.score(p, cfg), p) for p in trial.points]
         ok = [(s, p) for s, p in scored if s is not None]
         if ok:
             trial.score, trial.best = max(ok, key=lambda sp: (sp[0], sp[1].load))
         else:
-            trial.status = NO_SLO
+            trial.status = TrialStatus.NO_SLO
             trial.reason = "no load point met the SLO"
         if kind == "concurrency" and len({p.load for p in trial.points}) >= 3:
             trial.sweet_spot = analyse([(p.load, p.output_tok_s) for p in trial.points]).to_json()
@@ -241,7 +242,7 @@ def _measure(
         pid, lazy.backend, lazy.cfg, sess.launch_command, (kind, load, phase, rep)
     )
     try:
-        point, res = sess.probe(kind, load)
+        point, res = lazy.backend.probe(sess, kind, load)
     except Infeasible as exc:
         recorder.fail_point(run_id, exc)
         raise
@@ -297,13 +298,23 @@ class _LazySession:
                 raise hit
             self.tried = True
             try:
-                self.sess = self.stack.enter_context(self.backend.session(self.cfg))
+                self.sess = self._start()
             except Infeasible as exc:
                 if self.backend.name == "real":
                     self.recorder.record_failure(launch_pid, self.backend, self.cfg, exc)
                 raise
             self.launch_command = self.sess.launch_command
         return self.sess
+
+    def _start(self) -> Any:
+        """Open the session; a start that timed out is tried once more before the config
+        is called infeasible (on a busy host a slow start is the host, not the config)."""
+        try:
+            return self.stack.enter_context(self.backend.session(self.cfg))
+        except Infeasible as exc:
+            if exc.kind != "timeout":
+                raise
+        return self.stack.enter_context(self.backend.session(self.cfg))
 
     def __enter__(self) -> _LazySession:
         return self

@@ -10,30 +10,31 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
-from servetune.tune.backends import BackendSpec, PointResult
+from servetune.measure.backends import BackendSpec
+from servetune.measure.result import PointResult
+from servetune.slo import HostRule, parse_slo
+from servetune.status import RunStatus, TrialStatus
+from servetune.store import Store
+from servetune.tune import simvsreal
+from servetune.tune.calibration import Calibration, for_hybrid
 from servetune.tune.executors import TrialTask, backend_for, make_executor, recorder_for
-from servetune.tune.explain import closest_misses, explain
+from servetune.tune.explain import explain, explain_shortfall
+from servetune.tune.hostslo import HostSLO, probe_host
 from servetune.tune.objective import Objective, gpus_of
 from servetune.tune.oomedge import OOMEdge, find_edge, step_back
+from servetune.tune.shortfall import Shortfall, closest
 from servetune.tune.space import MEMORY_KNOBS, SearchSpace, config_key, config_label
 from servetune.tune.stats import mean_ci
+from servetune.tune.strategies import make_strategy
 from servetune.tune.study import TUNE_KIND, fingerprint, open_study
-from servetune.tune.sweetspot import doubling
-from servetune.tune.trial import (
-    INFEASIBLE,
-    NO_SLO,
-    OK,
-    SKIPPED,
-    SearchSettings,
-    TrialResult,
-    run_points,
-)
+from servetune.tune.sweetspot import analyse, doubling
+from servetune.tune.trial import SearchSettings, TrialResult, run_points
 
 Say = Callable[[str], None]
 MODES: tuple[str, ...] = ("sim", "real", "hybrid")
@@ -61,9 +62,13 @@ class TuneSettings:
     study: str | None = None
     fresh: bool = False
     time_budget_s: float | None = None
-    report: Path | None = None
     edge: bool = True
     verbose: bool = True
+    host_slo: HostRule | None = None  # derive the SLO from an idle probe on this host
+    # hybrid: where calibrated simulator profiles are cached (None: the servetune cache),
+    # and whether to calibrate again even if the cached one still holds (tune.calibration)
+    calibration_dir: str | None = None
+    recalibrate: bool = False
 
     def fingerprint_parts(self) -> dict[str, Any]:
         return {
@@ -76,18 +81,21 @@ class TuneSettings:
             "strategy": self.strategy,
             "budget": self.budget,
             "seed": self.seed,
+            **({"host_slo": self.host_slo.model_dump()} if self.host_slo else {}),
         }
 
 
-class NoConfigMeetsSLO(InputError):
-    def __init__(self, outcome: TuneOutcome, rows: list[tuple[TrialResult, str]]) -> None:
+class NothingMeasured(InputError):
+    """Every config was skipped by the planner or failed to start: there is nothing to
+    recommend, not even a best effort (a config that runs but misses the SLO is one)."""
+
+    def __init__(self, outcome: TuneOutcome) -> None:
         self.outcome = outcome
-        self.rows = rows
-        n = len([t for t in outcome.ranked if t.status in (OK, NO_SLO)])
         super().__init__(
-            "--slo",
-            f"no config meets the SLO ({n} configs measured, study {outcome.study})",
-            "relax the SLO, lower the load, or widen the space; closest configs listed above",
+            "--space",
+            f"no config could be measured ({len(outcome.ranked)} skipped or infeasible, "
+            f"study {outcome.study})",
+            "see each config's reason above; widen the space or fix the engine setup",
         )
 
 
@@ -106,17 +114,23 @@ class TuneOutcome:
     edges: list[OOMEdge] = field(default_factory=list)
     explanation: list[str] = field(default_factory=list)
     sim_vs_real: list[dict[str, Any]] = field(default_factory=list)
-    report_path: Path | None = None
+    report_runs: list[str] = field(default_factory=list)  # what the report should show
+    report_path: Path | None = None  # set by whoever writes that report (the CLI)
     notes: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    slo: dict[str, Any] = field(default_factory=dict)  # what every point was judged by
+    host_slo: HostSLO | None = None  # how that SLO was derived from this host
+    slo_met: bool = True  # False: `winner` is the best effort, the closest to the SLO
+    shortfall: Shortfall | None = None  # the best effort's distance to the SLO
+    calibration: Calibration | None = None  # hybrid: the profile the simulator ranked with
 
     def to_json(self, full: bool = False) -> dict[str, Any]:
         def t(x: TrialResult | None) -> dict[str, Any] | None:
             if x is None:
                 return None
             d = x.to_json()
-            if not full and x.status == OK:
+            if not full and x.status == TrialStatus.OK:
                 d.pop("log_tail", None)
             return d
 
@@ -125,7 +139,11 @@ class TuneOutcome:
             "db": self.db,
             "mode": self.mode,
             "objective": self.objective.kind,
+            "slo": self.slo,
+            "slo_derived": self.host_slo.to_json() if self.host_slo else None,
+            "slo_met": self.slo_met,
             "winner": t(self.winner),
+            "shortfall": self.shortfall.to_json() if self.shortfall else None,
             "baseline": t(self.baseline),
             "recommended": self.recommended,
             "explanation": self.explanation,
@@ -136,16 +154,41 @@ class TuneOutcome:
             "report": str(self.report_path) if self.report_path else None,
             "notes": self.notes,
             "counts": self.counts,
+            "calibration": self.calibration.to_json() if self.calibration else None,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
 
 def rank(trials: list[TrialResult]) -> list[TrialResult]:
-    order = {OK: 0, NO_SLO: 1, INFEASIBLE: 2, SKIPPED: 3}
+    order = {
+        TrialStatus.OK: 0,
+        TrialStatus.NO_SLO: 1,
+        TrialStatus.INFEASIBLE: 2,
+        TrialStatus.SKIPPED: 3,
+    }
     return sorted(
         trials,
         key=lambda t: (order.get(t.status, 4), -(t.score if t.score is not None else -math.inf)),
     )
+
+
+def held_in_repeats(t: TrialResult) -> bool:
+    """The finalist met the SLO in most of its repetitions at its best load: its capacity
+    reproduces (seed 003 §14: a figure is kept only when repeated runs agree)."""
+    assert t.ci is not None
+    return 2 * t.ci["passed"] > t.ci["n"]
+
+
+def pick_winner(ok: list[TrialResult], *, higher_is_better: bool) -> TrialResult:
+    """The winner among the ranked configs that ran: finalists (re-run with an interval)
+    whose capacity held in most repetitions, by their mean; then finalists that did not
+    hold; a config without repetitions (sim, or none re-run) only when no finalist exists,
+    the first of the ranking."""
+    finalists = [t for t in ok if t.ci]
+    if not finalists:
+        return ok[0]
+    sign = 1 if higher_is_better else -1
+    return max(finalists, key=lambda t: (held_in_repeats(t), sign * t.ci["mean"]))  # type: ignore[index]
 
 
 def diverse_top(ranked: list[TrialResult], k: int, skip: str) -> list[TrialResult]:
@@ -156,7 +199,7 @@ def diverse_top(ranked: list[TrialResult], k: int, skip: str) -> list[TrialResul
     for t in ranked:
         if len(picked) >= k:
             break
-        if t.status != OK or t.key == skip or t.score is None:
+        if t.status != TrialStatus.OK or t.key == skip or t.score is None:
             continue
         if any(abs(t.score - p.score) <= 0.005 * abs(p.score) for p in picked if p.score):
             continue
@@ -168,7 +211,7 @@ def sim_blind_knobs(trials: list[TrialResult], knobs: list[str]) -> list[str]:
     """Knobs the simulator does not model (e.g. llama.cpp's threads): every pair of trials
     that differ in that knob alone scored the same (within 0.5%)."""
     blind = []
-    scored = [t for t in trials if t.status in (OK, NO_SLO)]
+    scored = [t for t in trials if t.status in (TrialStatus.OK, TrialStatus.NO_SLO)]
     for knob in knobs:
         groups: dict[str, list[TrialResult]] = {}
         for t in scored:
@@ -194,19 +237,20 @@ def default_budget(strategy: str, n_valid: int) -> int | None:
 
 class Tuner:
     def __init__(self, settings: TuneSettings, say: Say | None = None) -> None:
-        from servetune.store import Store
-
         self.s = settings
         self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
-        self.t0 = time.monotonic()
-        budget = settings.time_budget_s
-        self.deadline = None if budget is None else time.time() + budget
         if settings.mode not in MODES:
             raise InputError(
                 "--backend", f"unknown backend {settings.mode!r}", "sim, real or hybrid"
             )
         self.store = Store.open(settings.db)
         self.db = settings.db or self.store.url
+        # hybrid: the simulator is calibrated on the real engine before anything ranks,
+        # and the study is named with the profile it ranks with (tune.calibration)
+        self.calibration, calibration_note = for_hybrid(settings, self.store, self.say)
+        self.t0 = time.monotonic()  # the time budget is the trials': it starts here
+        budget = settings.time_budget_s
+        self.deadline = None if budget is None else time.time() + budget
         name = settings.study or f"tune-{fingerprint(settings.fingerprint_parts())}"
         self.study = open_study(
             self.store,
@@ -219,8 +263,9 @@ class Tuner:
         self.knobs = list(settings.space.knobs)
         self.executor = make_executor(settings.executor, settings.address, settings.num_cpus)
         self.trials: dict[tuple[str, str], TrialResult] = {}  # (backend, key) -> result
-        self.notes: list[str] = []
+        self.notes: list[str] = [calibration_note] if calibration_note else []
         self.blind: list[str] = []  # knobs the simulator does not model (hybrid)
+        self.untimed_s = 0.0  # seconds outside the trials' time budget (the SLO probe)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -229,7 +274,13 @@ class Tuner:
 
     def time_left(self) -> float | None:
         b = self.s.time_budget_s
-        return None if b is None else b - self.elapsed()
+        return None if b is None else b - (self.elapsed() - self.untimed_s)
+
+    def _untimed(self, seconds: float) -> None:
+        """Time spent before the trials (the SLO probe) is not the trials' budget."""
+        self.untimed_s += seconds
+        if self.deadline is not None:
+            self.deadline += seconds
 
     def label(self, cfg: EngineConfig) -> str:
         base = self.s.space.baseline_config()
@@ -276,11 +327,11 @@ class Tuner:
         if self.s.mode == "hybrid" and t.backend == "sim":
             return  # summarised after the ranking
         n = len({k for (b, k) in self.trials if b == t.backend})
-        fresh = t.measured or t.launched or t.status == SKIPPED
+        fresh = t.measured or t.launched or t.status == TrialStatus.SKIPPED
         cached = "" if fresh else ", from the store"
         what = (
             f"{self.s.objective.show(t.score)} (capacity {t.capacity:.3g})"
-            if t.status == OK and t.capacity is not None
+            if t.status == TrialStatus.OK and t.capacity is not None
             else f"{t.status}: {t.reason[:160]}"
         )
         self.say(
@@ -292,8 +343,6 @@ class Tuner:
 
     def search_phase(self, spec: BackendSpec) -> list[TrialResult]:
         """Baseline first, then the strategy's points until it or the budget stops."""
-        from servetune.tune.strategies import make_strategy
-
         space = self.s.space
         base = space.baseline_config()
         budget = self.s.budget
@@ -303,7 +352,7 @@ class Tuner:
         strat = make_strategy(self.s.strategy, space, budget, self.s.seed, start)
         results = self.run_batch(spec, [base])
         b = results[0]
-        strat.tell(start, b.score if b.status == OK else None)
+        strat.tell(start, b.score if b.status == TrialStatus.OK else None)
         real = spec.kind == "real"
         while True:
             if real and self._out_of_time(spec.kind):
@@ -319,7 +368,7 @@ class Tuner:
             results.extend(trials)
             for p in batch:  # a point equal to one already run (the baseline) is not rerun
                 t = known[config_key(space.config(p))]
-                strat.tell(p, t.score if t.status == OK else None)
+                strat.tell(p, t.score if t.status == TrialStatus.OK else None)
         if getattr(strat, "steps", None):
             kept = ", ".join(f"{s['knob']}={s['kept']}" for s in strat.steps)  # type: ignore[attr-defined]
             self.notes.append(f"one-at-a-time kept: {kept}")
@@ -376,7 +425,7 @@ class Tuner:
         time from the best verified config (seed 000 §8), keeping what helps."""
         assert self.s.real is not None
         blind = sim_blind_knobs(sim, self.knobs)
-        ok = [t for t in real if t.status == OK]
+        ok = [t for t in real if t.status == TrialStatus.OK]
         if not blind or not ok:
             return []
         self.notes.append(
@@ -399,7 +448,7 @@ class Tuner:
                 t = self.run_batch(self.s.real, [cfg])[0]
                 done.add(t.key)
                 out.append(t)
-                if t.status == OK and (t.score or 0.0) > (best.score or 0.0):
+                if t.status == TrialStatus.OK and (t.score or 0.0) > (best.score or 0.0):
                     best = t
         return out
 
@@ -408,7 +457,7 @@ class Tuner:
         assert self.s.real is not None
         backend = backend_for(self.s.real)
         recorder = recorder_for(self.db, self.study, "real")
-        for t in [t for t in ranked if t.status == OK and t.best][: self.s.finalists]:
+        for t in [t for t in ranked if t.status == TrialStatus.OK and t.best][: self.s.finalists]:
             assert t.best is not None
             n = self.s.repeats  # always: the time for them was reserved
             say = self.say if self.s.verbose else None
@@ -467,7 +516,7 @@ class Tuner:
                     return False
                 t = known.get(config_key(c))
                 if t is not None:
-                    return t.status in (OK, NO_SLO)
+                    return t.status in (TrialStatus.OK, TrialStatus.NO_SLO)
                 return backend.check(c) is None
 
             edge = find_edge(knob, values, start, runs)
@@ -482,8 +531,6 @@ class Tuner:
     def sweet_phase(self, winner: TrialResult, spec: BackendSpec) -> None:
         """Rate searches have no doubling curve: sweep concurrency 1, 2, 4, ... for the
         winner on the simulator (cheap) so the sweet spot is reported."""
-        from servetune.tune.sweetspot import analyse
-
         cfg = winner.cfg
         top = max(8, 2 * (cfg.max_num_seqs or cfg.parallel_slots or 256))
         loads = [float(c) for c in doubling(min(top, 1024))]
@@ -503,12 +550,13 @@ class Tuner:
         s = self.s
         out = TuneOutcome(self.study, self.store.where, s.mode, s.objective, self.knobs)
         try:
+            self.derive_slo(out)
             rank_spec = s.real if s.mode == "real" else s.sim
             assert rank_spec is not None
             first = rank(self.search_phase(rank_spec))
             if s.mode == "hybrid":
                 out.sim_ranked = first
-                top = [t for t in first if t.status == OK][:3]
+                top = [t for t in first if t.status == TrialStatus.OK][:3]
                 self.say(
                     f"[{self.elapsed():6.1f}s] simulator ranked {len(first)} configs; top: "
                     + "; ".join(f"{t.label} {s.objective.show(t.score)}" for t in top)
@@ -522,19 +570,18 @@ class Tuner:
             assert final_spec is not None
             if s.mode != "sim" and s.repeats >= 2 and s.finalists > 0:
                 self.finalist_phase(out.ranked)
-            ok = [t for t in out.ranked if t.status == OK]
+            ok = [t for t in out.ranked if t.status == TrialStatus.OK]
             base_key = config_key(s.space.baseline_config())
             out.baseline = next((t for t in out.ranked if t.key == base_key), None)
             if not ok:
-                self._finish(out, "no config met the SLO")
-                raise NoConfigMeetsSLO(out, closest_misses(out.ranked))
-            with_ci = [t for t in ok if t.ci]
-            if with_ci:
-                sign = 1 if s.objective.kind == "goodput" else -1
-                out.winner = max(with_ci, key=lambda t: sign * t.ci["mean"])  # type: ignore[index]
-            else:
-                out.winner = ok[0]
-            w = out.winner
+                return self._best_effort(out)
+            out.winner = w = pick_winner(ok, higher_is_better=s.objective.kind == "goodput")
+            if w.ci and not held_in_repeats(w):
+                self.say(
+                    f"[{self.elapsed():6.1f}s] warning: the winner met the SLO in "
+                    f"{w.ci['passed']}/{w.ci['n']} repetitions at its best load: its capacity "
+                    "did not reproduce on this host (no finalist's did); treat it as an upper bound"
+                )
             if s.search.load_kind == "rate" and s.objective.searches_capacity and s.sim:
                 self.sweet_phase(w, s.sim)
             if s.edge:
@@ -544,11 +591,61 @@ class Tuner:
                 out.recommended = self._recommend(w, rec_cfg, final_spec)
             out.explanation = explain(w, out.ranked, out.baseline, s.objective, self.knobs)
             self._conclude(w, out)
-            out.report_path = self._report(out)
+            out.report_runs = self._report_runs(out)
             self._finish(out, "done")
             return out
         finally:
             self.executor.close()
+
+    def derive_slo(self, out: TuneOutcome) -> None:
+        """`host_slo` (a preset's `slo_from_host`): probe the baseline idle on the engine
+        that decides (real, else the simulator) and judge every trial by the SLO derived
+        from it; from here on the settings' backend specs carry that SLO. A probe that
+        cannot run leaves the given SLO in force, with a note."""
+        s = self.s
+        spec = s.real or s.sim
+        assert spec is not None
+        if s.host_slo is not None:
+            cfg = s.space.baseline_config()
+            self.say(
+                f"[{self.elapsed():6.1f}s] deriving the SLO from this host: the baseline "
+                "serves the workload one request at a time (the idle probe)"
+            )
+            t0 = time.monotonic()
+            got = probe_host(
+                backend_for(spec),
+                cfg,
+                base=parse_slo(spec.slo),
+                rule=s.host_slo,
+                recorder=recorder_for(self.db, self.study, spec.kind),
+                label=self.label(cfg),
+            )
+            self._untimed(time.monotonic() - t0)
+            if isinstance(got, str):
+                self.notes.append(f"SLO not derived from this host: {got}; the given SLO applies")
+            else:
+                out.host_slo = got
+                slo = got.slo.model_dump(mode="json", exclude_none=True)
+                s.sim = replace(s.sim, slo=slo) if s.sim else None
+                s.real = replace(s.real, slo=slo) if s.real else None
+                self.say(f"[{self.elapsed():6.1f}s] {got.text()}")
+        out.slo = (s.real or s.sim or spec).slo
+
+    def _best_effort(self, out: TuneOutcome) -> TuneOutcome:
+        """No config met the SLO: the closest one is still the answer (what to run, and
+        how far this host is from the SLO), recorded as such. Nothing measured at all
+        (every config skipped or infeasible) is the one case without an answer."""
+        rows = closest(out.ranked)
+        if not rows:
+            self._finish(out, "nothing measured")
+            raise NothingMeasured(out)
+        (w, sf), runner_up = rows[0], (rows[1][0] if len(rows) > 1 else None)
+        out.winner, out.slo_met, out.shortfall = w, False, sf
+        out.explanation = explain_shortfall(w, sf, runner_up)
+        self._conclude(w, out)
+        out.report_runs = self._report_runs(out)
+        self._finish(out, "done")
+        return out
 
     def _recommend(
         self, w: TrialResult, rec_cfg: EngineConfig, spec: BackendSpec
@@ -578,70 +675,69 @@ class Tuner:
         return d
 
     def _sim_vs_real(self, sim: list[TrialResult], real: list[TrialResult]) -> list[dict[str, Any]]:
-        def seen_by_sim(t: TrialResult) -> str:
-            """The config as the simulator sees it (blind knobs do not change its score)."""
-            return repr(sorted((k, v) for k, v in t.config.items() if k not in self.blind))
+        """Each verified config against the simulator at the same load (`tune.simvsreal`),
+        said a line each; then the calibration is judged on them (`tune.calibration`)."""
+        assert self.s.sim is not None
+        backend, recorder = backend_for(self.s.sim), recorder_for(self.db, self.study, "sim")
 
-        by_key = {seen_by_sim(t): t for t in sim}
-        rows = []
-        for r in real:
-            m = by_key.get(seen_by_sim(r))
-            if m is None:
-                continue
-            row: dict[str, Any] = {
-                "label": r.label,
-                "sim_score": m.score,
-                "real_score": r.score,
-                "sim_capacity": m.capacity,
-                "real_capacity": r.capacity,
-            }
-            if m.score is not None and r.score:
-                row["score_error"] = (m.score - r.score) / abs(r.score)
-            if m.best and r.best and r.best.tpot_p50_ms:
-                row["tpot_p50_error"] = (
-                    (m.best.tpot_p50_ms or 0) - r.best.tpot_p50_ms
-                ) / r.best.tpot_p50_ms
-            rows.append(row)
+        def simulate_at(cfg: EngineConfig, kind: str, load: float) -> PointResult | None:
+            return run_points(backend, cfg, kind, [load], recorder=recorder, phase="check")[0]
+
+        rows = simvsreal.rows(sim, real, self.blind, simulate_at)
+        for row in rows:
+            self.say(f"[{self.elapsed():6.1f}s] {simvsreal.line(row)}")
+        if self.calibration is not None:
+            self.calibration.verify(simvsreal.throughput_errors(rows), self.say)
         return rows
 
     def _conclude(self, w: TrialResult, out: TuneOutcome) -> None:
-        """Seed 003 §16's conclusion on the winner's run: keep, with why."""
-        run_id = w.best.run_id if w.best else None
-        if run_id is None:  # simulator trials: one run per trial
-            for info in self.store.list_runs(study=self.study):
-                tune = (info.meta.get("target") or {}).get("tune") or {}
-                if tune.get("key") == w.key and info.status == "completed":
-                    run_id = info.id
-        if run_id:
+        """Seed 003 §16's conclusion, keep with why, on the run at the winner's best
+        passing load (a best effort: at its closest point), never on another of its runs
+        (a sweet-spot probe, a point above the capacity)."""
+        point = out.shortfall.point if out.shortfall is not None else w.best
+        run_id = self._run_at(w.key, point) if point is not None else None
+        if run_id and out.slo_met:
             self.store.conclude(run_id, "keep", f"tune winner: {out.explanation[0]}")
+        elif run_id:  # seed 003 §16 "next": carried on, not proven within the SLO
+            note = "; ".join(out.explanation[:2])
+            self.store.conclude(run_id, "next", f"tune best effort, no config met the SLO: {note}")
 
-    def _report(self, out: TuneOutcome) -> Path | None:
-        """The HTML report of the winner, the runner-ups and the baseline (a report
-        takes at most 200 runs)."""
-        from servetune.report import build_report
+    def _run_at(self, key: str, point: PointResult) -> str | None:
+        """The stored run of one of config `key`'s points: its own (real points), else the
+        simulator trial's one run, which holds the trial's best point (simulator probes
+        are not stored one by one; the sweet-spot sweep's runs have the key too, at other
+        loads). None when no run of the config holds that load."""
+        if point.run_id:
+            return point.run_id
+        for info in self.store.list_runs(study=self.study):
+            tag = info.tune
+            if (
+                tag is not None
+                and tag.key == key
+                and tag.phase == "trial"
+                and (tag.load_kind, tag.load) == (point.load_kind, point.load)
+                and info.status == RunStatus.COMPLETED
+            ):
+                return info.id
+        return None
 
-        keys = {t.key for t in out.ranked[: max(3, self.s.top_k)] if t.status == OK}
+    def _report_runs(self, out: TuneOutcome) -> list[str]:
+        """The runs a report of this study shows: the winner, the runner-ups and the
+        baseline (a report takes at most 200 runs)."""
+        keys = {t.key for t in out.ranked[: max(3, self.s.top_k)] if t.status == TrialStatus.OK}
+        if out.winner is not None:  # a best effort too
+            keys.add(out.winner.key)
         if out.baseline is not None:
             keys.add(out.baseline.key)
-        ids = [
+        return [
             i.id
             for i in self.store.list_runs(study=self.study)
-            if ((i.meta.get("target") or {}).get("tune") or {}).get("key") in keys
-            and i.status == "completed"
+            if i.tune is not None and i.tune.key in keys and i.status == RunStatus.COMPLETED
         ][:200]
-        path = self.s.report or Path("out") / f"{self.study}.html"
-        if not ids:
-            return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            build_report(self.store, ids, path, title=f"servetune tune: study {self.study}")
-        except InputError as exc:
-            self.notes.append(f"report not written: {exc.one_line()}")
-            return None
-        return path
 
     def _finish(self, out: TuneOutcome, status: str) -> None:
         out.notes = self.notes
+        out.calibration = self.calibration
         out.elapsed_s = self.elapsed()
         trials = list(self.trials.values())
         out.counts = {
@@ -649,9 +745,9 @@ class Tuner:
             "sim_trials": sum(t.backend == "sim" for t in trials),
             "real_trials": sum(t.backend == "real" for t in trials),
             "measured_points": sum(t.measured for t in trials),
-            "skipped": sum(t.status == SKIPPED for t in trials),
-            "infeasible": sum(t.status == INFEASIBLE for t in trials),
-            "no_slo": sum(t.status == NO_SLO for t in trials),
+            "skipped": sum(t.status == TrialStatus.SKIPPED for t in trials),
+            "infeasible": sum(t.status == TrialStatus.INFEASIBLE for t in trials),
+            "no_slo": sum(t.status == TrialStatus.NO_SLO for t in trials),
         }
         self.store.update_study_meta(
             self.study, {"status": status, "summary": out.to_json()}, TUNE_KIND

@@ -238,7 +238,7 @@ def _sub_requests(
 @dataclass
 class RequestColumns:
     """The request list as arrays (no prompt text): what the simulator reads. Why: building
-    100,000 `Request` models costs more than simulating them (issue 5 speed target)."""
+    100,000 `Request` models costs more than simulating them (benchmarks/sim_speed.py)."""
 
     sub_names: list[str]
     sub: np.ndarray  # index into sub_names

@@ -11,9 +11,10 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servetune.errors import InputError, from_validation_error
+from servetune.yamlfile import load_yaml
 
 
 class _Strict(BaseModel):
@@ -256,6 +257,7 @@ class WorkloadSpec(_Strict):
             if arrival["kind"] == "trace" or math.isinf(concurrency):
                 raise ValueError("concurrency sweeps need a non-trace workload")
             arrival["kind"] = "closed"
+            arrival["rate"] = None  # a closed loop offers no rate: the users set the pace
         if concurrency is not None:
             arrival["concurrency"] = concurrency
         data = self.model_dump()
@@ -271,15 +273,11 @@ def load_workload(path: str | Path, swept: bool = False) -> WorkloadSpec:
     """Read a YAML/JSON workload file; problems become one InputError naming the field.
 
     `swept`: the command line sets the load (--rate/--concurrency), so the file need not."""
-    from servetune.yamlfile import load_yaml
-
     data = load_yaml(path, "--workload")
     return parse_workload(data, base_dir=Path(path).parent, swept=swept)
 
 
 def parse_workload(data: Any, base_dir: Path | None = None, swept: bool = False) -> WorkloadSpec:
-    from pydantic import ValidationError
-
     if not isinstance(data, dict):
         raise InputError("workload", "must be a mapping of fields", "see docs/bench.md")
     if swept:  # placeholders that every sweep point's with_load() replaces

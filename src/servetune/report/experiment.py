@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from servetune.engines.config import EngineConfig
-
-if TYPE_CHECKING:
-    from servetune.store.store import RunInfo
+from servetune.results.schema import Load
+from servetune.store.compare import knob_defaults
+from servetune.store.runinfo import RunInfo
 
 Section = tuple[str, list[tuple[str, str]]]
 
@@ -55,10 +54,6 @@ def _pct(d: Mapping[str, Any] | None, unit: str = "") -> str:
     return " / ".join(fmt(d.get(k)) for k in ("p50", "p95", "p99")) + unit
 
 
-def knob_defaults() -> dict[str, Any]:
-    return {k: f.default for k, f in EngineConfig.model_fields.items()}
-
-
 def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -> list[Section]:
     """§16 fields: id/date, model & precision, hardware, software, request distribution,
     core parameters, performance, quality, stability, conclusion."""
@@ -68,7 +63,7 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
     cfg = info.engine_config
     rd = info.request_dist or {}
     st = info.stability or {}
-    load = info.part("load") or {}
+    load = info.load
     workload = info.part("workload") or {}
     server = info.result.get("server_summary") or {}
     status = info.status + (f" ({info.stop_reason})" if info.stop_reason else "")
@@ -123,12 +118,9 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                 ("requests", fmt(rd.get("requests", info.n_records))),
                 ("input tokens P50/P95/P99", _pct(rd.get("input_tokens"))),
                 ("output tokens P50/P95/P99", _pct(rd.get("output_tokens"))),
-                ("arrival", fmt(load.get("kind"))),
-                ("concurrency", fmt(load.get("concurrency"))),
-                (
-                    "rate req/s (offered / achieved)",
-                    f"{fmt(m.get('offered_req_s') or load.get('rate'))} / {fmt(m.get('req_s'))}",
-                ),
+                ("arrival", fmt(load.kind)),
+                ("concurrency", fmt(load.concurrency)),
+                ("rate req/s (offered / achieved)", f"{_offered(m, load)} / {fmt(m.get('req_s'))}"),
                 ("workload", fmt(workload.get("name") or workload.get("api"))),
             ],
         ),
@@ -147,18 +139,10 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                 ("req/s (goodput)", f"{fmt(m.get('req_s'))} ({fmt(m.get('goodput_req_s'))})"),
                 ("SLO", _slo(m)),
                 ("KV cache usage max", fmt(server.get("kv_cache_usage_max"))),
-                (
-                    "GPU memory / util",
-                    fmt(server.get("gpu_memory_used_max"))
-                    + " / "
-                    + fmt(server.get("gpu_util_mean")),
-                ),
+                ("GPU memory / util", _gpu_use(server)),
             ],
         ),
-        (
-            "Quality",
-            [(k, fmt(v)) for k, v in (info.quality or {}).items()] or [("-", "not measured")],
-        ),
+        ("Quality", [(k, fmt(v)) for k, v in (info.quality or {}).items()] or [_NO_QUALITY]),
         (
             "Stability",
             [
@@ -191,6 +175,35 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
         ),
     ]
     return sections
+
+
+# What a record shows for seed 003 §16 fields that nothing fills yet, and how to fill them.
+GPU_NOT_MEASURED = (
+    "not measured: no GPU telemetry is read (watch `nvidia-smi --query-gpu="
+    "memory.used,utilization.gpu --format=csv -l 1` during the run)"
+)
+_NO_QUALITY = (
+    "-",
+    "not measured: run an eval against the endpoint (e.g. lm-evaluation-harness's"
+    " local-completions model) and record it with Store.set_quality(run_id, {...})",
+)
+
+
+def _offered(m: Mapping[str, Any], load: Load) -> str:
+    """The offered rate: none in a closed loop (each user sends when its last request
+    ends, so the rate is an outcome, shown as achieved), else the arrivals per second
+    the run measured or, without them, the workload's rate."""
+    if load.kind == "closed":
+        return "- (closed loop)"
+    return fmt(m.get("offered_req_s") or load.rate)
+
+
+def _gpu_use(server: Mapping[str, Any]) -> str:
+    """Peak GPU memory / mean utilisation from the scraped series, when it has them."""
+    mem, util = server.get("gpu_memory_used_max"), server.get("gpu_util_mean")
+    if mem is None and util is None:
+        return GPU_NOT_MEASURED
+    return f"{fmt(mem)} / {fmt(util)}"
 
 
 def _first_line(text: Any) -> Any:

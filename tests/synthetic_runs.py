@@ -1,4 +1,5 @@
-"""Synthetic runs from a toy saturating server, for tests, docs and `report --demo`.
+"""Synthetic runs from a toy saturating server: stored runs for the store, runs and
+report tests and for benchmarks/store_speed.py, without a server or the simulator.
 
 Not a simulator (that is `servetune.sim`): a few lines of queueing arithmetic that give
 records with the right shape. Per-token time grows with the batch,
@@ -16,12 +17,13 @@ import numpy as np
 
 from servetune.engines.config import EngineConfig
 from servetune.metrics.compute import compute_metrics
-from servetune.results.schema import RequestRecord, RunResult, ServerSeries
+from servetune.results.schema import Load, RequestRecord, RunResult, ServerSeries, Target
 from servetune.slo import SLO
+from servetune.status import RequestStatus
 from servetune.store.meta import RunMeta
 
 NS_PER_MS = 1_000_000
-DEMO_SLO = {"ttft_ms": {"p95": 800, "p99": 2000}, "tpot_ms": {"p95": 40}, "error_rate": 0.01}
+TOY_SLO = {"ttft_ms": {"p95": 800, "p99": 2000}, "tpot_ms": {"p95": 40}, "error_rate": 0.01}
 
 
 def synthetic_run(
@@ -64,7 +66,7 @@ def synthetic_run(
                     index=i,
                     send_ns=send_ns,
                     end_ns=int(end * NS_PER_MS),
-                    status="error",
+                    status=RequestStatus.ERROR,
                     error="http_5xx",
                     http_status=503,
                     prompt_tokens=int(in_tok[i]),
@@ -93,7 +95,7 @@ def synthetic_run(
         )
         users[u] = chunks[-1] + 0.5
     records.sort(key=lambda r: (r.send_ns, r.index))
-    slo = SLO.model_validate(DEMO_SLO)
+    slo = SLO.model_validate(TOY_SLO)
     metrics = compute_metrics(records, slo=slo)
     end_s = max(r.end_ns for r in records) / 1e9
     t = np.arange(0.0, end_s, 1.0)
@@ -112,7 +114,6 @@ def synthetic_run(
     )
     created = created or datetime(2026, 1, 1, tzinfo=timezone.utc)
     created += timedelta(minutes=concurrency, seconds=int(backend == "sim"))
-    load = {"kind": "closed", "rate": None, "concurrency": concurrency}
     run_id = (
         f"{'sim' if backend == 'sim' else 'bench'}-{created:%Y%m%dT%H%M%S}-c{concurrency}-s{seed}"
     )
@@ -120,14 +121,14 @@ def synthetic_run(
         id=run_id,
         created_utc=created.isoformat(),
         backend=backend,  # type: ignore[arg-type]
-        target={"url": "http://127.0.0.1:8000", "api": "chat", "model": model},
+        target=Target(url="http://127.0.0.1:8000", api="chat", model=model),
         workload={
             "name": "chat-synthetic",
             "seed": seed,
             "api": "chat",
             "arrival": {"kind": "closed", "concurrency": concurrency},
         },
-        load=load,
+        load=Load(kind="closed", rate=None, concurrency=concurrency),
         slo=slo,
         duration_s=end_s,
         records=records,

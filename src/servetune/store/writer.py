@@ -1,99 +1,19 @@
-"""Where results go: the RunResult JSON, per-request CSV, the JSONL flushed during the run,
-and the experiment store (`ResultStore`, shared by bench and simulate)."""
+"""The experiment store as bench and simulate write to it while they measure: a run's
+records stream in beside the result files, and a store failure never stops the
+measurement (docs/store.md)."""
 
 from __future__ import annotations
 
-import csv
-import json
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import Any
 
 from servetune.errors import InputError
-from servetune.metrics.compute import request_latencies_ms
-from servetune.results.schema import RequestRecord, RunResult
-
-if TYPE_CHECKING:
-    from servetune.store import RunMeta, Store
-
-CSV_FIELDS = (  # noqa: SIM905 - one readable string
-    "index sub priority prefix_group worker status error http_status scheduled_ns send_ns "
-    "connect_ns queue_ns end_ns ttft_ms tpot_ms e2e_ms chunks prompt_tokens "
-    "usage_prompt_tokens output_tokens usage_completion_tokens tokenizer_completion_tokens "
-    "finish_reason error_detail"
-).split()
-
-
-class RecordLog:
-    """Append-only JSONL of raw records, flushed per batch: what Ctrl-C or a crash keeps."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._fh: IO[str] | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = path.open("a", encoding="utf-8")
-
-    def header(self, obj: dict[str, Any]) -> None:
-        if self._fh is not None:
-            self._fh.write(json.dumps({"run": obj}, default=str) + "\n")
-            self._fh.flush()
-
-    def write(self, batch: list[dict[str, Any]]) -> None:
-        if self._fh is None:
-            return
-        for rec in batch:
-            self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        self._fh.flush()
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-
-def write_result(result: RunResult, path: Path, save_text: bool = False) -> None:
-    """The whole run (raw records + metrics) as one JSON file, written atomically."""
-    exclude: dict[str, Any] | None = (
-        None if save_text else {"records": {"__all__": {"output_text"}}}
-    )
-    data = result.model_dump_json(exclude=exclude)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data)
-    tmp.replace(path)
-
-
-def load_result(path: Path) -> RunResult:
-    return RunResult.model_validate_json(path.read_text())
-
-
-def csv_row(r: RequestRecord) -> dict[str, Any]:
-    ttft, tpot, e2e = request_latencies_ms(r)
-    row = {k: getattr(r, k, None) for k in CSV_FIELDS}
-    row.update(
-        ttft_ms=ttft,
-        tpot_ms=tpot,
-        e2e_ms=e2e,
-        chunks=len(r.chunk_ns),
-        output_tokens=r.output_tokens,
-    )
-    return row
-
-
-def write_csv(results: list[RunResult], path: Path) -> None:
-    """One row per request; a sweep's points are told apart by `run_id` and load."""
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=["run_id", "load", *CSV_FIELDS])
-        w.writeheader()
-        for res in results:
-            load = ",".join(f"{k}={v}" for k, v in res.load.items() if v is not None)
-            for r in res.records:
-                w.writerow({"run_id": res.id, "load": load, **csv_row(r)})
-
-
-# -- the experiment store -------------------------------------------------------------
+from servetune.results.schema import RunResult
+from servetune.status import RunStatus
+from servetune.store.meta import RunMeta
+from servetune.store.store import Store
 
 
 class ResultStore:
@@ -115,8 +35,6 @@ class ResultStore:
         files: bool,
         say: Callable[[str], None],
     ) -> None:
-        from servetune.store import RunMeta
-
         self.store: Store | None = store
         self.where = store.where
         self.meta = RunMeta()
@@ -139,8 +57,6 @@ class ResultStore:
     ) -> ResultStore | None:
         """The store for one bench/simulate command, or None (said in one line) when it
         cannot be opened. A sweep without --study gets a study of its own."""
-        from servetune.store import Store
-
         try:
             store = Store.open(db)
         except Exception as exc:  # noqa: BLE001 - any store failure: say it, keep measuring
@@ -192,7 +108,8 @@ class ResultStore:
         keep what was streamed and are marked interrupted/failed; then say where the
         runs went."""
         for log in list(self._open):
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            stopped = isinstance(exc, KeyboardInterrupt)
+            status = RunStatus.INTERRUPTED if stopped else RunStatus.FAILED
             log.finish(None, status=status, reason=_first_line(exc) if exc else None)
         if self.store is not None:
             self.store.close()
@@ -237,7 +154,11 @@ class StoreLog:
             self._wake.set()
 
     def finish(
-        self, result: RunResult | None, *, status: str = "failed", reason: str | None = None
+        self,
+        result: RunResult | None,
+        *,
+        status: RunStatus = RunStatus.FAILED,
+        reason: str | None = None,
     ) -> None:
         """Commit what is queued, then the final result (None: mark the run `status`)."""
         if self in self.owner._open:

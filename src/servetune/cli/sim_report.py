@@ -1,0 +1,90 @@
+"""`simulate`'s report for people: what is simulated, each point in a few short lines,
+and with an SLO its verdict and the check that binds. Apart from render.py so that the
+commands that only print tables (plan, models, runs) do not load the result schema."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from servetune.bench.progress import load_label
+from servetune.results.schema import Metrics, RunResult, SimStats, SLOCheck
+
+if TYPE_CHECKING:
+    from servetune.measure.simulated import SimSession
+
+
+def print_lines(lines: Iterable[str]) -> None:
+    """Plain lines on stdout, flushed so a sweep's points show as they finish."""
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    sys.stdout.flush()
+
+
+def sim_header(session: SimSession) -> list[str]:
+    """What is simulated: model, device, engine, step-time tier, and what the pool holds."""
+    from servetune.sim.engine import capacity_note
+
+    prof, su = session.profile, session.setup
+    tier = su.step_model.tier + (f" ({prof.key})" if prof else "")
+    return [
+        f"simulate {session.model.name} on {session.hw.name} [{session.cfg.engine}], "
+        f"step times: {tier}",
+        capacity_note(su),
+    ]
+
+
+def sim_point(res: RunResult) -> list[str]:
+    """One simulated point in a few short lines: throughput, latency percentiles, the
+    scheduler's counters and, with an SLO, the verdict (`slo_verdict`)."""
+    m, sim = res.metrics, res.target.sim or SimStats()
+
+    def ms(*values: float | None) -> str:
+        return "/".join("-" if v is None else f"{v:,.1f}" for v in values)
+
+    t, p = m.ttft_ms, m.tpot_ms
+    lines = [
+        f"{load_label(res)}: {m.output_tok_s:,.0f} out tok/s, {m.req_s:.2f} req/s, "
+        f"{m.completed} completed  [{res.target.tier}, {sim.wall_s:.2f} s]",
+        f"  TTFT p50/p95/p99 {ms(t.p50, t.p95, t.p99)} ms, TPOT p50/p95 {ms(p.p50, p.p95)} ms",
+        f"  preemptions {sim.preemptions}, rejected {sim.rejected}, "
+        f"prefix hits {sim.prefix_hit_tokens:,} tok",
+    ]
+    return lines + [f"  {line}" for line in slo_verdict(m)]
+
+
+def slo_verdict(m: Metrics) -> list[str]:
+    """`SLO pass: goodput 3.90 req/s, 97.5% of requests met it` and `binding P95 TPOT 30 ms
+    <= 40` (`2 of 5 checks missed` added on a miss); no lines when the run had no SLO."""
+    from servetune.tune.explain import check_text
+
+    if m.slo_pass is None:
+        return []
+    good = "-" if m.goodput_req_s is None else f"{m.goodput_req_s:.2f}"
+    head = f"SLO {'pass' if m.slo_pass else 'FAIL'}: goodput {good} req/s"
+    if m.slo_attainment is not None:
+        head += f", {m.slo_attainment:.1%} of requests met it"
+    bind = binding_check(m.slo_checks)
+    if bind is None:
+        return [head]
+    missed = sum(not c.ok for c in m.slo_checks)
+    more = f" ({missed} of {len(m.slo_checks)} checks missed)" if missed > 1 else ""
+    return [head, f"binding {check_text(bind.model_dump())}{more}"]
+
+
+def binding_check(checks: list[SLOCheck]) -> SLOCheck | None:
+    """The check with the highest value / target: the one missed by the most, or on a
+    passing run the one nearest its target (the first to break as load grows). A failed
+    check without a value (no request completed) binds first; a check skipped with a
+    note (not measured, not failed) never binds."""
+
+    def load(c: SLOCheck) -> float:
+        if c.value is None:
+            return math.inf
+        if not c.target:
+            return math.inf if c.value else 0.0
+        return c.value / c.target
+
+    judged = [c for c in checks if c.value is not None or not c.ok]
+    return max(judged, key=load, default=None)

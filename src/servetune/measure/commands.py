@@ -1,0 +1,167 @@
+"""What `servetune bench` and `servetune simulate` measure, from their parsed settings:
+resolve the nouns (workload, SLO, tokenizer or model/hardware/profile), open the session,
+build the load points, and sweep them (`measure.sweep`). The CLI only parses flags into
+these settings and shows what the hooks report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from servetune.bench.client import Timeouts
+from servetune.bench.runner import BenchOptions
+from servetune.bench.server_metrics import engine_adapter, http_fetcher
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.hardware import get_hardware
+from servetune.measure.loads import SweepLoads, sweep_points
+from servetune.measure.real import ServerSession, server_software
+from servetune.measure.simulated import SimSession
+from servetune.measure.sweep import Hooks, ResultFiles, StoreSettings, sweep
+from servetune.model import get_model
+from servetune.results.schema import RunResult
+from servetune.sim.profile import load_profile, load_results
+from servetune.slo import SLO, load_slo
+from servetune.store import RunMeta, host_info, software_info
+from servetune.workload.materialize import Request
+from servetune.workload.spec import WorkloadSpec, load_workload, parse_workload
+from servetune.workload.tokenizer import load_tokenizer
+
+# What bench sends when no workload file is given.
+DEFAULT_WORKLOAD = {
+    "name": "default-chat",
+    "count": 200,
+    "arrival": {"kind": "poisson", "rate": 1.0},
+    "input_tokens": {"dist": "lognormal", "mean": 512, "sigma": 0.5, "min": 16, "max": 4096},
+    "output_tokens": {"dist": "lognormal", "mean": 128, "sigma": 0.5, "min": 8, "max": 1024},
+}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """`servetune bench`: a server already running at `url`, measured at each load.
+    `engine`/`config`/`launch_command` are recorded, never applied."""
+
+    url: str
+    workload: Path | None = None
+    loads: SweepLoads = SweepLoads()
+    max_concurrency: int | None = None  # cap on in-flight requests of open-loop points
+    slo: Path | None = None
+    model: str | None = None  # the name sent to the server
+    tokenizer: str | None = None  # --tokenizer (None: whitespace words)
+    files: ResultFiles = ResultFiles()
+    store: StoreSettings | None = None  # None: --no-store
+    workers: int | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    cancel_fraction: float = 0.0
+    cancel_after_chunks: int = 4
+    breaker_error_rate: float | None = 0.5
+    scrape: bool = True
+    engine: str | None = None
+    config: EngineConfig | None = None
+    launch_command: str | None = None
+    continuous_usage: bool = False
+    api_key: str | None = field(default=None, repr=False)  # never stored
+
+
+def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
+    """Measure the server at every load point (see `sweep`)."""
+
+    swept = s.loads.swept
+    spec = (
+        load_workload(s.workload, swept=swept)
+        if s.workload
+        else parse_workload(DEFAULT_WORKLOAD, swept=swept)
+    )
+    slo = load_slo(s.slo) if s.slo else None
+    tok = load_tokenizer(s.tokenizer, s.url)
+    points = sweep_points(spec, s.loads, s.max_concurrency)
+    adapter = engine_adapter(s.engine) if s.engine else None
+    opts = BenchOptions(
+        url=s.url,
+        api_key=s.api_key,
+        model=s.model,
+        timeouts=s.timeouts,
+        workers=s.workers,
+        save_text=s.files.save_text,
+        continuous_usage=s.continuous_usage,
+        cancel_fraction=s.cancel_fraction,
+        cancel_after_chunks=s.cancel_after_chunks,
+        breaker_error_rate=s.breaker_error_rate,
+        metrics_fetch=http_fetcher(s.url, adapter) if s.scrape else None,
+        tokenizer=tok,
+    )
+    session = ServerSession(opts, tok, slo, launch_command=s.launch_command)
+    hooks = hooks or Hooks()
+    hooks.ready(session)
+    store = replace(s.store, meta=lambda: bench_meta(s, slo)) if s.store else None
+    return sweep(session, points, files=s.files, store=store, hooks=hooks)
+
+
+def bench_meta(s: BenchSettings, slo: SLO | None) -> RunMeta:
+    """What bench knows about every run: this host, the engine (and its config only when
+    given with --set: never guessed), the launch command when given, the SLO."""
+
+    software = software_info() | server_software(s.url, s.api_key)
+    if s.engine:
+        software["engine"] = s.engine
+    return RunMeta(
+        backend="real",
+        engine_config=s.config.model_dump(mode="json") if s.config is not None else None,
+        launch_command=s.launch_command,
+        hardware=host_info(),
+        software=software,
+        slo=slo.model_dump(mode="json") if slo is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class SimulateSettings:
+    """`servetune simulate`: `config` on `model` x `gpu` under a workload file, or
+    `replay`: a bench result's exact requests and load."""
+
+    config: EngineConfig
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100-sxm"
+    hardware_file: Path | None = None
+    workload: Path | None = None
+    replay: Path | None = None
+    loads: SweepLoads = SweepLoads()
+    profile: Path | None = None
+    slo: Path | None = None
+    files: ResultFiles = ResultFiles()
+    store: StoreSettings | None = None  # None: --no-store
+
+
+def run_simulate(s: SimulateSettings, hooks: Hooks | None = None) -> list[RunResult]:
+    """Simulate every load point (see `sweep`). A sweep's points are numbered (their
+    files are `<output>-0.json`, ...); a replay without --rate, --concurrency or --count
+    sends the bench run's own requests."""
+
+    m = get_model(s.model)
+    hw = get_hardware(s.gpu, s.hardware_file)
+    prof = load_profile(s.profile) if s.profile else None
+    slo = load_slo(s.slo) if s.slo else None
+    session = SimSession(m, hw, s.config, profile=prof, slo=slo)
+    session.setup  # noqa: B018 - fail fast, one line, before any work
+    spec, fixed = _sim_workload(s)
+    points = [replace(p, label=str(i)) for i, p in enumerate(sweep_points(spec, s.loads))]
+    if fixed is not None and not s.loads.swept and s.loads.count is None:
+        points = [replace(points[0], requests=fixed)]
+    hooks = hooks or Hooks()
+    hooks.ready(session)
+    store = replace(s.store, meta=session.run_meta) if s.store else None
+    return sweep(session, points, files=s.files, store=store, hooks=hooks)
+
+
+def _sim_workload(s: SimulateSettings) -> tuple[WorkloadSpec, list[Request] | None]:
+    """The workload to simulate, and the replayed run's requests (None: draw them)."""
+
+    if s.replay is not None:
+        base = load_results([s.replay])[0]
+        if not base.requests:
+            raise InputError("--replay", f"{s.replay} holds no requests", "bench with -o")
+        return WorkloadSpec.model_validate(base.workload), base.requests
+    if s.workload is not None:
+        return load_workload(s.workload, swept=s.loads.swept), None
+    raise InputError("--workload", "give a workload file or --replay", "see docs/simulate.md")

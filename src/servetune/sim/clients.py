@@ -1,0 +1,109 @@
+"""The load side of a simulated run: when each request reaches the engine.
+
+Open loop: requests carry their send times; with a concurrency cap (the workload's
+`concurrency` on an open-loop arrival), a send beyond the cap waits client-side until a
+request ends. Closed loop: `closed_users` clients each send their next request when the
+previous one ends, cycling through a pool with fresh ids until `stop_issuing_s`.
+
+The engine's front end (HTTP, tokenise, hand-off: `StepModel.ingress_s`) serves one request
+at a time, so a request is seen by the scheduler only after the front end's turn.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from servetune.sim.request import SimRequest
+from servetune.sim.steptime import StepModel
+
+
+class Clients:
+    """Sends requests and hands the engine each one when its front end is done with it.
+    `arrivals` is a heap of (time the engine sees it, send id, request)."""
+
+    __slots__ = (
+        "arrivals",
+        "feed",
+        "cycle",
+        "next_send_id",
+        "in_flight",
+        "cap",
+        "held_back",
+        "stop_issuing_s",
+        "ingress_s",
+        "ingress_per_token_s",
+        "front_end_free_s",
+    )
+
+    def __init__(
+        self,
+        model: StepModel,
+        requests: list[SimRequest],
+        pool: list[SimRequest] | None,
+        closed_users: int | None,
+        client_cap: int | None,
+        stop_issuing_s: float | None,
+    ) -> None:
+        closed = closed_users is not None
+        self.arrivals: list[tuple[float, int, SimRequest]] = []
+        # Closed loop: the sends still to make, in order; `cycle` re-queues each with a
+        # fresh id (a pool replayed for a duration).
+        self.feed: deque[SimRequest] = deque(
+            (pool if pool is not None else requests) if closed else ()
+        )
+        self.cycle = closed and pool is not None
+        self.next_send_id = len(requests)
+        self.in_flight = 0
+        self.cap = None if closed else client_cap
+        self.held_back: deque[SimRequest] = deque()  # open loop, over the cap
+        self.stop_issuing_s = stop_issuing_s
+        self.ingress_s = model.ingress_s
+        self.ingress_per_token_s = model.ingress_per_token_s
+        self.front_end_free_s = 0.0  # the serial front end is busy until then
+        if closed:
+            for _ in range(min(closed_users or 0, len(self.feed))):
+                r = self.feed.popleft()
+                r.arrival_s = 0.0
+                self.send(0.0, r)
+        elif self.ingress_s > 0 or self.ingress_per_token_s > 0:
+            for r in sorted(requests, key=lambda x: (x.arrival_s, x.send_id)):
+                self.send(r.arrival_s, r)
+        else:
+            self.arrivals = [(r.arrival_s, r.send_id, r) for r in requests]
+        heapq.heapify(self.arrivals)
+
+    def send(self, t: float, r: SimRequest) -> None:
+        """A client sends r at t; the engine sees it after the front end's turn."""
+        ing0, ing1 = self.ingress_s, self.ingress_per_token_s
+        if ing0 > 0 or ing1 > 0:
+            t = max(t, self.front_end_free_s) + ing0 + ing1 * r.prompt_tokens
+            self.front_end_free_s = t
+        heapq.heappush(self.arrivals, (t, r.send_id, r))
+
+    def accept(self, r: SimRequest) -> bool:
+        """r reaches the engine now (True), or waits client-side under the cap (False)."""
+        cap = self.cap
+        if cap is not None and self.in_flight >= cap:
+            self.held_back.append(r)
+            return False
+        self.in_flight += 1
+        return True
+
+    def finished(self, t: float) -> None:
+        """A request ended for its client at t: a closed-loop client sends its next one, an
+        open loop releases a held-back send."""
+        self.in_flight -= 1
+        feed = self.feed
+        if feed:
+            if self.stop_issuing_s is None or t < self.stop_issuing_s:
+                nxt = feed.popleft()
+                if self.cycle:
+                    feed.append(nxt.resend(self.next_send_id))
+                    self.next_send_id += 1
+                nxt.arrival_s = t
+                self.send(t, nxt)
+        elif self.held_back:
+            nxt = self.held_back.popleft()
+            nxt.arrival_s = t
+            self.send(t, nxt)

@@ -1,0 +1,524 @@
+"""The hybrid flow's calibration: before the simulator ranks a space, its step-time tier is
+fitted on the real engine, cached, and reused while it still predicts within its error.
+
+Why: the roofline tier is a bound with stated efficiency factors, not a measurement; on a
+CPU host it was ~12x off and ranked every llama.cpp config the same. So `hybrid` first runs
+a short sweep on the real engine at the space's baseline config (`sweep_cases`: the study's
+own requests as closed loops of 1, 2 and 4 users, each run twice and the least disturbed
+kept), fits a profile on those runs (least squares, then replay: `sim.calibrate`, what
+`servetune calibrate --url` does) and ranks with it.
+
+The cache (`CalibrationCache`, under the servetune cache dir) holds one entry per
+`CalibrationKey`: engine and its version, the model file served, the host CPU (and the
+engine's threads, which the simulator does not model). An entry is reused until
+`reuse_reason` finds a reason not to; the verify trials then check it (`judge`): when the
+simulator's median throughput error on the verified configs exceeds the profile's stated
+error (at most TARGET_ERROR), the entry is marked stale and the next run calibrates again.
+The decisions are pure functions; the sweep and the files are the I/O at the edges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from servetune.engines import install
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.hardware import get_hardware
+from servetune.hardware.local import cpu_facts
+from servetune.measure.backends import BackendSpec, make_backend
+from servetune.measure.result import Infeasible
+from servetune.model import get_model
+from servetune.paths import cache_root
+from servetune.results.schema import RunResult
+from servetune.sim.calibrate import fit_by_replay, fit_profile
+from servetune.sim.profile import Profile, save_profile
+from servetune.store import RunMeta, Store
+from servetune.store.meta import host_info
+from servetune.validate import bench_real, calibration_cases, engine_version, save_run
+from servetune.workload.spec import WorkloadSpec, parse_workload
+
+if TYPE_CHECKING:
+    from servetune.tune.tuner import TuneSettings
+
+Say = Callable[[str], None]
+ENTRY_KIND = "servetune-calibration"
+SWEEP_USERS = (1, 2, 4)
+SWEEP_SAMPLES = 2  # runs of each sweep case; the least disturbed is fitted on
+# The most a profile may miss the verified configs by and still be reused: its stated
+# error, but never more than the hybrid flow's fidelity target (a profile fitted on a
+# noisy sweep must not be kept on the strength of its own noise).
+TARGET_ERROR = 0.25
+MAX_CHECKS = 20  # the checks an entry keeps (newest last)
+
+
+# --- what a profile is cached under ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What a calibrated profile is valid for: the engine build, the exact model file it
+    served, the host CPU (model and cores, as `hardware.local` keys its measurement) and
+    the engine's threads (None: its default), which the simulator does not model: a
+    profile fitted at other threads would price every step wrong."""
+
+    engine: str
+    engine_version: str
+    model_file: str
+    model_bytes: int
+    model_mtime_ns: int
+    host: str
+    threads: int | None = None
+
+    @property
+    def digest(self) -> str:
+        """A short stable name for the cache files."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        threads = "default threads" if self.threads is None else f"{self.threads} threads"
+        return (
+            f"{self.engine} {self.engine_version}, {Path(self.model_file).name}, "
+            f"{self.host}, {threads}"
+        )
+
+
+def file_identity(path: str) -> tuple[str, int, int]:
+    """(resolved path, bytes, newest mtime in ns) of a model file or directory: a file
+    replaced or re-downloaded is another model as far as the cache knows."""
+    p = Path(path).expanduser().resolve()
+    try:
+        files = [p] if p.is_file() else [f for f in p.iterdir() if f.is_file()]
+        stats = [f.stat() for f in files]
+    except OSError as exc:
+        raise InputError("--model-path", f"cannot read {p}: {exc.strerror}") from None
+    return str(p), sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+
+
+def host_key() -> str:
+    """The host CPU as `hardware.local` keys its measurement: "model|cores"."""
+    facts = cpu_facts()
+    return f"{facts['model']}|{facts['cores']}"
+
+
+def key_for(real: BackendSpec, cfg: EngineConfig) -> CalibrationKey:
+    """The key of the engine, model file and host a real backend runs `cfg` on."""
+    version = install.require(real.engine, real.executable).version or "unknown"
+    if real.model_path is None:
+        raise InputError("--model-path", f"a real {real.engine} needs the model to serve")
+    path, size, mtime = file_identity(real.model_path)
+    return CalibrationKey(real.engine, version, path, size, mtime, host_key(), cfg.threads)
+
+
+# --- the cache entry and the decisions on it --------------------------------------------
+
+
+@dataclass
+class CacheEntry:
+    """One cached calibration: the profile file, what it claims, what checked it since."""
+
+    key: dict[str, Any]
+    profile: str  # the profile JSON (a new file per calibration)
+    stated_error: float  # the profile's own error, relative (`stated_error`)
+    config: dict[str, Any]  # the engine config the sweep ran
+    fitted_utc: str
+    sweep_s: float  # seconds the sweep and the fit took
+    runs_dir: str  # the sweep's runs as JSON
+    stale: str | None = None  # why the next run must calibrate again
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": ENTRY_KIND, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CacheEntry:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def stated_error(profile: Profile) -> float:
+    """The relative error a profile claims: after a replay fit its RMS log error of the
+    replayed figures as a relative error (a log error e is a factor of exp(e): exp(e) - 1),
+    else the least squares' relative RMSE of the step times."""
+    fit = profile.fit
+    if fit is None:
+        return math.inf
+    return math.expm1(fit.rel_rmse) if "replay" in fit.method else fit.rel_rmse
+
+
+def reuse_reason(entry: CacheEntry | None, profile_exists: bool) -> str | None:
+    """Why the cached calibration cannot be reused (None: reuse it)."""
+    if entry is None:
+        return "no calibration cached for this engine, model file, host and threads"
+    if entry.stale:
+        return f"the cached one is stale ({entry.stale})"
+    if not profile_exists:
+        return "the cached profile file is gone"
+    return None
+
+
+def tolerance(stated: float) -> float:
+    """How far the verified configs may be off before the profile is stale: its stated
+    error, at most TARGET_ERROR."""
+    return min(stated, TARGET_ERROR)
+
+
+def judge(errors: list[float], stated: float) -> tuple[float | None, str | None]:
+    """(median |error| of the verified configs' throughput, why the profile is stale or
+    None). The median, so one noisy real trial does not throw a good profile away."""
+    if not errors:
+        return None, None
+    med = statistics.median(abs(e) for e in errors)
+    tol = tolerance(stated)
+    if med <= tol:
+        return med, None
+    bound = (
+        f"the profile's stated error {stated:.0%}"
+        if tol == stated
+        else f"the {tol:.0%} target (the profile states {stated:.0%})"
+    )
+    return med, f"the verified configs' median throughput error {med:.0%} exceeds {bound}"
+
+
+def sweep_cases(workload: WorkloadSpec) -> list[WorkloadSpec]:
+    """The short sweep: the study's own requests as closed loops of 1, 2 and 4 users,
+    2 requests per user + 2 each (sized as the fidelity harness's calibration runs), so the
+    fit sees the prompt lengths and batch sizes the study will be ranked on. Named `cal-*`
+    (the harness's calibration set). A trace workload (it cannot be a closed loop) is
+    swept with the harness's short-prompt calibration runs instead."""
+    try:
+        return [
+            workload.with_load(concurrency=c, count=2 * c + 2).model_copy(
+                update={"name": f"cal-study-c{c}"}
+            )
+            for c in SWEEP_USERS
+        ]
+    except ValueError:
+        short = {f"cal-c{c}-p64" for c in SWEEP_USERS}
+        return [c for c in calibration_cases() if c.name in short]
+
+
+# --- the files ---------------------------------------------------------------------------
+
+
+class CalibrationCache:
+    """The entries under `root` (default: the servetune cache's `calibration/`): one JSON
+    entry per key, its profiles and its sweeps' runs beside it."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root is not None else cache_root() / "calibration"
+
+    def entry_path(self, key: CalibrationKey) -> Path:
+        return self.root / f"{key.engine}-{key.digest}.json"
+
+    def load(self, key: CalibrationKey) -> CacheEntry | None:
+        """The entry, or None when there is none or it cannot be read (then it is
+        calibrated again, never trusted half-read)."""
+        try:
+            data = json.loads(self.entry_path(key).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("kind") != ENTRY_KIND:
+            return None
+        try:
+            entry = CacheEntry.from_json(data)
+        except TypeError:
+            return None
+        return entry if entry.key == asdict(key) else None
+
+    def save(self, key: CalibrationKey, entry: CacheEntry) -> Path:
+        """Written whole and renamed, so a reader never sees half an entry."""
+        path = self.entry_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(entry.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    def new_paths(self, key: CalibrationKey) -> tuple[Path, Path]:
+        """(profile file, runs folder) of a new calibration: named by its time, so a study
+        ranked on one profile never resumes on another (the profile path is part of the
+        study's fingerprint)."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        base = self.root / f"{key.engine}-{key.digest}-{stamp}"
+        return Path(f"{base}.profile.json"), Path(f"{base}-runs")
+
+
+# --- the sweep on the real engine ----------------------------------------------------------
+
+
+def least_disturbed(samples: list[RunResult]) -> RunResult:
+    """The sample of a case to fit on: the one with the highest output throughput. Other
+    work on the host only ever slows a run down (on a shared 2-core box one sample's TPOT
+    was 15 ms and the next's 1.9 s), so the fastest is the engine's own speed, as the
+    host's bandwidth is the best of its samples (`hardware.local`)."""
+    return max(samples, key=lambda r: r.metrics.output_tok_s)
+
+
+def run_sweep(
+    real: BackendSpec,
+    cfg: EngineConfig,
+    cases: list[WorkloadSpec],
+    *,
+    say: Say,
+    keep: Callable[[RunResult], None],
+) -> tuple[list[RunResult], str]:
+    """Launch the engine at `cfg`, measure each case SWEEP_SAMPLES times as `calibrate
+    --url` does (`validate.bench_real`: completions, the server's tokenizer, a seed per
+    case and repeat), in interleaved blocks (every case, then every case again: the host
+    drifts over minutes), stop it. Returns (each case's least disturbed run, the version
+    the engine reports); every run is kept."""
+    backend = make_backend(real)
+    samples: dict[str, list[RunResult]] = {c.name: [] for c in cases}
+    with backend.session(cfg) as session:
+        srv = session.srv  # type: ignore[attr-defined]
+        for rep in range(SWEEP_SAMPLES):
+            for case in cases:
+                res = bench_real(
+                    srv.url, srv.served_model, case, real.engine, scrape=False, repeat=rep
+                )
+                keep(res)
+                samples[case.name].append(res)
+        version = engine_version(srv)
+    best = []
+    for name, runs in samples.items():
+        pick = least_disturbed(runs)
+        best.append(pick)
+        m = pick.metrics
+        others = ", ".join(f"{r.metrics.req_s:.2f}" for r in runs if r is not pick)
+        say(f"calibration: {name}: best of {len(runs)} runs {m.req_s:.2f} req/s (other "
+            f"{others}), P50 TTFT {m.ttft_ms.p50 or 0:,.0f} ms, P50 TPOT "
+            f"{m.tpot_ms.p50 or 0:,.0f} ms")  # fmt: skip
+    return best, version
+
+
+def fit(runs: list[RunResult], real: BackendSpec, cfg: EngineConfig, version: str) -> Profile:
+    """The calibrated tier from the sweep: least squares on the runs' inter-chunk gaps,
+    then refined by replaying them through the scheduler at `cfg` (`sim.calibrate`)."""
+    model = get_model(real.model)
+    hw = get_hardware(real.hardware, real.hardware_file)
+    prof = fit_profile(
+        runs, engine=real.engine, model=model.name, hardware=hw.name, engine_version=version
+    )
+    return fit_by_replay(runs, prof, real.model, cfg, hardware=real.hardware)
+
+
+# --- the hybrid flow's calibration, end to end -----------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """The profile the hybrid flow ranks with: where it came from and how it did."""
+
+    key: CalibrationKey
+    entry: CacheEntry
+    cache: CalibrationCache
+    reused: bool
+    why: str  # why it was fitted now, or that it was reused
+    check: dict[str, Any] | None = None  # the verified configs' verdict (`verify`)
+
+    def sim_spec(self, sim: BackendSpec) -> BackendSpec:
+        """The simulator backend ranking with this profile."""
+        return replace(sim, profile=self.entry.profile)
+
+    def verify(self, errors: list[float], say: Say) -> None:
+        """After the verify trials: judge the profile on the verified configs' throughput
+        errors, record the check in the entry and mark it stale when it missed."""
+        med, stale = judge(errors, self.entry.stated_error)
+        if med is None:
+            return
+        self.check = {
+            "at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "configs": len(errors),
+            "median_error": med,
+            "max_error": max(abs(e) for e in errors),
+            "stated_error": self.entry.stated_error,
+            "stale": stale,
+        }
+        self.entry.checks = [*self.entry.checks, self.check][-MAX_CHECKS:]
+        if stale:
+            self.entry.stale = stale
+        with contextlib.suppress(OSError):
+            self.cache.save(self.key, self.entry)
+        say(self.check_line())
+
+    def check_line(self) -> str:
+        """One line for the output: how the profile did on the verified configs."""
+        c = self.check
+        if c is None:
+            return "calibration check: no verified config to compare"
+        verdict = (
+            f"marked stale, the next run calibrates again: {c['stale']}"
+            if c["stale"]
+            else f"within {tolerance(c['stated_error']):.0%}: kept"
+        )
+        return (
+            f"calibration check: median throughput error {c['median_error']:.0%} (max "
+            f"{c['max_error']:.0%}) on {c['configs']} verified configs, {verdict}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        e = self.entry
+        return {
+            "key": asdict(self.key),
+            "profile": e.profile,
+            "reused": self.reused,
+            "why": self.why,
+            "stated_error": e.stated_error,
+            "fitted_utc": e.fitted_utc,
+            "config": e.config,
+            "runs_dir": e.runs_dir,
+            "check": self.check,
+        }
+
+    def line(self) -> str:
+        """One line for the output: what the simulator ranked with."""
+        e = self.entry
+        how = "reused" if self.reused else f"fitted now ({self.why})"
+        return (
+            f"simulator calibrated on the real engine: profile {how}, fitted "
+            f"{e.fitted_utc} on {self.key.describe()}, stated error {e.stated_error:.0%}"
+        )
+
+
+def calibrate_first(
+    real: BackendSpec,
+    sim: BackendSpec,
+    baseline: EngineConfig,
+    *,
+    cache: CalibrationCache,
+    force: bool,
+    say: Say,
+    store_run: Callable[[RunResult, CalibrationKey], None] | None = None,
+) -> Calibration:
+    """The cached calibration for this engine, model file and host when it can be
+    reused, else a new one: the short sweep at the space's baseline, the fit, the entry.
+    Raises `measure.Infeasible` when the engine does not start at the baseline."""
+    key = key_for(real, baseline)
+    entry = cache.load(key)
+    why = "asked to recalibrate" if force else None
+    if why is None:
+        why = reuse_reason(entry, entry is not None and Path(entry.profile).exists())
+    if why is None and entry is not None:
+        cal = Calibration(key, entry, cache, reused=True, why="reused")
+        say(f"calibration: {cal.line()}")
+        return cal
+    cases = sweep_cases(parse_workload(sim.workload))
+    say(f"calibration: {why}: a short sweep on the real engine at the baseline "
+        f"({', '.join(c.name for c in cases)}; {SWEEP_SAMPLES} runs each)")  # fmt: skip
+    t0 = time.monotonic()
+    profile_path, runs_dir = cache.new_paths(key)
+
+    def keep(res: RunResult) -> None:
+        save_run(res, runs_dir)  # kept before any fitting: nothing measured is lost
+        if store_run is not None:
+            store_run(res, key)
+
+    runs, version = run_sweep(real, baseline, cases, say=say, keep=keep)
+    say("calibration: fitting the step-time profile (least squares, then replay)")
+    prof = fit(runs, real, baseline, version)
+    save_profile(prof, profile_path)
+    entry = CacheEntry(
+        key=asdict(key),
+        profile=str(profile_path),
+        stated_error=stated_error(prof),
+        config=baseline.model_dump(mode="json"),
+        fitted_utc=prof.created_utc,
+        sweep_s=time.monotonic() - t0,
+        runs_dir=str(runs_dir),
+    )
+    cache.save(key, entry)
+    cal = Calibration(key, entry, cache, reused=False, why=why)
+    say(f"calibration: {cal.line()} [{entry.sweep_s:.0f}s]")
+    return cal
+
+
+def for_hybrid(
+    settings: TuneSettings, store: Store | None, say: Say
+) -> tuple[Calibration | None, str | None]:
+    """The hybrid flow's first step: calibrate (or reuse) and point the settings'
+    simulator at the profile, before anything ranks. Returns (the calibration, a note).
+    A profile the user gave (--profile) is used as given; a calibration that cannot run
+    (the engine does not start at the baseline) leaves the simulator on its roofline tier,
+    said in the note, and the study goes on."""
+    sim, real = settings.sim, settings.real
+    if settings.mode != "hybrid" or sim is None or real is None:
+        return None, None
+    if sim.profile:
+        return None, f"the simulator ranks with the given profile {sim.profile} (not calibrated)"
+    try:
+        cal = calibrate_first(
+            real,
+            sim,
+            settings.space.baseline_config(),
+            cache=CalibrationCache(settings.calibration_dir),
+            force=settings.recalibrate,
+            say=say,
+            store_run=store_writer(store, say) if store is not None else None,
+        )
+    except (Infeasible, InputError) as exc:
+        why = exc.reason if isinstance(exc, Infeasible) else exc.one_line()
+        return None, f"calibration failed ({why}): the simulator ranked on its roofline tier"
+    settings.sim = cal.sim_spec(sim)
+    return cal, None
+
+
+def store_writer(store: Store, say: Say) -> Callable[[RunResult, CalibrationKey], None]:
+    """Each sweep run into the experiment store too, as a study of its own
+    (`calibration-<engine>-<digest>`, tag `calibration`); a store that fails is said once
+    and left alone (the runs are kept as files regardless)."""
+    failed: list[str] = []
+
+    def write(res: RunResult, key: CalibrationKey) -> None:
+        if failed:
+            return
+        meta = RunMeta(
+            backend="real",
+            study=f"calibration-{key.engine}-{key.digest}",
+            study_kind="calibration",
+            tags=["calibration"],
+            model=key.model_file,
+            engine_config=res.target.config or None,
+            hardware=host_info(),
+            software={"engine": key.engine, "engine_version": key.engine_version},
+        )
+        try:
+            store.save_result(res, meta)
+        except Exception as exc:  # noqa: BLE001 - storing comes second to measuring
+            failed.append(str(exc))
+            say(f"calibration: runs not stored ({str(exc).splitlines()[0][:120]})")
+
+    return write
+
+
+__all__ = [
+    "CacheEntry",
+    "Calibration",
+    "CalibrationCache",
+    "CalibrationKey",
+    "calibrate_first",
+    "file_identity",
+    "fit",
+    "for_hybrid",
+    "host_key",
+    "judge",
+    "key_for",
+    "least_disturbed",
+    "reuse_reason",
+    "run_sweep",
+    "stated_error",
+    "store_writer",
+    "sweep_cases",
+    "tolerance",
+]

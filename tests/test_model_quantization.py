@@ -1,0 +1,143 @@
+"""A checkpoint's own weight format, read from config.json's `quantization_config`."""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune.errors import InputError
+from servetune.model.catalog import catalog_entry, catalog_names, get_model
+from servetune.model.hf_config import spec_from_hf_dict
+from servetune.model.quantization import tensor_class
+
+LINEAR = ("attention", "mlp", "experts", "shared_experts")
+
+
+def _with_quant(name: str, quant: object) -> dict:
+    cfg = {k: v for k, v in catalog_entry(name).items() if not k.startswith("_")}
+    return {**cfg, "quantization_config": quant}
+
+
+def test_deepseek_v3_ships_block_wise_fp8() -> None:
+    q = get_model("deepseek-v3").quantization
+    assert q is not None and q.method == "fp8"
+    (scheme,) = q.schemes
+    assert (scheme.bits, scheme.kind, scheme.block, scheme.scale_bits) == (
+        8,
+        "float",
+        (128, 128),
+        32,
+    )
+    assert scheme.classes == LINEAR  # the LM head and embedding stay bf16
+    assert scheme.activations == "fp8"
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b"])
+def test_gpt_oss_ships_mxfp4_experts(name: str) -> None:
+    q = get_model(name).quantization
+    assert q is not None and q.method == "mxfp4"
+    (scheme,) = q.schemes
+    assert scheme.classes == ("experts",)
+    assert (scheme.bits, scheme.kind, scheme.group_size, scheme.scale_bits) == (4, "float", 32, 8)
+
+
+def test_only_the_natively_quantized_catalog_entries_carry_a_format() -> None:
+    quantized = {n for n in catalog_names() if get_model(n).quantization is not None}
+    assert quantized == {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b"}
+
+
+@pytest.mark.parametrize(
+    ("module", "cls"),
+    [
+        ("model.layers.*.self_attn", "attention"),
+        ("model.layers.*.mlp.router", "router"),
+        ("re:.*mlp.gate$", "router"),
+        ("block_sparse_moe.gate", "router"),
+        ("re:.*mlp.experts.*", "experts"),
+        ("model.layers.*.mlp.shared_experts", "shared_experts"),
+        ("re:.*gate_proj", "mlp"),
+        ("model.embed_tokens", "embedding"),
+        ("lm_head", "lm_head"),
+        ("model.layers.0.mlp.down_proj", None),  # one layer's exception: not a class
+        ("model.norm", None),
+    ],
+)
+def test_module_names_map_to_tensor_classes(module: str, cls: str | None) -> None:
+    assert tensor_class(module) == cls
+
+
+def test_compressed_tensors_groups_targets_and_ignore() -> None:
+    # llm-compressor W4A16 on the experts, FP8 dynamic elsewhere, LM head ignored.
+    quant = {
+        "quant_method": "compressed-tensors",
+        "format": "mixed-precision",
+        "ignore": ["lm_head", "re:.*mlp.gate$"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["re:.*mlp.experts.*"],
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group",
+                            "group_size": 128, "symmetric": False},
+            },
+            "group_1": {
+                "targets": ["re:.*self_attn.*"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                "input_activations": {"num_bits": 8, "type": "float", "dynamic": True},
+            },
+        },
+    }  # fmt: skip
+    q = spec_from_hf_dict(_with_quant("qwen3-30b-a3b", quant), "q").quantization
+    assert q is not None and q.method == "compressed-tensors"
+    experts, attention = q.schemes
+    assert (experts.classes, experts.bits, experts.group_size) == (("experts",), 4, 128)
+    assert experts.zero_bits == 4 and experts.scale_bits == 16  # asymmetric: a zero per group
+    assert (attention.classes, attention.bits, attention.group_size) == (("attention",), 8, None)
+    assert attention.activations == "fp8"
+
+
+def test_compressed_tensors_linear_target_covers_the_lm_head_unless_ignored() -> None:
+    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
+    group = {"targets": ["Linear"], "weights": weights}
+    base = {"quant_method": "compressed-tensors", "config_groups": {"g": group}}
+    kept = spec_from_hf_dict(_with_quant("llama-3.1-8b", base), "a").quantization
+    dropped = spec_from_hf_dict(
+        _with_quant("llama-3.1-8b", {**base, "ignore": ["lm_head"]}), "b"
+    ).quantization
+    assert kept is not None and dropped is not None
+    assert kept.schemes[0].classes == (*LINEAR, "lm_head")
+    assert dropped.schemes[0].classes == LINEAR
+    assert kept.schemes[0].scale_bits == 8  # NVFP4: fp8 e4m3 scale per 16 values
+
+
+def test_awq_and_gptq_read_bits_and_groups() -> None:
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+           "modules_to_not_convert": ["gate"]}  # fmt: skip
+    q = spec_from_hf_dict(_with_quant("mixtral-8x7b", awq), "m").quantization
+    assert q is not None
+    assert (q.schemes[0].bits, q.schemes[0].group_size, q.schemes[0].zero_bits) == (4, 64, 4)
+    gptq = {"quant_method": "gptq", "bits": 8, "group_size": -1, "lm_head": True}
+    g = spec_from_hf_dict(_with_quant("llama-3.1-8b", gptq), "l").quantization
+    assert g is not None
+    assert (g.schemes[0].bits, g.schemes[0].group_size) == (8, None)  # -1: one scale per row
+    assert "lm_head" in g.schemes[0].classes
+
+
+def test_unknown_method_is_kept_without_a_size_rule() -> None:
+    q = spec_from_hf_dict(_with_quant("llama-3.1-8b", {"quant_method": "bitsandbytes"}), "l")
+    assert q.quantization is not None
+    assert q.quantization.method == "bitsandbytes" and q.quantization.schemes == ()
+
+
+@pytest.mark.parametrize(
+    ("quant", "field"),
+    [
+        ("fp8", "quantization_config"),
+        ({"bits": 4}, "quantization_config.quant_method"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size"),
+        ({"quant_method": "awq", "bits": "four"}, "quantization_config.bits"),
+        ({"quant_method": "compressed-tensors"}, "config_groups"),
+        ({"quant_method": "mxfp4", "modules_to_not_convert": "lm_head"}, "modules_to_not_convert"),
+    ],
+)
+def test_bad_quantization_config_is_one_line_naming_the_field(quant: object, field: str) -> None:
+    with pytest.raises(InputError) as info:
+        spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "m", source="config.json")
+    assert field in info.value.field and "\n" not in str(info.value)

@@ -1,0 +1,260 @@
+"""The hybrid flow's calibration cache, without an engine: what the key is made of, when a
+cached profile is reused, when the verified configs make it stale (and the next run then
+calibrates again, into a new profile file), and the sim-vs-real rows it is judged on.
+The sweep and the fit are replaced by stand-ins that count their calls."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from servetune.engines.config import EngineConfig
+from servetune.measure import BackendSpec
+from servetune.measure.result import PointResult
+from servetune.results.schema import Metrics, RunResult
+from servetune.sim.profile import FitQuality, Profile, load_profile
+from servetune.slo import parse_slo
+from servetune.status import TrialStatus
+from servetune.tune import calibration as cal
+from servetune.tune import simvsreal
+from servetune.tune.calibration import (
+    CacheEntry,
+    CalibrationCache,
+    CalibrationKey,
+    calibrate_first,
+    file_identity,
+    judge,
+    least_disturbed,
+    reuse_reason,
+    stated_error,
+    sweep_cases,
+)
+from servetune.tune.trial import TrialResult
+from servetune.workload.spec import parse_workload
+
+KEY = CalibrationKey("llamacpp", "b11434", "/m/gemma.gguf", 253_000_000, 17, "AMD EPYC|2")
+WORKLOAD = {
+    "name": "main",
+    "api": "completions",
+    "count": 6,
+    "input_tokens": {"dist": "uniform", "low": 32, "high": 96},
+    "output_tokens": {"dist": "fixed", "value": 16},
+    "arrival": {"kind": "closed", "concurrency": 1},
+}
+
+
+def _profile(rel_rmse: float, method: str = "least squares + replay") -> Profile:
+    return Profile(
+        engine="llamacpp",
+        model="gemma-3-270m",
+        hardware="local",
+        coefficients={"const": 0.01, "prefill_tokens": 0.001},
+        fit=FitQuality(samples=100, r2=0.9, rel_rmse=rel_rmse, confidence="high", method=method),
+        created_utc="2026-12-01T00:00:00+00:00",
+    )
+
+
+def _entry(**kw) -> CacheEntry:
+    base = dict(
+        key=asdict(KEY),
+        profile="/p.json",
+        stated_error=0.2,
+        config=EngineConfig(engine="llamacpp").model_dump(mode="json"),
+        fitted_utc="t",
+        sweep_s=1.0,
+        runs_dir="/r",
+    )
+    return CacheEntry(**{**base, **kw})
+
+
+def test_the_key_changes_with_engine_version_model_file_and_host() -> None:
+    digests = {KEY.digest}
+    for change in (
+        {"engine_version": "b11435"},
+        {"model_file": "/m/other.gguf"},
+        {"model_bytes": 1},
+        {"model_mtime_ns": 18},
+        {"host": "Intel Xeon|16"},
+        {"threads": 1},
+    ):
+        digests.add(replace(KEY, **change).digest)
+    assert len(digests) == 7
+    assert replace(KEY).digest == KEY.digest  # stable: a function of the fields only
+
+
+def test_a_replaced_model_file_is_another_model(tmp_path: Path) -> None:
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 10)
+    first = file_identity(str(f))
+    assert first[0] == str(f.resolve()) and first[1] == 10
+    f.write_bytes(b"y" * 11)  # re-downloaded: other size and time
+    os.utime(f, ns=(first[2] + 10**9, first[2] + 10**9))
+    assert file_identity(str(f)) != first
+
+
+def test_reuse_is_refused_for_each_reason_and_granted_otherwise() -> None:
+    assert "no calibration cached" in (reuse_reason(None, True) or "")
+    assert "stale (off by 40%)" in (reuse_reason(_entry(stale="off by 40%"), True) or "")
+    assert "gone" in (reuse_reason(_entry(), False) or "")
+    assert reuse_reason(_entry(), True) is None
+
+
+def test_the_median_error_decides_staleness() -> None:
+    assert judge([], 0.2) == (None, None)
+    med, stale = judge([0.05, -0.1, 0.9], 0.2)  # one noisy trial does not condemn it
+    assert med == pytest.approx(0.1) and stale is None
+    med, stale = judge([-0.3, 0.25, 0.1], 0.2)
+    assert med == pytest.approx(0.25) and stale is not None and "stated error 20%" in stale
+    # a profile that states a large error is still held to the 25% target
+    assert judge([0.2, 0.24], 0.6)[1] is None
+    med, stale = judge([0.3, -0.3], 0.6)
+    assert stale is not None and "the 25% target (the profile states 60%)" in stale
+
+
+def test_the_least_disturbed_sample_is_the_fastest() -> None:
+    def run(tok_s: float) -> RunResult:
+        return RunResult.model_construct(metrics=Metrics.model_construct(output_tok_s=tok_s))
+
+    slow, fast = run(3.0), run(40.0)
+    assert least_disturbed([slow, fast]) is fast and least_disturbed([fast, slow]) is fast
+
+
+def test_the_stated_error_of_a_replay_fit_is_its_log_error_as_a_factor() -> None:
+    assert stated_error(_profile(0.2)) == pytest.approx(0.2214, abs=1e-4)
+    assert stated_error(_profile(0.2, "least squares")) == pytest.approx(0.2)
+
+
+def test_the_cache_round_trips_and_refuses_what_it_cannot_trust(tmp_path: Path) -> None:
+    cache = CalibrationCache(tmp_path)
+    assert cache.load(KEY) is None
+    cache.save(KEY, _entry())
+    assert cache.load(KEY) == _entry()
+    assert cache.load(replace(KEY, host="other|4")) is None  # another key, another file
+    path = cache.entry_path(KEY)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "key": asdict(replace(KEY, model_bytes=1))}))
+    assert cache.load(KEY) is None  # an entry that does not hold what its name says
+    path.write_text("{not json")
+    assert cache.load(KEY) is None
+
+
+def test_the_sweep_is_the_study_workload_at_one_two_and_four_users() -> None:
+    cases = sweep_cases(parse_workload(WORKLOAD))
+    assert [c.name for c in cases] == ["cal-study-c1", "cal-study-c2", "cal-study-c4"]
+    assert [c.arrival.concurrency for c in cases] == [1, 2, 4]
+    assert [c.count for c in cases] == [4, 6, 10]
+    assert all(c.mix == parse_workload(WORKLOAD).mix for c in cases)
+
+
+def _specs() -> tuple[BackendSpec, BackendSpec]:
+    common = dict(
+        engine="llamacpp",
+        model="gemma-3-270m",
+        hardware="cpu-host",
+        workload=parse_workload(WORKLOAD).model_dump(mode="json"),
+        slo=parse_slo({"ttft_ms": {"p95": 2000}}).model_dump(mode="json", exclude_none=True),
+    )
+    return BackendSpec(kind="real", model_path="/m/gemma.gguf", **common), BackendSpec(
+        kind="sim", **common
+    )
+
+
+def test_calibrate_reuse_go_stale_and_calibrate_again(tmp_path, monkeypatch) -> None:
+    calls: list[str] = []
+
+    def sweep(real, cfg, cases, *, say, keep):
+        calls.append("sweep")
+        return [], "b11434"
+
+    def fit(runs, real, cfg, version):
+        return _profile(0.15)
+
+    monkeypatch.setattr(cal, "key_for", lambda real, cfg: replace(KEY, threads=cfg.threads))
+    monkeypatch.setattr(cal, "run_sweep", sweep)
+    monkeypatch.setattr(cal, "fit", fit)
+    real, sim = _specs()
+    base = EngineConfig(engine="llamacpp")
+    cache = CalibrationCache(tmp_path)
+    said: list[str] = []
+
+    def first(force: bool = False) -> cal.Calibration:
+        return calibrate_first(real, sim, base, cache=cache, force=force, say=said.append)
+
+    one = first()
+    assert calls == ["sweep"] and not one.reused
+    assert "no calibration cached" in one.why
+    assert load_profile(one.entry.profile).fit.rel_rmse == 0.15  # the profile is on disk
+    assert one.sim_spec(sim).profile == one.entry.profile
+    assert one.entry.stated_error == pytest.approx(0.1618, abs=1e-4)
+
+    two = first()  # reused: no sweep
+    assert calls == ["sweep"] and two.reused and two.entry.profile == one.entry.profile
+
+    two.verify([0.05, -0.08], said.append)  # within 16%: kept
+    assert two.check is not None and two.check["stale"] is None
+    assert "kept" in said[-1] and cache.load(KEY).stale is None
+
+    three = first()
+    assert calls == ["sweep"] and three.reused
+    three.verify([0.4, -0.35, 0.1], said.append)  # median 35% > 16%: stale
+    assert "marked stale" in said[-1] and "35%" in said[-1]
+    assert len(cache.load(KEY).checks) == 2
+
+    four = first()  # the next run calibrates again, into a new profile file
+    assert calls == ["sweep", "sweep"] and not four.reused
+    assert "stale" in four.why and cache.load(KEY).stale is None
+    assert four.entry.profile != one.entry.profile  # a new study, not a resumed one
+    assert first(force=True).why == "asked to recalibrate" and len(calls) == 3
+    # other threads are another key: calibrated apart, the default-threads one untouched
+    one_thread = calibrate_first(real, sim, base.with_(threads=1), cache=cache, force=False,
+                                 say=said.append)  # fmt: skip
+    assert not one_thread.reused and one_thread.key.threads == 1 and len(calls) == 4
+    assert first().reused and len(calls) == 4
+
+
+def _point(load: float, req_s: float, ttft: float, tpot: float) -> PointResult:
+    return PointResult(
+        "concurrency", load, True, req_s=req_s, goodput_req_s=req_s,
+        ttft_p50_ms=ttft, ttft_p95_ms=ttft * 1.5, tpot_p50_ms=tpot, tpot_p95_ms=tpot * 1.2,
+    )  # fmt: skip
+
+
+def _trial(backend: str, config: dict, points: list[PointResult], best: int) -> TrialResult:
+    return TrialResult(
+        key=repr(sorted(config.items())), config=config, label=f"slots={config['parallel_slots']}",
+        backend=backend, status=TrialStatus.OK, points=points, best=points[best],
+        score=points[best].goodput_req_s, capacity=points[best].load,
+    )  # fmt: skip
+
+
+def test_sim_vs_real_rows_compare_at_the_real_best_load() -> None:
+    cfg4 = {"engine": "llamacpp", "parallel_slots": 4, "threads": 2}
+    cfg1 = {"engine": "llamacpp", "parallel_slots": 1, "threads": 2}
+    # the simulator's search stopped at 8 users, the real one at 4: compared at 4
+    sim4 = _trial("sim", cfg4, [_point(4, 4.0, 200, 50), _point(8, 6.0, 400, 60)], best=1)
+    real4 = _trial("real", cfg4 | {"threads": 1}, [_point(4, 5.0, 250, 40)], best=0)
+    sim1 = _trial("sim", cfg1, [_point(1, 2.0, 100, 30)], best=0)
+    real1 = _trial("real", cfg1, [_point(1, 1.0, 90, 30), _point(2, 2.0, 180, 33)], best=1)
+    asked: list[tuple] = []
+
+    def simulate_at(cfg, kind, load):
+        asked.append((cfg.parallel_slots, kind, load))
+        return _point(load, 2.2, 150, 31)
+
+    table = simvsreal.rows([sim4, sim1], [real4, real1], ["threads"], simulate_at)
+    a, b = table
+    assert (a["load"], a["sim_req_s_gpu"], a["real_req_s_gpu"]) == (4, 4.0, 5.0)
+    assert a["req_s_error"] == pytest.approx(-0.2)
+    assert a["ttft_p50_error"] == pytest.approx(-0.2) and a["tpot_p50_error"] == pytest.approx(0.25)
+    assert a["score_error"] == pytest.approx(0.2)  # the old figure: each at its own best load
+    assert asked == [(1, "concurrency", 2.0)]  # the simulator never probed 2 users at slots=1
+    assert b["req_s_error"] == pytest.approx(0.1)
+    assert simvsreal.throughput_errors(table) == pytest.approx([-0.2, 0.1])
+    assert simvsreal.line(a) == (
+        "sim vs real, slots=4 at 4 users: 4.00 vs 5.00 req/s/GPU (-20%), "
+        "P50 TTFT 200 vs 250 ms (-20%), P50 TPOT 50 vs 40 ms (+25%)"
+    )
