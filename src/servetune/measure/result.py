@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from servetune.results.schema import Metrics, RunResult, SimStats
+from servetune.results.schema import Metrics, RunResult, SimStats, Target
 from servetune.status import RunStatus
 from servetune.store.meta import server_summary
 
@@ -103,21 +103,22 @@ class PointResult:
         return p
 
 
+def sim_signals(target: Target) -> dict[str, Any]:
+    """The simulator's scheduler counters the explanation reads (a fresh run's target, or
+    one read back from the store on resume)."""
+    sim = target.sim or SimStats()
+    return {
+        "preemptions": sim.preemptions,
+        "rejected": sim.rejected,
+        "kv_blocks": target.kv_blocks,
+        "max_kv_blocks_used": sim.max_kv_blocks_used,
+        "max_num_seqs": target.max_num_seqs,
+    }
+
+
 def signals(res: RunResult) -> dict[str, Any]:
     """What the explanation reads besides the metrics: the simulator's scheduler counters,
     or the engine's own /metrics summary (peaks, preemptions) for a real run."""
-    target = res.target
-    if res.backend == "sim":
-        sim = target.sim or SimStats()
-        return {
-            "preemptions": sim.preemptions,
-            "rejected": sim.rejected,
-            "kv_blocks": target.kv_blocks,
-            "max_kv_blocks_used": sim.max_kv_blocks_used,
-            "max_num_seqs": target.max_num_seqs,
-            "max_in_flight": res.metrics.max_in_flight,
-        }
-
-    out = server_summary(res.server)
+    out = sim_signals(res.target) if res.backend == "sim" else server_summary(res.server)
     out["max_in_flight"] = res.metrics.max_in_flight
     return out

@@ -21,7 +21,7 @@ from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
-from servetune.measure.result import Infeasible, PointResult
+from servetune.measure.result import Infeasible, PointResult, sim_signals
 from servetune.results.schema import (
     Load,
     Metrics,
@@ -196,17 +196,11 @@ def _failure_text(exc: Infeasible) -> str:
 def _point_from_info(info: RunInfo, load_kind: str, load: float) -> PointResult:
     m = Metrics.model_validate(info.metrics)
     result = info.result or {}
-    if info.backend == "sim":
-        target = info.target
-        sim = target.sim
-        signals: dict[str, Any] = {
-            "preemptions": sim.preemptions,
-            "rejected": sim.rejected,
-            "kv_blocks": target.kv_blocks,
-            "max_kv_blocks_used": sim.max_kv_blocks_used,
-        }
-    else:
-        signals = dict(result.get("server_summary") or {})
+    signals = (
+        sim_signals(info.target)
+        if info.backend == "sim"
+        else dict(result.get("server_summary") or {})
+    )
     signals["max_in_flight"] = m.max_in_flight
     return PointResult.from_metrics(
         m,

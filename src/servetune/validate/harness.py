@@ -23,6 +23,7 @@ from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.measure import Point, ServerSession, SimSession
 from servetune.model import get_model
+from servetune.results.files import write_result
 from servetune.results.schema import RunResult
 from servetune.sim.calibrate import replay_inputs
 from servetune.sim.profile import Profile
@@ -183,4 +184,4 @@ def save_run(res: RunResult, where: str | Path) -> None:
     """One real run as `<where>/<workload>-<id>.json` (what `validate --runs` reads)."""
     d = Path(where)
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{res.workload.get('name')}-{res.id}.json").write_text(res.model_dump_json())
+    write_result(res, d / f"{res.workload.get('name')}-{res.id}.json", save_text=True)
