@@ -17,7 +17,7 @@ code and inputs whatever else the host is doing, so two versions compare exactly
 wall time drifts.
 
     .venv/bin/python benchmarks/sim_speed.py [--n 10000] [--big 100000] [--repeat 5]
-        [--instructions]
+        [--instructions] [--tier gpu|roofline]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def case(n: int, rate: float | None) -> dict:
     from servetune.sim.engine import simulate
     from servetune.workload.spec import parse_workload
 
-    arrival = {"kind": "poisson", "rate": rate} if rate else {"kind": "constant", "rate": 1e12}
+    arrival = {"kind": "poisson", "rate": rate} if rate else {"kind": "constant", "rate": 1e9}
     spec = parse_workload(
         {
             "input_tokens": {"dist": "fixed", "value": 512},
@@ -54,7 +54,8 @@ def case(n: int, rate: float | None) -> dict:
     model, hw = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
     cfg = EngineConfig(max_num_seqs=128, max_model_len=4096)
     t1 = time.perf_counter()
-    res, sched = simulate(model, hw, cfg, spec)
+    # --tier reaches the child through the environment (None: the default tier for the GPU)
+    res, sched = simulate(model, hw, cfg, spec, tier=os.environ.get("SIM_SPEED_TIER") or None)
     t2 = time.perf_counter()
     sim = res.target.sim
     return {
@@ -128,7 +129,10 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--instructions", action="store_true", help="Also count instructions.")
+    ap.add_argument("--tier", choices=("gpu", "roofline"), help="Step-time tier (default: gpu).")
     a = ap.parse_args()
+    if a.tier:
+        os.environ["SIM_SPEED_TIER"] = a.tier
     if a.instructions and shutil.which("valgrind") is None:
         ap.error("--instructions needs valgrind (apt-get install valgrind)")
     spawn(100, None, 1)  # warm-up: writes the bytecode cache

@@ -64,12 +64,12 @@ def test_bad_workload_is_one_line_exit_2(tmp_path: Path) -> None:
     assert out.returncode == 2 and "slo.ttft_ms.p95" in out.stderr
 
 
-def test_unreachable_server_trips_breaker_not_hang(tmp_path: Path) -> None:
+def test_unreachable_server_fails_fast_with_the_cause(tmp_path: Path) -> None:
     out = cli(
         "bench", "--url", "http://127.0.0.1:9", "--count", "100", "--rate", "200", "--json",
         "--tokenizer", "word", "--no-scrape",
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    run = json.loads(out.stdout)
-    assert run["status"] == "circuit_breaker"
-    assert run["metrics"]["errors_by_class"] == {"connect_error": run["metrics"]["failed"]}
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (
+        "error: --url: connection refused at 127.0.0.1:9 (is the server running at that address?)"
+    )

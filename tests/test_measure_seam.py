@@ -121,13 +121,14 @@ def test_a_sweep_stops_at_a_failed_point_and_keeps_what_was_measured(tmp_path: P
             store=StoreSettings(db, "bench", study="stop"),
         )
     assert session.measured == ["ok", "dead"]  # nothing after the failed point
-    assert [r.status for r in out] == ["completed", "circuit_breaker"]
+    assert [r.status for r in out] == ["completed", "failed"]  # the dead one reached nothing
+    assert "connection refused at 127.0.0.1:9" in (out[1].stop_reason or "")
     assert sorted(p.name for p in tmp_path.glob("r-*.json")) == ["r-dead.json", "r-ok.json"]
     assert (tmp_path / "r-ok.records.jsonl").exists()  # flushed while it was measured
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 1 + 60 + len(out[1].records)
     with Store.open(db, create=False) as store:
         runs = {r.id: r for r in store.list_runs(study="stop")}
-    assert {runs[r.id].status for r in out} == {"completed", "circuit_breaker"}
+    assert {runs[r.id].status for r in out} == {"completed", "failed"}
     assert runs[out[0].id].n_records == 60
 
 

@@ -188,7 +188,7 @@ def test_simulate_reports_on_stdout_with_the_slo_verdict(
     res = CliRunner().invoke(app, [*args, "--slo", str(tmp_path / "slo.yaml"), "--rate", "1,2"])
     assert res.exit_code == 0, res.output
     out = res.stdout.splitlines()
-    assert out[0].startswith("simulate llama-3.1-8b on h100-sxm [vllm], step times: roofline")
+    assert out[0].startswith("simulate llama-3.1-8b on h100-sxm [vllm], step times: gpu")
     assert [ln.split(":")[0] for ln in out if ln.startswith("rate ")] == ["rate 1.0", "rate 2.0"]
     verdicts = [ln.strip() for ln in out if ln.strip().startswith("SLO ")]
     assert len(verdicts) == 2 and all(v.startswith(verdict) for v in verdicts)

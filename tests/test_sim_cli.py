@@ -48,7 +48,7 @@ def test_simulate_json_and_files(tmp_path: Path):
     )
     assert p.returncode == 0, p.stderr
     s = json.loads(p.stdout)
-    assert s["completed"] == 120 and s["tier"] == "roofline"
+    assert s["completed"] == 120 and s["tier"] == "gpu"
     assert json.loads(out.read_text())["backend"] == "sim"
     assert tr.read_text().startswith("step,steps,")
     # calibrate from that result (as if measured), then simulate with the profile

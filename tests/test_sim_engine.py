@@ -35,12 +35,12 @@ def test_pool_comes_from_the_planner():
     cfg = EngineConfig(max_model_len=8192)
     su = setup(M, HW, cfg)
     assert su.sched.kv_blocks == evaluate(M, HW, cfg).kv_blocks - 1
-    assert su.step_model.tier == "roofline"
+    assert su.step_model.tier == "gpu"  # vLLM on a GPU: per-kernel figures (sim.gpu_step)
 
 
 def test_simulate_produces_a_runresult_with_bench_metrics():
     res, _ = simulate(M, HW, EngineConfig(max_model_len=8192, max_num_seqs=64), spec())
-    assert res.backend == "sim" and res.target.tier == "roofline"
+    assert res.backend == "sim" and res.target.tier == "gpu"
     assert len(res.records) == 300 and res.metrics.completed == 300
     r = res.records[0]
     assert len(r.chunk_ns) == r.output_tokens and r.chunk_ns == sorted(r.chunk_ns)

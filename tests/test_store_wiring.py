@@ -173,7 +173,7 @@ def test_simulate_stores_sim_runs_that_compare_with_bench(
         assert sim.rate == 5 and sim.n_records == 40 and sim.tags == ["sim"]
         assert sim.meta["hardware"]["simulated"] is True and sim.gpu_count == 1
         assert sim.engine_config["max_num_seqs"] == 8
-        assert sim.meta["software"]["step_model"] == "roofline"
+        assert sim.meta["software"]["step_model"] == "gpu"
     with mock_in_thread(MockConfig()) as srv:
         args = bench_args(
             srv.port, wl, "--rate", "100", "--study", "sim-vs-real", "--db", "runs.db"

@@ -15,7 +15,7 @@ import pytest
 from servetune.engines.config import EngineConfig
 from servetune.measure import BackendSpec
 from servetune.measure.result import PointResult
-from servetune.results.schema import Metrics, RunResult
+from servetune.results.schema import Dist, Metrics, RunResult
 from servetune.sim.profile import FitQuality, Profile, load_profile
 from servetune.slo import parse_slo
 from servetune.status import TrialStatus
@@ -258,3 +258,95 @@ def test_sim_vs_real_rows_compare_at_the_real_best_load() -> None:
         "sim vs real, slots=4 at 4 users: 4.00 vs 5.00 req/s/GPU (-20%), "
         "P50 TTFT 200 vs 250 ms (-20%), P50 TPOT 50 vs 40 ms (+25%)"
     )
+
+
+def _sweep_run(users: int, req_s: float, ttft: float, tpot: float) -> RunResult:
+    m = Metrics.model_construct(
+        req_s=req_s,
+        output_tok_s=req_s * 16,
+        ttft_ms=Dist.model_construct(p50=ttft),
+        tpot_ms=Dist.model_construct(p50=tpot),
+    )
+    wl = {"name": f"cal-study-c{users}", "arrival": {"kind": "closed", "concurrency": users}}
+    return RunResult.model_construct(workload=wl, metrics=m)
+
+
+def test_the_floor_is_the_baseline_against_its_own_sweep_at_the_same_users() -> None:
+    base = {"engine": "llamacpp", "parallel_slots": 4}
+    trial = _trial("real", base, [_point(1, 1.0, 100, 10), _point(2, 2.0, 100, 20)], best=1)
+    sweep = [_sweep_run(1, 0.5, 800, 12), _sweep_run(2, 2.2, 110, 18), _sweep_run(4, 3, 1, 1)]
+    floor = simvsreal.floor_rows(sweep, trial)
+    assert len(floor) == 2  # 4 users: the trial never ran it, no pair
+    assert floor[0].err == pytest.approx({"req_s": 50.0, "ttft_p50": 700.0, "tpot_p50": 20.0})
+    assert floor[1].err == pytest.approx({"req_s": 10.0, "ttft_p50": 10.0, "tpot_p50": 10.0})
+    assert simvsreal.floor_rows(sweep, None) == []
+
+
+def test_each_figure_is_met_missed_or_too_noisy_against_25_percent_and_the_floor() -> None:
+    def row(req: float, ttft: float, tpot: float) -> dict:
+        return {"label": "x", "req_s_error": req, "ttft_p50_error": ttft, "tpot_p50_error": tpot}
+
+    table = [row(0.1, -0.6, 0.3), row(-0.2, 0.9, 0.5), row(0.05, 0.7, -0.4)]
+    sweep = [_sweep_run(1, 1.05, 300, 10.5), _sweep_run(2, 2.1, 300, 21)]
+    trial = _trial("real", {"engine": "llamacpp", "parallel_slots": 4},
+                   [_point(1, 1.0, 100, 10), _point(2, 2.0, 100, 20)], best=1)  # fmt: skip
+    v = simvsreal.verdicts(table, simvsreal.floor_rows(sweep, trial))
+    assert v["req_s"]["verdict"] == "met" and v["req_s"]["median_error"] == pytest.approx(0.1)
+    # TTFT is 70% off, but the engine moved 200% against itself: not the model's miss
+    assert v["ttft_p50"]["verdict"] == "too noisy" and v["ttft_p50"]["floor"] == pytest.approx(2)
+    # TPOT is 40% off while the engine reproduced itself within 5%: a miss
+    assert v["tpot_p50"]["verdict"] == "missed" and v["tpot_p50"]["floor"] == pytest.approx(0.05)
+    line = simvsreal.verdict_line(v)
+    assert line.startswith("sim vs real on 3 verified configs")
+    assert "throughput 10% (floor 5%): within 25%" in line
+    assert "P50 TTFT 70% (floor 200%): beyond 25%, but so is the host's own floor" in line
+    assert "P50 TPOT 40% (floor 5%): MISSED 25%" in line
+    # without a floor (no calibration sweep) every miss counts
+    assert simvsreal.verdicts(table, [])["ttft_p50"]["verdict"] == "missed"
+    assert "no floor measured" in simvsreal.verdict_line(simvsreal.verdicts(table, []))
+    assert simvsreal.verdicts([], []) == {}
+
+
+def test_the_sweep_warms_the_engine_up_before_it_measures(monkeypatch) -> None:
+    import contextlib
+    from types import SimpleNamespace
+
+    calls: list[tuple[str, int]] = []
+
+    def bench(url, model, case, engine, scrape, repeat):
+        calls.append((case.name, repeat))
+        tok_s = 10.0 + len(calls)  # later samples faster: the least disturbed is the last
+        return RunResult.model_construct(
+            workload={"name": case.name}, metrics=Metrics.model_construct(output_tok_s=tok_s,
+            req_s=1.0, ttft_ms=Dist.model_construct(), tpot_ms=Dist.model_construct()),
+        )  # fmt: skip
+
+    class Backend:
+        @contextlib.contextmanager
+        def session(self, cfg):
+            yield SimpleNamespace(srv=SimpleNamespace(url="http://x", served_model="m"))
+
+    monkeypatch.setattr(cal, "make_backend", lambda spec: Backend())
+    monkeypatch.setattr(cal, "bench_real", bench)
+    monkeypatch.setattr(cal, "engine_version", lambda srv: "b1")
+    real, _ = _specs()
+    cases = sweep_cases(parse_workload(WORKLOAD))
+    kept: list[RunResult] = []
+    best, version = cal.run_sweep(real, EngineConfig(engine="llamacpp"), cases,
+                                  say=lambda m: None, keep=kept.append)  # fmt: skip
+    assert calls[0] == ("cal-study-c1", cal.SWEEP_SAMPLES)  # the warm-up: first, own seed
+    assert len(calls) == 1 + cal.SWEEP_SAMPLES * len(cases)
+    assert len(kept) == cal.SWEEP_SAMPLES * len(cases)  # the warm-up is neither kept ...
+    assert [r.workload["name"] for r in best] == [c.name for c in cases]  # ... nor fitted on
+    assert version == "b1"
+
+
+def test_the_floor_holds_each_finalist_against_its_repetitions() -> None:
+    cfg = {"engine": "llamacpp", "parallel_slots": 4}
+    t = _trial("real", cfg, [_point(2, 2.0, 100, 20), _point(4, 4.0, 200, 40)], best=1)
+    assert simvsreal.repeat_rows([t]) == []  # not re-run: nothing to compare
+    t.reps = [_point(4, 2.0, 400, 40), _point(4, 5.0, 250, 50), _point(4, 1.0, 300, 30)]
+    (row,) = simvsreal.repeat_rows([t])
+    # the point against the median of the repetitions: 2.0 req/s, 300 ms, 40 ms
+    assert row.err == pytest.approx({"req_s": 100.0, "ttft_p50": 100 / 3, "tpot_p50": 0.0})
+    assert "3 repetitions" in row.name

@@ -87,6 +87,14 @@ def test_hybrid_calibrates_first_then_prints_sim_vs_real(
     assert len(lines) == len(out.sim_vs_real) >= 1
     assert all("req/s/GPU" in m and "P50 TTFT" in m and "P50 TPOT" in m for m in lines)
     assert all(row["req_s_error"] is not None for row in out.sim_vs_real)
+    # one verdict line: each judged figure against 25% and the host's floor (the baseline
+    # trial against the sweep it shares users with: 1 and 2 here), in the cache check too
+    verdict = next(m for m in said if "sim vs real on " in m)
+    assert set(out.sim_error) == {"req_s", "ttft_p50", "tpot_p50"}
+    for fig in out.sim_error.values():
+        assert fig["verdict"] in ("met", "missed", "too noisy") and fig["floor"] is not None
+    assert "throughput" in verdict and "floor" in verdict
+    assert cal.check is not None and cal.check["figures"] == out.sim_error
     cache = CalibrationCache(tmp_path / "calibration")
     entry = cache.load(cal.key)
     assert entry is not None and len(entry.checks) == 1

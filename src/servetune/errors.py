@@ -6,7 +6,8 @@ line on stderr (never a traceback).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 class InputError(Exception):
@@ -38,14 +39,52 @@ def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return ([lowered[h] for h in hits] + substr)[:n]
 
 
-def from_validation_error(exc: Exception, prefix: str = "") -> InputError:
-    """Turn a pydantic ValidationError into a one-line InputError naming the field."""
+def from_validation_error(
+    exc: Exception, prefix: str = "", flags: Mapping[str, str] | None = None
+) -> InputError:
+    """Turn a pydantic ValidationError into a one-line InputError naming the field: the
+    first error's location under `prefix`, or the command-line flag `flags` maps that
+    location to (`{"count": "--count"}`), so the user reads the name they typed. Pydantic's
+    own framing (error counts, type codes, URLs) is dropped, and the value shown is cut
+    short: a YAML alias can make it megabytes."""
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return InputError(prefix or "input", str(exc).splitlines()[0])
     first = errors()[0]
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
-    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "input")
+    flag = (flags or {}).get(loc)
+    field = flag or (f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "input"))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     value = first.get("input")
-    shown = f" (got {value!r})" if value is not None and not isinstance(value, dict) else ""
-    return InputError(field, f"{first.get('msg', 'invalid value')}{shown}")
+    shown = "" if value is None or isinstance(value, dict) else f" (got {_short(value)})"
+    return InputError(field, f"{msg}{shown}")
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """`repr(value)`, at most `limit` characters (long ones end in `...`). A nested value
+    is described, not printed: its repr could be as big as an alias-expanded YAML."""
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def refuse_bool(fields: Mapping[str, Any], data: object) -> object:
+    """A pydantic model's before-validator body: YAML's `true`/`false` given for a number
+    field (`int`, `float`, or either or None) of the model (`fields`: its model_fields).
+    Pydantic reads them as 1 and 0, so `count: true` would run one request."""
+    import typing
+
+    if not isinstance(data, dict):
+        return data
+    for name, value in data.items():
+        info = fields.get(name)
+        if info is None or not isinstance(value, bool):
+            continue
+        kinds = {
+            typing.get_args(k)[0] if typing.get_origin(k) is typing.Annotated else k
+            for k in typing.get_args(info.annotation) or (info.annotation,)
+        }
+        if bool not in kinds and kinds & {int, float}:
+            raise ValueError(f"{name} must be a number, not {str(value).lower()}")
+    return data

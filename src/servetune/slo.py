@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from servetune.errors import InputError, from_validation_error
+from servetune.errors import InputError, from_validation_error, refuse_bool
 from servetune.yamlfile import load_yaml
 
 Stat = Literal["p50", "p90", "p95", "p99", "mean", "max"]
@@ -35,7 +35,14 @@ SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every target finite (no .inf/.nan), no unknown keys, no true/false for a number."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool(cls, data: Any) -> Any:
+        return refuse_bool(cls.model_fields, data)
 
 
 class Targets(_Strict):

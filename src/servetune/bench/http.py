@@ -12,6 +12,7 @@ bodies, TLS, and servers that close after every response (llama.cpp).
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from typing import Protocol
@@ -68,6 +69,37 @@ class Target:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+def where(target: Target) -> str:
+    """`host:port`, as causes name the server."""
+    return f"{target.host}:{target.port}"
+
+
+def not_http(first: bytes, target: Target) -> str:
+    """What a server that does not speak HTTP sent instead (an SSH server greets first)."""
+    line = first.split(b"\n", 1)[0].strip()[:60].decode("latin-1")
+    what = "an SSH banner" if first.startswith(b"SSH-") else "no HTTP status line"
+    return f"not an HTTP server at {where(target)} (got {what}: {line!r})"
+
+
+def connect_cause(exc: BaseException, target: Target, timeout_s: float) -> str:
+    """Why a connection could not be made, in one line naming the server (what `bench`
+    says when a server cannot be reached, and each failed request's detail)."""
+    at = where(target)
+    if isinstance(exc, ssl.SSLError):  # before OSError: it is one
+        reason = getattr(exc, "reason", None) or str(exc)
+        return f"TLS handshake failed at {at} ({reason}): is it a plain http:// server?"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused at {at}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve host {target.host!r} ({exc.strerror or exc})"
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        tls = " (TLS handshake unanswered: is it a plain http:// server?)" if target.ssl else ""
+        return f"no connection to {at} within {timeout_s:g} s{tls}"
+    if isinstance(exc, OSError):
+        return f"cannot connect to {at}: {exc.strerror or exc}"
+    return f"cannot connect to {at}: {type(exc).__name__}: {exc}"
+
+
 # body modes
 _LENGTH, _CHUNKED, _UNTIL_CLOSE, _NONE = range(4)
 # chunked sub-states
@@ -84,6 +116,7 @@ class Connection(asyncio.Protocol):
         self.handler: ResponseHandler | None = None
         self.got_bytes = False
         self.uses = 0
+        self.greeting: bytes | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -103,6 +136,8 @@ class Connection(asyncio.Protocol):
         now = _now_ns()  # arrival time, before any parsing
         h = self.handler
         if h is None:  # bytes nobody asked for: the connection is not reusable
+            if not self.uses:  # the server spoke first: no HTTP server does (SSH does)
+                self.greeting = bytes(data[:200])
             self.close()
             return
         self.got_bytes = True
@@ -132,7 +167,11 @@ class Connection(asyncio.Protocol):
             h.on_end(now)
             return
         if isinstance(exc, ConnectionResetError) or not self.got_bytes:
-            kind, detail = "connection_reset", f"connection reset or closed ({exc or 'EOF'})"
+            at = where(self.pool.target)
+            kind, detail = (
+                "connection_reset",
+                f"connection reset or closed by {at} ({exc or 'EOF'})",
+            )
         elif self._in_head:
             kind, detail = "malformed_response", f"closed inside the headers ({exc or 'EOF'})"
         else:
@@ -149,6 +188,10 @@ class Connection(asyncio.Protocol):
         self.uses += 1
         assert self.transport is not None
         now = _now_ns()
+        if self.greeting is not None:  # fail it once the caller has it in flight
+            detail = not_http(self.greeting, self.pool.target)
+            asyncio.get_running_loop().call_soon(self._fail, "malformed_response", detail, now)
+            return now
         self.transport.write(data)
         return now
 
@@ -183,6 +226,8 @@ class Connection(asyncio.Protocol):
     def _feed(self, data: bytes, now: int, h: ResponseHandler) -> None:
         if self._in_head:
             self._buf += data
+            if not b"HTTP/".startswith(bytes(self._buf[:5])):  # an SSH banner, a TLS alert
+                raise HttpError(not_http(bytes(self._buf), self.pool.target))
             end = self._buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(self._buf) > 65536:

@@ -9,11 +9,17 @@ from rich.live import Live
 from rich.table import Table
 
 from servetune.bench.server_metrics import ttft_breakdown
-from servetune.results.schema import RunResult
+from servetune.metrics.pct import pct_cell
+from servetune.results.schema import Dist, RunResult
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _p99(d: Dist) -> str:
+    """A P99 cell: `~max` when its sample (`d.count`) is too small for a P99."""
+    return pct_cell("p99", d.p99, d.count, ".1f")
 
 
 class LiveProgress:
@@ -62,9 +68,10 @@ def summary_table(results: list[RunResult]) -> Table:
     """One row per load point: the headline figures, client flags and SLO verdict."""
     t = Table(title="servetune bench", show_lines=False)
     _columns(t, (
-        "load", "ok/err", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-        "ITL p99", "E2E p99", "lag p99", "goodput", "SLO",
+        "load", "ok/err", "req/s", "out tok/s", "n", "TTFT p50", "TTFT p99", "TPOT p50",
+        "TPOT p99", "ITL p99", "E2E p99", "lag p99", "goodput", "SLO",
     ))  # fmt: skip
+    t.caption = "percentiles over n requests; ~max: too few for a P99 (n < 100), the maximum"
     for r in results:
         m = r.metrics
         load = load_label(r)
@@ -76,13 +83,14 @@ def summary_table(results: list[RunResult]) -> Table:
             f"{m.completed}/{m.failed}",
             f"{m.req_s:.2f}",
             f"{m.output_tok_s:.1f}",
+            str(m.ttft_ms.count),
             _ms(m.ttft_ms.p50),
-            _ms(m.ttft_ms.p99),
+            _p99(m.ttft_ms),
             _ms(m.tpot_ms.p50),
-            _ms(m.tpot_ms.p99),
-            _ms(m.itl_ms.p99),
-            _ms(m.e2e_ms.p99),
-            _ms(m.send_lag_ms.p99),
+            _p99(m.tpot_ms),
+            _p99(m.itl_ms),
+            _p99(m.e2e_ms),
+            _p99(m.send_lag_ms),
             "-" if m.goodput_req_s is None else f"{m.goodput_req_s:.2f}",
             slo,
         )

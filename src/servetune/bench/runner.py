@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,14 +30,17 @@ from servetune.aio import install_fast_loop, raise_fd_limit
 from servetune.bench.client import Timeouts, build_body
 from servetune.bench.http import Target
 from servetune.bench.server_metrics import Fetch, Scraper, running_now
+from servetune.bench.sessions import SessionConfig, SessionWorker, session_config, session_payload
 from servetune.bench.worker import Item, Worker, WorkerConfig, WorkerStats, process_main
 from servetune.metrics.compute import apply_memory_slo, client_warnings, compute_metrics
+from servetune.metrics.turns import apply_turn_slo
 from servetune.results.files import RecordLog
 from servetune.results.schema import ClientInfo, Load, RequestRecord, RunResult
 from servetune.results.schema import Target as RunTarget
 from servetune.slo import SLO
 from servetune.status import RequestStatus, RunStatus
 from servetune.workload.materialize import Request
+from servetune.workload.session_plan import plan_sessions
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer
 
@@ -178,6 +181,19 @@ def split_configs(
     return [c for c in cfgs if c.items and (not closed or c.users > 0)]
 
 
+def session_worker(
+    spec: WorkloadSpec, requests: list[Request], opts: BenchOptions
+) -> SessionConfig:
+    """Sessions run in one in-process worker that chains every session's turns
+    (`bench.sessions`); `requests` carry each turn's new messages."""
+    headers = dict(opts.headers)
+    if opts.api_key:
+        headers["Authorization"] = f"Bearer {opts.api_key}"
+    (base,) = split_configs(spec, [(0, b"", None, None)], opts, 1)
+    payload = session_payload(spec, opts.model or spec.model, api_path(spec.api), headers, opts.url)
+    return session_config(base, plan_sessions(spec), requests, payload)
+
+
 class Collector:
     """Receives record batches from workers: logs and stores them, feeds the breaker
     and progress."""
@@ -283,7 +299,7 @@ def _run_in_process(
             holder["worker"].stop(col.tripped)
 
     async def main() -> WorkerStats:
-        worker = Worker(cfg, sink)
+        worker = SessionWorker(cfg, sink) if isinstance(cfg, SessionConfig) else Worker(cfg, sink)
         holder["worker"] = worker
         return await worker.run(anchor)
 
@@ -360,6 +376,22 @@ def _broadcast(conns: list[Any], msg: tuple[str, str]) -> None:
             c.send(msg)
 
 
+# Errors that mean no connection was made at all (results.schema.ERROR_CLASSES); a reset
+# after the request was sent is the server's answer, measured like any other error.
+UNREACHABLE_ERRORS = frozenset({"connect_error", "connect_timeout"})
+
+
+def unreachable_cause(records: list[RequestRecord]) -> str | None:
+    """The run never reached the server: no request got an answer and every one that
+    failed could not connect. One line with the most common cause; None otherwise."""
+    errors = [r for r in records if r.status == RequestStatus.ERROR]
+    answered = [r for r in records if r.status in (RequestStatus.OK, RequestStatus.CANCELLED)]
+    if not errors or answered or any(r.error not in UNREACHABLE_ERRORS for r in errors):
+        return None
+    detail, _ = Counter(r.error_detail or r.error for r in errors).most_common(1)[0]
+    return f"no request reached the server ({len(errors)} failed): {detail}"
+
+
 def run_point(
     spec: WorkloadSpec,
     requests: list[Request],
@@ -368,10 +400,14 @@ def run_point(
     label: str = "",
 ) -> RunResult:
     """Measure one load point. Ctrl-C raises BenchInterrupted carrying the partial result."""
-    items = build_items(spec, requests, opts)
-    n_workers = opts.workers or auto_workers(spec)
-    cfgs = split_configs(spec, items, opts, n_workers)
-    total = spec.count or len(items) if (spec.count or spec.arrival.open_loop) else 0
+    if spec.sessions is not None:
+        cfgs: list[WorkerConfig] = [session_worker(spec, requests, opts)]
+        total = len(requests)
+    else:
+        items = build_items(spec, requests, opts)
+        n_workers = opts.workers or auto_workers(spec)
+        cfgs = split_configs(spec, items, opts, n_workers)
+        total = spec.count or len(items) if (spec.count or spec.arrival.open_loop) else 0
     col = Collector(requests, opts, total, label)
     started_unix = time.time()
     created = datetime.now(timezone.utc)
@@ -437,6 +473,8 @@ def run_point(
         slo=slo,
         stream=spec.stream,
     )
+    if spec.sessions is not None and slo is not None:
+        apply_turn_slo(metrics, records, slo, spec.sessions.slo_turns, warmup_s=spec.warmup_s)
     apply_memory_slo(metrics, slo, server.peak("kv_cache_usage") if server else None)
     worker_cpu = sum(s.cpu_s for s in stats) if len(cfgs) > 1 else 0.0
     cpu_s = parent_cpu + worker_cpu
@@ -457,8 +495,11 @@ def run_point(
         warnings=warnings,
     )
     status = RunStatus.COMPLETED
+    unreachable = unreachable_cause(records)
     if interrupted:
         status = RunStatus.INTERRUPTED
+    elif unreachable:
+        status = RunStatus.FAILED
     elif col.tripped:
         status = RunStatus.CIRCUIT_BREAKER
     result = RunResult(
@@ -469,7 +510,7 @@ def run_point(
         load=load,
         slo=slo,
         status=status,
-        stop_reason=col.tripped if status == RunStatus.CIRCUIT_BREAKER else None,
+        stop_reason=unreachable or col.tripped if status != RunStatus.COMPLETED else None,
         anchor_ns=anchor,
         started_unix_s=started_unix,
         duration_s=wall_s,

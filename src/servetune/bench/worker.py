@@ -27,7 +27,7 @@ from typing import Any
 
 from servetune.aio import install_fast_loop, raise_fd_limit
 from servetune.bench.client import RequestState, Timeouts
-from servetune.bench.http import Connection, Pool, Target
+from servetune.bench.http import Connection, Pool, Target, connect_cause
 from servetune.status import RequestStatus
 
 _now_ns = time.monotonic_ns
@@ -111,12 +111,14 @@ class Worker:
         t0 = _now_ns()
         try:
             conn: Connection = await self.pool.connect()
-        except (TimeoutError, asyncio.TimeoutError):
-            st.fail("connect_timeout", f"no connection within {self.cfg.timeouts.connect_s} s")
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            st.fail(
+                "connect_timeout", connect_cause(exc, self.pool.target, self.pool.connect_timeout_s)
+            )
             return
         except OSError as exc:
             kind = "client_error" if exc.errno == 24 else "connect_error"  # EMFILE
-            st.fail(kind, f"{type(exc).__name__}: {exc}")
+            st.fail(kind, connect_cause(exc, self.pool.target, self.pool.connect_timeout_s))
             return
         if st.done:  # stopped while connecting
             conn.close()

@@ -46,6 +46,8 @@ def _register() -> None:
     __import__("servetune.cli.report_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.tune_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.validate_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.accept_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.diagnose_cmd", fromlist=["register"]).register(app)
 
 
 _register()

@@ -8,7 +8,9 @@ and the number lists are shared with `simulate`.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +31,9 @@ TAG_OPTION = typer.Option([], "--tag", help="Tag the stored runs (repeatable).")
 
 
 def numbers(value: str | None, flag: str, cast: type) -> tuple:
-    """A comma-separated list of positive numbers (--rate 1,2,4); () when not given."""
-    if not value:
+    """A comma-separated list of positive numbers (--rate 1,2,4); () when not given (an
+    empty value, `--rate ""`, is refused below: it is not "not given")."""
+    if value is None:
         return ()
     try:
         out = [cast(v) for v in value.split(",") if v.strip()]
@@ -38,9 +41,46 @@ def numbers(value: str | None, flag: str, cast: type) -> tuple:
         raise InputError(
             flag, f"{value!r} is not a comma-separated list of numbers", "e.g. 1,2,4"
         ) from None
-    if not out or any(v <= 0 for v in out):
-        raise InputError(flag, "values must be > 0", "e.g. 1,2,4")
+    if not out or any(not math.isfinite(v) or v <= 0 for v in out):
+        raise InputError(flag, f"{value!r}: values must be finite and > 0", "e.g. 1,2,4")
     return tuple(out)
+
+
+def _at_least(low: float) -> Callable[[float], bool]:
+    return lambda x: x >= low
+
+
+def _positive(x: float) -> bool:
+    return x > 0
+
+
+def _share(x: float) -> bool:
+    return 0 <= x <= 1
+
+
+# What each numeric flag of bench (and simulate: --count, --duration) allows.
+RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "--count": (_at_least(1), "a request count >= 1"),
+    "--duration": (_positive, "seconds > 0"),
+    "--max-concurrency": (_at_least(1), "a number of requests >= 1"),
+    "--workers": (_at_least(1), "a number of processes >= 1"),
+    "--connect-timeout": (_positive, "seconds > 0"),
+    "--ttft-timeout": (_positive, "seconds > 0"),
+    "--idle-timeout": (_positive, "seconds > 0"),
+    "--total-timeout": (_positive, "seconds > 0"),
+    "--cancel-fraction": (_share, "a share from 0 to 1"),
+    "--cancel-after": (_at_least(1), "a number of chunks >= 1"),
+    "--breaker": (_share, "an error rate from 0 to 1; 0 turns it off"),
+}
+
+
+def check_ranges(values: dict[str, float | None]) -> None:
+    """Refuse, in one line naming the flag and what it allows, a value given that is
+    not finite or outside its range (`RANGES`)."""
+    for flag, value in values.items():
+        ok, allowed = RANGES[flag]
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise InputError(flag, f"{value:g} is not allowed", f"give {allowed}")
 
 
 def store_settings(
@@ -49,6 +89,8 @@ def store_settings(
     """The store options as bench and simulate take them (None: --no-store)."""
     from servetune.measure import StoreSettings
 
+    if db is not None and not db.strip():  # `--db ""` (an unset variable) is not the default
+        raise InputError("--db", "is empty", "give a file path or URL, or --no-store")
     return None if no_store else StoreSettings(db, kind, study, tuple(tags))
 
 
@@ -79,6 +121,12 @@ def bench(
     cancel_after: int = typer.Option(4, "--cancel-after", help="...after this many chunks."),
     breaker: float = typer.Option(0.5, "--breaker", help="Stop above this error rate (0: off)."),
     scrape: bool = typer.Option(True, "--scrape/--no-scrape", help="Scrape /metrics every 1 s."),
+    telemetry: bool = typer.Option(
+        True, "--telemetry/--no-telemetry", help="Sample host, engine process and GPU every 1 s."
+    ),
+    telemetry_url: str | None = typer.Option(
+        None, "--telemetry-url", help="Also read this /metrics (a DCGM exporter) every 1 s."
+    ),
     engine: str | None = typer.Option(
         None, "--engine", help="vllm, llamacpp, ...: map /metrics to canonical names."
     ),
@@ -110,9 +158,17 @@ def bench(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
     from servetune.status import RunStatus
+    from servetune.telemetry import telemetry_options
 
     if rate and concurrency:
         raise InputError("--rate", "give --rate or --concurrency, not both", None)
+    check_ranges(
+        {"--count": count, "--duration": duration, "--max-concurrency": max_concurrency,
+         "--workers": workers, "--connect-timeout": connect_timeout,
+         "--ttft-timeout": ttft_timeout, "--idle-timeout": idle_timeout,
+         "--total-timeout": total_timeout, "--cancel-fraction": cancel_fraction,
+         "--cancel-after": cancel_after, "--breaker": breaker}
+    )  # fmt: skip
     if sets and not engine:
         raise InputError("--set", "knobs need --engine (vllm, llamacpp, ...)", None)
     settings = BenchSettings(
@@ -135,6 +191,7 @@ def bench(
         cancel_after_chunks=cancel_after,
         breaker_error_rate=breaker or None,
         scrape=scrape,
+        telemetry=telemetry_options(telemetry, telemetry_url),
         engine=engine,
         launch_command=launch_command,
         continuous_usage=continuous_usage,
@@ -172,6 +229,10 @@ def bench(
         print_tables(summary_table(results), ttft_split_table(results))
     if any(r.status == RunStatus.INTERRUPTED for r in results):
         raise typer.Exit(130)
+    failed = next((r for r in results if r.status == RunStatus.FAILED), None)
+    if failed is not None:  # nothing reached the server: measured nothing (docs/bench.md)
+        typer.echo(f"error: {failed.stop_reason}", err=True)
+        raise typer.Exit(1)
 
 
 def say_line(line: str) -> None:
@@ -189,6 +250,9 @@ def mock_server(
     output_tokens: int | None = typer.Option(None, "--output-tokens", help="Default: max_tokens."),
     fault: list[str] = typer.Option([], "--fault", help="name=probability, e.g. http_500=0.1"),
     close_after_response: bool = typer.Option(False, "--close-after-response"),
+    leak_cancelled: bool = typer.Option(
+        False, "--leak-cancelled", help="Never free a disconnected request (diagnose demo)."
+    ),
 ) -> None:
     """Run the mock OpenAI server (tests, fault injection, client-ceiling measurement)."""
     from servetune.mock.server import FAULTS, MockConfig, serve_forever
@@ -211,6 +275,7 @@ def mock_server(
         output_tokens=output_tokens,
         faults=faults,
         close_after_response=close_after_response,
+        leak_cancelled=leak_cancelled,
     )
     serve_forever(cfg, host, port)
 

@@ -42,7 +42,9 @@ def parse_sets(engine: str, sets: list[str], extra: str | None = None):  # -> En
             raise InputError("--set", f"expected key=value, got {item!r}")
         if key not in EngineConfig.model_fields:
             near = closest(key, EngineConfig.model_fields)
-            raise InputError("--set", f"unknown knob {key!r}", f"did you mean {', '.join(near)}?")
+            knobs = [k for k in EngineConfig.model_fields if k not in ("engine", "extra_args")]
+            hint = f"did you mean {', '.join(near)}?" if near else f"knobs: {', '.join(knobs)}"
+            raise InputError("--set", f"unknown knob {key!r}", hint)
         try:
             data[key] = json.loads(raw)
         except ValueError:

@@ -36,6 +36,7 @@ def report(
             store, refs, output, title=title, images=images, image_format=image_format
         )
     typer.echo(f"wrote {out.path} ({out.bytes / 2**20:.1f} MiB, {len(out.charts)} charts)")
+    typer.echo(f"  {out.headline}")
     for key, why in out.skipped.items():
         typer.echo(f"  not drawn: {key}: {why}")
     for p in out.images:

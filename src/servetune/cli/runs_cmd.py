@@ -98,6 +98,7 @@ def list_runs(
         if as_json:
             _emit([_summary(i) for i in infos])
             return
+        from servetune.metrics.pct import pct_cell
         from servetune.report.experiment import fmt
 
         rows = [
@@ -110,8 +111,9 @@ def list_runs(
                 i.backend,
                 i.load_label(),
                 _status(i.status),
-                fmt(_metric(i, "ttft_ms.p99")),
-                fmt(_metric(i, "tpot_ms.p99")),
+                fmt(n := _metric(i, "ttft_ms.count")),
+                pct_cell("p99", _metric(i, "ttft_ms.p99"), n),
+                pct_cell("p99", _metric(i, "tpot_ms.p99"), _metric(i, "tpot_ms.count")),
                 fmt(_metric(i, "output_tok_s")),
                 fmt(_metric(i, "goodput_req_s")),
                 i.conclusion or "-",
@@ -129,6 +131,7 @@ def list_runs(
                 "backend",
                 "load",
                 "status",
+                "n",
                 "TTFT P99 ms",
                 "TPOT P99 ms",
                 "out tok/s",
@@ -273,6 +276,7 @@ def compare(
 def _print_comparison(comp: Comparison, all_knobs: bool) -> None:
     from rich.table import Table
 
+    from servetune.metrics.pct import QUANTILES, pct_cell
     from servetune.report.experiment import fmt
 
     con = _console()
@@ -297,10 +301,13 @@ def _print_comparison(comp: Comparison, all_knobs: bool) -> None:
     m.add_column("metric", style="bold")
     for lab in labels:
         m.add_column(lab, justify="right", overflow="fold")
+    done = next((r.values for r in comp.metrics if r.path == "completed"), None)
     for row in comp.metrics:
         cells = []
+        stat = row.path.rsplit(".", 1)[-1]
         for i, v in enumerate(row.values):
-            cell = fmt(v)
+            n = done[i] if done and stat in QUANTILES else None
+            cell = fmt(v) if n is None else f"{pct_cell(stat, v, int(n))} (n={n:g})"
             if i and row.pcts[i] is not None:
                 verdict = row.verdict(i)
                 color = {"better": "green", "worse": "red"}.get(verdict or "", "dim")

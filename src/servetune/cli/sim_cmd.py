@@ -19,6 +19,7 @@ from servetune.cli.bench_cmd import (
     NO_STORE_OPTION,
     STUDY_OPTION,
     TAG_OPTION,
+    check_ranges,
     numbers,
     say_line,
     store_settings,
@@ -93,7 +94,15 @@ def simulate(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.cli.sim_report import print_lines, sim_header, sim_point
     from servetune.measure import Hooks, ResultFiles, SimulateSettings, SweepLoads, run_simulate
+    from servetune.results.files import check_writable
+    from servetune.store.writer import STORE_OFF
 
+    check_ranges({"--count": count, "--duration": duration})
+    if gpus < 1:
+        raise InputError("--gpus", f"{gpus} is not allowed", "give the GPUs of one replica, >= 1")
+    for path, flag in ((output, "--output"), (trace_path, "--trace")):
+        if path is not None:
+            check_writable(path, flag)  # before the run, not after it
     cfg = parse_sets(engine, sets)
     if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
         cfg = cfg.with_(tensor_parallel_size=gpus)
@@ -123,11 +132,33 @@ def simulate(
         if not as_json:
             print_lines(sim_point(res))
 
-    results = run_simulate(settings, Hooks(ready=ready, point=point, say=say_line))
+    store_off: list[str] = []  # the store's one warning line, when it could not store
+
+    def say(line: str) -> None:
+        if line.startswith(STORE_OFF):
+            store_off.append(line)
+        say_line(line)
+
+    results = run_simulate(settings, Hooks(ready=ready, point=point, say=say))
     if as_json:
-        summaries = [_summary(r) for r in results]
+        stored = None if settings.store is None else not store_off  # null: --no-store
+        summaries = [{**_summary(r), "stored": stored} for r in results]
         sys.stdout.write(json.dumps(summaries if settings.loads.many else summaries[0], indent=2))
         sys.stdout.write("\n")
+    refused_all(results)
+
+
+def refused_all(results: list[RunResult]) -> None:
+    """InputError when the engine refused every request of a point (all longer than the
+    context, say): a result of zero completions would read as a prediction."""
+    for res in results:
+        if res.records and all(r.http_status == 400 for r in res.records):
+            why = res.records[0].error_detail or "refused"
+            raise InputError(
+                "workload",
+                f"the engine refuses all {len(res.records)} requests ({why})",
+                "shorter requests, or a larger max_model_len / KV cache",
+            )
 
 
 def calibrate(
@@ -172,6 +203,9 @@ def calibrate(
         )
     m, hw = get_model(model), get_hardware(gpu)
     if url:
+        from servetune.bench.reach import check_server
+
+        check_server(url)  # fail fast with the cause, as bench does
         keep_in = runs_dir or output.with_name(output.stem + "-runs")
         runs = _sweep(url, served_model, repeats, keep_in, engine)
         known = [None]

@@ -28,9 +28,12 @@ def sim_header(session: SimSession) -> list[str]:
 
     prof, su = session.profile, session.setup
     tier = su.step_model.tier + (f" ({prof.key})" if prof else "")
+    # the tier's rule and its expected error (StepModel.note), one part a line
+    note = [f"  {part}" for part in su.step_model.note.split("; ") if part]
     return [
         f"simulate {session.model.name} on {session.hw.name} [{session.cfg.engine}], "
         f"step times: {tier}",
+        *note,
         capacity_note(su),
     ]
 

@@ -140,27 +140,11 @@ def build_settings(o: dict[str, Any]) -> Any:
         what_if = (o["model"] or gpu_given) and o["engine"] != "llamacpp"
         name = "vllm-gpu" if what_if else "llamacpp-cpu"
     pre = load_preset(name)
-    opts = pre.tune.model_copy(
-        update={
-            k: o[k]
-            for k in (
-                "strategy",
-                "trials",
-                "seed",
-                "objective",
-                "gpu_hour_usd",
-                "top_k",
-                "finalists",
-                "repeats",
-                "load",
-                "max_load",
-                "max_probes",
-            )
-            if o[k] is not None
-        }
-    )
-    if o["time_budget"] is not None:
-        opts = opts.model_copy(update={"time_budget_s": o["time_budget"]})
+    opts = tune_options(pre.tune, o)
+    if o["gpus"] is not None and o["gpus"] < 1:
+        raise InputError("--gpus", f"{o['gpus']} is not allowed", "give the GPUs of one replica")
+    if o["db"] is not None and not o["db"].strip():
+        raise InputError("--db", "is empty", "give a file path or URL")
     mode = o["backend"] or pre.backend
     if mode not in MODES:
         raise InputError("--backend", f"unknown backend {mode!r}", "sim, real or hybrid")
@@ -253,8 +237,41 @@ def build_settings(o: dict[str, Any]) -> Any:
     )
 
 
+# TuneOptions fields and the flags that set them (the rest come from the preset).
+_OPTION_FLAGS = {
+    **{k: "--" + k.replace("_", "-") for k in (
+        "strategy", "trials", "seed", "objective", "gpu_hour_usd", "top_k", "finalists",
+        "repeats", "load", "max_load", "max_probes",
+    )},
+    "time_budget_s": "--time-budget",
+}  # fmt: skip
+
+
+def tune_options(preset: Any, o: dict[str, Any]) -> Any:
+    """The preset's TuneOptions with the flags given, validated as a whole: a flag out of
+    range (`--trials 0`, `--max-load -5`) is one line naming it, never a value ignored."""
+    from pydantic import ValidationError
+
+    from servetune.errors import from_validation_error
+
+    given = {k: o[flag[2:].replace("-", "_")] for k, flag in _OPTION_FLAGS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    try:
+        return type(preset).model_validate({**preset.model_dump(), **given})
+    except ValidationError as exc:
+        flags = {k: f for k, f in _OPTION_FLAGS.items() if k in given}
+        raise from_validation_error(exc, "preset.tune", flags) from None
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:,.0f}"
+
+
+def _p95(v: float | None, n: int | None) -> str:
+    """A P95 cell beside its `n` column, `~max` when n is too small for a P95."""
+    from servetune.metrics.pct import pct_cell
+
+    return pct_cell("p95", v, n, ",.0f")
 
 
 def print_outcome(out: Any) -> None:
@@ -269,15 +286,17 @@ def print_outcome(out: Any) -> None:
     width = max([len(t.label) for t in out.ranked[:12]] + [6])
     print(
         f"{'#':>3}  {'config':{width}s} {'status':10s} {'capacity':>8s} {obj.label:>20s} "
-        f"{'P95 TTFT':>9s} {'P95 TPOT':>9s}"
+        f"{'n':>6s} {'P95 TTFT':>11s} {'P95 TPOT':>11s}"
     )
     for i, t in enumerate(out.ranked[:12], 1):
         sf = shortfall(t) if t.best is None else None
         b = t.best or (sf.point if sf else None)  # no passing point: the closest one
         cap = f"{t.capacity:.3g}" if t.capacity is not None else "-"
+        n = b.completed if b else None
         print(
             f"{i:>3}  {t.label:{width}s} {t.status:10s} {cap:>8s} {obj.show(t.score):>20s} "
-            f"{_ms(b.ttft_p95_ms if b else None):>9s} {_ms(b.tpot_p95_ms if b else None):>9s}"
+            f"{_ms(n):>6s} {_p95(b.ttft_p95_ms if b else None, n):>11s} "
+            f"{_p95(b.tpot_p95_ms if b else None, n):>11s}"
         )
         if t.status in (TrialStatus.INFEASIBLE, TrialStatus.SKIPPED) and t.reason:
             print(f"     {t.reason[:150]}")
@@ -324,12 +343,14 @@ def print_outcome(out: Any) -> None:
 def _print_tail(out: Any) -> None:
     """The simulator's calibration and its sim-vs-real check (hybrid), notes, the report
     and the study: the end of every outcome."""
-    from servetune.tune.simvsreal import line
+    from servetune.tune.simvsreal import line, verdict_line
 
     if out.calibration is not None:
         print(out.calibration.line())
     for row in out.sim_vs_real:
         print(line(row))
+    if out.sim_error:
+        print(verdict_line(out.sim_error))
     if out.calibration is not None and out.calibration.check is not None:
         print(out.calibration.check_line())
     for n in out.notes:

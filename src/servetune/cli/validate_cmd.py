@@ -50,12 +50,29 @@ def validate(
     repeats: int = typer.Option(3, "--repeats", min=1, help="Live: runs per held-out workload."),
     profile_out: str = typer.Option(None, "--profile-out", help="Write the fitted profile."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+    published: bool = typer.Option(
+        False, "--published", help="Compare the GPU tiers with published GPU runs (no engine)."
+    ),
+    published_file: str = typer.Option(
+        None,
+        "--published-file",
+        help="With --published: a CSV of runs instead of the packaged set.",
+    ),
+    tier: list[str] = typer.Option(
+        None, "--tier", help="With --published: tiers to compare (default: roofline and gpu)."
+    ),
+    per_run: bool = typer.Option(False, "--per-run", help="With --published: every run's figures."),
 ) -> None:
+    if published or published_file:
+        if runs or live:
+            raise InputError("--published", "give --published alone, not with --runs/--live", None)
+        _published(published_file, tier or None, per_run, as_json)
+        return
     from servetune import validate as v
     from servetune.sim.profile import load_profile, load_results, save_profile
 
     if bool(runs) == bool(live):
-        raise InputError("validate", "give exactly one of --runs DIR and --live", None)
+        raise InputError("validate", "give exactly one of --runs DIR, --live and --published", None)
     v.check_harness_engine(engine)
     prof = load_profile(profile) if profile else None
     files = _run_files(runs) if runs else []
@@ -102,3 +119,43 @@ VERDICT_LINES = {
     "too noisy": "targets not judgeable here: {} missed, but the real engine differs from "
     "itself by more (noise floor above the target)",
 }
+
+
+def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json: bool) -> None:
+    """`validate --published`: every published run simulated under each tier; median
+    |error| of TTFT and TPOT per tier, per role (fit / check rows) and per model x GPU."""
+    from dataclasses import asdict
+
+    from servetune.validate import published as pub
+
+    for t in tiers or ():
+        if t not in pub.TIERS:
+            raise InputError("--tier", f"unknown tier {t!r}", f"use one of {', '.join(pub.TIERS)}")
+    results = pub.evaluate(pub.load_runs(path), tiers or pub.TIERS)
+    if as_json:
+        data = {
+            tier: {
+                "all": asdict(pub.summarize(errs)),
+                "by_role": {k: asdict(s) for k, s in pub.by_key(errs, "role").items()},
+                "by_group": {k: asdict(s) for k, s in pub.by_key(errs, "group").items()},
+                "runs": [
+                    {
+                        "id": e.run.id,
+                        "ttft_ms": e.run.ttft_ms,
+                        "tpot_ms": e.run.tpot_ms,
+                        "sim_ttft_ms": e.sim_ttft_ms,
+                        "sim_tpot_ms": e.sim_tpot_ms,
+                        "ttft_err_pct": e.ttft_err,
+                        "tpot_err_pct": e.tpot_err,
+                    }
+                    for e in errs
+                ],
+            }
+            for tier, errs in results.items()
+        }
+        print(json.dumps(data, indent=1))
+        return
+    if per_run:
+        print(pub.format_runs(results))
+        print()
+    print(pub.format_report(results))

@@ -7,9 +7,11 @@ environment and reports knobs it has no equivalent for. Defaults follow vLLM's
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from servetune.errors import refuse_bool
 
 EngineName = Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp"]
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "trtllm", "llamacpp")
@@ -25,7 +27,7 @@ Quantization = Literal[
 class EngineConfig(BaseModel):
     """Canonical engine knobs (seed 003 §2-§8 parameter tables)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     engine: EngineName = "vllm"
     dtype: Dtype = "auto"
@@ -58,6 +60,11 @@ class EngineConfig(BaseModel):
     kv_unified: bool = False  # --kv-unified: slots share one KV buffer
     n_gpu_layers: int | None = Field(None, ge=-1)  # -ngl
     extra_args: tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool(cls, data: Any) -> Any:
+        return refuse_bool(cls.model_fields, data)  # `max_num_seqs: true` is not 1
 
     @model_validator(mode="after")
     def _check_batching(self) -> EngineConfig:

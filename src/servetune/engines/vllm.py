@@ -25,7 +25,7 @@ from servetune.engines.base import (
     PlannedPool,
 )
 from servetune.engines.config import EngineConfig
-from servetune.errors import InputError
+from servetune.engines.rules import check_block_size
 
 name = "vllm"
 default_port = 8000
@@ -135,6 +135,7 @@ def build(
 
 
 def _block_size(cfg: EngineConfig, device: Device, b: FlagBuilder) -> None:
+    check_block_size(cfg, device)  # a multiple of 16 on GPU, of 32 on CPU
     if device != "cpu":
         if cfg.block_size != 16:
             b.flag("--block-size", cfg.block_size)
@@ -143,12 +144,6 @@ def _block_size(cfg: EngineConfig, device: Device, b: FlagBuilder) -> None:
         # 16 is the canonical (GPU) default; the CPU backend then picks its own (128).
         b.notes.append("block_size: left to vLLM CPU's default (128)")
         return
-    if cfg.block_size % 32:
-        raise InputError(
-            "block_size",
-            f"{cfg.block_size} is not a multiple of 32, which vLLM's CPU backend needs",
-            "use 32, 64 or 128",
-        )
     b.flag("--block-size", cfg.block_size)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from servetune.bench.client import Timeouts
+from servetune.bench.reach import check_server
 from servetune.bench.runner import BenchOptions
 from servetune.bench.server_metrics import engine_adapter, http_fetcher
 from servetune.engines.config import EngineConfig
@@ -19,10 +20,12 @@ from servetune.measure.real import ServerSession, server_software
 from servetune.measure.simulated import SimSession
 from servetune.measure.sweep import Hooks, ResultFiles, StoreSettings, sweep
 from servetune.model import get_model
+from servetune.results.files import load_result
 from servetune.results.schema import RunResult
-from servetune.sim.profile import load_profile, load_results
+from servetune.sim.profile import load_profile
 from servetune.slo import SLO, load_slo
 from servetune.store import RunMeta, host_info, software_info
+from servetune.telemetry import DEFAULT_TELEMETRY, TelemetryOptions
 from servetune.workload.materialize import Request
 from servetune.workload.spec import WorkloadSpec, load_workload, parse_workload
 from servetune.workload.tokenizer import load_tokenizer
@@ -57,6 +60,7 @@ class BenchSettings:
     cancel_after_chunks: int = 4
     breaker_error_rate: float | None = 0.5
     scrape: bool = True
+    telemetry: TelemetryOptions = DEFAULT_TELEMETRY
     engine: str | None = None
     config: EngineConfig | None = None
     launch_command: str | None = None
@@ -74,6 +78,8 @@ def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
         else parse_workload(DEFAULT_WORKLOAD, swept=swept)
     )
     slo = load_slo(s.slo) if s.slo else None
+    # fail fast with the cause when nothing answers at the URL (bench.reach)
+    check_server(s.url, api_key=s.api_key, timeout_s=s.timeouts.connect_s or 10.0)
     tok = load_tokenizer(s.tokenizer, s.url)
     points = sweep_points(spec, s.loads, s.max_concurrency)
     adapter = engine_adapter(s.engine) if s.engine else None
@@ -91,7 +97,7 @@ def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
         metrics_fetch=http_fetcher(s.url, adapter) if s.scrape else None,
         tokenizer=tok,
     )
-    session = ServerSession(opts, tok, slo, launch_command=s.launch_command)
+    session = ServerSession(opts, tok, slo, launch_command=s.launch_command, telemetry=s.telemetry)
     hooks = hooks or Hooks()
     hooks.ready(session)
     store = replace(s.store, meta=lambda: bench_meta(s, slo)) if s.store else None
@@ -158,7 +164,7 @@ def _sim_workload(s: SimulateSettings) -> tuple[WorkloadSpec, list[Request] | No
     """The workload to simulate, and the replayed run's requests (None: draw them)."""
 
     if s.replay is not None:
-        base = load_results([s.replay])[0]
+        base = load_result(s.replay, "--replay")
         if not base.requests:
             raise InputError("--replay", f"{s.replay} holds no requests", "bench with -o")
         return WorkloadSpec.model_validate(base.workload), base.requests

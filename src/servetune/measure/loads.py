@@ -5,10 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servetune.errors import InputError
+from pydantic import ValidationError
+
+from servetune.errors import InputError, from_validation_error
 from servetune.measure.session import Point
 from servetune.measure.steady import SteadyRule
 from servetune.workload.spec import WorkloadSpec
+
+# The workload fields a sweep's flags set (`WorkloadSpec.with_load`), for error messages.
+_FLAGS = {
+    "count": "--count",
+    "duration_s": "--duration",
+    "arrival.rate": "--rate",
+    "arrival.concurrency": "--concurrency",
+}
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,8 @@ def sweep_points(
     for label, kw in kws:
         try:
             pspec = spec.with_load(count=loads.count, duration_s=loads.duration_s, **kw)
+        except ValidationError as exc:  # a value the command line gave: name its flag
+            raise from_validation_error(exc, "workload", _FLAGS) from None
         except ValueError as exc:
             raise InputError("--concurrency", str(exc), None) from None
         points.append(Point(label, pspec))

@@ -6,6 +6,7 @@ measure) or an engine servetune launched (the tuner's real backend). Both go thr
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,8 @@ from servetune.measure.result import Infeasible
 from servetune.measure.session import NO_SINKS, Interrupted, Point, Sinks
 from servetune.results.schema import RunResult
 from servetune.slo import SLO
+from servetune.telemetry import DEFAULT_TELEMETRY, TelemetryOptions, sampling
+from servetune.telemetry.host import local_server_pids
 from servetune.workload.materialize import Request, materialize
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, load_tokenizer
@@ -36,12 +39,18 @@ class ServerSession:
         *,
         launch_command: str | None = None,
         requests_cache: dict[str, list[Request]] | None = None,
+        telemetry: TelemetryOptions | None = DEFAULT_TELEMETRY,
+        engine_pids: Callable[[], set[int]] | None = None,
     ) -> None:
         self.opts = opts
         self.tokenizer = tokenizer
         self.slo = slo
         self.launch_command = launch_command
         self.cache = requests_cache
+        # Telemetry (servetune.telemetry) is sampled around every point; the engine's
+        # process tree is the launched engine's, or whatever listens on a local URL.
+        self.telemetry = telemetry
+        self.engine_pids = engine_pids
 
     def requests(self, spec: WorkloadSpec) -> list[Request]:
         if self.cache is None:
@@ -55,13 +64,25 @@ class ServerSession:
         """Send the point's requests and build its RunResult from the raw records.
         Ctrl-C raises `Interrupted` carrying the part measured."""
         requests = point.requests if point.requests is not None else self.requests(point.spec)
-        opts = replace(
-            self.opts, records_path=sinks.records, progress=sinks.live, store=sinks.store
-        )
+        tel = None
+        if self.telemetry is not None and self.telemetry.enabled:
+            pids = self.engine_pids or local_server_pids(self.opts.url)
+            tel = sampling(self.telemetry, pids)
+        store = tel.recorder(sinks.store) if tel is not None else sinks.store
+        opts = replace(self.opts, records_path=sinks.records, progress=sinks.live, store=store)
         try:
-            return run_point(point.spec, requests, opts, self.slo, point.label)
+            res = run_point(point.spec, requests, opts, self.slo, point.label)
         except BenchInterrupted as exc:
+            if tel is not None:
+                tel.attach(exc.result)
             raise Interrupted(exc.result) from None
+        except BaseException:
+            if tel is not None:
+                tel.close()  # no result to attach it to: just stop sampling
+            raise
+        if tel is not None:
+            tel.attach(res)
+        return res
 
 
 class EngineSession:
@@ -75,6 +96,7 @@ class EngineSession:
         slo: SLO | None,
         request_timeout_s: float,
         requests_cache: dict[str, list[Request]] | None = None,
+        telemetry: TelemetryOptions | None = DEFAULT_TELEMETRY,
     ) -> None:
 
         t = request_timeout_s
@@ -94,9 +116,14 @@ class EngineSession:
             slo,
             launch_command=self.launch_command,
             requests_cache=requests_cache,
+            telemetry=telemetry,
+            engine_pids=srv.pids,
         )
+        self.measured = 0  # points measured in this engine's life (`fresh_prompts`)
 
     def measure(self, point: Point, sinks: Sinks = NO_SINKS) -> RunResult:
+        point = fresh_prompts(point, self.measured)
+        self.measured += 1
         res = self.server.measure(point, sinks)
         try:
             self.srv.check()
@@ -106,6 +133,21 @@ class EngineSession:
         res.target.config = self.srv.cfg.model_dump(mode="json", exclude_defaults=True)
         res.target.settings = self.srv.settings
         return res
+
+
+def fresh_prompts(point: Point, k: int) -> Point:
+    """The `k`-th point measured on one engine process draws its own prompts: the spec's
+    seed + k (the first point as given; fixed `requests` as given). Why: an engine keeps
+    the prompts it served (llama.cpp per slot and in its host-memory prompt cache) and
+    serves a repeated prompt from that cache, and one seed at every load point of a config
+    repeated the same first prompts: later points measured cache hits (the main job,
+    llama.cpp + Gemma 3 270M, one config's 4-user point: 4 prompts served at earlier points
+    reached their first token in 85 ms, the next 4, half of them new, in 234 ms). Traffic
+    without shared prefixes never repeats a prompt, and the simulator rightly does not
+    assume it does."""
+    if k == 0 or point.requests is not None:
+        return point
+    return replace(point, spec=point.spec.model_copy(update={"seed": point.spec.seed + k}))
 
 
 def server_software(url: str, api_key: str | None = None) -> dict[str, Any]:

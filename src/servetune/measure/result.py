@@ -119,6 +119,9 @@ def sim_signals(target: Target) -> dict[str, Any]:
 def signals(res: RunResult) -> dict[str, Any]:
     """What the explanation reads besides the metrics: the simulator's scheduler counters,
     or the engine's own /metrics summary (peaks, preemptions) for a real run."""
-    out = sim_signals(res.target) if res.backend == "sim" else server_summary(res.server)
+    if res.backend == "sim":
+        out = sim_signals(res.target)
+    else:
+        out = server_summary(res.server, res.telemetry)
     out["max_in_flight"] = res.metrics.max_in_flight
     return out

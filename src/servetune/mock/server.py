@@ -55,6 +55,9 @@ class MockConfig:
     fault_after_chunks: int = 3
     slow_headers_s: float = 2.0
     seed: int = 0
+    # An engine bug on demand: a client that disconnects mid-stream leaves its request
+    # counted as running (the slot is never freed), as an engine that misses the abort.
+    leak_cancelled: bool = False
 
 
 _HEAD_SSE = (
@@ -137,6 +140,10 @@ class _MockProtocol(asyncio.Protocol):
         st = self.stream
         if st is not None:  # client went away mid-stream: the slot is freed
             self.srv.stats.cancelled += 1
+            if self.srv.cfg.leak_cancelled and st.handle is not None:
+                st.handle.cancel()  # stop streaming, but keep the slot counted as running
+                self.stream = None
+                return
             self._end_stream(st)
 
     def data_received(self, data: bytes) -> None:

@@ -3,6 +3,7 @@ PlanRequest, run it, and shape the stable JSON output."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from servetune.engines import launch_command, launch_commands
 from servetune.engines.base import PlannedPool
 from servetune.engines.config import EngineConfig
+from servetune.engines.rules import check_config
 from servetune.errors import InputError, from_validation_error
 from servetune.hardware.catalog import get_hardware
 from servetune.hardware.spec import HardwareSpec
@@ -80,8 +82,8 @@ def _flag(name: str) -> str:
 
 
 def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise InputError(_flag(name), f"must be > 0 (got {value})")
+    if value is not None and not 0 < value < math.inf:  # also refuses nan and inf
+        raise InputError(_flag(name), f"must be a finite number > 0 (got {value})")
 
 
 def parse_overheads(items: list[str]) -> Overheads:
@@ -153,6 +155,12 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
             _flag(err.field.replace("kv_cache_dtype", "kv_dtype").replace("quantization", "quant")),
             err.problem,
         ) from None
+    rule_device = "cpu" if hardware.kind == "cpu" else "gpu"
+    try:  # the engine's start-up rules (TP divides the heads, block size), as flags
+        check_config(config, device=rule_device, attention_heads=model.num_attention_heads)
+    except InputError as exc:
+        raise InputError(_flag({"tensor_parallel_size": "tp"}.get(exc.field, exc.field)),
+                         exc.problem, exc.fix) from None  # fmt: skip
     explicit = {k for k, v in knobs.items() if v is not None}
     if args.kv_dtype is None:
         explicit.discard("kv_cache_dtype")

@@ -1,8 +1,11 @@
 """`servetune report`: one offline HTML file (plotly.js embedded once) for a run, a
-study or a list of runs — latency vs load with SLO lines and goodput, the seed 000 §3.1
+study or a list of runs — the verdict first (a tune study's winner, margin, launch
+command and how sure), configs named by what differs, capacity per config with its
+interval, the binding SLO, latency vs load with SLO lines and goodput, the seed 000 §3.1
 sweet spot, the Pareto front, percentile CDFs, server metrics over time, sim-vs-real,
-the memory breakdown from `plan`, and the seed 003 §16 record — plus PNG/SVG export of
-each chart (kaleido, driving the system's Chromium). See docs/report.md.
+the memory picture by each engine's own KV rule, and the seed 003 §16 record; every
+percentile with its sample size — plus PNG/SVG export of each chart (kaleido, driving the
+system's Chromium). Sections: `report.sections`. See docs/report.md.
 
     from servetune.report import build_report
     build_report(store, ["my-sweep"], Path("report.html"), images=Path("img"))

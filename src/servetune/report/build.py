@@ -7,13 +7,13 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from servetune.errors import InputError
-from servetune.plan.service import PlanArgs, plan_to_json, run_plan
 from servetune.report import charts as ch
 from servetune.report.data import ReportData, load_report_data
 from servetune.report.html import render_html
+from servetune.report.sections import build_sections
+from servetune.report.verdict import verdict
 from servetune.store import Store
 
 IMAGE_FORMATS = ("png", "svg")
@@ -26,66 +26,12 @@ class ReportOutput:
     charts: list[str]  # drawn
     skipped: dict[str, str]  # key -> why
     images: list[Path] = field(default_factory=list)
-
-
-def _plan_args(info: Any) -> Any:
-    cfg = info.engine_config
-    hw = info.meta.get("hardware") or {}
-    return PlanArgs(
-        model=info.model,
-        gpu=hw.get("catalog") or hw.get("gpu") or hw.get("cpu"),
-        gpus=int(hw.get("gpu_count") or info.gpu_count or 1),
-        scenario=None,
-        dtype=cfg.get("dtype") or "auto",
-        quant=cfg.get("quantization"),
-        kv_dtype=cfg.get("kv_cache_dtype"),
-        max_model_len=cfg.get("max_model_len"),
-        gpu_memory_utilization=cfg.get("gpu_memory_utilization"),
-        kv_cache_space=cfg.get("kv_cache_space_gib"),
-        block_size=cfg.get("block_size") or 16,
-        max_num_seqs=cfg.get("max_num_seqs"),
-        max_num_batched_tokens=cfg.get("max_num_batched_tokens"),
-        tp=cfg.get("tensor_parallel_size"),
-        pp=cfg.get("pipeline_parallel_size") or 1,
-        enforce_eager=bool(cfg.get("enforce_eager")),
-        engine=cfg.get("engine") or "vllm",
-    )
-
-
-def plans_for(data: ReportData) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The plan of each series: stored with the run (meta.plan) or recomputed from its
-    model, GPU and engine config when the catalog knows them."""
-    plans: dict[str, dict[str, Any]] = {}
-    notes: list[str] = []
-    for name, members in data.series.items():
-        info = members[0].info
-        if info.meta.get("plan"):
-            plans[name] = info.meta["plan"]
-            continue
-        hw = info.meta.get("hardware") or {}
-        if not info.model or not hw.get("gpu"):
-            notes.append(f"{name}: model or GPU not recorded")
-            continue
-        try:
-            plans[name] = plan_to_json(run_plan(_plan_args(info)))
-        except InputError as exc:
-            notes.append(f"{name}: {exc.one_line()}")
-        if len(plans) >= 8:
-            break
-    return plans, notes
+    headline: str = ""  # the verdict box's first line
 
 
 def build_charts(data: ReportData) -> list[ch.Chart]:
-    plans, notes = plans_for(data)
-    return [
-        ch.latency_vs_load(data),
-        ch.sweet_spot(data),
-        ch.pareto(data),
-        ch.cdfs(data),
-        ch.server_metrics(data),
-        ch.sim_vs_real(data),
-        ch.memory(data, plans, notes),
-    ]
+    """The report's sections that apply to `data` (`report.sections.SECTIONS`)."""
+    return build_sections(data)
 
 
 def _need_plotly() -> None:
@@ -125,6 +71,7 @@ def build_report(
         bytes=out.stat().st_size,
         charts=[c.key for c in charts if c.fig is not None],
         skipped={c.key: c.note for c in charts if c.fig is None},
+        headline=verdict(data).headline,
     )
     if images is not None:
         result.images = export_images(charts, images, *formats)

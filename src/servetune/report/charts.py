@@ -4,6 +4,7 @@ of a figure, so the report says what is missing rather than silently leaving it 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from typing import Any
 
 from servetune.metrics import sweep
 from servetune.metrics.compute import request_latencies_ms
+from servetune.metrics.pct import is_max_only, sample_note
 from servetune.report.analysis import ecdf
 from servetune.report.data import ReportData, RunData
+from servetune.report.labels import knobs_of
 from servetune.status import RequestStatus
 
 PALETTE = (
@@ -94,12 +97,15 @@ def _m(r: RunData, path: str) -> float | None:
 
 
 def _sweeps(data: ReportData) -> dict[str, list[RunData]]:
-    """Series with at least two load points (a curve can be drawn)."""
-    return {
-        k: [r for r in v if data.x(r) is not None]
-        for k, v in data.series.items()
-        if len({data.x(r) for r in v if data.x(r) is not None}) >= 2
-    }
+    """Series with at least two load points (a curve can be drawn), as `_curve`s."""
+    curves = {k: _curve(data, k) for k in data.series}
+    return {k: v for k, v in curves.items() if len({data.x(r) for r in v}) >= 2}
+
+
+def _repeats(data: ReportData, name: str, curve: Sequence[RunData]) -> list[RunData]:
+    """The runs of a series at a load its curve already has (repetitions)."""
+    on_curve = {id(r) for r in curve}
+    return [r for r in data.series[name] if id(r) not in on_curve and data.x(r) is not None]
 
 
 def latency_vs_load(data: ReportData) -> Chart:
@@ -116,20 +122,45 @@ def latency_vs_load(data: ReportData) -> Chart:
     )
     for name, members in sweeps.items():
         color, xs = _color(data, name), [data.x(r) for r in members]
+        hover = "<br>".join(f"{k}: {v}" for k, v in data.context.get(name, {}).items())
         for col, metric in ((1, "ttft_ms"), (2, "tpot_ms")):
             for stat, dash in PCT_DASH.items():
+                counts = [_count(r, metric) for r in members]
                 fig.add_trace(
                     _go().Scatter(
                         x=xs,
                         y=[_m(r, f"{metric}.{stat}") for r in members],
                         mode="lines+markers",
-                        name=f"{name} {stat.upper()}",
+                        name=name,
                         legendgroup=name,
                         line={"color": color, "dash": dash},
+                        marker={"symbol": [_symbol(stat, n) for n in counts], "size": 8},
                         text=[r.info.id for r in members],
-                        hovertemplate="%{text}<br>x=%{x}<br>%{y:.1f} ms<extra>"
-                        + f"{metric[:4].upper()} {stat.upper()}</extra>",
-                        showlegend=col == 1,
+                        customdata=[sample_note(stat, n) for n in counts],
+                        hovertemplate=f"<b>{name}</b><br>{hover}<br>%{{text}}<br>x=%{{x}}<br>"
+                        f"{metric[:4].upper()} {stat.upper()} %{{y:.1f}} ms (%{{customdata}})"
+                        "<extra></extra>",
+                        showlegend=col == 1 and stat == "p50",
+                    ),
+                    row=1,
+                    col=col,
+                )
+        reps = _repeats(data, name, members)
+        if reps:  # repeated loads: markers over the curve, not a vertical zig-zag
+            for col, metric in ((1, "ttft_ms"), (2, "tpot_ms")):
+                fig.add_trace(
+                    _go().Scatter(
+                        x=[data.x(r) for r in reps],
+                        y=[_m(r, f"{metric}.p95") for r in reps],
+                        mode="markers",
+                        name=name,
+                        legendgroup=name,
+                        showlegend=False,
+                        marker={"color": color, "symbol": "x", "size": 8},
+                        text=[r.info.id for r in reps],
+                        customdata=[sample_note("p95", _count(r, metric)) for r in reps],
+                        hovertemplate=f"<b>{name}</b> repetition<br>%{{text}}<br>"
+                        f"{metric[:4].upper()} P95 %{{y:.1f}} ms (%{{customdata}})<extra></extra>",
                     ),
                     row=1,
                     col=col,
@@ -140,11 +171,13 @@ def latency_vs_load(data: ReportData) -> Chart:
                     x=xs,
                     y=[_m(r, stat) for r in members],
                     mode="lines+markers",
-                    name=f"{name} {'goodput' if stat != 'req_s' else 'achieved'}",
+                    name=name,
                     legendgroup=name,
+                    showlegend=False,
                     line={"color": color, "dash": dash},
                     text=[r.info.id for r in members],
-                    hovertemplate="%{text}<br>%{y:.2f} req/s<extra></extra>",
+                    hovertemplate=f"<b>{name}</b><br>%{{text}}<br>%{{y:.2f}} req/s "
+                    f"{'goodput' if stat != 'req_s' else 'achieved'}<extra></extra>",
                 ),
                 row=1,
                 col=3,
@@ -156,7 +189,7 @@ def latency_vs_load(data: ReportData) -> Chart:
                 fig.add_hline(
                     y=target,
                     line={"color": "#444", "dash": "dashdot", "width": 1},
-                    annotation_text=f"SLO {stat.upper()} {target:g}",
+                    annotation_text=f"SLO {stat.upper()} <= {target:g}",
                     annotation_position="top left",
                     row=1,
                     col=col,
@@ -167,10 +200,23 @@ def latency_vs_load(data: ReportData) -> Chart:
     fig.update_yaxes(type="log", dtick=1, row=1, col=1)
     chart.fig = _layout(fig, 480)
     chart.note = (
-        "Solid P50, dashed P95, dotted P99; dash-dotted lines are the SLO targets. "
-        "Right: achieved and goodput (requests meeting every SLO) per second."
+        "One colour per config. Solid P50, dashed P95, dotted P99, over each point's "
+        "measured requests (warm-up excluded; each point's n in its hover); an open marker "
+        "is a tail percentile resting on too few requests, the maximum. Dash-dotted: the "
+        "SLO targets; x: a repetition's P95. Right: achieved (solid) and goodput (dotted) "
+        "requests per second."
     )
     return chart
+
+
+def _count(r: RunData, metric: str) -> int | None:
+    """Requests a run's percentile of `metric` rests on (its Dist's count)."""
+    d = r.metrics.get(metric)
+    return d.get("count") if isinstance(d, dict) else None
+
+
+def _symbol(stat: str, n: int | None) -> str:
+    return "circle-open" if is_max_only(stat, n) else "circle"
 
 
 def sweet_spot(data: ReportData) -> Chart:
@@ -231,26 +277,21 @@ def sweet_spot(data: ReportData) -> Chart:
         ),
         secondary_y=False,
     )
-    fig.add_trace(
-        _go().Scatter(
-            x=xs,
-            y=[_m(r, "ttft_ms.p99") for r in members],
-            mode="lines+markers",
-            name="TTFT P99 ms",
-            line={"color": "#555", "dash": "dot"},
-        ),
-        secondary_y=True,
-    )
-    fig.add_trace(
-        _go().Scatter(
-            x=xs,
-            y=[_m(r, "tpot_ms.p99") for r in members],
-            mode="lines+markers",
-            name="TPOT P99 ms",
-            line={"color": "#999", "dash": "dash"},
-        ),
-        secondary_y=True,
-    )
+    for metric, color, dash in (("ttft_ms", "#555", "dot"), ("tpot_ms", "#999", "dash")):
+        label = f"{metric[:4].upper()} P99 ms"
+        fig.add_trace(
+            _go().Scatter(
+                x=xs,
+                y=[_m(r, f"{metric}.p99") for r in members],
+                mode="lines+markers",
+                name=label,
+                line={"color": color, "dash": dash},
+                marker={"symbol": [_symbol("p99", _count(r, metric)) for r in members]},
+                customdata=[sample_note("p99", _count(r, metric)) for r in members],
+                hovertemplate=f"{label} %{{y:.1f}} (%{{customdata}})<extra></extra>",
+            ),
+            secondary_y=True,
+        )
     if idx is not None:
         fig.add_trace(
             _go().Scatter(
@@ -360,7 +401,7 @@ def cdfs(data: ReportData) -> Chart:
     """Empirical CDFs of TTFT, TPOT and E2E per run, from the raw records."""
     chart = Chart("cdf", "Latency percentile CDFs")
     runs = _cdf_runs(data)
-    if not runs:
+    if not runs or not any(r.measured_records() for r in runs):
         chart.note = "No per-request records stored."
         return chart
     from plotly.subplots import make_subplots
@@ -370,7 +411,9 @@ def cdfs(data: ReportData) -> Chart:
         rows=1, cols=3, subplot_titles=("TTFT ms", "TPOT ms", "E2E ms"), horizontal_spacing=0.06
     )
     for k, r in enumerate(runs):
-        lat = [request_latencies_ms(x) for x in r.result.records if x.status == RequestStatus.OK]
+        lat = [
+            request_latencies_ms(x) for x in r.measured_records() if x.status == RequestStatus.OK
+        ]
         color = PALETTE[k % len(PALETTE)]
         for col in range(3):
             xs, ps = ecdf([v[col] for v in lat if v[col] is not None])
@@ -383,7 +426,8 @@ def cdfs(data: ReportData) -> Chart:
                     legendgroup=r.letter,
                     showlegend=col == 0,
                     line={"color": color, "dash": "dash" if r.info.backend == "sim" else None},
-                    hovertemplate="%{x:.1f} ms<br>P%{y:.3f}<extra>" + r.info.id + "</extra>",
+                    hovertemplate="%{x:.1f} ms<br>fraction %{y:.3f}<extra>"
+                    + f"{r.info.id} (n={len(lat)})</extra>",
                 ),
                 row=1,
                 col=col + 1,
@@ -395,7 +439,10 @@ def cdfs(data: ReportData) -> Chart:
     fig.update_yaxes(title_text="fraction of requests", range=[0, 1.01], row=1, col=1)
     chart.fig = _layout(fig, 460)
     shown = "" if len(runs) == len(data.runs) else f" ({len(runs)} of {len(data.runs)} runs)"
-    chart.note = f"Dotted rules at P50, P95, P99; log x{shown}."
+    chart.note = (
+        f"Dotted rules at P50, P95, P99; log x{shown}. Requests sent in each run's "
+        "measurement window (warm-up excluded), as its percentiles."
+    )
     return chart
 
 
@@ -419,15 +466,19 @@ def server_metrics(data: ReportData) -> Chart:
     if len(runs) > MAX_SERVER_RUNS:
         step = (len(runs) - 1) / (MAX_SERVER_RUNS - 1)
         runs = [runs[round(i * step)] for i in range(MAX_SERVER_RUNS)]
+    panels, empty = _server_panels(runs)
+    if not panels:
+        chart.note = "The engine exported none of " + ", ".join(empty) + "."
+        return chart
     from plotly.subplots import make_subplots
 
     go = _go()
     fig = make_subplots(
-        rows=3,
+        rows=len(panels),
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.07,
-        subplot_titles=[p[0] for p in SERVER_PANELS],
+        vertical_spacing=0.07 if len(panels) > 1 else 0.0,
+        subplot_titles=[p[0] for p in panels],
     )
     for k, r in enumerate(runs):
         s = r.result.server
@@ -435,7 +486,7 @@ def server_metrics(data: ReportData) -> Chart:
         t0 = s.t_ns[0] if s.t_ns else 0
         ts = [(t - t0) / 1e9 for t in s.t_ns]
         color = PALETTE[k % len(PALETTE)]
-        for row, (_, names) in enumerate(SERVER_PANELS, start=1):
+        for row, (_, names) in enumerate(panels, start=1):
             for j, metric in enumerate(names):
                 ys = [v.get(metric) for v in s.values]
                 if all(y is None for y in ys):
@@ -455,128 +506,138 @@ def server_metrics(data: ReportData) -> Chart:
                     row=row,
                     col=1,
                 )
-    fig.update_xaxes(title_text="seconds since the first scrape", row=3, col=1)
-    chart.fig = _layout(fig, 620)
+    fig.update_xaxes(title_text="seconds since the first scrape", row=len(panels), col=1)
+    chart.fig = _layout(fig, 140 + 160 * len(panels))
     chart.note = "Dotted: waiting requests. Canonical names (docs/metrics.md), any engine."
+    if empty:
+        engines = sorted({r.info.engine or "the engine" for r in runs})
+        chart.note += f" Not drawn: {', '.join(empty)} ({'/'.join(engines)} exports none)."
     return chart
 
 
+def _server_panels(
+    runs: Sequence[RunData],
+) -> tuple[list[tuple[str, tuple[str, ...]]], list[str]]:
+    """The panels some run has a value for, and the titles of those none has (left out:
+    llama.cpp exports no KV-cache usage, for one)."""
+    panels: list[tuple[str, tuple[str, ...]]] = []
+    empty: list[str] = []
+    for title, names in SERVER_PANELS:
+        values = (v for r in runs for v in (r.result.server.values if r.result.server else []))
+        if any(v.get(m) is not None for v in values for m in names):
+            panels.append((title, names))
+        else:
+            empty.append(title)
+    return panels, empty
+
+
 def sim_vs_real(data: ReportData) -> Chart:
-    """Simulated against measured, matched by config (minus backend) and load."""
+    """Each config that has both real and simulated runs: its measured curve (solid) and
+    its simulated twin (dashed) in one colour; the TPOT P50 error at the loads both ran."""
     chart = Chart("sim-vs-real", "Simulation vs real")
-    real = [r for r in data.runs if r.info.backend == "real"]
-    sim = [r for r in data.runs if r.info.backend == "sim"]
-    if not real or not sim:
+    twins = _twins(data)
+    if not twins:
         chart.note = "Needs both real (bench) and simulated runs of the same config and load."
         return chart
     from plotly.subplots import make_subplots
 
-    pairs = _pairs(data, real, sim)
     go = _go()
     fig = make_subplots(
         rows=1, cols=3, subplot_titles=("TTFT P50/P99 ms", "TPOT P50/P99 ms", "output tok/s")
     )
-    for backend, runs, dash in (("real", real, None), ("sim", sim, "dash")):
-        runs = sorted(runs, key=lambda r: data.x(r) or 0.0)
-        xs = [data.x(r) for r in runs]
-        color = PALETTE[0] if backend == "real" else PALETTE[1]
-        for col, metric in ((1, "ttft_ms"), (2, "tpot_ms")):
-            for stat in ("p50", "p99"):
-                fig.add_trace(
-                    go.Scatter(
-                        x=xs,
-                        y=[_m(r, f"{metric}.{stat}") for r in runs],
-                        mode="lines+markers",
-                        name=f"{backend} {stat.upper()}",
-                        legendgroup=backend,
-                        showlegend=col == 1,
-                        line={"color": color, "dash": dash or ("dot" if stat == "p99" else None)},
-                    ),
-                    row=1,
-                    col=col,
-                )
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[_m(r, "output_tok_s") for r in runs],
-                mode="lines+markers",
-                name=f"{backend} throughput",
-                legendgroup=backend,
-                showlegend=False,
-                line={"color": color, "dash": dash},
-            ),
-            row=1,
-            col=3,
-        )
+    all_x: list[float | None] = []
+    errs: list[float] = []
+    for real_name, sim_name in twins:
+        color = _color(data, real_name)
+        for name, dash in ((real_name, None), (sim_name, "dash")):
+            runs = _curve(data, name)
+            xs = [data.x(r) for r in runs]
+            all_x += xs
+            group = name  # the series names say real or simulated
+            for col, metric in ((1, "ttft_ms"), (2, "tpot_ms")):
+                for stat in ("p50", "p99"):
+                    counts = [_count(r, metric) for r in runs]
+                    fig.add_trace(
+                        go.Scatter(
+                            x=xs,
+                            y=[_m(r, f"{metric}.{stat}") for r in runs],
+                            mode="lines+markers",
+                            name=group,
+                            legendgroup=group,
+                            showlegend=col == 1 and stat == "p50",
+                            line={
+                                "color": color,
+                                "dash": dash or ("dot" if stat == "p99" else None),
+                            },
+                            marker={"symbol": [_symbol(stat, n) for n in counts]},
+                            customdata=[sample_note(stat, n) for n in counts],
+                            hovertemplate=f"{group}<br>{stat.upper()} %{{y:.1f}} ms "
+                            "(%{customdata})<extra></extra>",
+                        ),
+                        row=1,
+                        col=col,
+                    )
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=[_m(r, "output_tok_s") for r in runs],
+                    mode="lines+markers",
+                    name=group,
+                    legendgroup=group,
+                    showlegend=False,
+                    line={"color": color, "dash": dash},
+                ),
+                row=1,
+                col=3,
+            )
+        errs += _tpot_errors(data, _curve(data, real_name), _curve(data, sim_name))
     for col in (1, 2, 3):
-        _x_axis(fig, data, [data.x(r) for r in real + sim], row=1, col=col)
+        _x_axis(fig, data, all_x, row=1, col=col)
     fig.update_yaxes(type="log", dtick=1, row=1, col=1)
     chart.fig = _layout(fig, 460)
-    errs = []
-    for a, b in pairs:
-        ra, rb = _m(a, "tpot_ms.p50"), _m(b, "tpot_ms.p50")
-        if ra and rb:
-            errs.append(abs(rb - ra) / ra * 100)
-    chart.note = f"{len(pairs)} matched pairs; sim dashed. " + (
-        f"TPOT P50 error: mean {sum(errs) / len(errs):.1f}%, max {max(errs):.1f}%." if errs else ""
+    chart.note = f"{len(twins)} config(s) with both; simulated dashed, P99 dotted. " + (
+        f"TPOT P50 error at the same load: mean {sum(errs) / len(errs):.1f}%, max {max(errs):.1f}%."
+        if errs
+        else ""
     )
     return chart
 
 
-def _pairs(
-    data: ReportData, real: list[RunData], sim: list[RunData]
-) -> list[tuple[RunData, RunData]]:
-    def key(r: RunData) -> tuple[str, str, float | None]:
-        return (
-            r.info.model or "",
-            str(sorted(r.info.engine_config.items())),
-            r.info.concurrency if data.x_kind == "concurrency" else r.info.rate,
-        )
-
-    by_key = {key(r): r for r in sim}
-    return [(r, by_key[key(r)]) for r in real if key(r) in by_key]
+def _curve(data: ReportData, name: str) -> list[RunData]:
+    """A series' runs, one per load on a concurrency axis (the first: a tune study's
+    search run; repetitions are left to `_repeats`), every run on a rate axis."""
+    firsts: dict[object, RunData] = {}
+    for r in (r for r in data.series[name] if data.x(r) is not None):
+        firsts.setdefault(data.x(r) if data.x_kind == "concurrency" else id(r), r)
+    return list(firsts.values())
 
 
-MEMORY_PARTS = (
-    ("weights_per_gpu_bytes", "weights", "#1f77b4"),
-    ("activation_bytes", "activation", "#ff7f0e"),
-    ("overhead_bytes", "overhead", "#7f7f7f"),
-    ("kv_pool_bytes", "KV cache pool", "#2ca02c"),
-)
+def _twins(data: ReportData) -> list[tuple[str, str]]:
+    """(real series, simulated series) pairs of the same config, model and workload."""
 
+    def key(name: str) -> str:
+        info = data.series[name][0].info
+        return json.dumps([info.model, knobs_of(info)], sort_keys=True, default=str)
 
-def memory(data: ReportData, plans: dict[str, dict[str, Any]], notes: list[str]) -> Chart:
-    """Per-GPU memory budget from `plan` (weights, activation, overheads, KV pool, free)."""
-    chart = Chart("memory", "Memory breakdown (from plan)")
-    if not plans:
-        chart.note = "No plan: " + ("; ".join(notes) or "model/GPU not recorded with the runs.")
-        return chart
-    go = _go()
-    labels = list(plans)
-    gib = 2**30
-    fig = go.Figure()
-    for key, name, color in MEMORY_PARTS:
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=[plans[k].get(key, 0) / gib for k in labels],
-                name=name,
-                marker_color=color,
-                hovertemplate="%{y:.2f} GiB<extra>" + name + "</extra>",
-            )
-        )
-    free = [
-        max(0.0, (p["device_bytes"] - sum(p.get(k, 0) for k, _, _ in MEMORY_PARTS)) / gib)
-        for p in plans.values()
+    sims = {key(n): n for n, m in data.series.items() if m[0].info.backend == "sim"}
+    return [
+        (n, sims[key(n)])
+        for n, m in data.series.items()
+        if m[0].info.backend == "real" and key(n) in sims
     ]
-    fig.add_trace(go.Bar(x=labels, y=free, name="unused (headroom)", marker_color="#dddddd"))
-    fig.update_layout(barmode="stack", bargap=0.45)
-    fig.update_yaxes(title_text="GiB per GPU")
-    chart.fig = _layout(fig, 440)
-    p0 = next(iter(plans.values()))
-    chart.note = (
-        f"{p0.get('model')} on {p0.get('hardware')}: KV capacity "
-        f"{p0.get('kv_capacity_tokens'):,} tokens, max concurrency "
-        f"{p0.get('max_concurrency')}. " + "; ".join(notes)
-    )
-    return chart
+
+
+def _tpot_errors(data: ReportData, real: list[RunData], sim: list[RunData]) -> list[float]:
+    """|sim - real| / real of TPOT P50, %, at each load both ran (users, or offered rate)."""
+
+    def load(r: RunData) -> float | None:
+        return r.info.concurrency if data.x_kind == "concurrency" else r.info.rate
+
+    by_load = {load(r): r for r in sim}
+    out = []
+    for a in real:
+        b = by_load.get(load(a))
+        ra, rb = _m(a, "tpot_ms.p50"), _m(b, "tpot_ms.p50") if b else None
+        if ra and rb:
+            out.append(abs(rb - ra) / ra * 100)
+    return out

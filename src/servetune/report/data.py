@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servetune.errors import InputError
-from servetune.results.schema import RunResult
+from servetune.report.labels import config_labels, context_of, differing_knobs, varying
+from servetune.results.schema import RequestRecord, RunResult
 from servetune.store import RunInfo, Store
 from servetune.store.compare import compare_runs
 
@@ -32,6 +33,15 @@ class RunData:
         hw = self.info.meta.get("hardware") or {}
         return int(hw.get("gpu_count") or self.info.gpu_count or 1)
 
+    def measured_records(self) -> list[RequestRecord]:
+        """The records its metrics rest on: sent inside the measurement window, so the
+        warm-up (`WorkloadSpec.warmup_s`) and the drain are left out as in every figure."""
+        m = self.result.metrics
+        if not m.window_end_ns:
+            return list(self.result.records)
+        lo, hi = m.window_start_ns, m.window_end_ns
+        return [x for x in self.result.records if lo <= x.send_ns <= hi]
+
 
 @dataclass
 class ReportData:
@@ -41,6 +51,39 @@ class ReportData:
     x_kind: str  # "concurrency" | "rate"
     comparison: Any = None
     series: dict[str, list[RunData]] = field(default_factory=dict)
+    knobs: list[str] = field(default_factory=list)  # knobs that differ between series
+    context: dict[str, dict[str, str]] = field(default_factory=dict)  # series -> context
+    baseline: str | None = None  # the series the others are compared with
+    tune: dict[str, Any] | None = None  # the tune study's summary (TuneOutcome.to_json)
+
+    @property
+    def is_tune(self) -> bool:
+        return self.tune is not None
+
+    def role(self, name: str) -> str:
+        """`winner`, `baseline`, `winner, baseline` or '' for a series."""
+        if not self.is_tune:
+            return "baseline" if name == self.baseline else ""
+        tags = []
+        for label in ("winner", "baseline"):
+            t = (self.tune or {}).get(label) or {}
+            if self.series_of(t.get("key"), t.get("backend")) == name:
+                tags.append(label)
+        return ", ".join(tags)
+
+    def ordered(self) -> list[str]:
+        """Series names, the winner and the baseline first (tables, capped charts)."""
+        roles = {name: self.role(name) for name in self.series}
+        return sorted(self.series, key=lambda n: (not roles[n], "winner" not in roles[n]))
+
+    def series_of(self, key: str | None, backend: str | None = None) -> str | None:
+        """The series of a tune config key (and backend), when the report shows it."""
+        for name, members in self.series.items():
+            tag = members[0].info.tune
+            same_backend = backend is None or members[0].info.backend == backend
+            if tag is not None and tag.key == key and same_backend:
+                return name
+        return None
 
     def x(self, r: RunData) -> float | None:
         """Position of a run on the load axis."""
@@ -54,9 +97,14 @@ class ReportData:
         return "concurrency (users)" if self.x_kind == "concurrency" else "achieved req/s"
 
 
+# Workload fields that size a load point rather than define the traffic: an open-loop
+# point's request count and warm-up grow with its rate (`measure.steady.SteadyRule.sized`).
+_SIZING = ("arrival", "count", "duration_s", "warmup_s")
+
+
 def _config_key(info: RunInfo) -> str:
     hw = info.meta.get("hardware") or {}
-    wl = {k: v for k, v in (info.part("workload") or {}).items() if k != "arrival"}
+    wl = {k: v for k, v in (info.part("workload") or {}).items() if k not in _SIZING}
     return json.dumps(
         [
             info.backend,
@@ -94,10 +142,20 @@ def load_report_data(store: Store, refs: Sequence[str], title: str | None = None
         runs=runs,
         x_kind="concurrency" if closed else "rate",
     )
+    data.tune = _tune_summary(store, infos)
     _group(data)
     if len(runs) > 1:
         data.comparison = compare_runs(infos, [r.metrics for r in runs])
     return data
+
+
+def _tune_summary(store: Store, infos: list[RunInfo]) -> dict[str, Any] | None:
+    """The summary `tune` stores with its study, when every run is of one tune study."""
+    studies = {i.study for i in infos}
+    if len(studies) != 1 or None in studies or any(i.tune is None for i in infos):
+        return None
+    meta = store.study_meta(infos[0].study or "") or {}
+    return meta.get("summary")
 
 
 def _letter(k: int) -> str:
@@ -120,28 +178,24 @@ def _title(refs: Sequence[str], infos: list[RunInfo]) -> str:
 
 def _group(data: ReportData) -> None:
     """Runs with the same config, model, hardware, workload and backend form a series
-    (one curve); series are named by what differs between them."""
+    (one curve), named by the knobs that differ between series (`labels`). The baseline
+    is the tune study's, else the first series."""
     groups: dict[str, list[RunData]] = {}
     for r in data.runs:
         groups.setdefault(_config_key(r.info), []).append(r)
     firsts = [g[0].info for g in groups.values()]
-    names: list[str] = []
-    if len(firsts) > 1:
-        comp = compare_runs(firsts, [None] * len(firsts))
-        diff = [f for f in comp.differing if not f.name.startswith("load.")]
-        for i, _ in enumerate(firsts):
-            parts = [
-                f"{f.name.split('.')[-1]}={f.values[i]}"
-                if f.name != "backend"
-                else str(f.values[i])
-                for f in diff
-            ]
-            names.append(", ".join(parts)[:60] or f"config {i + 1}")
+    fallback = firsts[0].study or firsts[0].model or "runs"
+    if data.tune:  # named by the knobs the study varied, as its bars and tables are
+        trials = [*(data.tune.get("ranked") or []), *(data.tune.get("sim_ranked_top") or [])]
+        data.knobs = varying([t["config"] for t in trials] + [i.engine_config for i in firsts])
     else:
-        names = [firsts[0].study or firsts[0].model or "runs"]
-    for name, (_, members) in zip(names, groups.items(), strict=True):
-        name = name if name not in data.series else f"{name} ({len(data.series)})"
+        data.knobs = differing_knobs(firsts) if len(firsts) > 1 else []
+    names = config_labels(firsts, fallback, data.knobs) if len(firsts) > 1 else [fallback]
+    for name, members in zip(names, groups.values(), strict=True):
         members.sort(key=lambda r: data.x(r) or 0.0)
         for r in members:
             r.series = name
         data.series[name] = members
+        data.context[name] = context_of(members[0].info)
+    base = (data.tune or {}).get("baseline") or {}
+    data.baseline = data.series_of(base.get("key"), base.get("backend")) or names[0]

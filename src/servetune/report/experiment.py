@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from servetune.metrics.pct import dist_text, sample_note
 from servetune.results.schema import Load
 from servetune.store.compare import knob_defaults
 from servetune.store.runinfo import RunInfo
@@ -48,10 +49,9 @@ def fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _pct(d: Mapping[str, Any] | None, unit: str = "") -> str:
-    if not d:
-        return "-"
-    return " / ".join(fmt(d.get(k)) for k in ("p50", "p95", "p99")) + unit
+def _pct(d: Mapping[str, Any] | None, n: int | None = None) -> str:
+    """P50 / P95 / P99 with the requests they rest on (`metrics.pct`)."""
+    return dist_text(d, n=n)
 
 
 def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -> list[Section]:
@@ -116,8 +116,8 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
             "Request distribution",
             [
                 ("requests", fmt(rd.get("requests", info.n_records))),
-                ("input tokens P50/P95/P99", _pct(rd.get("input_tokens"))),
-                ("output tokens P50/P95/P99", _pct(rd.get("output_tokens"))),
+                ("input tokens P50/P95/P99", _pct(rd.get("input_tokens"), rd.get("requests"))),
+                ("output tokens P50/P95/P99", _pct(rd.get("output_tokens"), m.get("completed"))),
                 ("arrival", fmt(load.kind)),
                 ("concurrency", fmt(load.concurrency)),
                 ("rate req/s (offered / achieved)", f"{_offered(m, load)} / {fmt(m.get('req_s'))}"),
@@ -156,11 +156,8 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                     "cancelled (server freed)",
                     f"{fmt(st.get('cancelled'))} ({fmt(st.get('cancellation_freed'))})",
                 ),
-                (
-                    "TTFT, TPOT P99/P50",
-                    f"{fmt(st.get('ttft_p99_over_p50'))}, {fmt(st.get('tpot_p99_over_p50'))}",
-                ),
-                ("P99 jitter (CV over 5 slices)", fmt(st.get("p99_jitter_cv"))),
+                ("TTFT, TPOT P99/P50", _tail_ratios(st, m)),
+                ("P99 jitter (CV over 5 slices)", _jitter(st.get("p99_jitter_cv"), m)),
                 ("preemptions", fmt(server.get("preemptions"))),
                 ("client bottleneck", fmt((info.result.get("client") or {}).get("warnings"))),
             ],
@@ -187,6 +184,22 @@ _NO_QUALITY = (
     "not measured: run an eval against the endpoint (e.g. lm-evaluation-harness's"
     " local-completions model) and record it with Store.set_quality(run_id, {...})",
 )
+
+
+def _tail_ratios(st: Mapping[str, Any], m: Mapping[str, Any]) -> str:
+    """P99/P50 of TTFT and TPOT, with the requests the P99s rest on."""
+    a, b = st.get("ttft_p99_over_p50"), st.get("tpot_p99_over_p50")
+    if a is None and b is None:
+        return "-"
+    return f"{fmt(a)}, {fmt(b)} ({sample_note('p99', (m.get('ttft_ms') or {}).get('count'))})"
+
+
+def _jitter(cv: Any, m: Mapping[str, Any]) -> str:
+    """The P99 jitter with the requests each slice's P99 rests on (a fifth of the run's)."""
+    if cv is None:
+        return "-"
+    n = (m.get("ttft_ms") or {}).get("count")
+    return f"{fmt(cv)} ({sample_note('p99', n // 5 if n else None)} per slice)"
 
 
 def _offered(m: Mapping[str, Any], load: Load) -> str:

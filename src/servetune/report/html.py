@@ -13,7 +13,9 @@ from typing import Any
 from servetune import __version__
 from servetune.report.charts import Chart
 from servetune.report.data import ReportData
-from servetune.report.experiment import experiment_record, fmt
+from servetune.report.experiment import experiment_record
+from servetune.report.labels import changes
+from servetune.report.verdict import verdict
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222}
@@ -27,6 +29,12 @@ th,td{border:1px solid #dde1e6;padding:3px 8px;text-align:left;vertical-align:to
 th{background:#f3f5f7}tr.sec th{background:#e6ebf1;text-align:left}
 td.diff{background:#fff3cd;font-weight:600}.warn{color:#a94442;font-weight:600}
 #st-errors{color:#a94442;white-space:pre-wrap}.chart{min-height:200px}
+.verdict{border:2px solid #2ca02c;border-radius:6px;padding:4px 16px 10px;margin:14px 0;
+background:#f6fbf5}.verdict h2{margin:8px 0}.verdict table{margin:4px 0}
+.verdict th{background:none;border:0;padding:2px 12px 2px 0;white-space:nowrap}
+.verdict td{border:0;padding:2px 0}.verdict pre{background:#1d2733;color:#e8edf2;
+padding:8px 12px;margin:6px 0 0;white-space:pre-wrap;word-break:break-all;font-size:12px}
+td.role{font-weight:600}
 """
 
 # Installed before plotly.js so errors while loading it are caught too.
@@ -56,9 +64,16 @@ RENDER = """
   Promise.all(pending).then(function(){
     document.body.setAttribute('data-charts-rendered', String(
       document.querySelectorAll('.chart[data-rendered="1"]').length));
+    var box=document.getElementById('verdict');
+    if(box){var r=box.getBoundingClientRect();
+      document.body.setAttribute('data-verdict-box', [Math.round(r.top),
+        Math.round(r.bottom), window.innerHeight].join(','));}
   }, function(err){__stFail(err);});
 })();
 """
+
+
+MAX_CONFIG_ROWS = 12  # configs listed before the rest are folded into <details>
 
 
 def _e(s: Any) -> str:
@@ -81,28 +96,59 @@ def _chart_section(c: Chart) -> str:
     return f'<section id="{c.key}"><h2>{_e(c.title)}</h2>{note}{body}</section>'
 
 
-def _diff_section(data: ReportData) -> str:
-    comp = data.comparison
-    if comp is None:
-        return ""
-    runs = data.runs
-    head = "".join(f"<th>{_e(r.letter)} {_e(r.info.id)}</th>" for r in runs)
-    rows = []
-    for f in comp.differing:
-        cells = "".join(f'<td class="diff">{_e(fmt(v))}</td>' for v in f.values)
-        rows.append(f"<tr><th>{_e(f.name)}</th>{cells}</tr>")
-    if not rows:
-        rows.append(f'<tr><td colspan="{len(runs) + 1}">nothing differs</td></tr>')
-    warns = "".join(f'<p class="warn">warning: {_e(w)}</p>' for w in comp.warnings)
+def _verdict_section(data: ReportData) -> str:
+    """The answer first: the box a reader sees without scrolling (`report.verdict`)."""
+    v = verdict(data)
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(t)}</td></tr>" for k, t in v.rows)
+    cmd = f"<pre>{_e(v.command)}</pre>" if v.command else ""
     return (
-        '<section id="differences"><h2>What differs between the runs</h2>'
-        f"{warns}<table><tr><th>knob / context</th>{head}</tr>{''.join(rows)}</table></section>"
+        f'<section id="verdict" class="verdict"><h2>{_e(v.headline)}</h2>'
+        f"<table>{rows}</table>{cmd}</section>"
+    )
+
+
+def _configs_section(data: ReportData) -> str:
+    """One row per config: its name in the charts, what it changes against the baseline
+    (a study varies knobs by design: no one-change warning here, `runs compare` has it),
+    and its context (engine, real or simulated, model, hardware, CPU)."""
+    if len(data.series) < 2 and not data.is_tune:
+        return ""
+    base = data.series[data.baseline][0].info if data.baseline in data.series else None
+    fields = list(dict.fromkeys(k for c in data.context.values() for k in c))
+    head = "".join(f"<th>{_e(f)}</th>" for f in fields)
+    rows = []
+    for name in data.ordered():
+        members, role = data.series[name], data.role(name)
+        info = members[0].info
+        if name == data.baseline or base is None:
+            diff = "baseline" if name == data.baseline else "-"
+        else:
+            diff = ", ".join(changes(info, base, data.knobs))
+        ctx = "".join(f"<td>{_e(data.context[name].get(f, '-'))}</td>" for f in fields)
+        rows.append(
+            f'<tr><th>{_e(name)}</th><td class="role">{_e(role)}</td>'
+            f"<td>{_e(diff or 'same knobs')}</td>{ctx}<td>{len(members)}</td></tr>"
+        )
+    header = f"<tr><th>config</th><th>role</th><th>vs baseline</th>{head}<th>runs</th></tr>"
+    more = ""
+    if len(rows) > MAX_CONFIG_ROWS:  # a whole study's sim trials: folded, one click away
+        more = (
+            f"<details><summary>{len(rows) - MAX_CONFIG_ROWS} more configs</summary>"
+            f"<table>{header}{''.join(rows[MAX_CONFIG_ROWS:])}</table></details>"
+        )
+    return (
+        '<section id="configs"><h2>Configs: what each changes against the baseline</h2>'
+        f"<table>{header}{''.join(rows[:MAX_CONFIG_ROWS])}</table>{more}</section>"
     )
 
 
 def _record_section(data: ReportData, per_table: int = 6) -> str:
     """The §16 record, runs as columns (tables of at most `per_table` runs)."""
-    parts = ['<section id="record"><h2>Experiment record (seed 003 §16)</h2>']
+    legend = ", ".join(f"{r.letter} = {r.info.id} ({r.info.load_label()})" for r in data.runs)
+    parts = [
+        '<section id="record"><h2>Experiment record (seed 003 §16)</h2>',
+        f'<p class="note">{_e(legend)}</p>',
+    ]
     for start in range(0, len(data.runs), per_table):
         runs = data.runs[start : start + per_table]
         records = [experiment_record(r.info, r.metrics) for r in runs]
@@ -132,7 +178,6 @@ def render_html(data: ReportData, charts: Sequence[Chart]) -> str:
     nav = "".join(f'<a href="#{c.key}">{_e(c.title)}</a>' for c in charts)
     nav += '<a href="#record">§16 record</a>'
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    legend = ", ".join(f"{r.letter} = {r.info.id} ({r.info.load_label()})" for r in data.runs)
     return "".join(
         [
             '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
@@ -142,10 +187,10 @@ def render_html(data: ReportData, charts: Sequence[Chart]) -> str:
             "</head><body>",
             f"<header><h1>{_e(data.title)}</h1><p>{len(data.runs)} run(s) from "
             f"{_e(data.where)} · servetune {__version__} · {now}</p></header><main>",
-            f"<nav>{nav}</nav>",
-            f'<p class="note">{_e(legend)}</p>',
+            _verdict_section(data),
             '<pre id="st-errors"></pre>',
-            _diff_section(data),
+            _configs_section(data),
+            f"<nav>{nav}</nav>",
             *(_chart_section(c) for c in charts),
             _record_section(data),
             "</main>",

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from servetune.errors import InputError
 from servetune.results.schema import RunResult
+from servetune.yamlfile import read_text
 
 
 class RecordLog:
@@ -54,13 +55,21 @@ def write_result(result: RunResult, path: Path, save_text: bool = False) -> None
     tmp.replace(path)
 
 
+def check_writable(path: Path, field: str) -> None:
+    """Refuse, before anything runs, an output path whose folder does not exist or that
+    is a folder itself: a result computed and then lost to a typo costs the whole run."""
+    if path.is_dir():
+        raise InputError(field, f"{path} is a folder", "give a file name")
+    if not path.parent.is_dir():
+        raise InputError(field, f"folder {path.parent} does not exist", "create it first")
+
+
 def load_result(path: str | Path, field: str = "FILE") -> RunResult:
     """A result file read back; an unreadable or foreign file is one InputError naming
     `field` (the option that gave the path)."""
     p = Path(path)
+    text = read_text(p, field)  # unreadable or binary: one line
     try:
-        return RunResult.model_validate_json(p.read_text())
-    except OSError as exc:
-        raise InputError(field, f"cannot read {p}: {exc.strerror}", None) from exc
+        return RunResult.model_validate_json(text)
     except ValidationError as exc:
         raise InputError(field, f"{p} is not a RunResult: {exc.errors()[0]['msg']}") from None

@@ -193,6 +193,16 @@ class ServerSeries(BaseModel):
         return max(vals) if vals else None
 
 
+class TelemetrySeries(ServerSeries):
+    """Host, engine-process and GPU samples taken on the client's clock while the run went
+    (servetune.telemetry; names in docs/telemetry.md). `notes` say which sources were
+    skipped and why; `sampler_cpu_s` is what the sampling itself cost."""
+
+    sources: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    sampler_cpu_s: float = 0.0
+
+
 class StoredPart(BaseModel):
     """A typed part of a stored run. Unknown keys are kept (an older or newer servetune
     may write more), and only the keys that were given are written back, so a part reads
@@ -320,6 +330,7 @@ class RunResult(BaseModel):
     records: list[RequestRecord] = Field(default_factory=list)
     metrics: Metrics = Field(default_factory=Metrics)
     server: ServerSeries | None = None
+    telemetry: TelemetrySeries | None = None
     cancellation: dict[str, Any] | None = None
 
     @field_serializer("records", mode="wrap")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from servetune.sim.request import SimRequest
+from servetune.sim.request import Phase, SimRequest
 from servetune.sim.steptime import StepModel
 
 
@@ -34,6 +34,7 @@ class Clients:
         "ingress_s",
         "ingress_per_token_s",
         "front_end_free_s",
+        "refused_in_row",
     )
 
     def __init__(
@@ -61,6 +62,9 @@ class Clients:
         self.ingress_s = model.ingress_s
         self.ingress_per_token_s = model.ingress_per_token_s
         self.front_end_free_s = 0.0  # the serial front end is busy until then
+        # Closed-loop sends refused in a row: a whole pool refused means every request
+        # is (all longer than the context), and resending them would loop at one instant.
+        self.refused_in_row = 0
         if closed:
             for _ in range(min(closed_users or 0, len(self.feed))):
                 r = self.feed.popleft()
@@ -90,11 +94,16 @@ class Clients:
         self.in_flight += 1
         return True
 
-    def finished(self, t: float) -> None:
-        """A request ended for its client at t: a closed-loop client sends its next one, an
-        open loop releases a held-back send."""
+    def finished(self, t: float, r: SimRequest | None = None) -> None:
+        """Request `r` ended for its client at t: a closed-loop client sends its next one,
+        an open loop releases a held-back send (`sim.sessions` chains a session's turns)."""
         self.in_flight -= 1
         feed = self.feed
+        if self.cycle and r is not None:
+            refused = r.phase is Phase.REJECTED
+            self.refused_in_row = self.refused_in_row + 1 if refused else 0
+            if self.refused_in_row >= len(feed):
+                feed.clear()  # the run ends with every request refused, said in its result
         if feed:
             if self.stop_issuing_s is None or t < self.stop_issuing_s:
                 nxt = feed.popleft()

@@ -16,20 +16,26 @@ from typing import Any
 import numpy as np
 
 from servetune.engines.config import EngineConfig
+from servetune.engines.rules import check_config
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
 from servetune.metrics.compute import apply_memory_slo, compute_metrics
+from servetune.metrics.turns import apply_turn_slo
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
 from servetune.results.schema import Load, RunResult, SimStats, Target
+from servetune.sim.expected_error import expected_error_note
+from servetune.sim.gpu_step import gpu_model
 from servetune.sim.policies import prompt_breaks
 from servetune.sim.profile import Profile
 from servetune.sim.records import SimRecords
 from servetune.sim.request import Phase, SimRequest
 from servetune.sim.scheduler import SchedConfig, Scheduler
+from servetune.sim.sessions import SessionClients, session_requests
 from servetune.sim.steptime import StepModel, calibrated_model, roofline_model
 from servetune.slo import SLO
 from servetune.workload.materialize import Request, RequestColumns, materialize, materialize_columns
+from servetune.workload.session_plan import SessionPlan, plan_sessions
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, WordTokenizer
 
@@ -65,6 +71,8 @@ def materialize_for_sim(spec: WorkloadSpec, tokenizer: Tokenizer | None = None) 
     path draws no text at all). Datasets and traces need a tokenizer to count their
     prompts: `tokenizer` (the model's, for exact counts) or else `CountingTokenizer`'s
     word count."""
+    if spec.sessions is not None:  # one request per turn (`sim.sessions` chains them)
+        return RequestColumns.from_requests(plan_sessions(spec, tokenizer).requests())
     cols = materialize_columns(spec)
     if cols is None:
         tok = tokenizer if tokenizer is not None else CountingTokenizer()
@@ -88,14 +96,19 @@ def setup(
     cfg: EngineConfig,
     profile: Profile | None = None,
     efficiency: dict[str, float] | None = None,
+    tier: str | None = None,
 ) -> SimSetup:
-    """Resolve knobs and check the config can run at all (one-line errors otherwise)."""
+    """Resolve knobs and check the config can run at all (one-line errors otherwise).
+    `tier`: the step-time tier without a profile, "gpu" or "roofline" (None: `gpu` for
+    vLLM on a GPU unless efficiency factors are given, else `roofline`)."""
     if profile is not None:
         profile.check(cfg.engine, model.name, hw.name)
     if cfg.engine not in ("vllm", "llamacpp"):
         raise InputError(
             "--engine", f"no scheduler model for {cfg.engine} yet", "use vllm or llamacpp"
         )
+    # what the engine refuses at start-up (block size, TP vs heads) is not simulated
+    check_config(cfg, device=hw.kind, attention_heads=model.num_attention_heads)
     ev = evaluate(model, hw, cfg)
     b = ev.budget
     if cfg.engine == "vllm":
@@ -174,8 +187,13 @@ def setup(
             profile.new_shape_s,
             profile.new_shape_per_token_s,
         )
+    elif tier == "gpu" or (
+        tier is None and hw.kind == "gpu" and cfg.engine == "vllm" and efficiency is None
+    ):
+        sm = gpu_model(model, hw, cfg, b)  # per-kernel figures (sim.gpu_step)
     else:
         sm = roofline_model(model, hw, cfg, b, efficiency)
+    sm.note = "; ".join(x for x in (sm.note, expected_error_note(sm.tier)) if x)
     return SimSetup(evaluation=ev, sched=sc, step_model=sm)
 
 
@@ -269,6 +287,31 @@ def run_sim(
     return sched, sims
 
 
+def run_sessions(
+    setup_: SimSetup,
+    plan: SessionPlan,
+    spec: WorkloadSpec,
+    cols: RequestColumns | None = None,
+    *,
+    trace: bool = False,
+    shapes: set[int] | None = None,
+) -> Scheduler:
+    """Drive the scheduler over a session plan: turns chained by `sim.sessions`; `cols`
+    (the run's requests, one per turn) give the prompt token counts (a replay's are the
+    server's)."""
+    prompts = None
+    if cols is not None:
+        prompts = dict(zip(cols.index.tolist(), cols.prompt_tokens.tolist(), strict=True))
+    sessions = session_requests(plan, setup_.sched.mode == "paged", prompts)
+    arr = spec.arrival
+    users = arr.concurrency if not arr.open_loop else None
+    stop = spec.duration_s if users and spec.count is None else None
+    clients = SessionClients(setup_.step_model, sessions, users, stop)
+    sched = Scheduler(setup_.sched, setup_.step_model, trace=trace, shapes=shapes, clients=clients)
+    sched.run([])
+    return sched
+
+
 def records_from(sched: Scheduler, cols: RequestColumns | None = None) -> SimRecords:
     """The run's records in (send, index) order, chunk times as ranges of the step-end
     times (`sim.records`): one record per simulated send, built only when read."""
@@ -345,11 +388,13 @@ def simulate(
     keep_requests: bool = False,
     tokenizer: Tokenizer | None = None,
     shapes: set[int] | None = None,
+    tier: str | None = None,
 ) -> tuple[RunResult, Scheduler]:
     """Simulate `spec` (or the given materialised `requests`) and return a RunResult.
     `tokenizer` counts a dataset's prompts (default: a word count, `CountingTokenizer`).
     `shapes`: step sizes the simulated engine already ran (updated in place), so runs
-    against one long-lived engine can be chained; None simulates a freshly started one."""
+    against one long-lived engine can be chained; None simulates a freshly started one.
+    `tier`: force a step-time tier (`setup`)."""
     clock = [time.perf_counter()]
     phases: dict[str, float] = {}
 
@@ -357,7 +402,7 @@ def simulate(
         clock.append(time.perf_counter())
         phases[name] = clock[-1] - clock[-2]
 
-    su = setup(model, hw, cfg, profile)
+    su = setup(model, hw, cfg, profile, tier=tier)
     lap("setup")
     if requests is None:
         cols = materialize_for_sim(spec, tokenizer)
@@ -366,13 +411,19 @@ def simulate(
     else:
         cols = RequestColumns.from_requests(requests)
     lap("materialize")
-    sched, _ = run_sim(su, cols, spec, trace=trace, shapes=shapes)
+    if spec.sessions is not None:
+        plan = plan_sessions(spec, tokenizer)
+        sched = run_sessions(su, plan, spec, cols, trace=trace, shapes=shapes)
+    else:
+        sched, _ = run_sim(su, cols, spec, trace=trace, shapes=shapes)
     lap("loop")
     records = records_from(sched, cols)
     lap("records")
     metrics = compute_metrics(
         records, warmup_s=spec.warmup_s, cooldown_s=spec.cooldown_s, slo=slo, stream=spec.stream
     )
+    if spec.sessions is not None and slo is not None:
+        apply_turn_slo(metrics, list(records), slo, spec.sessions.slo_turns, warmup_s=spec.warmup_s)
     sc = su.sched
     # Paged pool: peak blocks in use; llama.cpp slots preallocate KV, nothing to run over.
     paged = sc.mode == "paged" and sc.kv_blocks

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from servetune.sim.kvcache import PagedKV, shared_hash
+from servetune.sim.kvcache import PagedKV
 from servetune.sim.request import Phase, SimRequest
 
 
@@ -201,7 +201,7 @@ class PagedPolicy:
         kv, hashes = self.kv, r.block_hashes
         top = min(r.computed_tokens, r.shared_tokens) // self.block_size
         for i in range(len(hashes), top):
-            h = shared_hash(r.prefix_group, i)
+            h = r.block_hash(i, self.block_size)
             if not kv.register(h):
                 r.sharing_done = True
                 return

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from servetune.errors import InputError
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
+from servetune.yamlfile import read_text
 
 PROFILE_KIND = "servetune-sim-profile"
 
@@ -74,9 +75,7 @@ class Profile(BaseModel):
 def load_profile(path: str | Path) -> Profile:
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise InputError("--profile", f"cannot read {p}: {exc.strerror}", "check the path") from exc
+        data = json.loads(read_text(p, "--profile"))  # unreadable or binary: one line
     except json.JSONDecodeError as exc:
         raise InputError("--profile", f"{p} is not JSON ({exc.msg})", None) from exc
     if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:

@@ -133,6 +133,7 @@ class Scheduler:
         trace: bool = False,
         check: bool = False,
         shapes: set[int] | None = None,
+        clients: Clients | None = None,
     ) -> None:
         self.check = check  # verify KV accounting every step (tests)
         # Step sizes (tokens) this engine has run: the first of each pays
@@ -148,6 +149,8 @@ class Scheduler:
         self.stats = SchedStats()
         self.step_end_s: list[float] = []
         self.done: list[SimRequest] = []
+        # The load side when the caller built it (`sim.sessions`); None: `Clients` above.
+        self.clients = clients
 
     def reject_reason(self, r: SimRequest) -> str | None:
         """Why the engine would refuse this request outright, or None."""
@@ -220,7 +223,7 @@ class RunState:
         # Longer requests are refused (`Scheduler.reject_reason` says why).
         self.max_request_tokens = min(cfg.max_model_len, self.policy.max_request_tokens)
         self.blocks_due_at = self.policy.blocks_due_at  # updated in place by the policy
-        self.clients = Clients(
+        self.clients = sched.clients or Clients(
             model, requests, pool, sched.closed_users, sched.client_cap, sched.stop_issuing_s
         )
         self.arrivals = self.clients.arrivals  # (time the engine sees it, send id, request)
@@ -300,7 +303,7 @@ class RunState:
         r.phase, r.reject_reason = _REJECTED, reason
         self.stats.rejected += 1
         self.done.append(r)
-        self.clients.finished(t)
+        self.clients.finished(t, r)
 
     # --- 2. the running requests ----------------------------------------------------
 
@@ -457,7 +460,8 @@ class RunState:
                 # Steps only get longer in a decode stretch (contexts grow), so the first
                 # step's time bounds how many can start before the arrival.
                 first = model.decode_time_s(n_decoding, context, extra)
-                n = min(n, int((t_arr - now) / max(first, 1e-12)) + 2)
+                # (bounded by n before int(): an arrival at +inf would overflow it)
+                n = min(n, int(min((t_arr - now) / max(first, 1e-12), n)) + 2)
                 ends = model.decode_ends_s(now, n_decoding, context, n, extra)
                 # steps starting before the arrival: the first always, then those ending
                 # before it
@@ -507,7 +511,7 @@ class RunState:
         self.policy.release(r, self.now_s)
         r.phase = _DONE
         self.done.append(r)
-        self.clients.finished(t_last_s + self.api_overhead_s)
+        self.clients.finished(t_last_s + self.api_overhead_s, r)
 
     # --- the decoding batch -----------------------------------------------------------
 

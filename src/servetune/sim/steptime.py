@@ -103,6 +103,8 @@ class StepModel:
     new_shape_s: float = 0.0
     new_shape_per_token_s: float = 0.0
     notes: dict[str, float] = field(default_factory=dict)
+    # One line for people: the rule behind the figures and the tier's expected error.
+    note: str = ""
     # Derived, not arguments: `coef` as plain floats (indexing a numpy array per step costs
     # more than the arithmetic) and the decode lines per batch size (`decode_line`).
     _coef: tuple[float, ...] = field(init=False, repr=False, compare=False)

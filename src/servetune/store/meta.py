@@ -211,10 +211,12 @@ def stability(
     return out
 
 
-def server_summary(series: ServerSeries | None) -> dict[str, Any]:
-    """Peaks and means of the engine's own metrics (§16 memory / GPU util, preemptions)."""
-    if series is None or not series.values:
-        return {}
+def server_summary(
+    series: ServerSeries | None, telemetry: ServerSeries | None = None
+) -> dict[str, Any]:
+    """Peaks and means of the engine's own metrics (§16 memory / GPU util, preemptions);
+    GPU memory (bytes) and utilisation (0..1) from the run's telemetry when it sampled a
+    GPU (NVML or a DCGM exporter), else from the engine's series if it exports them."""
     out: dict[str, Any] = {}
     for name in (
         "kv_cache_usage",
@@ -223,10 +225,13 @@ def server_summary(series: ServerSeries | None) -> dict[str, Any]:
         "gpu_memory_used",
         "gpu_util",
     ):
-        vals = series.series(name)
+        vals = telemetry.series(name) if telemetry is not None else []
+        vals = vals or (series.series(name) if series is not None else [])
         if vals:
             out[f"{name}_max"] = max(vals)
             out[f"{name}_mean"] = float(np.mean(vals))
+    if series is None or not series.values:
+        return out
     pre = series.deltas.get("preemptions_total")
     if pre is None:
         seen = series.series("preemptions_total")

@@ -32,7 +32,14 @@ from sqlalchemy.orm import Session
 
 from servetune.errors import InputError, closest, from_validation_error
 from servetune.metrics.compute import compute_metrics
-from servetune.results.schema import Load, Metrics, RequestRecord, RunResult, ServerSeries
+from servetune.results.schema import (
+    Load,
+    Metrics,
+    RequestRecord,
+    RunResult,
+    ServerSeries,
+    TelemetrySeries,
+)
 from servetune.slo import SLO
 from servetune.status import RunStatus
 from servetune.store import codec
@@ -49,10 +56,11 @@ from servetune.store.models import Blob, RecordChunk, Run, RunBlob, RunTag, Stud
 from servetune.store.runinfo import RunInfo, run_info
 from servetune.store.timestamps import utc_now, utc_text
 from servetune.store.transfer import read_import
+from servetune.telemetry import summarize
 from servetune.workload.materialize import Request
 
 CHUNK_RECORDS = 5000  # records per stored chunk when a finished run is compacted
-_RESULT_BULK = {"records", "requests", "metrics", "server"}
+_RESULT_BULK = {"records", "requests", "metrics", "server", "telemetry"}
 
 
 def _load_columns(load: Load) -> dict[str, Any]:
@@ -253,9 +261,14 @@ class Store:
                 )
             if result.server is not None:
                 self._put_blob(s, run_id, "server", result.server.model_dump(mode="json"))
+            if result.telemetry is not None:
+                tel = result.telemetry.model_dump(mode="json")
+                self._put_blob(s, run_id, "telemetry", tel)
             small = result.model_dump(mode="json", exclude=_RESULT_BULK)
             small["id"] = run_id
-            small["server_summary"] = server_summary(result.server)
+            small["server_summary"] = server_summary(result.server, result.telemetry)
+            if result.telemetry is not None:
+                small["telemetry_summary"] = summarize(result.telemetry)
             run.result = small
             run.status = result.status
             run.stop_reason = result.stop_reason
@@ -472,6 +485,7 @@ class Store:
             records = self._records(s, run_id)
             requests = self._get_blob(s, run_id, "requests")
             server = self._get_blob(s, run_id, "server")
+            telemetry = self._get_blob(s, run_id, "telemetry")
         base = dict(info.result) or {
             "id": run_id,
             "created_utc": info.created_utc,
@@ -487,6 +501,8 @@ class Store:
         res.records = records
         res.requests = [Request.model_validate(r) for r in requests or []]
         res.server = ServerSeries.model_validate(server) if server is not None else None
+        if telemetry is not None:
+            res.telemetry = TelemetrySeries.model_validate(telemetry)
         if info.metrics is not None:
             res.metrics = Metrics.model_validate(info.metrics)
         else:

@@ -15,6 +15,9 @@ from servetune.status import RunStatus
 from servetune.store.meta import RunMeta
 from servetune.store.store import Store
 
+# How the one line about a store that stopped storing starts (commands look for it).
+STORE_OFF = "warning: experiment store off"
+
 
 class ResultStore:
     """The experiment store as bench and simulate write to it (docs/store.md).
@@ -225,4 +228,4 @@ def _store_off(exc: BaseException, files: bool) -> str:
         if files
         else "nothing is recorded (pass -o FILE to keep results)"
     )
-    return f"warning: experiment store off: {_first_line(exc)}; {kept}"
+    return f"{STORE_OFF}: {_first_line(exc)}; {kept}"

@@ -4,9 +4,9 @@ fitted on the real engine, cached, and reused while it still predicts within its
 Why: the roofline tier is a bound with stated efficiency factors, not a measurement; on a
 CPU host it was ~12x off and ranked every llama.cpp config the same. So `hybrid` first runs
 a short sweep on the real engine at the space's baseline config (`sweep_cases`: the study's
-own requests as closed loops of 1, 2 and 4 users, each run twice and the least disturbed
-kept), fits a profile on those runs (least squares, then replay: `sim.calibrate`, what
-`servetune calibrate --url` does) and ranks with it.
+own requests as closed loops of 1, 2 and 4 users after one unmeasured warm-up run, each
+run twice and the least disturbed kept), fits a profile on those runs (least squares, then
+replay: `sim.calibrate`, what `servetune calibrate --url` does) and ranks with it.
 
 The cache (`CalibrationCache`, under the servetune cache dir) holds one entry per
 `CalibrationKey`: engine and its version, the model file served, the host CPU (and the
@@ -14,6 +14,9 @@ engine's threads, which the simulator does not model). An entry is reused until
 `reuse_reason` finds a reason not to; the verify trials then check it (`judge`): when the
 simulator's median throughput error on the verified configs exceeds the profile's stated
 error (at most TARGET_ERROR), the entry is marked stale and the next run calibrates again.
+The sweep's runs are kept (`runs_dir`): they are the reference of the host's noise floor
+that the verified configs' figures are judged against (`Calibration.sweep_runs`,
+`tune.simvsreal`).
 The decisions are pure functions; the sweep and the files are the I/O at the edges.
 """
 
@@ -41,11 +44,13 @@ from servetune.measure.backends import BackendSpec, make_backend
 from servetune.measure.result import Infeasible
 from servetune.model import get_model
 from servetune.paths import cache_root
+from servetune.results.files import load_result
 from servetune.results.schema import RunResult
 from servetune.sim.calibrate import fit_by_replay, fit_profile
 from servetune.sim.profile import Profile, save_profile
 from servetune.store import RunMeta, Store
 from servetune.store.meta import host_info
+from servetune.tune import simvsreal
 from servetune.validate import bench_real, calibration_cases, engine_version, save_run
 from servetune.workload.spec import WorkloadSpec, parse_workload
 
@@ -59,7 +64,7 @@ SWEEP_SAMPLES = 2  # runs of each sweep case; the least disturbed is fitted on
 # The most a profile may miss the verified configs by and still be reused: its stated
 # error, but never more than the hybrid flow's fidelity target (a profile fitted on a
 # noisy sweep must not be kept on the strength of its own noise).
-TARGET_ERROR = 0.25
+TARGET_ERROR = simvsreal.TARGET
 MAX_CHECKS = 20  # the checks an entry keeps (newest last)
 
 
@@ -274,15 +279,24 @@ def run_sweep(
     say: Say,
     keep: Callable[[RunResult], None],
 ) -> tuple[list[RunResult], str]:
-    """Launch the engine at `cfg`, measure each case SWEEP_SAMPLES times as `calibrate
-    --url` does (`validate.bench_real`: completions, the server's tokenizer, a seed per
-    case and repeat), in interleaved blocks (every case, then every case again: the host
-    drifts over minutes), stop it. Returns (each case's least disturbed run, the version
-    the engine reports); every run is kept."""
+    """Launch the engine at `cfg`, run the first case once unmeasured (the warm-up), then
+    measure each case SWEEP_SAMPLES times as `calibrate --url` does (`validate.bench_real`:
+    completions, the server's tokenizer, a seed per case and repeat), in interleaved blocks
+    (every case, then every case again: the host drifts over minutes), stop it. Returns
+    (each case's least disturbed run, the version the engine reports); every measured run
+    is kept.
+
+    Why the warm-up: the first requests after a launch pay one-time costs that no later
+    request does (llama.cpp + Gemma 3 270M here, the main job's first point: TTFT 2,082
+    and 525 ms for the first two requests, 94-127 ms for the next four), and the simulator
+    models none of them; fitted on, they priced every prefill several times too high."""
     backend = make_backend(real)
     samples: dict[str, list[RunResult]] = {c.name: [] for c in cases}
     with backend.session(cfg) as session:
         srv = session.srv  # type: ignore[attr-defined]
+        bench_real(
+            srv.url, srv.served_model, cases[0], real.engine, scrape=False, repeat=SWEEP_SAMPLES
+        )
         for rep in range(SWEEP_SAMPLES):
             for case in cases:
                 res = bench_real(
@@ -332,9 +346,26 @@ class Calibration:
         """The simulator backend ranking with this profile."""
         return replace(sim, profile=self.entry.profile)
 
-    def verify(self, errors: list[float], say: Say) -> None:
+    def sweep_runs(self, baseline: EngineConfig) -> list[RunResult]:
+        """The runs the profile was fitted on (each sweep case's least disturbed sample,
+        read back from `runs_dir`), when the sweep ran at `baseline`: the noise floor's
+        reference (`simvsreal.floor_rows`). Empty when it ran at another config or its
+        files are gone."""
+        if self.entry.config != baseline.model_dump(mode="json"):
+            return []
+        by_case: dict[str, list[RunResult]] = {}
+        for path in sorted(Path(self.entry.runs_dir).glob("*.json")):
+            try:
+                run = load_result(path)
+            except InputError:
+                continue
+            by_case.setdefault(str(run.workload.get("name")), []).append(run)
+        return [least_disturbed(runs) for runs in by_case.values()]
+
+    def verify(self, errors: list[float], say: Say, figures: dict[str, Any] | None = None) -> None:
         """After the verify trials: judge the profile on the verified configs' throughput
-        errors, record the check in the entry and mark it stale when it missed."""
+        errors, record the check (with the judged figures' verdicts, `simvsreal.verdicts`)
+        in the entry and mark it stale when it missed."""
         med, stale = judge(errors, self.entry.stated_error)
         if med is None:
             return
@@ -345,6 +376,7 @@ class Calibration:
             "max_error": max(abs(e) for e in errors),
             "stated_error": self.entry.stated_error,
             "stale": stale,
+            "figures": figures or {},
         }
         self.entry.checks = [*self.entry.checks, self.check][-MAX_CHECKS:]
         if stale:

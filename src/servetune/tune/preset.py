@@ -5,29 +5,31 @@ flags override any field; this module turns the result into `TuneSettings`."""
 
 from __future__ import annotations
 
-import math
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servetune.engines.testmodel import gemma_gguf
-from servetune.errors import InputError, from_validation_error
+from servetune.errors import InputError, from_validation_error, refuse_bool
 from servetune.slo import HostRule
 from servetune.tune.capacity import concurrency_lattice, rate_lattice
-from servetune.yamlfile import parse_yaml
+from servetune.yamlfile import parse_yaml_text, read_text
 
 BUILTIN = {"llamacpp-cpu": "llamacpp-cpu.yaml", "vllm-gpu": "vllm-gpu.yaml"}
+RATE_START = 0.25  # req/s: where a rate search starts (its lattice doubles from here)
 GEMMA_BUILTIN = "builtin:gemma-3-270m-gguf"
 
 
 class TuneOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The tuner's options (preset `tune:` or the flags); every number finite."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     strategy: str = "auto"
     trials: int | None = Field(None, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="numpy seeds are non-negative.")
     objective: Literal["goodput", "cost", "latency"] = "goodput"
     gpu_hour_usd: float | None = Field(None, gt=0)
     top_k: int = Field(3, ge=1)
@@ -40,6 +42,11 @@ class TuneOptions(BaseModel):
     time_budget_s: float | None = Field(None, gt=0)
     request_timeout_s: float = Field(120.0, gt=0)
     launch_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool(cls, data: Any) -> Any:
+        return refuse_bool(cls.model_fields, data)  # `trials: true` is not 1
 
 
 class Preset(BaseModel):
@@ -60,30 +67,20 @@ class Preset(BaseModel):
 
 
 def load_preset(name_or_path: str) -> Preset:
-    import yaml
-
+    """A built-in preset by name, or a preset YAML file; every problem one line."""
     if name_or_path in BUILTIN:
-        text = (
-            resources.files("servetune").joinpath("data", "tune", BUILTIN[name_or_path]).read_text()
-        )
-        where = name_or_path
+        res = resources.files("servetune").joinpath("data", "tune", BUILTIN[name_or_path])
+        text, where = res.read_text(), name_or_path
     else:
         p = Path(name_or_path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
+        if not p.is_file():
             raise InputError(
-                "--preset",
-                f"cannot read {p}: {exc.strerror}",
-                f"built in: {', '.join(BUILTIN)}",
-            ) from exc
-        where = str(p)
-    try:
-        data = parse_yaml(text)
-    except yaml.YAMLError as exc:
-        raise InputError(
-            "--preset", f"{where} is not valid YAML", str(exc).splitlines()[0]
-        ) from exc
+                "--preset", f"no preset {name_or_path!r}", f"built in: {', '.join(BUILTIN)}"
+            )
+        text, where = read_text(p, "--preset"), str(p)
+    data = parse_yaml_text(text, "--preset", where)
+    if not isinstance(data, dict):
+        raise InputError("--preset", f"{where} must be a mapping", "see docs/tune.md")
     try:
         return Preset.model_validate(data)
     except ValidationError as exc:
@@ -102,14 +99,19 @@ def load_plan(opts: TuneOptions, workload: Any) -> tuple[str, Any, float | None]
     ones the Poisson rate; the latency objective measures the workload's own load only."""
     arr = workload.arrival
     kind = opts.load or ("concurrency" if not arr.open_loop else "rate")
+    # The lowest load a search tries: one user, or 0.25 req/s (the rate lattice's start).
+    low = 1.0 if kind == "concurrency" else RATE_START
+    if opts.max_load is not None and opts.max_load < low:
+        unit = "users" if kind == "concurrency" else "req/s"
+        raise InputError(
+            "--max-load", f"{opts.max_load:g} is below the lowest load tried", f">= {low:g} {unit}"
+        )
     if kind == "concurrency":
         top = int(opts.max_load or 64)
         lattice = concurrency_lattice(top)
         fixed = float(arr.concurrency or 1)
     else:
         top = float(opts.max_load or 4096)
-        lattice = rate_lattice(0.25, top)
+        lattice = rate_lattice(RATE_START, top)
         fixed = float(arr.rate or 1.0)
-    if opts.max_load is not None and kind == "concurrency" and not math.isfinite(top):
-        raise InputError("--max-load", "must be finite")
     return kind, lattice, fixed

@@ -5,6 +5,17 @@ The same load, because the two capacity searches may stop at different loads: co
 their scores would charge the simulator a whole lattice step for a small latency error at
 the edge of the SLO. The real trial's best point (its score's) is the one compared, or its
 highest load when none met the SLO. The errors are (sim - real) / real.
+
+"The simulator's error on the verified configs" is three figures, each the median over
+the verified configs of |error| at the same load: throughput (req/s), P50 TTFT and P50
+TPOT. Each is judged against TARGET and against this host's noise floor (`verdicts`, with
+`validate.compare.verdict`'s rule): the floor is the real engine against itself over the
+study, the same config at the same load measured twice: the baseline's calibration sweep
+(what the simulator was fitted on) against the baseline's own trial at the same users
+(`floor_rows`), and each finalist's point against its repetitions (`repeat_rows`, as
+`validate`'s floor compares repeats). A perfect simulator would be charged that drift
+too, so a miss on a figure whose floor exceeds the target says nothing about the model
+("too noisy"), and the output says so with the floor.
 """
 
 from __future__ import annotations
@@ -14,8 +25,10 @@ from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.measure.result import PointResult
+from servetune.results.schema import RunResult
 from servetune.tune.objective import gpus_of
 from servetune.tune.trial import TrialResult
+from servetune.validate import compare
 
 # The figures of a row: (name: sim_<name> and real_<name>, its error's key, the
 # PointResult field, divided by the config's GPUs).
@@ -27,6 +40,11 @@ FIGURES: tuple[tuple[str, str, str, bool], ...] = (
     ("tpot_p95_ms", "tpot_p95_error", "tpot_p95_ms", False),
 )
 SimulateAt = Callable[[EngineConfig, str, float], PointResult | None]
+# The hybrid flow's fidelity target: the most the simulator may miss the verified configs
+# by, per judged figure (median |error| over the configs).
+TARGET = 0.25
+# The judged figures: their key in a row (`<key>_error`), their name in the output.
+JUDGED: dict[str, str] = {"req_s": "throughput", "ttft_p50": "P50 TTFT", "tpot_p50": "P50 TPOT"}
 
 
 def rel_error(sim: float | None, real: float | None) -> float | None:
@@ -127,4 +145,107 @@ def line(r: dict[str, Any]) -> str:
         f"sim vs real, {r['label']} at {r['load']:g} {unit}: "
         f"{r['sim_req_s_gpu']:.2f} vs {r['real_req_s_gpu']:.2f} req/s/GPU "
         f"({_pct(r.get('req_s_error'))}), P50 TTFT {ms('ttft_p50')}, P50 TPOT {ms('tpot_p50')}"
+    )
+
+
+# --- the verdict: the judged figures against TARGET and this host's noise floor ----------
+
+
+def _pct_row(name: str, errors: dict[str, float | None]) -> compare.Row:
+    """A `validate.compare.Row` of the judged figures' |errors| in % (what its verdict
+    reads)."""
+    err = {k: None if (e := errors.get(k)) is None else abs(e) * 100.0 for k in JUDGED}
+    return compare.Row(name, real={}, sim={}, err=err)
+
+
+def point_figures(p: PointResult) -> dict[str, float | None]:
+    """The judged figures of a tuner point."""
+    return {"req_s": p.req_s, "ttft_p50": p.ttft_p50_ms, "tpot_p50": p.tpot_p50_ms}
+
+
+def run_figures(r: RunResult) -> dict[str, float | None]:
+    """The judged figures of a bench run (a calibration sweep's)."""
+    m = r.metrics
+    return {"req_s": m.req_s, "ttft_p50": m.ttft_ms.p50, "tpot_p50": m.tpot_ms.p50}
+
+
+def floor_rows(sweep: Iterable[RunResult], baseline: TrialResult | None) -> list[compare.Row]:
+    """The real engine against itself: each sweep run (a closed loop of c users at the
+    baseline) against the baseline trial's point at c users, as the simulator is compared
+    ((sweep - trial) / trial). The sweep is what the simulator was fitted on, so this is the
+    error a perfect simulator would be charged for the host's drift since the sweep."""
+    if baseline is None:
+        return []
+    at = {p.load: p for p in baseline.points if p.load_kind == "concurrency"}
+    out = []
+    for run in sweep:
+        users = (run.workload.get("arrival") or {}).get("concurrency")
+        p = at.get(float(users)) if users else None
+        if p is None:
+            continue
+        fs, ft = run_figures(run), point_figures(p)
+        errors = {k: rel_error(fs[k], ft[k]) for k in JUDGED}
+        out.append(_pct_row(f"{run.workload.get('name')} vs baseline at {users:g}", errors))
+    return out
+
+
+def repeat_rows(trials: Iterable[TrialResult]) -> list[compare.Row]:
+    """The real engine against itself: each finalist's compared point (the trial's best)
+    against the median of its repetitions at that load, (point - reps) / reps."""
+    out = []
+    for t in trials:
+        at = compared_point(t)
+        if at is None or not t.reps:
+            continue
+        reps = compare.median_figures([point_figures(p) for p in t.reps], tuple(JUDGED))
+        ft = point_figures(at)
+        errors = {k: rel_error(ft[k], reps[k]) for k in JUDGED}
+        out.append(_pct_row(f"{t.label} vs its {len(t.reps)} repetitions", errors))
+    return out
+
+
+def verdicts(table: list[dict[str, Any]], floor: list[compare.Row]) -> dict[str, dict[str, Any]]:
+    """Per judged figure: the median |error| over the verified configs, the floor's median
+    (None: no floor measured), and `validate.compare.verdict`'s word on it against TARGET:
+    "met", "missed", or "too noisy" (missed, but the floor alone exceeds TARGET)."""
+    rows = [_pct_row(r["label"], {k: r.get(f"{k}_error") for k in JUDGED}) for r in table]
+    rows = [r for r in rows if any(v is not None for v in r.err.values())]
+    if not rows:
+        return {}
+    med = compare.medians_over(rows, tuple(JUDGED))
+    fl = compare.medians_over(floor, tuple(JUDGED)) if floor else {}
+    out: dict[str, dict[str, Any]] = {}
+    for k in JUDGED:
+        if med.get(k) is None:
+            continue
+        word, _ = compare.verdict(rows, floor, {k: TARGET * 100.0})
+        f = fl.get(k)
+        out[k] = {
+            "median_error": med[k] / 100.0,  # type: ignore[operator]
+            "floor": None if f is None else f / 100.0,
+            "verdict": word,
+            "configs": sum(r.err.get(k) is not None for r in rows),
+        }
+    return out
+
+
+def verdict_line(v: dict[str, dict[str, Any]]) -> str:
+    """One line: each judged figure's median |error|, its floor and the verdict, e.g.
+    `throughput 12% (floor 8%): within 25%; P50 TTFT 60% (floor 75%): beyond 25%, but so
+    is the host's own floor: not judged; ...`."""
+    if not v:
+        return "sim vs real: no verified config to judge"
+    n = max(x["configs"] for x in v.values())
+    parts = []
+    for k, x in v.items():
+        floor = "no floor measured" if x["floor"] is None else f"floor {x['floor']:.0%}"
+        word = {
+            "met": f"within {TARGET:.0%}",
+            "missed": f"MISSED {TARGET:.0%}",
+            "too noisy": f"beyond {TARGET:.0%}, but so is the host's own floor: not judged",
+        }[x["verdict"]]
+        parts.append(f"{JUDGED[k]} {x['median_error']:.0%} ({floor}): {word}")
+    return (
+        f"sim vs real on {n} verified configs, median |error| at the same load (floor: the "
+        f"real engine against itself, same config and load): " + "; ".join(parts)
     )

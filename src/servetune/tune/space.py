@@ -21,6 +21,7 @@ import ast
 import hashlib
 import itertools
 import json
+import math
 import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ MEMORY_KNOBS = (
     "max_model_len",
 )
 _NOT_KNOBS = {"engine", "extra_args"}
-_MAX_POINTS = 1_000_000
+# Combinations a space may hold: every one is checked (EngineConfig + constraints, ~20 us
+# each on this host), so 100,000 is ~2 s before the first trial; 1e6 was ~20 s of silence.
+_MAX_POINTS = 100_000
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,13 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
         if not values:
             raise InputError(f"space.knobs.{name}", "has no values", "give at least one value")
         knobs[str(name)] = values
+    size = math.prod(len(v) for v in knobs.values())
+    if size > _MAX_POINTS:  # before any value is checked: checking is what takes the time
+        raise InputError(
+            "space",
+            f"{size:,} combinations, more than the {_MAX_POINTS:,} a space may hold",
+            "fewer values per knob: a range with mult, or a larger step",
+        )
     for name in (*fixed, *baseline):
         if name != "extra_args":  # extra flags are fixed (e.g. --load-format dummy), not knobs
             _check_name(name, "space.fixed" if name in fixed else "space.baseline")
@@ -191,8 +201,6 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
     space = SearchSpace(eng, knobs, fixed, baseline, tuple(str(c) for c in constraints))
     _check_values(space)
     _check_engine_maps(space)
-    if space.size > _MAX_POINTS:
-        raise InputError("space", f"{space.size:,} combinations", "narrow the knobs (<= 1e6)")
     try:
         space.baseline_config()
     except ValueError as exc:
@@ -232,33 +240,59 @@ def _values(name: str, spec: Any) -> tuple[Any, ...]:
     """A list, a scalar, or a range {min, max, mult | step}."""
     where = f"space.knobs.{name}"
     if isinstance(spec, list):
+        nested = next((v for v in spec if isinstance(v, (list, dict))), None)
+        if nested is not None:
+            raise InputError(where, f"{nested!r} is not one value", "list the values flat")
         out = list(dict.fromkeys(spec))  # duplicates dropped, order kept
     elif isinstance(spec, dict):
         extra = set(spec) - {"min", "max", "mult", "step"}
         if extra or "min" not in spec or "max" not in spec:
             raise InputError(where, "a range needs min, max and mult or step", "or give a list")
-        lo, hi = spec["min"], spec["max"]
-        if not all(isinstance(x, (int, float)) for x in (lo, hi)) or hi < lo:
-            raise InputError(where, f"range min {lo!r} .. max {hi!r} is empty")
         mult, step = spec.get("mult"), spec.get("step")
         if (mult is None) == (step is None):
             raise InputError(where, "give exactly one of mult (x2: 8,16,32) or step (+1)")
-        out, v = [], lo
-        while v <= hi + 1e-9 and len(out) < 10_000:
-            out.append(v)
-            if mult is not None:
-                if mult <= 1:
-                    raise InputError(where, "mult must be > 1")
-                v = v * mult
-            else:
-                if step <= 0:
-                    raise InputError(where, "step must be > 0")
-                v = v + step
-        if isinstance(lo, float) or isinstance(mult or step, float):
+        times = mult is not None  # x mult each value, else + step
+        lo, hi, by = (
+            _number(where, k, spec[k]) for k in ("min", "max", "mult" if times else "step")
+        )
+        if hi < lo:
+            raise InputError(where, f"range min {lo!r} .. max {hi!r} is empty")
+        n = _range_length(where, lo, hi, by, times)
+        out = [lo * by**i if times else lo + by * i for i in range(n)]
+        if isinstance(lo, float) or isinstance(by, float):
             out = [round(float(x), 6) for x in out]
     else:
         out = [spec]
     return tuple(out)
+
+
+def _number(where: str, key: str, value: Any) -> int | float:
+    """A range bound or step: a finite number (YAML reads `1e12` as text: say so)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        hint = "YAML reads 1e12 as text: write 1.0e+12" if isinstance(value, str) else None
+        raise InputError(where, f"{key} must be a finite number (got {value!r})", hint)
+    return value
+
+
+def _range_length(where: str, lo: float, hi: float, by: float, times: bool) -> int:
+    """How many values min..max holds, `times` by x `by` (mult) else by + `by` (step),
+    refused past _MAX_POINTS before any is made (a step of 1 to 1e12 is a trillion)."""
+    if times:
+        if by <= 1 or lo <= 0:
+            raise InputError(where, "a mult range needs mult > 1 and min > 0")
+        steps = math.log(hi / lo) / math.log(by)
+    else:
+        if by <= 0:
+            raise InputError(where, "step must be > 0")
+        steps = (hi - lo) / by  # a float: a tiny step makes it inf, never an int overflow
+    if steps + 1 > _MAX_POINTS:
+        raise InputError(
+            where,
+            f"min {lo:g} .. max {hi:g} gives {steps + 1:,.0f} values, more than the "
+            f"{_MAX_POINTS:,} a space may hold",
+            "use mult (x2: 8,16,32) or a larger step",
+        )
+    return int(steps + 1e-9) + 1
 
 
 def _check_values(space: SearchSpace) -> None:
@@ -358,7 +392,12 @@ def check_constraint(text: str, values: Mapping[str, Any]) -> bool:
     tree = parse_constraint(text, set(values) | set(EngineConfig.model_fields))
     defaults = {k: f.default for k, f in EngineConfig.model_fields.items()}
     env = {**defaults, **values, "true": True, "false": False}
-    return bool(_eval(tree.body, env))
+    try:
+        return bool(_eval(tree.body, env))
+    except ZeroDivisionError:
+        raise InputError("space.constraints", f"{text!r} divides by zero") from None
+    except (TypeError, OverflowError) as exc:  # `dtype > 1`, a string compared to a number
+        raise InputError("space.constraints", f"{text!r} cannot be evaluated: {exc}") from None
 
 
 def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from servetune.engines.config import EngineConfig
@@ -229,14 +229,14 @@ def _measure(
     label: str,
 ) -> PointResult:
     pid = point_id(key, kind, load, phase, rep)
-    hit = recorder.point(pid) if lazy.backend.name == "real" else lazy.backend_cache.get(pid)
-    if isinstance(hit, Infeasible):
-        raise hit
-    if hit is not None:
-        point, res = hit if isinstance(hit, tuple) else (hit, None)
-        if res is not None:
-            results[load] = res
-        return point
+    stored = recorder.point(pid)  # a point stored in this study is read back, never re-stored
+    if isinstance(stored, Infeasible):
+        raise stored
+    if stored is not None:
+        return stored
+    cached = lazy.backend_cache.get(pid)  # the simulator's points, shared across studies
+    if cached is not None:
+        return _store_cached(lazy, recorder, pid, (kind, load, phase, rep), cached, results)
     sess = lazy.open()
     run_id = recorder.begin_point(
         pid, lazy.backend, lazy.cfg, sess.launch_command, (kind, load, phase, rep)
@@ -267,6 +267,26 @@ def _measure(
             f"    {label} {phase} {kind}={load:g}: {point.req_s:.2f} req/s, goodput "
             f"{point.goodput_req_s or 0:.2f}, P95 TTFT {_ms(ttft)} TPOT {_ms(tpot)} ms [{mark}]"
         )
+    return point
+
+
+def _store_cached(
+    lazy: _LazySession,
+    recorder: Any,
+    pid: str,
+    where: tuple[str, float, str, int],
+    cached: tuple[PointResult, RunResult],
+    results: dict[float, RunResult],
+) -> PointResult:
+    """A point the simulator computed before (another study in this process): stored in
+    this study as if measured now, when this study stores such points (not probes)."""
+    point, res = cached
+    results[where[1]] = res
+    run_id = recorder.begin_point(pid, lazy.backend, lazy.cfg, lazy.launch_command, where)
+    if run_id is None:
+        return point
+    point = replace(point, run_id=run_id)
+    recorder.finish_point(pid, run_id, res, point)
     return point
 
 

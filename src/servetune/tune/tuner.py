@@ -21,13 +21,21 @@ from servetune.measure.result import PointResult
 from servetune.slo import HostRule, parse_slo
 from servetune.status import RunStatus, TrialStatus
 from servetune.store import Store
-from servetune.tune import simvsreal
+from servetune.tune import simvsreal, timeplan
 from servetune.tune.calibration import Calibration, for_hybrid
 from servetune.tune.executors import TrialTask, backend_for, make_executor, recorder_for
 from servetune.tune.explain import explain, explain_shortfall
 from servetune.tune.hostslo import HostSLO, probe_host
 from servetune.tune.objective import Objective, gpus_of
 from servetune.tune.oomedge import OOMEdge, find_edge, step_back
+from servetune.tune.selection import (
+    default_budget,
+    diverse_top,
+    held_in_repeats,
+    pick_winner,
+    rank,
+    sim_blind_knobs,
+)
 from servetune.tune.shortfall import Shortfall, closest
 from servetune.tune.space import MEMORY_KNOBS, SearchSpace, config_key, config_label
 from servetune.tune.stats import mean_ci
@@ -114,6 +122,8 @@ class TuneOutcome:
     edges: list[OOMEdge] = field(default_factory=list)
     explanation: list[str] = field(default_factory=list)
     sim_vs_real: list[dict[str, Any]] = field(default_factory=list)
+    # hybrid: per judged figure, the median |error|, the host's floor, the verdict
+    sim_error: dict[str, dict[str, Any]] = field(default_factory=dict)
     report_runs: list[str] = field(default_factory=list)  # what the report should show
     report_path: Path | None = None  # set by whoever writes that report (the CLI)
     notes: list[str] = field(default_factory=list)
@@ -149,6 +159,7 @@ class TuneOutcome:
             "explanation": self.explanation,
             "oom_edges": [e.to_json() for e in self.edges],
             "sim_vs_real": self.sim_vs_real,
+            "sim_error": self.sim_error,
             "ranked": [t(x) for x in self.ranked[: 200 if full else 20]],
             "sim_ranked_top": [t(x) for x in self.sim_ranked[:10]],
             "report": str(self.report_path) if self.report_path else None,
@@ -157,82 +168,6 @@ class TuneOutcome:
             "calibration": self.calibration.to_json() if self.calibration else None,
             "elapsed_s": round(self.elapsed_s, 2),
         }
-
-
-def rank(trials: list[TrialResult]) -> list[TrialResult]:
-    order = {
-        TrialStatus.OK: 0,
-        TrialStatus.NO_SLO: 1,
-        TrialStatus.INFEASIBLE: 2,
-        TrialStatus.SKIPPED: 3,
-    }
-    return sorted(
-        trials,
-        key=lambda t: (order.get(t.status, 4), -(t.score if t.score is not None else -math.inf)),
-    )
-
-
-def held_in_repeats(t: TrialResult) -> bool:
-    """The finalist met the SLO in most of its repetitions at its best load: its capacity
-    reproduces (seed 003 §14: a figure is kept only when repeated runs agree)."""
-    assert t.ci is not None
-    return 2 * t.ci["passed"] > t.ci["n"]
-
-
-def pick_winner(ok: list[TrialResult], *, higher_is_better: bool) -> TrialResult:
-    """The winner among the ranked configs that ran: finalists (re-run with an interval)
-    whose capacity held in most repetitions, by their mean; then finalists that did not
-    hold; a config without repetitions (sim, or none re-run) only when no finalist exists,
-    the first of the ranking."""
-    finalists = [t for t in ok if t.ci]
-    if not finalists:
-        return ok[0]
-    sign = 1 if higher_is_better else -1
-    return max(finalists, key=lambda t: (held_in_repeats(t), sign * t.ci["mean"]))  # type: ignore[index]
-
-
-def diverse_top(ranked: list[TrialResult], k: int, skip: str) -> list[TrialResult]:
-    """The simulator's top `k` (not `skip`, the baseline), one per level of score: configs
-    the simulator cannot tell apart (within 0.5%) are verified once, so the real engine's
-    few trials go to configs that differ in what the model predicts."""
-    picked: list[TrialResult] = []
-    for t in ranked:
-        if len(picked) >= k:
-            break
-        if t.status != TrialStatus.OK or t.key == skip or t.score is None:
-            continue
-        if any(abs(t.score - p.score) <= 0.005 * abs(p.score) for p in picked if p.score):
-            continue
-        picked.append(t)
-    return picked
-
-
-def sim_blind_knobs(trials: list[TrialResult], knobs: list[str]) -> list[str]:
-    """Knobs the simulator does not model (e.g. llama.cpp's threads): every pair of trials
-    that differ in that knob alone scored the same (within 0.5%)."""
-    blind = []
-    scored = [t for t in trials if t.status in (TrialStatus.OK, TrialStatus.NO_SLO)]
-    for knob in knobs:
-        groups: dict[str, list[TrialResult]] = {}
-        for t in scored:
-            rest = {k: t.config.get(k) for k in knobs if k != knob}
-            groups.setdefault(repr(sorted(rest.items())), []).append(t)
-        pairs = [g for g in groups.values() if len({repr(t.config.get(knob)) for t in g}) > 1]
-        if pairs and all(_same_scores(g) for g in pairs):
-            blind.append(knob)
-    return blind
-
-
-def _same_scores(group: list[TrialResult]) -> bool:
-    vals = [t.score or 0.0 for t in group]
-    top = max(abs(v) for v in vals) or 1.0
-    return (max(vals) - min(vals)) <= 0.005 * top
-
-
-def default_budget(strategy: str, n_valid: int) -> int | None:
-    if strategy == "grid" or strategy in ("one-at-a-time", "oat"):
-        return None
-    return min(n_valid, max(8, math.ceil(0.3 * n_valid)))
 
 
 class Tuner:
@@ -287,7 +222,13 @@ class Tuner:
         lab = config_label(cfg, self.knobs)
         return f"{lab} (baseline)" if config_key(cfg) == config_key(base) else lab
 
-    def _task(self, spec: BackendSpec, cfg: EngineConfig, start: int) -> TrialTask:
+    def _task(
+        self, spec: BackendSpec, cfg: EngineConfig, start: int, deadline: float | None = None
+    ) -> TrialTask:
+        """A trial of `cfg`; a real one stops starting load points past `deadline` (unix s;
+        None: the budget's end less the finalists' reserve)."""
+        if deadline is None and spec.kind == "real" and self.deadline is not None:
+            deadline = self.deadline - self._reserve()
         return TrialTask(
             backend=spec,
             db=self.db,
@@ -298,9 +239,7 @@ class Tuner:
             label=self.label(cfg),
             start_index=start,
             verbose=self.s.verbose and spec.kind == "real",
-            deadline_unix_s=(self.deadline - self._reserve())
-            if spec.kind == "real" and self.deadline is not None
-            else None,
+            deadline_unix_s=deadline if spec.kind == "real" else None,
         )
 
     def _start_index(self, kind: str) -> int:
@@ -314,8 +253,10 @@ class Tuner:
             return self.s.start_index
         return self.s.search.lattice.index_of(max(caps))
 
-    def run_batch(self, spec: BackendSpec, cfgs: list[EngineConfig]) -> list[TrialResult]:
-        tasks = [self._task(spec, c, self._start_index(spec.kind)) for c in cfgs]
+    def run_batch(
+        self, spec: BackendSpec, cfgs: list[EngineConfig], deadline: float | None = None
+    ) -> list[TrialResult]:
+        tasks = [self._task(spec, c, self._start_index(spec.kind), deadline) for c in cfgs]
         out = []
         for t in self.executor.map(tasks):
             self.trials[(spec.kind, t.key)] = t
@@ -382,9 +323,9 @@ class Tuner:
 
     def _reserve(self) -> float:
         """Time kept back for the finalists' repetitions (a must: the interval)."""
-        if self.s.mode == "sim" or self.s.finalists <= 0 or self.s.repeats < 2:
+        if self.s.mode == "sim":
             return 0.0
-        return self.s.finalists * self.s.repeats * self._point_s()
+        return timeplan.reserve_s(self.s.finalists, self.s.repeats, self._point_s())
 
     def _out_of_time(self, kind: str, what: str = "more trials") -> bool:
         left = self.time_left()
@@ -394,14 +335,13 @@ class Tuner:
         done = [t.elapsed_s for (b, _), t in self.trials.items() if b == kind and t.measured]
         need = sum(done) / len(done) if done else 0.0
         if left < need or left <= 0:
-            self.notes.append(
-                f"time budget: {what} skipped ({left:.0f}s left, a trial takes ~{need:.0f}s)"
-            )
+            self.notes.append(timeplan.skipped_note(what, left, need))
             return True
         return False
 
     def verify_phase(self, sim_ranked: list[TrialResult]) -> list[TrialResult]:
-        """Hybrid: the baseline and the simulator's top k on the real engine."""
+        """Hybrid: the baseline and the simulator's top k on the real engine, each within
+        its share of the time budget (`tune.timeplan`), so every one of them is measured."""
         assert self.s.real is not None
         base = self.s.space.baseline_config()
         blind = self.blind = sim_blind_knobs(sim_ranked, self.knobs)
@@ -413,10 +353,13 @@ class Tuner:
             if config_key(cfg) not in {config_key(c) for c in picks}:
                 picks.append(cfg)
         out: list[TrialResult] = []
-        for cfg in picks:
-            if out and self._out_of_time("real", f"verifying {self.label(cfg)}"):
-                break
-            out.extend(self.run_batch(self.s.real, [cfg]))
+        for i, cfg in enumerate(picks):
+            share = timeplan.share_s(self.time_left(), self._reserve(), len(picks) - i)
+            deadline = None if share is None else time.time() + share
+            t = self.run_batch(self.s.real, [cfg], deadline)[0]
+            if share is not None and t.capacity_note.startswith(timeplan.STOPPED):
+                self.notes.append(timeplan.cut_note(t.label, share, len(t.points), t.capacity))
+            out.append(t)
         out.extend(self.blind_phase(sim_ranked, out))
         return out
 
@@ -570,6 +513,8 @@ class Tuner:
             assert final_spec is not None
             if s.mode != "sim" and s.repeats >= 2 and s.finalists > 0:
                 self.finalist_phase(out.ranked)
+            if s.mode == "hybrid":
+                out.sim_error = self._judge_sim(out.sim_vs_real, out.ranked)
             ok = [t for t in out.ranked if t.status == TrialStatus.OK]
             base_key = config_key(s.space.baseline_config())
             out.baseline = next((t for t in out.ranked if t.key == base_key), None)
@@ -676,7 +621,7 @@ class Tuner:
 
     def _sim_vs_real(self, sim: list[TrialResult], real: list[TrialResult]) -> list[dict[str, Any]]:
         """Each verified config against the simulator at the same load (`tune.simvsreal`),
-        said a line each; then the calibration is judged on them (`tune.calibration`)."""
+        said a line each."""
         assert self.s.sim is not None
         backend, recorder = backend_for(self.s.sim), recorder_for(self.db, self.study, "sim")
 
@@ -686,9 +631,25 @@ class Tuner:
         rows = simvsreal.rows(sim, real, self.blind, simulate_at)
         for row in rows:
             self.say(f"[{self.elapsed():6.1f}s] {simvsreal.line(row)}")
-        if self.calibration is not None:
-            self.calibration.verify(simvsreal.throughput_errors(rows), self.say)
         return rows
+
+    def _judge_sim(
+        self, rows: list[dict[str, Any]], real: list[TrialResult]
+    ) -> dict[str, dict[str, Any]]:
+        """After the repetitions: the judged figures against the target and this host's
+        noise floor (the real engine against itself: the baseline against its calibration
+        sweep, the finalists against their repetitions; `tune.simvsreal`), said in one
+        line; then the calibration is judged on them (`tune.calibration`)."""
+        base = self.s.space.baseline_config()
+        floor = simvsreal.repeat_rows(real)
+        if self.calibration is not None:
+            trial = next((t for t in real if t.key == config_key(base)), None)
+            floor += simvsreal.floor_rows(self.calibration.sweep_runs(base), trial)
+        judged = simvsreal.verdicts(rows, floor)
+        self.say(f"[{self.elapsed():6.1f}s] {simvsreal.verdict_line(judged)}")
+        if self.calibration is not None:
+            self.calibration.verify(simvsreal.throughput_errors(rows), self.say, judged)
+        return judged
 
     def _conclude(self, w: TrialResult, out: TuneOutcome) -> None:
         """Seed 003 §16's conclusion, keep with why, on the run at the winner's best

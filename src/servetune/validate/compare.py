@@ -9,7 +9,7 @@ the held-out workloads.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +53,10 @@ def figures(m: Metrics) -> Figures:
     }
 
 
-def median_figures(runs: Sequence[Figures]) -> Figures:
+def median_figures(runs: Sequence[Figures], keys: Sequence[str] = FIGURES) -> Figures:
     """Per-figure median over repeated runs (None when no run had the figure)."""
     out: Figures = {}
-    for k in FIGURES:
+    for k in keys:
         vals = [v for r in runs if (v := r.get(k)) is not None]
         out[k] = statistics.median(vals) if vals else None
     return out
@@ -84,9 +84,9 @@ def compare_runs(
     return Row(name, real, sim, abs_pct_errors(sim, real), dict(extra or {}))
 
 
-def medians_over(rows: Sequence[Row]) -> Figures:
+def medians_over(rows: Sequence[Row], keys: Sequence[str] = FIGURES) -> Figures:
     """Median absolute % error over workloads, per figure."""
-    return median_figures([r.err for r in rows])
+    return median_figures([r.err for r in rows], keys)
 
 
 def by_workload(runs: Sequence[RunResult]) -> dict[str, list[RunResult]]:
@@ -110,22 +110,26 @@ def noise_floor(runs: Sequence[RunResult]) -> list[Row]:
     ]
 
 
-def verdict(rows: Sequence[Row], floor: Sequence[Row]) -> tuple[str, list[str]]:
-    """The targets, judged only where this host can judge them: "met" (every median error
-    within its target), "missed" (with the figures missed where the real engine reproduced
-    itself within the target), or "too noisy" (every miss is on a figure whose real-vs-real
-    floor already exceeds its target: a perfect simulator would be charged as much, so the
-    miss says nothing about the model). No floor (one repeat): every miss counts."""
-    med = medians_over(rows)
-    fl = medians_over(floor) if floor else {}
+def verdict(
+    rows: Sequence[Row], floor: Sequence[Row], targets: Mapping[str, float] = TARGETS
+) -> tuple[str, list[str]]:
+    """The `targets` (% per figure: the held-out ones by default; the tuner judges its
+    verified configs by its own), judged only where this host can judge them: "met" (every
+    median error within its target), "missed" (with the figures missed where the real
+    engine reproduced itself within the target), or "too noisy" (every miss is on a figure
+    whose real-vs-real floor already exceeds its target: a perfect simulator would be
+    charged as much, so the miss says nothing about the model). No floor (one repeat):
+    every miss counts."""
+    med = medians_over(rows, tuple(targets))
+    fl = medians_over(floor, tuple(targets)) if floor else {}
 
     def above(v: float | None, t: float, unknown: bool) -> bool:
         return unknown if v is None else v > t
 
-    missed = [k for k, t in TARGETS.items() if above(med.get(k), t, True)]
+    missed = [k for k, t in targets.items() if above(med.get(k), t, True)]
     if not missed:
         return "met", []
-    noisy = {k for k, t in TARGETS.items() if above(fl.get(k), t, False)}
+    noisy = {k for k, t in targets.items() if above(fl.get(k), t, False)}
     judged = [k for k in missed if k not in noisy]
     return ("missed", judged) if judged else ("too noisy", missed)
 

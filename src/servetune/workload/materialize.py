@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from servetune.errors import InputError
 from servetune.workload.spec import (
+    MAX_TOKENS,
     Dataset,
     Empirical,
     Fixed,
@@ -29,6 +30,7 @@ from servetune.workload.spec import (
     WorkloadSpec,
 )
 from servetune.workload.tokenizer import Tokenizer, safe_token_ids
+from servetune.yamlfile import read_text
 
 # Closed-loop runs bounded only by duration draw their requests from a pool this big,
 # cycling through it (the record's `index` shows which pool entry was sent).
@@ -70,7 +72,8 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.nda
         x = _sample_empirical(dist, n, rng)
     else:  # pragma: no cover - the union is closed
         raise TypeError(dist)
-    hi = dist.max if dist.max is not None else np.inf
+    # A tail beyond MAX_TOKENS (a lognormal's) is clipped there: int64 would wrap it.
+    hi = dist.max if dist.max is not None else MAX_TOKENS
     return np.clip(np.rint(x), dist.min, hi).astype(np.int64)
 
 
@@ -166,7 +169,12 @@ def materialize(
     spec: WorkloadSpec, tok: Tokenizer, *, pool_size: int | None = None
 ) -> list[Request]:
     """The full request list of `spec`. Open loop: one request per scheduled arrival.
-    Closed loop: `count` requests, or a pool that the senders cycle through."""
+    Closed loop: `count` requests, or a pool that the senders cycle through. Sessions:
+    one request per turn (`session_plan`)."""
+    if spec.sessions is not None:
+        from servetune.workload.session_plan import plan_sessions  # it builds on this module
+
+        return plan_sessions(spec, tok).requests()
     seq = np.random.SeedSequence(spec.seed)
     rng_arrival, rng_mix, rng_len, rng_text = (np.random.default_rng(s) for s in seq.spawn(4))
     maker = PromptMaker(tok, rng_text)
@@ -351,10 +359,7 @@ def _offsets(
 
 
 def _read_dataset(ds: Dataset) -> list[dict[str, Any]]:
-    try:
-        raw = ds.path.read_text()
-    except OSError as exc:
-        raise InputError("workload.dataset.path", f"cannot read {ds.path}: {exc.strerror}") from exc
+    raw = read_text(ds.path, "workload.dataset.path")
     try:
         if ds.format == "sharegpt":
             rows = []
@@ -414,9 +419,11 @@ def _from_trace(spec: WorkloadSpec, maker: PromptMaker) -> list[Request]:
     tr = spec.trace
     assert tr is not None
     try:
-        lines = [json.loads(x) for x in tr.path.read_text().splitlines() if x.strip()]
-    except OSError as exc:
-        raise InputError("workload.trace.path", f"cannot read {tr.path}: {exc.strerror}") from exc
+        lines = [
+            json.loads(x)
+            for x in read_text(tr.path, "workload.trace.path").splitlines()
+            if x.strip()
+        ]
     except json.JSONDecodeError as exc:
         raise InputError("workload.trace", f"{tr.path}: bad JSON line ({exc.msg})") from exc
     if spec.count is not None:
@@ -431,10 +438,15 @@ def _from_trace(spec: WorkloadSpec, maker: PromptMaker) -> list[Request]:
         try:
             n_in = int(row["input_length"])
             n_out = int(row["output_length"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise InputError(
                 f"workload.trace line {i + 1}", f"needs input_length, output_length ({exc})"
             ) from exc
+        if not (0 <= n_in <= MAX_TOKENS and 0 <= n_out <= MAX_TOKENS):
+            raise InputError(
+                f"workload.trace line {i + 1}",
+                f"lengths {n_in}, {n_out} are outside 0 .. {MAX_TOKENS:,} tokens",
+            )
         ids: list[int] = []
         for h in row.get("hash_ids", []):
             if h not in blocks:

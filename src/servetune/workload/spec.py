@@ -9,24 +9,49 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from servetune.errors import InputError, from_validation_error
+from servetune.errors import InputError, from_validation_error, refuse_bool
 from servetune.yamlfile import load_yaml
+
+if TYPE_CHECKING:
+    from servetune.workload.sessions import Sessions
+
+# The longest prompt or output a spec may ask for: 10M tokens, the largest context window
+# of an open model (Llama 4 Scout). Beyond it a length is a typo, and numpy's int64 cast of
+# a larger float (1e29) silently wraps.
+MAX_TOKENS = 10_000_000
+# Requests one point may send: the simulator holds ~100 bytes a request in its columns, so
+# 10M is ~1 GB; a real server sending more in one point is no longer a benchmark.
+MAX_REQUESTS = 10_000_000
+# The slowest open-loop rate: one request in ~12 days. Slower offers no load, and the
+# gaps (1/rate s) overflow a float near 1e-308 req/s.
+MIN_RATE = 1e-6
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every field finite (no .inf/.nan), no unknown keys, no true/false for a number."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool(cls, data: Any) -> Any:
+        return refuse_bool(cls.model_fields, data)
 
 
 # --- length distributions -------------------------------------------------------------
 
 
 class _Bounded(_Strict):
-    min: int = Field(1, ge=0, description="Samples are clipped to at least this many tokens.")
-    max: int | None = Field(None, ge=1, description="Samples are clipped to at most this.")
+    min: int = Field(
+        1, ge=0, le=MAX_TOKENS, description="Samples are clipped to at least this many tokens."
+    )
+    max: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Samples are clipped to at most this."
+    )
 
     @model_validator(mode="after")
     def _check_bounds(self) -> _Bounded:
@@ -37,15 +62,23 @@ class _Bounded(_Strict):
 
 class Fixed(_Bounded):
     dist: Literal["fixed"] = "fixed"
-    value: int = Field(ge=0)
+    value: int = Field(ge=0, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _inside(self) -> Fixed:
+        # Clipping a fixed value would run another length than the one written.
+        if self.value < self.min or (self.max is not None and self.value > self.max):
+            top = "" if self.max is None else f" .. max {self.max}"
+            raise ValueError(f"value {self.value} is outside min {self.min}{top}")
+        return self
 
 
 class Uniform(_Bounded):
     """Integers drawn uniformly from [low, high] inclusive."""
 
     dist: Literal["uniform"] = "uniform"
-    low: int = Field(ge=0)
-    high: int = Field(ge=0)
+    low: int = Field(ge=0, le=MAX_TOKENS)
+    high: int = Field(ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _order(self) -> Uniform:
@@ -56,8 +89,8 @@ class Uniform(_Bounded):
 
 class Normal(_Bounded):
     dist: Literal["normal"] = "normal"
-    mean: float = Field(gt=0)
-    std: float = Field(ge=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    std: float = Field(ge=0, le=MAX_TOKENS)
 
 
 class LogNormal(_Bounded):
@@ -68,8 +101,8 @@ class LogNormal(_Bounded):
     """
 
     dist: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0)
-    sigma: float = Field(ge=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    sigma: float = Field(ge=0, le=10, description="Log-space; 10 already spans e^±50.")
 
 
 class Empirical(_Bounded):
@@ -77,9 +110,9 @@ class Empirical(_Bounded):
     uniform inside each bin), e.g. lengths measured from production logs."""
 
     dist: Literal["empirical"] = "empirical"
-    values: list[int] | None = None
+    values: list[Annotated[int, Field(ge=0, le=MAX_TOKENS)]] | None = None
     weights: list[float] | None = None
-    bin_edges: list[int] | None = None
+    bin_edges: list[Annotated[int, Field(ge=0, le=MAX_TOKENS)]] | None = None
     counts: list[float] | None = None
 
     @model_validator(mode="after")
@@ -128,8 +161,10 @@ class Trace(_Strict):
     `block_tokens` prompt tokens, so equal ids are shared prefixes)."""
 
     path: Path
-    block_tokens: int = Field(512, ge=1, description="Mooncake traces use 512-token blocks.")
-    time_scale: float = Field(1.0, gt=0, description="2.0 replays twice as fast.")
+    block_tokens: int = Field(
+        512, ge=1, le=MAX_TOKENS, description="Mooncake traces use 512-token blocks."
+    )
+    time_scale: float = Field(1.0, ge=1e-6, le=1e6, description="2.0 replays twice as fast.")
 
 
 class PrefixGroups(_Strict):
@@ -137,8 +172,8 @@ class PrefixGroups(_Strict):
     Each request picks one of `groups` prefixes of `tokens` tokens, then its own suffix.
     The suffix length is the request's input length minus the prefix."""
 
-    groups: int = Field(1, ge=1)
-    tokens: int = Field(ge=1)
+    groups: int = Field(1, ge=1, le=MAX_REQUESTS)
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class SubWorkload(_Strict):
@@ -158,6 +193,8 @@ class SubWorkload(_Strict):
             raise ValueError("give input_tokens (synthetic) or dataset")
         if self.dataset is None and self.output_tokens is None:
             raise ValueError("synthetic workloads need output_tokens")
+        if self.output_tokens is not None and self.output_tokens.min < 1:
+            raise ValueError("output_tokens.min must be >= 1: every request generates a token")
         return self
 
 
@@ -173,9 +210,11 @@ class Arrival(_Strict):
     `trace` takes the timestamps of the workload's trace."""
 
     kind: Literal["closed", "constant", "poisson", "gamma", "trace"] = "poisson"
-    rate: float | None = Field(None, gt=0, description="Offered requests per second.")
-    concurrency: int | None = Field(None, ge=1)
-    burstiness: float = Field(1.0, gt=0)
+    rate: float | None = Field(
+        None, ge=MIN_RATE, le=1e9, description="Offered requests per second."
+    )
+    concurrency: int | None = Field(None, ge=1, le=MAX_REQUESTS)
+    burstiness: float = Field(1.0, ge=1e-3, le=1e3, description="Gamma shape: CV^2 = 1/b.")
 
     @model_validator(mode="after")
     def _needs(self) -> Arrival:
@@ -200,18 +239,21 @@ class Sampling(_Strict):
 
 class WorkloadSpec(_Strict):
     name: str = "workload"
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="numpy seeds are non-negative.")
     api: Literal["chat", "completions"] = "chat"
     model: str | None = Field(None, description="Model name sent to the server.")
     stream: bool = True
-    count: int | None = Field(None, ge=1, description="Requests to send (incl. warm-up).")
-    duration_s: float | None = Field(None, gt=0)
-    warmup_s: float = Field(0.0, ge=0, description="Excluded from the measurement window.")
-    cooldown_s: float = Field(0.0, ge=0, description="Excluded from the window's end.")
+    count: int | None = Field(
+        None, ge=1, le=MAX_REQUESTS, description="Requests to send (incl. warm-up)."
+    )
+    duration_s: float | None = Field(None, gt=0, le=1e7, description="At most ~4 months.")
+    warmup_s: float = Field(0.0, ge=0, le=1e7, description="Excluded from the measurement window.")
+    cooldown_s: float = Field(0.0, ge=0, le=1e7, description="Excluded from the window's end.")
     arrival: Arrival = Field(default_factory=Arrival)
     trace: Trace | None = None
     mix: list[SubWorkload] = Field(default_factory=list)
     sampling: Sampling = Field(default_factory=Sampling)
+    sessions: Sessions | None = Field(None, description="Conversations or agent loops.")
 
     @model_validator(mode="before")
     @classmethod
@@ -229,7 +271,9 @@ class WorkloadSpec(_Strict):
 
     @model_validator(mode="after")
     def _whole(self) -> WorkloadSpec:
-        if self.trace is None and not self.mix:
+        if self.sessions is not None and (self.trace is not None or self.mix):
+            raise ValueError("give sessions or requests (input_tokens, dataset, trace), not both")
+        if self.trace is None and not self.mix and self.sessions is None:
             raise ValueError("give input_tokens/output_tokens, a dataset, a mix or a trace")
         if self.arrival.kind == "trace" and self.trace is None:
             raise ValueError("arrival.kind trace needs a `trace` file")
@@ -237,6 +281,13 @@ class WorkloadSpec(_Strict):
             raise ValueError(f"arrival.kind {self.arrival.kind} needs a rate (req/s)")
         if self.count is None and self.duration_s is None and self.trace is None:
             raise ValueError("give count or duration_s")
+        rate, span = self.arrival.rate, self.duration_s
+        open_loop = self.count is None and self.arrival.open_loop
+        if open_loop and span and rate and rate * span > MAX_REQUESTS:
+            raise ValueError(
+                f"rate x duration_s = {rate * span:.3g} requests, over {MAX_REQUESTS:,}: "
+                "give count or a shorter duration"
+            )
         return self
 
     def with_load(
@@ -302,4 +353,12 @@ def _resolve_paths(spec: WorkloadSpec, base: Path) -> WorkloadSpec:
     for sub in data["mix"]:
         if sub["dataset"] and not Path(sub["dataset"]["path"]).is_absolute():
             sub["dataset"]["path"] = base / sub["dataset"]["path"]
+    ds = (data["sessions"] or {}).get("dataset")
+    if ds and str(ds["path"]) != "builtin" and not Path(ds["path"]).is_absolute():
+        ds["path"] = base / ds["path"]
     return WorkloadSpec.model_validate(data)
+
+
+# The session models use the length distributions above; importing them here defines
+# `Sessions` and completes WorkloadSpec (servetune.workload.sessions rebuilds it).
+import servetune.workload.sessions  # noqa: E402, F401

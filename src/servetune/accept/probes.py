@@ -1,0 +1,349 @@
+"""The live probes of seed 003 §15: each sends its load as points through `Prober`
+(the measure seam) and judges what came back. Thresholds are stated where they are set;
+where the seed gives none, the docs (docs/accept.md) say why the number was chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servetune.accept.checklist import Finding, failed, not_applicable, passed, unchecked
+from servetune.accept.measuring import (
+    Prober,
+    Sizes,
+    at_rate,
+    materialize_one,
+    output_p99,
+    single,
+    total_p99,
+)
+from servetune.bench.client import Timeouts
+from servetune.measure.steady import SteadyRule, judge
+from servetune.results.schema import RequestRecord, RunResult
+from servetune.status import RequestStatus
+from servetune.workload.materialize import Request
+from servetune.workload.spec import WorkloadSpec
+
+SHED_CODES = (429, 503)  # what a deployment answers when it sheds load
+REJECT_FAST_MS = 1000.0  # a shed request answered later than this has queued anyway
+MAX_SLOPE = 0.05  # s of TTFT per s under overload: measure.steady's real-engine bound
+COLD_RATIO = 3.0  # first requests vs steady TTFT above this: traffic came before warm-up
+
+
+@dataclass
+class Capacity:
+    """The deployment's measured capacity: completions per second with `users` busy."""
+
+    req_s: float
+    users: int
+    run_id: str
+
+
+def _ttft_ms(r: RequestRecord) -> float | None:
+    return (r.chunk_ns[0] - r.send_ns) / 1e6 if r.chunk_ns else None
+
+
+def _ok(res: RunResult) -> list[RequestRecord]:
+    return [r for r in res.records if r.status == RequestStatus.OK]
+
+
+def warm_up(p: Prober, spec: WorkloadSpec, sizes: Sizes) -> Finding:
+    """The first requests the deployment sees from us vs the rest (one user, in order):
+    an instance put behind traffic before its warm-up (JIT, CUDA graphs, caches) answers
+    its first requests several times slower (seed 003 §10, 预热)."""
+    n = max(sizes.warm_requests, 6)
+    res = p.measure("warmup", spec.with_load(concurrency=1, count=n))
+    ttft = [t for r in sorted(res.records, key=lambda r: r.send_ns) if (t := _ttft_ms(r))]
+    if len(ttft) < 6:
+        return failed(
+            "the deployment must answer plain requests", f"only {len(ttft)}/{n} requests completed"
+        ).with_run(res.id)
+    first = float(np.median(ttft[:2]))
+    steady = float(np.median(ttft[len(ttft) // 2 :]))
+    ratio = first / steady if steady > 0 else 1.0
+    ev = f"first 2 requests TTFT median {first:.0f} ms vs steady {steady:.0f} ms ({ratio:.1f}x)"
+    if ratio > COLD_RATIO:
+        return failed(
+            "warm the instance up (typical requests) before it takes traffic", ev, ratio=ratio
+        ).with_run(res.id)
+    return passed(ev, ratio=ratio).with_run(res.id)
+
+
+def capacity(p: Prober, spec: WorkloadSpec, users: int, sizes: Sizes) -> Capacity:
+    """Completions per second with `users` closed-loop users (the saturated rate)."""
+    res = p.measure(
+        f"capacity-c{users}",
+        spec.with_load(concurrency=users, count=max(sizes.capacity_requests, 3 * users)),
+    )
+    return Capacity(res.metrics.req_s, users, res.id)
+
+
+def output_cap(p: Prober, spec: WorkloadSpec, cap: int) -> Finding:
+    """Ask for 4x the promised cap: the server must refuse (4xx) or stop at the cap."""
+    ask = 4 * cap
+    req = materialize_one(p.tokenizer, spec, 16, ask)
+    res = p.measure("output-cap", single(spec, req, stream=True), [req])
+    rec = res.records[0]
+    base = f"asked max_tokens={ask} (4x the cap {cap})"
+    if rec.http_status is not None and 400 <= rec.http_status < 500:
+        return passed(f"{base}: refused with HTTP {rec.http_status}", cap=cap).with_run(res.id)
+    if rec.status != RequestStatus.OK:
+        return failed(
+            "the over-long request must be refused or truncated, not fail",
+            f"{base}: {rec.error} {rec.error_detail or ''}".strip(),
+        ).with_run(res.id)
+    got = rec.output_tokens
+    if got <= cap:
+        return passed(f"{base}: truncated at {got} tokens", cap=cap, got=got).with_run(res.id)
+    return failed(
+        f"cap the output on the server (vLLM: --max-model-len; llama.cpp: -n {cap}; "
+        "or a gateway that rewrites max_tokens)",
+        f"{base}: the server generated {got} tokens",
+        cap=cap,
+        got=got,
+    ).with_run(res.id)
+
+
+def input_limit(p: Prober, spec: WorkloadSpec, sample: list[Request], limit: int | None) -> Finding:
+    """The context limit against the real distribution's P99 input + output, and a
+    request over the limit: refused quickly (4xx), never a 5xx or a hang."""
+    need = total_p99(sample)
+    if limit is None:
+        return unchecked(
+            "give --config with max_model_len (or a server that reports it)",
+            f"workload P99 input+output = {need} tokens",
+        )
+    ev = [f"context limit {limit} tokens vs workload P99 input+output {need} tokens"]
+    req = materialize_one(p.tokenizer, spec, limit + 64, 8)
+    res = p.measure(
+        "input-over-limit",
+        single(spec, req, stream=False),
+        [req],
+        timeouts=Timeouts(10.0, 60.0, 60.0, 60.0),
+    )
+    rec = res.records[0]
+    ms = (rec.end_ns - rec.send_ns) / 1e6
+    if rec.http_status is not None and 400 <= rec.http_status < 500:
+        ev.append(
+            f"a {req.prompt_tokens}-token prompt was refused: HTTP {rec.http_status} in {ms:.0f} ms"
+        )
+        over_ok = True
+    else:
+        what = f"HTTP {rec.http_status}" if rec.http_status else (rec.error or rec.status)
+        ev.append(f"a {req.prompt_tokens}-token prompt got {what} after {ms:.0f} ms")
+        over_ok = rec.status == RequestStatus.OK  # served by truncating: not an error
+    if need > limit:
+        return failed(
+            f"raise the input limit to at least {need} tokens (the real P99), or "
+            "route long requests to a long-context pool",
+            *ev,
+            limit=limit,
+            need=need,
+        ).with_run(res.id)
+    if not over_ok:
+        return failed(
+            "a prompt over the limit must get a 4xx, not an error or a hang",
+            *ev,
+            limit=limit,
+            need=need,
+        ).with_run(res.id)
+    return passed(*ev, limit=limit, need=need).with_run(res.id)
+
+
+def queue_bound(p: Prober, spec: WorkloadSpec, cap: Capacity, sizes: Sizes) -> Finding:
+    """Offer `overload` x the measured capacity (open loop): a bounded queue sheds the
+    excess with 429/503 quickly, and the wait of what it admits stays flat."""
+    rate = max(cap.req_s, 0.1) * sizes.overload
+    n = max(sizes.min_queue_requests, int(rate * sizes.queue_seconds))
+    pt = at_rate(spec, rate, n)
+    res = p.measure(f"overload-x{sizes.overload:g}", pt)
+    shed = [r for r in res.records if r.http_status in SHED_CODES]
+    ok = _ok(res)
+    st = judge(res, pt, SteadyRule(warmup_s=0.0, window_s=1.0, max_queue_slope=MAX_SLOPE))
+    slope = st.queue_slope if st is not None else None
+    reject_ms = [(r.end_ns - r.send_ns) / 1e6 for r in shed]
+    p95_reject = float(np.percentile(reject_ms, 95)) if reject_ms else None
+    e2e = [(r.chunk_ns[-1] - r.send_ns) / 1e9 for r in ok if r.chunk_ns]
+    ev = [
+        f"offered {rate:.2f} req/s = {sizes.overload:g}x the measured capacity "
+        f"{cap.req_s:.2f} req/s ({cap.users} users, run {cap.run_id}); {n} requests",
+        f"{len(shed)} shed with 429/503"
+        + (f", P95 time to reject {p95_reject:.0f} ms" if p95_reject is not None else ""),
+        f"{len(ok)} served; TTFT slope "
+        + ("not measured" if slope is None else f"{slope:+.3f} s per s of run")
+        + (f"; E2E max {max(e2e):.1f} s" if e2e else ""),
+    ]
+    values = {
+        "offered_req_s": rate,
+        "shed": len(shed),
+        "served": len(ok),
+        "reject_p95_ms": p95_reject,
+        "queue_slope_s_per_s": slope,
+    }
+    if not shed:
+        return failed(
+            "put a hard queue bound in front (a gateway that answers 429 beyond N "
+            "in flight, e.g. `servetune accept-shedder`)",
+            *ev,
+            **values,
+        ).with_run(res.id)
+    if p95_reject is not None and p95_reject > REJECT_FAST_MS:
+        return failed(
+            f"reject at once: shed requests waited over {REJECT_FAST_MS:.0f} ms", *ev, **values
+        ).with_run(res.id)
+    if slope is not None and slope > MAX_SLOPE:
+        return failed(
+            f"the admitted queue still grows (> {MAX_SLOPE} s/s): lower the bound", *ev, **values
+        ).with_run(res.id)
+    return passed(*ev, **values).with_run(res.id)
+
+
+def cancellation(p: Prober, spec: WorkloadSpec, users: int, sizes: Sizes) -> Finding:
+    """Cancel streams after a few chunks, and abandon non-streaming requests after a
+    client timeout; then read the engine's running gauge until it is 0 (time to free)."""
+    if p.metrics() is None or p.metrics().get("requests_running") is None:  # type: ignore[union-attr]
+        return unchecked(
+            "expose the engine's /metrics with a running-requests gauge "
+            "(llama.cpp: --metrics) to read when cancelled work is freed"
+        )
+    long_out = max(256, 4 * output_p99(p.requests(spec.with_load(concurrency=1, count=50))))
+    data = spec.with_load(concurrency=users, count=users).model_dump()
+    data["mix"] = [
+        {**m, "output_tokens": {"dist": "fixed", "value": long_out}} for m in data["mix"]
+    ]
+    ev, values, runs, ok = [], {}, [], True
+    for stream in (True, False):
+        pt = WorkloadSpec.model_validate({**data, "stream": stream})
+        kind = "streaming" if stream else "non-streaming"
+        if stream:
+            res = p.measure(
+                "cancel-stream",
+                pt,
+                cancel_fraction=1.0,
+                cancel_after_chunks=sizes.cancel_after_chunks,
+            )
+        else:
+            t = sizes.nonstream_abandon_s
+            res = p.measure("cancel-nonstream", pt, timeouts=Timeouts(10.0, t, t, t))
+        runs.append(res.id)
+        ended = res.anchor_ns + max((r.end_ns for r in res.records), default=0)
+        freed = p.wait_idle(ended, sizes.free_within_s)
+        gave_up = sum(r.status != RequestStatus.OK for r in res.records)
+        values[f"{kind}_free_s"] = freed
+        if freed is None:
+            ok = False
+            ev.append(
+                f"{kind}: {gave_up}/{len(res.records)} requests given up by the client; "
+                f"the engine still runs work {sizes.free_within_s:g} s later"
+            )
+        else:
+            ev.append(
+                f"{kind}: {gave_up}/{len(res.records)} requests given up; engine idle "
+                f"{freed:.2f} s after the last (gauge polled every 0.1 s)"
+            )
+    f = (
+        passed(*ev, **values)
+        if ok
+        else failed(
+            "the engine (or the gateway in front) must abort a request when its client goes",
+            *ev,
+            **values,
+        )
+    )
+    f.runs = runs
+    return f
+
+
+def per_user(p: Prober, spec: WorkloadSpec, cap: Capacity, sizes: Sizes) -> Finding:
+    """Two API keys at once: one floods at `overload` x capacity, the other sends a light
+    load. A per-user limit refuses the flood (429) and serves the light user in full."""
+    keys = p.dep.api_keys
+    if len(keys) < 2:
+        return unchecked(
+            "give two API keys (--api-key A --api-key B) of a gateway that limits each user"
+        )
+    flood_users = max(2, int(np.ceil(cap.users * sizes.overload)))
+    flood = spec.with_load(concurrency=flood_users, count=flood_users * 4)
+    light = spec.with_load(concurrency=1, count=max(4, flood_users))
+    a, b = p.measure_together(
+        [
+            ("user-a-flood", flood, {"api_key": keys[0]}),
+            ("user-b-light", light, {"api_key": keys[1]}),
+        ]
+    )
+    a_shed = sum(r.http_status in SHED_CODES for r in a.records)
+    b_shed = sum(r.http_status in SHED_CODES for r in b.records)
+    b_ok = len(_ok(b))
+    ev = [
+        f"user A: {flood_users} concurrent, {a_shed}/{len(a.records)} refused (429/503)",
+        f"user B: 1 concurrent, {b_ok}/{len(b.records)} served, {b_shed} refused",
+    ]
+    f = (
+        passed(*ev)
+        if a_shed and not b_shed and b_ok == len(b.records)
+        else failed("limit concurrency (and RPS, tokens) per API key at the gateway", *ev)
+    )
+    f.runs = [a.id, b.id]
+    return f
+
+
+def monitoring(p: Prober) -> tuple[Finding, Finding]:
+    """Which metric families the engine exports (its /metrics), for two items: latency
+    histograms (TTFT, TPOT/ITL, queue time: P99 comes from histograms) and the prefix
+    cache hit rate."""
+    m = p.metrics()
+    if m is None:
+        miss = "the engine exports no /metrics (llama.cpp: --metrics)"
+        return failed("expose /metrics and scrape it", miss), failed("expose /metrics", miss)
+    want = {"ttft_seconds": "TTFT", "itl_seconds": "TPOT/ITL", "queue_time_seconds": "queue time"}
+    found = [f"{label}: {n}" for n, label in want.items() if n in m.histograms]
+    missing = [label for n, label in want.items() if n not in m.histograms]
+    names = sorted(m.raw)
+    ev = [f"histograms found: {', '.join(found) or 'none'}", f"{len(names)} series exported"]
+    if missing:
+        lat = failed(
+            f"the engine exports no {', '.join(missing)} histogram: measure them at "
+            "the gateway or pick an engine that exports them",
+            *ev,
+        )
+    else:
+        lat = passed(*ev)
+    hit = [n for n in ("prefix_cache_hits_total", "prefix_cache_hit_rate") if n in m.values]
+    if hit and ("prefix_cache_queries_total" in m.values or "prefix_cache_hit_rate" in m.values):
+        pc = passed(f"prefix cache series: {', '.join(hit)} (+ queries): hit rate = hits / queries")
+    elif hit:
+        pc = failed(
+            "export prefix-cache queries too: hits alone give no rate",
+            f"found {', '.join(hit)} but no queries counter",
+        )
+    else:
+        pc = failed("monitor the prefix-cache hit rate", "no prefix-cache series exported")
+    return lat, pc
+
+
+def hardware_monitoring(dcgm_url: str | None, on_gpu: bool) -> Finding:
+    """GPU memory, utilisation, temperature, power and errors in a DCGM exporter."""
+    if dcgm_url is None:
+        if not on_gpu:
+            return not_applicable("the deployment serves on CPU: no GPU to monitor")
+        return unchecked("give --dcgm-url (a DCGM exporter's /metrics)")
+    import httpx
+
+    try:
+        text = httpx.get(dcgm_url, timeout=5.0).text
+    except httpx.HTTPError as exc:
+        return failed("make the DCGM exporter reachable", f"{dcgm_url}: {type(exc).__name__}")
+    want = {
+        "memory": "DCGM_FI_DEV_FB_USED",
+        "utilisation": "DCGM_FI_DEV_GPU_UTIL",
+        "temperature": "DCGM_FI_DEV_GPU_TEMP",
+        "power": "DCGM_FI_DEV_POWER_USAGE",
+        "errors": "DCGM_FI_DEV_XID_ERRORS",
+    }
+    found = {k: v for k, v in want.items() if v in text}
+    ev = [f"found: {', '.join(f'{k} ({v})' for k, v in found.items()) or 'none'}"]
+    if len(found) < len(want):
+        miss = [v for k, v in want.items() if k not in found]
+        return failed(f"add {', '.join(miss)} to the exporter's counters", *ev)
+    return passed(*ev)

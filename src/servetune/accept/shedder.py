@@ -1,0 +1,184 @@
+"""A load-shedding front: the smallest gateway that gives a deployment a hard queue
+bound (seed 003 §15 "请求队列有硬上限") and per-user concurrency limits.
+
+It counts the requests in flight (and per API key); beyond the bound it answers
+`429 Too Many Requests` at once instead of queueing, and otherwise forwards the request
+byte for byte to the upstream engine and streams the answer back. A client that goes
+away closes the upstream connection, so the engine sees the cancellation.
+
+Why our own and not nginx: nginx's limit_conn answers 503 beyond N connections, but
+installing it needs root and each test would need a config file and a process to
+manage; this is ~120 lines of stdlib asyncio, started in-process by a test or by
+`servetune accept-shedder`. It is a test and bootstrap tool, not a production gateway:
+HTTP/1.1 only, one request per connection (it answers `Connection: close`). A request
+is counted out when its connection is closed, a moment after the client has the last
+byte: a client that sends its next request at once may briefly be counted twice, so a
+per-key bound of 1 refuses some back-to-back requests (as nginx's limit_conn may).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+HEAD_LIMIT = 64 * 1024
+
+
+@dataclass
+class Shedder:
+    """Forward to `upstream` (host, port) with at most `max_in_flight` requests, and at
+    most `per_key` per API key (None: no per-user limit)."""
+
+    upstream: tuple[str, int]
+    max_in_flight: int
+    per_key: int | None = None
+    in_flight: int = 0
+    keys: dict[str, int] = field(default_factory=dict)
+    shed: int = 0
+    forwarded: int = 0
+
+    def admit(self, key: str) -> bool:
+        if self.in_flight >= self.max_in_flight:
+            return False
+        if self.per_key is not None and self.keys.get(key, 0) >= self.per_key:
+            return False
+        self.in_flight += 1
+        self.keys[key] = self.keys.get(key, 0) + 1
+        return True
+
+    def release(self, key: str) -> None:
+        self.in_flight -= 1
+        self.keys[key] -= 1
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            writer.close()
+            return
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {
+            k.strip().lower(): v.strip()
+            for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)
+        }
+        body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+        key = headers.get("authorization", "")
+        method, _, rest = lines[0].partition(" ")
+        is_generation = method == "POST" and rest.split(" ")[0].endswith("completions")
+        if is_generation and not self.admit(key):
+            self.shed += 1
+            msg = b'{"error":{"message":"over capacity, retry later","type":"overloaded"}}'
+            writer.write(
+                b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+                + str(len(msg)).encode()
+                + b"\r\n\r\n"
+                + msg
+            )
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+            return
+        try:
+            await self._forward(lines, body, reader, writer)
+        finally:
+            if is_generation:
+                self.release(key)
+            writer.close()
+
+    async def _forward(
+        self,
+        lines: list[str],
+        body: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Send the request upstream (one per connection) and pipe the answer back; the
+        first side to close ends both, so a client that leaves cancels the request."""
+        self.forwarded += 1
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.write(
+                b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            return
+        kept = [ln for ln in lines[1:] if ln and not ln.lower().startswith("connection:")]
+        up_w.write(
+            ("\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1")
+            + body
+        )
+
+        async def upstream_to_client() -> None:
+            head = await up_r.readuntil(b"\r\n\r\n")
+            hl = [ln for ln in head.decode("latin-1").split("\r\n") if ln]
+            hl = [hl[0], *(ln for ln in hl[1:] if not ln.lower().startswith("connection:"))]
+            writer.write(("\r\n".join([*hl, "Connection: close"]) + "\r\n\r\n").encode("latin-1"))
+            while chunk := await up_r.read(65536):
+                writer.write(chunk)
+                await writer.drain()
+
+        async def client_gone() -> None:
+            await reader.read()  # b"" at EOF: the client closed its side
+
+        pipe = asyncio.ensure_future(upstream_to_client())
+        gone = asyncio.ensure_future(client_gone())
+        try:
+            await asyncio.wait({pipe, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for t in (pipe, gone):
+                t.cancel()
+            for t in (pipe, gone):
+                with contextlib.suppress(BaseException):
+                    await t
+            up_w.close()
+
+
+@contextlib.contextmanager
+def shedder_in_thread(
+    upstream: str, max_in_flight: int, per_key: int | None = None, port: int = 0
+) -> Iterator[tuple[str, Shedder]]:
+    """Run a shedder on its own event loop in a daemon thread; yields (its URL, it)."""
+    host, _, p = upstream.removeprefix("http://").rstrip("/").removesuffix("/v1").partition(":")
+    sh = Shedder((host, int(p or 80)), max_in_flight, per_key)
+    loop = asyncio.new_event_loop()
+    started: dict[str, object] = {}
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        srv = loop.run_until_complete(
+            asyncio.start_server(sh.handle, "127.0.0.1", port, limit=HEAD_LIMIT)
+        )
+        started["port"] = srv.sockets[0].getsockname()[1]
+        started["server"] = srv
+        ready.set()
+        loop.run_forever()
+        srv.close()
+
+    th = threading.Thread(target=run, daemon=True, name="accept-shedder")
+    th.start()
+    if not ready.wait(10):
+        raise RuntimeError("shedder did not start")
+    try:
+        yield f"http://127.0.0.1:{started['port']}", sh
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(5)
+
+
+def serve(upstream: str, max_in_flight: int, per_key: int | None, port: int) -> None:
+    """Blocking: the `servetune accept-shedder` command."""
+    with shedder_in_thread(upstream, max_in_flight, per_key, port) as (url, _):
+        print(
+            f"shedding at {url} -> {upstream} (max {max_in_flight} in flight"
+            + (f", {per_key} per key" if per_key else "")
+            + ")",
+            flush=True,
+        )
+        threading.Event().wait()

@@ -1,0 +1,209 @@
+"""Seed 003 §14 stage six (稳定性压测): steady state, peak, burst, long/short mix, very
+long outputs and a disconnect storm, each a point through the measure seam at the tuned
+load, each judged against the SLO. The stage's runs also give the memory items their
+evidence: the KV pool's peak use and preemptions under these loads.
+
+The tuned load L is the peak the deployment is sized for (what `tune` found it carries
+within the SLO, or --load). Stages other than "peak" run at 0.7 L: the seed names no
+factor; 0.7 is a common daily-peak to provisioned-peak ratio, and what matters is that
+each stage changes one thing (arrivals, lengths, cancels) at the same load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servetune.accept.checklist import Finding, failed, passed
+from servetune.accept.measuring import Prober, Sizes, at_rate
+from servetune.measure.steady import SteadyRule, judge
+from servetune.results.schema import RunResult
+from servetune.workload.materialize import Request
+from servetune.workload.spec import WorkloadSpec
+
+BASE = 0.7  # the stages' share of the tuned load (see the module docstring)
+BURSTINESS = 0.25  # gamma shape: inter-arrival CV^2 = 1 / 0.25 = 4 (bursty, not Poisson)
+CANCEL_FRACTION = 0.5  # the disconnect storm: half the clients go away mid-stream
+LONG_WEIGHT = 0.2  # the long/short mix: one request in five is long
+
+
+@dataclass(frozen=True)
+class Load:
+    kind: str  # "rate" or "concurrency"
+    value: float
+
+    def scaled(self, f: float) -> Load:
+        if self.kind == "concurrency":
+            return Load(self.kind, max(1, round(self.value * f)))
+        return Load(self.kind, self.value * f)
+
+    def apply(self, spec: WorkloadSpec, count: int, **arrival: Any) -> WorkloadSpec:
+        if self.kind == "concurrency":
+            return spec.with_load(concurrency=int(self.value), count=count)
+        return at_rate(spec, self.value, count, **arrival)
+
+    def text(self) -> str:
+        return f"{self.value:g} users" if self.kind == "concurrency" else f"{self.value:.3g} req/s"
+
+
+@dataclass
+class StageResult:
+    name: str
+    load: Load
+    ok: bool
+    line: str
+    run: RunResult
+
+
+@dataclass
+class Stability:
+    """The stage's outcome and what the memory items read from it."""
+
+    stages: list[StageResult] = field(default_factory=list)
+    kv_peak: float | None = None
+    preemptions: float | None = None
+
+    @property
+    def runs(self) -> list[str]:
+        return [s.run.id for s in self.stages]
+
+
+def _with_lengths(spec: WorkloadSpec, **dists: dict[str, Any]) -> WorkloadSpec:
+    data = spec.model_dump()
+    data["mix"] = [{**m, **dists} for m in data["mix"]]
+    return WorkloadSpec.model_validate(data)
+
+
+def long_short(spec: WorkloadSpec, long_input: int) -> WorkloadSpec:
+    """The workload plus a long-prompt class (weight LONG_WEIGHT of all requests)."""
+    data = spec.model_dump()
+    total = sum(m["weight"] for m in data["mix"])
+    long_ = {
+        **data["mix"][0],
+        "name": "long",
+        "weight": total * LONG_WEIGHT / (1 - LONG_WEIGHT),
+        "input_tokens": {"dist": "fixed", "value": long_input},
+        "dataset": None,
+        "prefix": None,
+    }
+    data["mix"] = [*data["mix"], long_]
+    return WorkloadSpec.model_validate(data)
+
+
+def stage_lengths(sample: list[Request], limit: int | None, cap: int | None) -> tuple[int, int]:
+    """(long prompt, very long output) in tokens: 8x the real P99 each, inside the context
+    limit and the output cap when there are ones."""
+    p99_in = int(np.percentile([r.prompt_tokens for r in sample], 99))
+    p99_out = int(np.percentile([r.output_tokens or 0 for r in sample], 99))
+    long_in, long_out = 8 * p99_in, 8 * max(p99_out, 1)
+    if cap:
+        long_out = min(long_out, cap)
+    if limit:
+        long_in = min(long_in, max(1, int(0.75 * limit) - p99_out))
+        long_out = min(long_out, max(1, limit - p99_in - 16))
+    return long_in, long_out
+
+
+def _judge(name: str, load: Load, spec: WorkloadSpec, res: RunResult) -> StageResult:
+    m = res.metrics
+    missed = [
+        f"{c.metric} {c.stat} {c.value:.4g} > {c.target:g}"
+        for c in m.slo_checks
+        if not c.ok and c.value is not None
+    ]
+    slope = None
+    if spec.arrival.open_loop:
+        st = judge(res, spec, SteadyRule(warmup_s=0.0, window_s=1.0))
+        slope = st.queue_slope if st is not None else None
+        if slope is not None and slope > 0.05:  # measure.steady's real-engine bound
+            missed.append(f"queue grows: TTFT {slope:+.3f} s/s")
+    p99 = m.ttft_ms.p99
+    line = (
+        f"{name} at {load.text()}: {m.completed} ok, {m.failed} failed"
+        + (f", {m.cancelled} cancelled" if getattr(m, "cancelled", 0) else "")
+        + (f", P99 TTFT {p99:.0f} ms" if p99 is not None else "")
+        + (f", P95 TPOT {m.tpot_ms.p95:.1f} ms" if m.tpot_ms.p95 is not None else "")
+        + (f"; misses {'; '.join(missed)}" if missed else "; meets the SLO")
+    )
+    ok = not missed and bool(m.slo_pass) and m.completed > 0
+    return StageResult(name, load, ok, line, res)
+
+
+def run_stage(
+    p: Prober,
+    spec: WorkloadSpec,
+    tuned: Load,
+    sample: list[Request],
+    limit: int | None,
+    cap: int | None,
+    sizes: Sizes,
+) -> Stability:
+    """Every stage in turn (each stored as it is measured)."""
+    out = Stability()
+    n = sizes.stage_requests
+    base = tuned.scaled(BASE)
+    long_in, long_out = stage_lengths(sample, limit, cap)
+    plan: list[tuple[str, Load, WorkloadSpec, dict[str, Any]]] = [
+        ("steady", base, base.apply(spec, n), {}),
+        ("peak", tuned, tuned.apply(spec, n), {}),
+        ("burst", base, base.apply(spec, n, kind="gamma", burstiness=BURSTINESS), {}),
+        ("long-short-mix", base, base.apply(long_short(spec, long_in), n), {}),
+        (
+            "long-outputs",
+            base,
+            base.apply(
+                _with_lengths(spec, output_tokens={"dist": "fixed", "value": long_out}),
+                max(4, n // 4),
+            ),
+            {},
+        ),
+        (
+            "disconnect-storm",
+            base,
+            base.apply(spec, n),
+            {"cancel_fraction": CANCEL_FRACTION, "cancel_after_chunks": sizes.cancel_after_chunks},
+        ),
+    ]
+    if base.kind == "concurrency" and base.value == tuned.value:
+        plan = [s for s in plan if s[0] != "steady"]  # one user: steady and peak coincide
+    for name, load, pt, opts in plan:
+        res = p.measure(f"stage-{name}", pt, **opts)
+        out.stages.append(_judge(name, load, pt, res))
+        if res.server is not None:
+            peak = res.server.peak("kv_cache_usage")
+            if peak is not None:
+                out.kv_peak = max(out.kv_peak or 0.0, peak)
+            pre = res.server.deltas.get("preemptions_total")
+            if pre is not None:
+                out.preemptions = (out.preemptions or 0.0) + pre
+    return out
+
+
+def verdict(st: Stability, tuned: Load, source: str) -> Finding:
+    ev = [f"tuned load {tuned.text()} ({source}); stages at {BASE:g}x unless named peak"]
+    ev += [("ok: " if s.ok else "FAIL: ") + s.line for s in st.stages]
+    bad = [s.name for s in st.stages if not s.ok]
+    f = (
+        failed(
+            f"stages {', '.join(bad)} miss the SLO at the tuned load: lower the load per "
+            "replica or change the config, then re-run",
+            *ev,
+        )
+        if bad
+        else passed(*ev)
+    )
+    f.runs = st.runs
+    return f
+
+
+def tuned_load(kind: str | None, load: float | None, capacity_req_s: float) -> tuple[Load, str]:
+    """The load the stages run at: the tuned one, else 0.8x the measured saturated rate."""
+    if kind and load:
+        return Load("concurrency" if kind == "concurrency" else "rate", load), "tuned"
+    rate = 0.8 * capacity_req_s
+    if not math.isfinite(rate) or rate <= 0:
+        rate = 0.1
+    return Load("rate", rate), "0.8x the measured capacity: no tuned load given"

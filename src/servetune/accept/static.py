@@ -1,0 +1,357 @@
+"""The items of seed 003 §15 read from files, the config and the store: nothing is sent.
+Pure functions over what `run` gathered, except `hash_files` and `autoscaling_signals`
+(they read the files they are given)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servetune.accept.checklist import Finding, failed, not_applicable, passed, unchecked
+from servetune.engines.config import EngineConfig
+from servetune.store import RunInfo
+from servetune.workload.materialize import Request
+
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+LONG_TAIL = 8.0  # P99/P50 input ratio above which one pool mixes very different requests
+MAX_GPU_MEM_UTIL = 0.93  # seed 003 §14's grid tops out at 0.93
+KV_PEAK_MAX = 0.95  # the KV pool's peak use under the stages, without an SLO target
+# llama.cpp names for the canonical batching knobs (docs/engines.md)
+KNOB_ALIASES = {
+    "llamacpp": {"max_num_seqs": "parallel_slots", "max_num_batched_tokens": "batch_size"}
+}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_files(paths: Iterable[Path]) -> str:
+    """One digest over several files: sha256 of their names and sha256s, sorted by name."""
+    h = hashlib.sha256()
+    for p in sorted(paths, key=lambda p: p.name):
+        h.update(f"{p.name}:{sha256_file(p)}\n".encode())
+    return h.hexdigest()
+
+
+def model_pinned(model_path: Path | None, served_model: str | None) -> Finding:
+    """Weights hashed over the files, tokenizer files hashed (a GGUF carries its own)."""
+    if model_path is None:
+        return unchecked(
+            "give --model-path (the files the engine serves) to hash the weights",
+            f"served model name: {served_model}",
+        )
+    files = [model_path] if model_path.is_file() else sorted(model_path.rglob("*"))
+    weights = [f for f in files if f.is_file() and f.suffix in WEIGHT_SUFFIXES]
+    if not weights:
+        return failed(
+            "serve weights from files that can be hashed (no dummy/random weights)",
+            f"{model_path}: no weight files ({', '.join(WEIGHT_SUFFIXES)})",
+        )
+    digest = hash_files(weights)
+    ev = [
+        f"served as {served_model}",
+        f"weights sha256 {digest[:16]}... over {len(weights)} "
+        f"file(s), {sum(f.stat().st_size for f in weights) / 2**30:.2f} GiB",
+    ]
+    toks = [f for f in files if f.name in TOKENIZER_FILES]
+    if toks:
+        tok = hash_files(toks)
+        ev.append(f"tokenizer sha256 {tok[:16]}... ({', '.join(sorted(f.name for f in toks))})")
+    elif all(f.suffix == ".gguf" for f in weights):
+        tok = digest
+        ev.append("tokenizer: inside the GGUF, pinned by the weights hash")
+    else:
+        return failed("ship the tokenizer files with the weights", *ev, weights_sha256=digest)
+    return passed(*ev, weights_sha256=digest, tokenizer_sha256=tok)
+
+
+def stack_pinned(software: dict[str, Any], on_gpu: bool, world_size: int) -> Finding:
+    """Engine version from the server itself; driver/CUDA from nvidia-smi; NCCL matters
+    when more than one GPU talks."""
+    engine_v = software.get("engine_version")
+    ev = [f"engine {software.get('engine')} {engine_v or '(version not reported)'}"]
+    if on_gpu:
+        ev.append(f"driver {software.get('driver', '?')}, CUDA {software.get('cuda', '?')}")
+    else:
+        ev.append("driver/CUDA: not used (CPU deployment)")
+    if world_size > 1:
+        ev.append(f"NCCL {software.get('nccl', '?')} ({world_size} GPUs talk)")
+    else:
+        ev.append("NCCL: not used (one device)")
+    missing = [
+        k
+        for k, need in (
+            ("engine version", True),
+            ("driver", on_gpu),
+            ("cuda", on_gpu),
+            ("nccl", world_size > 1),
+        )
+        if need and not software.get(k.replace("engine version", "engine_version"))
+    ]
+    if missing:
+        return failed(f"record the {', '.join(missing)} (the server or host does not say)", *ev)
+    return passed(
+        *ev,
+        **{k: software[k] for k in ("engine_version", "driver", "cuda", "nccl") if k in software},
+    )
+
+
+def quality(runs: Sequence[RunInfo]) -> Finding:
+    """A stored quality result (`servetune quality` writes the run's quality field)."""
+    judged = [r for r in runs if r.quality and "verdict" in r.quality]
+    if not judged:
+        return unchecked(
+            "run `servetune quality` (baseline vs this model) so the store holds a quality verdict"
+        )
+    last = judged[-1]
+    verdict = str(last.quality["verdict"])  # type: ignore[index]
+    ev = f"quality verdict {verdict!r} in run {last.id}"
+    f = passed(ev) if verdict in ("pass", "accepted", "ok") else failed("fix the regression", ev)
+    return f.with_run(last.id)
+
+
+def long_short_pools(sample: Sequence[Request], decision: str | None) -> Finding:
+    ins = np.array([r.prompt_tokens for r in sample])
+    p50, p99 = float(np.percentile(ins, 50)), float(np.percentile(ins, 99))
+    ratio = p99 / max(p50, 1.0)
+    ev = f"input tokens P50 {p50:.0f}, P99 {p99:.0f} (P99/P50 = {ratio:.1f})"
+    if decision:
+        return passed(f"decided: {decision} pool(s)", ev)
+    if ratio < LONG_TAIL:
+        return not_applicable(f"{ev} < {LONG_TAIL:g}: no long tail, one pool is the decision")
+    return failed("decide whether long prompts get their own pool (--pools shared|split)", ev)
+
+
+def memory_headroom(
+    cfg: EngineConfig | None, kv_peak: float | None, slo_max: float | None
+) -> Finding:
+    limit = slo_max or KV_PEAK_MAX
+    ev = []
+    if (
+        cfg is not None
+        and cfg.gpu_memory_utilization > MAX_GPU_MEM_UTIL
+        and cfg.kv_cache_space_gib is None
+    ):
+        return failed(
+            f"gpu_memory_utilization {cfg.gpu_memory_utilization} > {MAX_GPU_MEM_UTIL} "
+            "(seed 003 §14's largest grid value): leave room for activation peaks"
+        )
+    if kv_peak is None:
+        return unchecked(
+            "the engine exports no KV-usage gauge: give a GPU/DCGM exporter or an "
+            "engine that reports it (vLLM kv_cache_usage_perc)"
+        )
+    ev.append(f"KV pool peak use {kv_peak:.0%} under the stability stage (limit {limit:.0%})")
+    if kv_peak > limit:
+        return failed(
+            "lower the load per replica or give the KV pool more memory", *ev, kv_peak=kv_peak
+        )
+    return passed(*ev, kv_peak=kv_peak)
+
+
+def kv_capacity(engine: str, kv_peak: float | None, preemptions: float | None) -> Finding:
+    if engine == "llamacpp":
+        return not_applicable(
+            "llama.cpp reserves each slot's context at start: concurrency "
+            "beyond -np waits (see queue-bound)"
+        )
+    if preemptions is None and kv_peak is None:
+        return unchecked("the engine reports neither preemptions nor KV use")
+    ev = [
+        f"preemptions during the stability stage: {preemptions:g}"
+        if preemptions is not None
+        else "preemptions: not reported",
+        f"KV pool peak use {kv_peak:.0%}" if kv_peak is not None else "KV use: not reported",
+    ]
+    if (preemptions or 0) > 0:
+        return failed(
+            "the KV pool is too small for the target concurrency: more KV memory, "
+            "fewer max_num_seqs or a shorter max_model_len",
+            *ev,
+        )
+    return passed(*ev)
+
+
+def _knob(engine: str, knob: str) -> str:
+    return KNOB_ALIASES.get(engine, {}).get(knob, knob)
+
+
+def knob_tested(
+    knob: str, cfg: EngineConfig | None, runs: Sequence[RunInfo], need_latency: bool = False
+) -> Finding:
+    """The config's value of `knob` was measured on a real engine beside other values
+    (a sweep), so the choice rests on data; `need_latency`: those runs report both TTFT
+    and TPOT (the trade-off the seed asks to weigh)."""
+    if cfg is None:
+        return unchecked("give --config or --from-study: the chosen value is needed")
+    name = _knob(cfg.engine, knob)
+    value = getattr(cfg, name)
+    seen: dict[Any, list[str]] = {}
+    for r in runs:
+        if r.backend != "real" or r.engine_config.get("engine") != cfg.engine:
+            continue
+        m = r.metrics or {}
+        if need_latency and not (
+            (m.get("ttft_ms") or {}).get("p95") and (m.get("tpot_ms") or {}).get("p95")
+        ):
+            continue
+        seen.setdefault(r.engine_config.get(name), []).append(r.id)
+    values = sorted(seen, key=lambda v: (v is None, v or 0))
+    ev = f"{name}={value}; real runs measured {name} in {values}"
+    if value not in seen:
+        f = failed(f"measure {name}={value} on the real engine (servetune tune / bench --set)", ev)
+    elif len(seen) < 2:
+        f = failed(f"sweep {name} (seed 003 §14 stage three): only one value was measured", ev)
+    else:
+        f = passed(ev, values=[str(v) for v in values])
+    f.runs = seen.get(value, [])[:5]
+    return f
+
+
+def chunked_prefill(
+    cfg: EngineConfig | None,
+    engine: str,
+    mix_line: str | None,
+    mix_ok: bool | None,
+    long_in: int | None,
+) -> Finding:
+    if engine == "llamacpp":
+        return not_applicable("llama.cpp has no chunked-prefill switch: prompts run in -ub batches")
+    if cfg is not None and not cfg.enable_chunked_prefill:
+        return not_applicable("chunked prefill is off in this config")
+    if mix_line is None:
+        return unchecked("the stability stage's long/short mix did not run")
+    ev = [f"long prompts of {long_in} tokens mixed with the real ones", mix_line]
+    if not mix_ok:
+        return failed(
+            "long prompts break the SLO with chunked prefill: tune "
+            "max_num_batched_tokens or split the pools",
+            *ev,
+        )
+    return passed(*ev)
+
+
+def cuda_graphs(cfg: EngineConfig | None, on_gpu: bool, peak_running: float | None) -> Finding:
+    if not on_gpu or (cfg is not None and cfg.enforce_eager) or (cfg and cfg.engine == "llamacpp"):
+        return not_applicable("no CUDA graphs here (CPU, llama.cpp or --enforce-eager)")
+    if cfg is None or peak_running is None:
+        return unchecked("give --config and an engine that reports its running requests")
+    top = min(cfg.max_num_seqs or 256, 512)  # vLLM captures batch sizes up to this by default
+    ev = f"graphs captured up to batch {top}; peak batch seen {peak_running:g}"
+    if peak_running > top:
+        return failed("capture the batch sizes actually seen (--cuda-graph-sizes)", ev)
+    return passed(ev)
+
+
+METRIC_PARENTS = ("metric", "resource", "containerResource")
+GPU_UTIL_NAMES = ("gpu_util", "dcgm_fi_dev_gpu_util", "nvidia_gpu_utilization", "gpu_utilization")
+
+
+def autoscaling_signals(path: Path | None) -> Finding:
+    """The scaling metrics of an HPA, a KEDA ScaledObject or a rules file: at least one
+    must be a load signal other than GPU utilisation (queue, waiting, latency, KV)."""
+    if path is None:
+        return unchecked("give --autoscaling FILE (HPA, KEDA ScaledObject or rules YAML)")
+    import yaml
+
+    from servetune.yamlfile import load_yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    except (OSError, yaml.YAMLError):
+        load_yaml(path, "--autoscaling")  # the one-line error for this file
+        raise
+    names = sorted(set(_metric_names(docs)))
+    if not names:
+        return failed("the file names no scaling metric", f"{path}: no metrics found")
+    gpu = [n for n in names if any(g in n.lower() for g in GPU_UTIL_NAMES)]
+    other = [n for n in names if n not in gpu]
+    ev = f"scaling metrics: {', '.join(names)}"
+    if not other:
+        return failed(
+            "scale on queue length, waiting requests or TTFT too: GPU utilisation "
+            "is high whether the queue is empty or not",
+            ev,
+        )
+    return passed(ev, metrics=names)
+
+
+def _metric_names(node: Any, parent: str | None = None) -> Iterable[str]:
+    """Every metric an autoscaler reads: HPA `metric.name` / `resource.name`, KEDA
+    `metricName` / `query`, a Prometheus rule's `expr`."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("metricName", "query", "expr") and isinstance(v, str):
+                yield v.strip()
+            elif k == "name" and isinstance(v, str) and parent in METRIC_PARENTS:
+                yield v
+            else:
+                yield from _metric_names(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _metric_names(v, parent)
+
+
+def oom_step_back(cfg: EngineConfig | None, summary: dict[str, Any]) -> Finding:
+    edges = summary.get("oom_edges") or []
+    if cfg is None or not summary:
+        return unchecked("run `servetune tune` (it finds the OOM edge) and pass --from-study")
+    if not edges:
+        return unchecked("the study searched no OOM edge (tune with a memory knob in the space)")
+    ev, bad = [], []
+    for e in edges:
+        knob, value = e.get("knob"), getattr(cfg, e.get("knob", ""), None)
+        ev.append(f"{knob}={value}: {e.get('note') or ''}".strip())
+        first_fail, largest = e.get("first_fail"), e.get("largest_ok")
+        if first_fail is not None and value is not None and value >= largest:
+            bad.append(f"{knob}={value} sits on the edge (next step {first_fail} fails)")
+    if bad:
+        return failed(f"step back one value: {'; '.join(bad)}", *ev)
+    return passed(*ev)
+
+
+def _same_config(a: dict[str, Any], b: EngineConfig) -> bool:
+    try:
+        other = EngineConfig.model_validate(a)
+    except ValueError:
+        return False
+    return other.model_dump(mode="json") == b.model_dump(mode="json")
+
+
+def config_linked(cfg: EngineConfig | None, runs: Sequence[RunInfo]) -> Finding:
+    """The shipped config has performance data in the store from before acceptance (a
+    bench or tune run of exactly this config), so a change can be compared and rolled
+    back to a measured state."""
+    if cfg is None:
+        return unchecked("give --config or --from-study: the shipped config is needed")
+    linked = [
+        r
+        for r in runs
+        if r.engine_config
+        and _same_config(r.engine_config, cfg)
+        and "accept" not in r.tags
+        and r.metrics
+    ]
+    if not linked:
+        return failed(
+            "measure this exact config before shipping (bench --set / tune) so the "
+            "change is linked to data",
+            "no stored run has this config",
+        )
+    ids = [r.id for r in linked]
+    f = passed(
+        f"{len(ids)} stored run(s) of this exact config, latest {ids[-1]}",
+        "canary and rollback are deployment steps: servetune links the data only",
+    )
+    f.runs = ids[-5:]
+    return f

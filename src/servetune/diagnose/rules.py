@@ -1,0 +1,621 @@
+"""The diagnosis rules: each a small pure function from `Evidence` to a `Finding` (or None),
+citing the seed section it implements. A finding says what fired, with the numbers that
+fired it, and the seed's actions in the seed's order, each with a knob and a next value.
+
+Ordering (`diagnose`): a host problem, then a client one, come first, because while the
+engine cannot get a core or the client cannot send, every engine figure is suspect (DESIGN.md
+metric contract: an overloaded client is never counted as server latency). Then the
+engine findings by score: errors and lost capacity before latency shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from servetune.diagnose.evidence import Evidence
+from servetune.diagnose.predict import (
+    fits_in_kv,
+    kv_blocks_factor,
+    queue_free_ttft_ms,
+)
+
+# A host problem first: a starved host also starves the client, so its lag is a symptom.
+KINDS = ("host", "client", "engine")
+
+# Thresholds. The seeds name the symptoms, not the numbers: the values are servetune's,
+# chosen so the symptoms reproduced on purpose here fire and healthy runs do not
+# (tests/test_diagnose*.py); the runner's client warnings are reused where they exist.
+QUEUE_SHARE = 0.3  # engine queue time >= 30% of TTFT: TTFT is mostly waiting
+KV_FULL = 0.95  # KV usage >= 95% of the pool: "KV Cache接近满载" (seed 003 §13)
+TAIL_RATIO = 3.0  # P99 >= 3x P50 ("P99 far above P50 means spikes", seed 000 §6.3)
+SPREAD_RATIO = 4.0  # lengths whose P99 is >= 4x their P50 are a long/short mix
+STARVED_WAIT = 0.5  # engine threads waited for a CPU >= half their runnable time
+STARVED_CORES = 0.25  # ... and that wait is worth a quarter core or more (an idle engine
+# that waits 60% of its few runnable microseconds is not starved)
+HOST_BUSY = 0.9  # host CPU >= 90% busy
+OTHERS_SHARE = 0.5  # processes other than the engine and the client hold >= half the cores
+# (an engine whose own threads outnumber the cores also waits for CPUs: that is not a
+# host problem, so the wait alone does not fire)
+STEAL = 0.05  # >= 5% of CPU time stolen by the hypervisor
+LAG_MS = 10.0  # send lag P99 above 10 ms (the runner's client warning, metrics.compute) ...
+LAG_SHARE = 0.05  # ... and above 5% of TTFT P50: large enough to distort what is measured
+SENT_SHARE = 0.98  # sent under 98% of offered (the runner's client warning)
+CLIENT_CPU = 0.9  # the client's processes above 90% of their cores (the runner's warning)
+GPU_LOW_UTIL = 0.5  # GPU busy under half the time
+CLOCK_DROP = 0.8  # SM clock under 80% of its maximum: downclocked (seed 003 §13 "GPU降频")
+
+
+@dataclass
+class Action:
+    """One thing to change: the knob, its value now and the next one to try, why, and the
+    predicted effect when the planner or a queueing bound can say it."""
+
+    knob: str
+    now: Any
+    next: Any
+    why: str
+    predicted: str | None = None
+
+    def line(self) -> str:
+        s = f"{self.knob}: {self.now} -> {self.next}  ({self.why})"
+        return s + (f"; predicted {self.predicted}" if self.predicted else "")
+
+
+@dataclass
+class Finding:
+    key: str
+    kind: str  # client | host | engine
+    title: str
+    seed: str  # the seed section(s) this rule implements
+    trigger: str  # the numbers that fired it
+    score: float
+    actions: list[Action] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else (f"{x / 1000:.2f} s" if x >= 1000 else f"{x:.0f} ms")
+
+
+def _ttft_share(ev: Evidence) -> float | None:
+    t, e = ev.ttft.get("mean"), ev.e2e.get("mean")
+    return t / e if t is not None and e else None
+
+
+def _queue_share(ev: Evidence) -> float | None:
+    """Share of TTFT spent queued: the engine's own queue histogram when it has one; else
+    a closed loop past the batch cap queues (users - cap) of every `users` requests."""
+    t = ev.ttft.get("mean")
+    if ev.queue_ms is not None and t:
+        return min(1.0, ev.queue_ms / t)
+    cap, users = ev.batch_cap, ev.concurrency
+    if cap and users and ev.waiting_max and ev.waiting_max > 0 and users > cap:
+        return (users - cap) / users
+    return None
+
+
+def client_limited(ev: Evidence) -> Finding | None:
+    """The client, not the server, set the pace: it sent behind its schedule, sent less
+    than offered, or ran out of CPU (DESIGN.md metric contract; field notes, load testers
+    #2/#3). The runner's event-loop lag warning alone does not fire: on a busy host it is
+    the host's symptom (host_starved), and a closed loop has no schedule to fall behind."""
+    if ev.live:
+        return None
+    why = []
+    lag, t50 = ev.send_lag_p99_ms, ev.ttft.get("p50") or 0.0
+    if ev.offered_req_s and lag is not None and lag > max(LAG_MS, LAG_SHARE * t50):
+        why.append(f"send lag P99 {lag:.0f} ms (TTFT P50 {t50:.0f} ms)")
+    if ev.offered_req_s and ev.sent_req_s < SENT_SHARE * ev.offered_req_s:
+        why.append(f"sent {ev.sent_req_s:.2f} of {ev.offered_req_s:.2f} req/s offered")
+    if ev.client_cpu_util > CLIENT_CPU:
+        why.append(f"client CPU {ev.client_cpu_util:.0%} of its cores")
+    if not why:
+        return None
+    workers_next = "2x the workers (or a second client host)"
+    return Finding(
+        "client_bottleneck",
+        "client",
+        "The load generator is the bottleneck, not the engine",
+        "DESIGN.md metric contract (offered vs achieved, send lag); seed 003 §13 low GPU"
+        " utilisation, first check: is the load really arriving",
+        "; ".join(why) + f"; achieved {ev.achieved_req_s:.2f} req/s",
+        100.0,
+        [
+            Action("bench --workers", "auto", workers_next, "more sender processes"),
+            Action("client placement", "engine host", "another host", "stop sharing cores"),
+        ],
+    )
+
+
+def host_starved(ev: Evidence) -> Finding | None:
+    """The engine waits for CPUs: the host is saturated by other processes, or the
+    hypervisor steals time (seed 003 §13 low GPU util "检查CPU"; §8 CPU/NUMA; seed 000
+    §6.2 CPU bottleneck, "top看CPU占用"; seed 002 §6.2 CPU preprocessing)."""
+    t = ev.tel
+    wait, busy = t.get("engine_runq_wait_share_mean"), t.get("host_cpu_busy_mean")
+    steal = t.get("host_cpu_steal_mean") or 0.0
+    wait_cores = t.get("engine_runq_wait_cores_mean") or 0.0
+    cores = int(t.get("host_cpu_cores_max", 0) or 0)
+    other = t.get("other_cpu_cores_mean") or 0.0
+    starved = (
+        wait is not None
+        and busy is not None
+        and wait >= STARVED_WAIT
+        and wait_cores >= STARVED_CORES
+        and busy >= HOST_BUSY
+        and cores > 0
+        and other >= OTHERS_SHARE * cores
+    )
+    if not starved and steal < STEAL:
+        return None
+    eng = t.get("engine_cpu_cores_mean") or 0.0
+    trig = (
+        f"engine threads waited for a CPU {wait or 0:.0%} of their runnable time"
+        f" ({wait_cores:.1f} cores' worth);"
+        f" host CPU {busy or 0:.0%} busy; other processes used {other:.1f}"
+        f" of {cores or '?'} cores, the engine {eng:.1f}; steal {steal:.1%}"
+    )
+    free = max(1, round((cores or 1) - other)) if cores else None
+    threads = "threads" if ev.engine == "llamacpp" else "VLLM_CPU_OMP_THREADS_BIND"
+    acts = [
+        Action(
+            "other processes on the host",
+            f"{other:.1f} cores",
+            "0 (stop them or move the engine)",
+            "they take the engine's cores",
+        ),
+        Action(
+            f"engine {threads}",
+            ev.config.get("threads") or "all cores",
+            f"{free} dedicated cores" if free else "dedicated cores",
+            "pin the engine to cores nothing else uses",
+        ),
+    ]
+    if steal >= STEAL:
+        acts.insert(0, Action("host", "shared VM", "dedicated host", f"steal {steal:.1%}"))
+    return Finding(
+        "host_overloaded",
+        "host",
+        "The host is overloaded: the engine is starved of CPU",
+        "seed 003 §13 (low GPU utilisation: check CPU) and §8; seed 000 §6.2; seed 002 §6.2",
+        trig,
+        90.0,
+        acts,
+    )
+
+
+def oom(ev: Evidence) -> Finding | None:
+    """Out of memory: seed 003 §13's OOM order, verbatim order (seed 000 §6.1 agrees:
+    gpu_memory_utilization first, 0.8 as the first retry)."""
+    kind = (ev.failure or {}).get("kind")
+    if kind != "oom" and not ev.oom_errors:
+        return None
+    c = ev.config
+    gmu = c.get("gpu_memory_utilization") or 0.9
+    mbt = c.get("max_num_batched_tokens")
+    seqs = ev.batch_cap
+    need = int((ev.input_tokens.get("p99") or 0) + (ev.output_tokens.get("p99") or 0))
+    trig = (
+        f"engine failure: {ev.failure.get('reason')}"
+        if kind == "oom" and ev.failure
+        else f"{ev.oom_errors} requests failed out of memory"
+    )
+    return Finding(
+        "oom",
+        "engine",
+        "Out of memory",
+        "seed 003 §13 OOM order; seed 000 §6.1; seed 002 §6.1",
+        trig,
+        95.0,
+        [
+            Action(
+                "gpu_memory_utilization",
+                gmu,
+                round(max(0.8, gmu - 0.05), 2),
+                "1st: a smaller KV pool",
+            ),
+            Action(
+                "max_num_batched_tokens",
+                mbt or "default",
+                (mbt or 8192) // 2,
+                "2nd: smaller activation peaks",
+            ),
+            Action(
+                "max_num_seqs",
+                seqs or "default",
+                max(1, (seqs or 256) // 2),
+                "3rd: fewer sequences",
+            ),
+            Action(
+                "max_model_len",
+                c.get("max_model_len") or "model max",
+                need or "P99 input + output",
+                "4th: P99 input + output",
+            ),
+            Action(
+                "kv_cache_dtype",
+                c.get("kv_cache_dtype") or "auto",
+                "fp8",
+                "5th: or weight quantisation",
+            ),
+            Action("enforce_eager", bool(c.get("enforce_eager")), True, "6th: CUDA graph buffers"),
+            Action(
+                "tensor_parallel_size",
+                c.get("tensor_parallel_size") or 1,
+                2,
+                "7th: also look for duplicate processes",
+            ),
+        ],
+    )
+
+
+def gpu_errors(ev: Evidence) -> Finding | None:
+    """XID or uncorrected ECC errors during the run: hardware, not tuning (seed 003 §15:
+    driver/hardware state is part of acceptance; §13 P99: the GPU itself)."""
+    xid = ev.tel.get("gpu_xid_added") or 0
+    ecc = ev.tel.get("gpu_ecc_uncorrected_added") or 0
+    if not xid and not ecc:
+        return None
+    return Finding(
+        "gpu_errors",
+        "host",
+        "GPU hardware errors during the run",
+        "seed 003 §15 (driver and hardware pinned and healthy); §13 P99",
+        f"{xid:.0f} XID events, {ecc:.0f} new uncorrected ECC errors",
+        97.0,
+        [Action("node", "in service", "drained", "XID/ECC: check dmesg and nvidia-smi -q")],
+    )
+
+
+def cancel_leak(ev: Evidence) -> Finding | None:
+    """Cancelled requests still running after the client went away (seed 003 §13 P99 "断连
+    请求未取消"; seed 002 §6.1 memory creeping up: "请求未释放 ... 检查调度器")."""
+    c = ev.cancellation or {}
+    if c.get("freed") is not False:
+        return None
+    left = c.get("running_after_run")
+    e2e = ev.e2e.get("p99")
+    return Finding(
+        "cancel_leak",
+        "engine",
+        "Cancelled requests are not freed",
+        "seed 003 §13 (P99 bad: disconnected requests not cancelled); seed 002 §6.1",
+        f"{c.get('cancelled')} requests cancelled, {left:.0f} still running after the run",
+        88.0,
+        [
+            Action(
+                "engine abort-on-disconnect",
+                "leaking",
+                "fixed (engine upgrade)",
+                "slots held by gone clients shrink the batch",
+            ),
+            Action(
+                "gateway request timeout",
+                "none",
+                _ms(2 * e2e) if e2e else "2x P99 E2E",
+                "bound what a leaked request can hold",
+            ),
+        ],
+    )
+
+
+def kv_pressure(ev: Evidence) -> Finding | None:
+    """The KV pool is full: preemptions (recompute or swap) and a bad tail (seed 003 §13 P99
+    "KV Cache接近满载、抢占与swap"; §4 KV cache; seed 000 §2.2; seed 002 §6.1)."""
+    pre = ev.preemptions or 0.0
+    kv = ev.kv_usage_max
+    if pre <= 0 and not (kv is not None and kv >= KV_FULL and (ev.waiting_max or 0) > 0):
+        return None
+    c = ev.config
+    cur = c.get("kv_cache_dtype") or "auto"
+    factor = kv_blocks_factor(cur, "fp8", c.get("dtype") or "auto")
+    trig = f"KV usage peaked at {kv or 0:.0%} with {pre:.0f} preemptions"
+    if ev.ttft.get("p99") is not None:
+        trig += f"; TTFT P99 {_ms(ev.ttft['p99'])} vs P50 {_ms(ev.ttft.get('p50'))}"
+    after = (kv or 0) / factor if factor else None
+    acts = []
+    if factor and factor > 1:
+        acts.append(
+            Action(
+                "kv_cache_dtype",
+                cur,
+                "fp8",
+                f"x{factor:.1f} blocks, from the planner's KV bytes per element",
+                f"peak KV usage {kv or 0:.0%} -> {after:.0%} at this load"
+                + (", preemptions -> 0" if after is not None and after < 0.9 else ""),
+            )
+        )
+    if "kv_cache_space_gib" in c:
+        space = float(c["kv_cache_space_gib"])
+        acts.append(Action("kv_cache_space_gib", space, round(space * 2, 3), "x2 pool"))
+    else:
+        gmu = c.get("gpu_memory_utilization") or 0.9
+        acts.append(
+            Action("gpu_memory_utilization", gmu, round(min(0.95, gmu + 0.03), 2), "bigger pool")
+        )
+    fit = fits_in_kv(ev)
+    if fit is not None and ev.batch_cap and fit < ev.batch_cap:
+        acts.append(Action("max_num_seqs", ev.batch_cap, fit, "what the pool holds at P99 lengths"))
+    return Finding(
+        "kv_pressure",
+        "engine",
+        "KV cache full: preemptions",
+        "seed 003 §13 (P99: KV cache near full, preemption) and §4; seed 002 §6.1",
+        trig,
+        80.0 + min(10.0, pre / 10),
+        acts,
+    )
+
+
+def batch_queueing(ev: Evidence) -> Finding | None:
+    """TTFT high with TPOT normal because requests queue at the batch cap (seed 003 §13
+    "TTFT高但TPOT正常: 优先减少排队 ... 增加副本"; low GPU util "增加max_num_seqs")."""
+    share = _queue_share(ev)
+    if share is None or share < QUEUE_SHARE or (ev.waiting_max or 0) <= 0:
+        return None
+    cap = ev.batch_cap
+    knob = "parallel_slots" if ev.engine == "llamacpp" else "max_num_seqs"
+    nxt = 2 * cap if cap else None
+    fit = fits_in_kv(ev)
+    if nxt and fit is not None:
+        nxt = max(cap or 1, min(nxt, fit))
+    t50 = ev.ttft.get("p50")
+    trig = (
+        f"waiting peaked at {ev.waiting_max:.0f} (mean {ev.waiting_mean or 0:.1f}) with running"
+        f" at {ev.running_max or 0:.0f}"
+        + (f" = {knob} {cap}" if cap else "")
+        + f"; queueing is {share:.0%} of TTFT (TTFT P50 {_ms(t50)}, TPOT P50"
+        f" {_ms(ev.tpot.get('p50'))})"
+    )
+    pred = queue_free_ttft_ms(ev, share)
+    users = ev.concurrency or ev.max_in_flight
+    acts = [
+        Action(
+            knob,
+            cap or "default",
+            nxt or "2x",
+            "more requests in the batch, as many as the KV pool holds",
+            f"TTFT P50 {_ms(t50)} -> about {_ms(pred)} once the queue drains;"
+            " TPOT rises with the batch: measure it"
+            if pred is not None
+            else None,
+        ),
+        Action(
+            "replicas",
+            1,
+            max(2, -(-users // cap)) if cap and users else 2,
+            "users / batch cap, when the batch cannot grow",
+        ),
+    ]
+    return Finding(
+        "batch_queueing",
+        "engine",
+        "TTFT high, TPOT normal: requests queue at the batch cap",
+        "seed 003 §13 (TTFT high but TPOT normal; low GPU utilisation)",
+        trig,
+        70.0 + 10.0 * share,
+        acts,
+    )
+
+
+def tail_mix(ev: Evidence) -> Finding | None:
+    """P99 bad with the mean fine, from long and short requests sharing the batch (seed 003
+    §13 "平均延迟正常但P99很差: 长短请求混跑、输出上限"; seed 000 §6.3)."""
+    e50, e99 = ev.e2e.get("p50"), ev.e2e.get("p99")
+    t50, t99 = ev.ttft.get("p50"), ev.ttft.get("p99")
+    e_ratio = e99 / e50 if e50 and e99 else 0.0
+    t_ratio = t99 / t50 if t50 and t99 else 0.0
+    if max(e_ratio, t_ratio) < TAIL_RATIO:
+        return None
+    i, o = ev.input_tokens, ev.output_tokens
+    i_spread = i["p99"] / i["p50"] if i.get("p50") else 0.0
+    o_spread = o["p99"] / o["p50"] if o.get("p50") else 0.0
+    if max(i_spread, o_spread) < SPREAD_RATIO:
+        return None
+    which, ratio = ("E2E", e_ratio) if e_ratio >= t_ratio else ("TTFT", t_ratio)
+    p50, p99 = (e50, e99) if which == "E2E" else (t50, t99)
+    mean = ev.e2e.get("mean") if which == "E2E" else ev.ttft.get("mean")
+    trig = (
+        f"{which} P99 {_ms(p99)} is {ratio:.1f}x its P50 {_ms(p50)} (mean {_ms(mean)});"
+        f" inputs P50 {i.get('p50', 0):.0f} -> P99 {i.get('p99', 0):.0f} tokens,"
+        f" outputs P50 {o.get('p50', 0):.0f} -> P99 {o.get('p99', 0):.0f}"
+    )
+    # Split between the short and the long class: the geometric mean of the input P50
+    # and P99 sits between them whatever the blend's weights.
+    split = int(round((i.get("p50", 0.0) * i.get("p99", 0.0)) ** 0.5))
+    mbt = ev.config.get("max_num_batched_tokens")
+    return Finding(
+        "tail_long_short_mix",
+        "engine",
+        "P99 bad, mean fine: long and short requests share the batch",
+        "seed 003 §13 (mean fine but P99 bad: long/short mix, output cap); seed 000 §6.3",
+        trig,
+        60.0 + min(10.0, ratio),
+        [
+            Action(
+                "pools",
+                "one pool",
+                f"two: inputs > {split} tokens apart",
+                "long prefills stop blocking short requests",
+            ),
+            Action(
+                "max_tokens (server cap)",
+                "none",
+                int(o.get("p99") or 0) or "P99 output",
+                "bound the longest decodes",
+            ),
+            Action(
+                "max_num_batched_tokens (chunked prefill)",
+                mbt or "default",
+                max(256, min(mbt or 2048, 2 * int(i.get("p50") or 256))),
+                "smaller prefill chunks interleave with decodes",
+            ),
+        ],
+    )
+
+
+def prefill_heavy(ev: Evidence) -> Finding | None:
+    """TTFT dominates E2E without queueing: prefill-bound (seed 003 §13 "TTFT高但TPOT正常:
+    增加Prefill预算、开启Flash Attention和Prefix Cache、减少输入长度")."""
+    share = _ttft_share(ev)
+    q = _queue_share(ev) or 0.0
+    i50, o50 = ev.input_tokens.get("p50"), ev.output_tokens.get("p50")
+    if share is None or share < 0.4 or q >= QUEUE_SHARE or not i50 or not o50 or i50 < 4 * o50:
+        return None
+    mbt = ev.config.get("max_num_batched_tokens")
+    pc = "cache_prompt" if ev.engine == "llamacpp" else "enable_prefix_caching"
+    return Finding(
+        "prefill_heavy",
+        "engine",
+        "TTFT high, TPOT normal: prefill-bound",
+        "seed 003 §13 (TTFT high but TPOT normal)",
+        f"TTFT is {share:.0%} of E2E (TTFT P50 {_ms(ev.ttft.get('p50'))}, TPOT P50"
+        f" {_ms(ev.tpot.get('p50'))}); inputs P50 {i50:.0f} tokens vs outputs {o50:.0f};"
+        f" queueing {q:.0%} of TTFT",
+        55.0,
+        [
+            Action(pc, ev.config.get(pc, "off"), True, "shared prefixes skip prefill"),
+            Action(
+                "max_num_batched_tokens",
+                mbt or "default",
+                2 * (mbt or max(2048, int(i50))),
+                "a bigger prefill budget per step",
+            ),
+            Action("input length", f"P50 {i50:.0f}", f"{int(i50 // 2)}", "trim the prompt"),
+        ],
+    )
+
+
+def decode_heavy(ev: Evidence) -> Finding | None:
+    """Decode dominates E2E at a busy batch: TPOT-bound (seed 003 §13 "TTFT正常但TPOT高:
+    减少活跃decode batch、降低batched tokens、减小Prefill块 ... 检查内存带宽和TP通信")."""
+    share = _ttft_share(ev)
+    i50, o50 = ev.input_tokens.get("p50"), ev.output_tokens.get("p50")
+    run = ev.running_mean
+    if share is None or share > 0.2 or not i50 or not o50 or o50 < 4 * i50:
+        return None
+    if run is None or run < 1.5:
+        return None
+    mbt = ev.config.get("max_num_batched_tokens")
+    cap = ev.batch_cap
+    return Finding(
+        "decode_heavy",
+        "engine",
+        "TPOT high, TTFT normal: decode-bound",
+        "seed 003 §13 (TTFT normal but TPOT high)",
+        f"decode is {1 - share:.0%} of E2E (TPOT P50 {_ms(ev.tpot.get('p50'))}, TTFT P50"
+        f" {_ms(ev.ttft.get('p50'))}) at a running batch of {run:.1f}; outputs P50"
+        f" {o50:.0f} tokens vs inputs {i50:.0f}",
+        50.0,
+        [
+            Action(
+                "max_num_seqs" if ev.engine != "llamacpp" else "parallel_slots",
+                cap or "default",
+                max(1, int(run // 2)) if run >= 2 else 1,
+                "a smaller decode batch: faster tokens, less throughput",
+            ),
+            Action(
+                "max_num_batched_tokens",
+                mbt or "default",
+                max(256, (mbt or 2048) // 2),
+                "fewer prefill tokens inserted per decode step",
+            ),
+            Action("memory bandwidth / TP", "-", "check", "decode reads all weights per step"),
+        ],
+    )
+
+
+def gpu_underused(ev: Evidence) -> Finding | None:
+    """GPU utilisation low, or memory plentiful with low throughput (seed 003 §13 GPU利用率低
+    and 显存很多但吞吐低; seed 000 §6.2; seed 002 §6.2: batch size first, then arrivals,
+    then CPU)."""
+    util = ev.tel.get("gpu_util_mean")
+    if util is None or util >= GPU_LOW_UTIL:
+        return None
+    mem = ev.tel.get("gpu_memory_used_max")
+    cap = ev.batch_cap
+    run = ev.running_mean
+    trig = f"GPU utilisation averaged {util:.0%}"
+    if run is not None:
+        trig += f" with {run:.1f} requests running" + (f" of max_num_seqs {cap}" if cap else "")
+    if mem is not None:
+        trig += f"; GPU memory peak {mem / 2**30:.1f} GiB"
+    under_cap = cap is not None and run is not None and run < 0.5 * cap
+    acts = [
+        Action(
+            "offered load",
+            f"{run:.1f} running" if run is not None else "-",
+            "more concurrency",
+            "first in the seed's order: is there enough load",
+        )
+        if under_cap
+        else Action(
+            "max_num_seqs", cap or "default", 2 * cap if cap else 256, "batch limit too small"
+        ),
+        Action("CPU / tokenizer / streaming", "-", "check", "host-side stalls"),
+    ]
+    tp = int(ev.config.get("tensor_parallel_size") or 1)
+    if tp > 1:
+        acts.append(Action("tensor_parallel_size", tp, tp // 2, "TP too large for the load"))
+    return Finding(
+        "gpu_underused",
+        "engine",
+        "Low GPU utilisation",
+        "seed 003 §13 (low GPU utilisation; plenty of memory but low throughput); seed 000 §6.2",
+        trig,
+        45.0,
+        acts,
+    )
+
+
+def gpu_clocks(ev: Evidence) -> Finding | None:
+    """The GPU downclocked (heat or power cap) while the run went (seed 003 §13 P99 "GPU降频")."""
+    lo, hi = ev.tel.get("gpu_sm_clock_mhz_min"), ev.tel.get("gpu_sm_clock_max_mhz_max")
+    throttled = (ev.tel.get("gpu_throttled_max") or 0) >= 1
+    dropped = lo is not None and hi and lo < CLOCK_DROP * hi
+    if not throttled and not dropped:
+        return None
+    trig = "clock throttle reasons set (power/thermal)" if throttled else ""
+    if lo is not None and hi:
+        trig = (trig + "; " if trig else "") + f"SM clock down to {lo:.0f} of {hi:.0f} MHz"
+    temp = ev.tel.get("gpu_temp_c_max")
+    if temp is not None:
+        trig += f"; peak {temp:.0f} C"
+    return Finding(
+        "gpu_downclocked",
+        "host",
+        "The GPU downclocked during the run",
+        "seed 003 §13 (P99 bad: GPU downclocking)",
+        trig,
+        75.0,
+        [
+            Action("cooling / power cap", "-", "check", "nvidia-smi -q -d PERFORMANCE"),
+            Action("application clocks", "default", "locked", "nvidia-smi -lgc for stable runs"),
+        ],
+    )
+
+
+RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
+    client_limited,
+    host_starved,
+    gpu_errors,
+    oom,
+    cancel_leak,
+    kv_pressure,
+    gpu_clocks,
+    batch_queueing,
+    tail_mix,
+    prefill_heavy,
+    decode_heavy,
+    gpu_underused,
+)
+
+
+def diagnose(ev: Evidence) -> list[Finding]:
+    """Every finding that fires, client and host problems first, then by score."""
+    found = [f for rule in RULES if (f := rule(ev)) is not None]
+    return sorted(found, key=lambda f: (KINDS.index(f.kind), -f.score))

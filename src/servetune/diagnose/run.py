@@ -1,0 +1,130 @@
+"""Diagnose a stored run, a RunResult file, or a live deployment watched for a window.
+The I/O edge of the package: read the run (or scrape for `window_s`), build the evidence,
+apply the rules, and give the findings a stable JSON shape."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from servetune.diagnose.evidence import Evidence, from_result, from_window
+from servetune.diagnose.rules import Finding, diagnose
+from servetune.errors import InputError
+from servetune.results.schema import RunResult
+
+
+@dataclass
+class Diagnosis:
+    evidence: Evidence
+    findings: list[Finding]
+
+    def to_json(self) -> dict[str, Any]:
+        """Stable keys: source, live, findings[{key, kind, title, seed, trigger, score,
+        actions[{knob, now, next, why, predicted}]}], evidence (the numbers read)."""
+        ev = self.evidence
+        return {
+            "source": ev.source,
+            "live": ev.live,
+            "findings": [f.to_json() for f in self.findings],
+            "evidence": {
+                "engine": ev.engine,
+                "batch_cap": ev.batch_cap,
+                "ttft_ms": ev.ttft,
+                "tpot_ms": ev.tpot,
+                "e2e_ms": ev.e2e,
+                "input_tokens": ev.input_tokens,
+                "output_tokens": ev.output_tokens,
+                "running_max": ev.running_max,
+                "waiting_max": ev.waiting_max,
+                "kv_usage_max": ev.kv_usage_max,
+                "preemptions": ev.preemptions,
+                "queue_ms": ev.queue_ms,
+                "telemetry": ev.tel,
+            },
+        }
+
+
+def diagnose_result(res: RunResult, source: str | None = None, whatif: bool = True) -> Diagnosis:
+    """The findings of a run; with `whatif`, the simulator's effect of the top actions
+    where the run names a catalog model and hardware (diagnose.whatif)."""
+    ev = from_result(res, source)
+    found = diagnose(ev)
+    if whatif:
+        from servetune.diagnose.whatif import add_simulated_effects
+
+        add_simulated_effects(res, found)
+    return Diagnosis(ev, found)
+
+
+def load_run(ref: str, db: str | None = None) -> tuple[RunResult, str]:
+    """A RunResult file when `ref` names one, else a run in the store (id or prefix)."""
+    if Path(ref).is_file():
+        from servetune.results.files import load_result
+
+        return load_result(ref, "RUN"), ref
+    from servetune.store import Store
+
+    with Store.open(db, create=False) as store:
+        ids = store.resolve([ref])
+        if len(ids) != 1:
+            raise InputError(
+                "RUN", f"{ref!r} names {len(ids)} runs", "give one run id (servetune runs list)"
+            )
+        return store.load_result(ids[0]), ids[0]
+
+
+def watch(
+    url: str,
+    window_s: float,
+    engine: str | None = None,
+    telemetry_url: str | None = None,
+    interval_s: float = 1.0,
+) -> Diagnosis:
+    """Scrape `url`'s /metrics and sample telemetry for `window_s` seconds, sending no
+    load of its own, then diagnose what the engine and the host showed."""
+    from servetune.bench.server_metrics import Scraper, engine_adapter, http_fetcher
+    from servetune.telemetry import sampling, telemetry_options
+    from servetune.telemetry.host import local_server_pids
+
+    if not window_s >= 1:  # NaN too
+        raise InputError("--window", f"{window_s:g} s", "give a window of at least 1 second")
+    fetch = http_fetcher(url, engine_adapter(engine) if engine else None)
+    try:
+        fetch()
+    except Exception as exc:  # any failure to read /metrics is the user's URL problem
+        raise InputError("--url", f"cannot read {url}/metrics ({type(exc).__name__})") from None
+    scraper = Scraper(fetch, interval_s)
+    anchor = time.monotonic_ns()
+    tel = sampling(
+        replace(telemetry_options(True, telemetry_url), interval_s=interval_s),
+        local_server_pids(url),
+    )
+    scraper.start(anchor)
+    time.sleep(window_s)
+    series = scraper.stop()
+    telemetry = tel.sampler.stop(anchor) if tel is not None else None
+    ev = from_window(url, series, telemetry, engine)
+    return Diagnosis(ev, diagnose(ev))
+
+
+def render(d: Diagnosis) -> list[str]:
+    """The report as lines: each finding, its trigger, its ordered actions."""
+    ev = d.evidence
+    head = f"diagnosis of {ev.source}" + (" (live window, no load sent)" if ev.live else "")
+    lines = [head]
+    if not d.findings:
+        lines.append("  no symptom found: nothing in seed 003 §13's list fired")
+        return lines
+    for n, f in enumerate(d.findings, 1):
+        lines.append(f"{n}. [{f.kind}] {f.title}")
+        lines.append(f"   because: {f.trigger}")
+        lines.append(f"   seeds: {f.seed}")
+        for k, a in enumerate(f.actions, 1):
+            lines.append(f"   {n}.{k} {a.line()}")
+    if any(f.kind != "engine" for f in d.findings) and any(f.kind == "engine" for f in d.findings):
+        lines.append(
+            "note: fix the client/host findings first; the engine findings were measured under them"
+        )
+    return lines

@@ -1,0 +1,61 @@
+"""What an engine refuses at start-up that EngineConfig alone cannot tell: rules that
+depend on the device or on the model. Checked where a config meets them (the vLLM adapter,
+the simulator's setup, the planner), so a config the engine would refuse is one line and
+exit 2 instead of a run that silently predicts or measures something else.
+"""
+
+from __future__ import annotations
+
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+
+# Engines that shard attention heads over tensor-parallel ranks (llama.cpp has no TP).
+TP_ENGINES = ("vllm", "sglang", "tgi", "trtllm")
+
+
+def block_multiple(engine: str, device: str) -> int | None:
+    """The multiple vLLM's attention kernels need of block_size: 16 on GPU (FlashAttention,
+    `get_supported_kernel_block_sizes` -> MultipleOf(16) in v1/attention/backends/
+    flash_attn.py), 32 on CPU (cpu_attn.py: MultipleOf(32)). None: no paged-block rule."""
+    if engine != "vllm":
+        return None
+    return 32 if device == "cpu" else 16
+
+
+def check_block_size(cfg: EngineConfig, device: str) -> None:
+    """InputError when the engine's kernels cannot run `cfg.block_size`. On CPU, 16 is
+    EngineConfig's default and means "vLLM CPU's own default (128)" (engines.vllm)."""
+    multiple = block_multiple(cfg.engine, device)
+    if multiple is None or cfg.block_size % multiple == 0:
+        return
+    if device == "cpu" and cfg.block_size == 16:
+        return
+    needs = "vLLM's CPU backend needs" if device == "cpu" else "vLLM's GPU kernels need"
+    raise InputError(
+        "block_size",
+        f"{cfg.block_size} is not a multiple of {multiple}, which {needs}",
+        f"use {multiple}, {2 * multiple} or {4 * multiple}",
+    )
+
+
+def check_tensor_parallel(cfg: EngineConfig, attention_heads: int) -> None:
+    """InputError when TP does not divide the attention heads: each rank holds
+    heads / TP of them, and vLLM refuses the rest at start-up (config/model.py,
+    verify_with_parallel_config: "Total number of attention heads ... must be divisible
+    by tensor parallel size")."""
+    tp = cfg.tensor_parallel_size
+    if cfg.engine not in TP_ENGINES or attention_heads % tp == 0:
+        return
+    fits = [t for t in range(1, min(attention_heads, 16) + 1) if attention_heads % t == 0]
+    raise InputError(
+        "tensor_parallel_size",
+        f"{tp} does not divide the model's {attention_heads} attention heads",
+        f"use one of {', '.join(map(str, fits))}",
+    )
+
+
+def check_config(cfg: EngineConfig, *, device: str, attention_heads: int | None = None) -> None:
+    """Every start-up rule above that applies (`attention_heads`: the model's, when known)."""
+    check_block_size(cfg, device)
+    if attention_heads is not None:
+        check_tensor_parallel(cfg, attention_heads)

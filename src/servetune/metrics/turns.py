@@ -1,0 +1,196 @@
+"""Session metrics, from the raw records of a session run (`WorkloadSpec.sessions`).
+
+Each record of a session run names its turn in `sub` (`turn0` first, `turn1`... the
+follow-ups) and its session in `prefix_group` (`workload.session_plan`). From those:
+
+- TTFT and TPOT by turn class (first vs follow-up) and by turn index: a follow-up's
+  prompt is mostly history, so its TTFT is where prefix caching shows (seed 003 §4);
+- session duration: the first turn's send to the last turn's last chunk;
+- tokens re-sent (history the client sent again) and the hit rate the workload allows:
+  per follow-up, the previous turn's prompt, when this prompt still extends it (it grew
+  by at least the previous answer; a context cap that dropped history allows none); per
+  first turn, its system prompt once another session's first turn with the same one has
+  its first token (that prefill is cached); in whole cache blocks and never the last
+  prompt token (vLLM computes one token to sample from: vllm/v1/core/kv_cache_manager.py,
+  get_computed_blocks);
+- the hit rate the engine measured, next to it: vLLM's counters
+  (`prefix_cache_hits_total` / `prefix_cache_queries_total`, prompt tokens, over the
+  run), else per-request cached tokens (llama.cpp's `timings.cache_n`; the simulator's
+  `cached`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from servetune.metrics.compute import compute_metrics, request_latencies_ms
+from servetune.metrics.stats import summarize
+from servetune.results.schema import Dist, Metrics, RequestRecord
+from servetune.slo import SLO
+from servetune.status import RequestStatus
+
+TURN_CLASSES = ("first", "followup")
+
+
+def turn_index(sub: str) -> int | None:
+    """`turn3` -> 3; None for a record of a request workload."""
+    return int(sub[4:]) if sub.startswith("turn") and sub[4:].isdigit() else None
+
+
+def in_class(sub: str, turns: str) -> bool:
+    """Whether a record's turn belongs to `turns` (all | first | followup)."""
+    j = turn_index(sub)
+    return turns == "all" or (j is not None and (j == 0) == (turns == "first"))
+
+
+class TurnLatency(BaseModel):
+    requests: int = 0
+    ttft_ms: Dist = Field(default_factory=Dist)
+    tpot_ms: Dist = Field(default_factory=Dist)
+
+
+class SessionMetrics(BaseModel):
+    sessions: int
+    turns: int
+    first: TurnLatency
+    followup: TurnLatency
+    by_turn: dict[int, TurnLatency]
+    session_duration_s: Dist
+    prompt_tokens: int
+    resent_tokens: int = Field(description="History the client sent again (follow-ups).")
+    allowed_hit_rate: float = Field(description="Prompt tokens the workload lets a cache serve.")
+    cached_tokens: int | None = Field(None, description="Prompt tokens the engine served cached.")
+    measured_hit_rate: float | None = None
+
+    @property
+    def computed_tokens(self) -> int | None:
+        """Prompt tokens the engine computed (re-sent minus what its cache served)."""
+        return None if self.cached_tokens is None else self.prompt_tokens - self.cached_tokens
+
+
+def _latency(recs: Sequence[RequestRecord]) -> TurnLatency:
+    ttft, tpot = [], []
+    for r in recs:
+        a, b, _ = request_latencies_ms(r)
+        if a is not None:
+            ttft.append(a)
+        if b is not None:
+            tpot.append(b)
+    return TurnLatency(requests=len(recs), ttft_ms=summarize(ttft), tpot_ms=summarize(tpot))
+
+
+def allowed_reuse(prev: RequestRecord, cur: RequestRecord, block_tokens: int) -> int:
+    """Prompt tokens of `cur` a prefix cache can serve from `prev`, the turn before it."""
+    p, q = prev.input_tokens, cur.input_tokens
+    if q < p + prev.output_tokens:  # the history was cut: the prompt no longer extends it
+        return 0
+    return (min(p, q - 1) // block_tokens) * block_tokens
+
+
+def session_metrics(
+    records: Iterable[RequestRecord],
+    *,
+    block_tokens: int = 1,
+    server_deltas: dict[str, float] | None = None,
+    system_prompts: dict[int, tuple[int, int]] | None = None,
+) -> SessionMetrics | None:
+    """The session view of a run's records; None when they are not a session run.
+    `block_tokens`: the engine's cache granularity (vLLM's block size; 1 for llama.cpp).
+    `system_prompts`: session -> (system prompt group, tokens), from the plan
+    (`SessionPlan.system_prompts`); without it shared system prompts are not counted."""
+    ok = [r for r in records if r.status == RequestStatus.OK and turn_index(r.sub) is not None]
+    if not ok:
+        return None
+    by_session: dict[int, list[RequestRecord]] = defaultdict(list)
+    by_turn: dict[int, list[RequestRecord]] = defaultdict(list)
+    for r in ok:
+        j = turn_index(r.sub)
+        assert j is not None
+        by_session[r.prefix_group if r.prefix_group is not None else -1].append(r)
+        by_turn[j].append(r)
+    durations, resent, allowed = [], 0, 0
+    for recs in by_session.values():
+        recs.sort(key=lambda r: turn_index(r.sub) or 0)
+        durations.append((max(r.end_ns for r in recs) - recs[0].send_ns) / 1e9)
+        for prev, cur in zip(recs, recs[1:], strict=False):
+            if turn_index(cur.sub) == (turn_index(prev.sub) or 0) + 1:
+                resent += allowed_reuse(prev, cur, 1)
+                allowed += allowed_reuse(prev, cur, block_tokens)
+    allowed += _system_reuse([r for r in ok if r.sub == "turn0"], system_prompts, block_tokens)
+    prompt = sum(r.input_tokens for r in ok)
+    cached, measured = _engine_cache(ok, server_deltas)
+    return SessionMetrics(
+        sessions=len(by_session),
+        turns=len(ok),
+        first=_latency(by_turn.get(0, [])),
+        followup=_latency([r for j, rs in by_turn.items() if j > 0 for r in rs]),
+        by_turn={j: _latency(by_turn[j]) for j in sorted(by_turn)},
+        session_duration_s=summarize(np.asarray(durations)),
+        prompt_tokens=prompt,
+        resent_tokens=resent,
+        allowed_hit_rate=allowed / prompt if prompt else 0.0,
+        cached_tokens=cached,
+        measured_hit_rate=measured,
+    )
+
+
+def _system_reuse(
+    firsts: list[RequestRecord], systems: dict[int, tuple[int, int]] | None, block_tokens: int
+) -> int:
+    """Tokens first turns can find cached from other sessions' system prompts."""
+    if not systems:
+        return 0
+    done: dict[int, list[int]] = defaultdict(list)  # group -> first-token times
+    for r in firsts:
+        g, n = systems.get(r.prefix_group if r.prefix_group is not None else -1, (-1, 0))
+        if g >= 0 and r.chunk_ns:
+            done[g].append(r.chunk_ns[0])
+    total = 0
+    for r in firsts:
+        g, n = systems.get(r.prefix_group if r.prefix_group is not None else -1, (-1, 0))
+        if g >= 0 and any(t <= r.send_ns for t in done[g]):
+            total += (min(n, r.input_tokens - 1) // block_tokens) * block_tokens
+    return total
+
+
+def _engine_cache(
+    recs: Sequence[RequestRecord], deltas: dict[str, float] | None
+) -> tuple[int | None, float | None]:
+    """(cached prompt tokens, hit rate) as the engine reports them, or (None, None)."""
+    d = deltas or {}
+    queries = d.get("prefix_cache_queries_total") or 0.0
+    if queries > 0:
+        hits = d.get("prefix_cache_hits_total", 0.0)
+        return int(hits), hits / queries
+    per = [(r.server_timings or {}) for r in recs]
+    key = next((k for k in ("cache_n", "cached") if any(k in t for t in per)), None)
+    if key is None:
+        return None, None
+    cached = int(sum(t.get(key, 0.0) for t in per))
+    prompt = sum(r.input_tokens for r in recs)
+    return cached, cached / prompt if prompt else None
+
+
+def apply_turn_slo(
+    m: Metrics,
+    records: Sequence[RequestRecord],
+    slo: SLO,
+    turns: str,
+    *,
+    warmup_s: float = 0.0,
+    cooldown_s: float = 0.0,
+) -> None:
+    """Judge the SLO on one turn class only (e.g. P95 TTFT of follow-ups): the class's own
+    metrics replace the run's pass/fail, attainment and goodput."""
+    if turns == "all":
+        return
+    part = [r for r in records if in_class(r.sub, turns)]
+    sub = compute_metrics(part, warmup_s=warmup_s, cooldown_s=cooldown_s, slo=slo)
+    m.slo_checks = [c.model_copy(update={"metric": f"{turns}.{c.metric}"}) for c in sub.slo_checks]
+    m.slo_pass = sub.slo_pass
+    m.slo_attainment = sub.slo_attainment
+    m.goodput_req_s = sub.goodput_req_s

@@ -1,0 +1,226 @@
+"""The charts a tuning user reads first, from the summary `tune` stores with its study:
+capacity under the SLO per config (with the repetitions' 95% interval, winner and
+baseline marked), the simulator's prediction next to the measured capacity per verified
+config, and the SLO that binds each config. Reports that are not of a tune study have no
+ranking: these sections are left out of them (None)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from servetune.measure.result import PointResult
+from servetune.metrics.pct import QUANTILES, sample_note
+from servetune.report.charts import Chart, _go, _layout
+from servetune.report.data import ReportData
+from servetune.report.labels import knob_label
+from servetune.status import TrialStatus
+from servetune.tune.explain import check_text, failing_point
+from servetune.tune.trial import TrialResult
+
+MAX_BARS = 12
+WINNER, BASELINE, OTHER = "#2ca02c", "#555555", "#9ecae1"
+
+
+def trials(data: ReportData, key: str = "ranked") -> list[TrialResult]:
+    """The study's ranked trials (or `sim_ranked`), as the tuner saw them."""
+    return [TrialResult.from_json(t) for t in (data.tune or {}).get(key) or []]
+
+
+def name(data: ReportData, t: TrialResult | dict[str, Any]) -> str:
+    """A trial's name in this report: its values of the knobs the study varied."""
+    cfg = t.config if isinstance(t, TrialResult) else t.get("config") or {}
+    return knob_label(cfg, data.knobs) or "config"
+
+
+def role(data: ReportData, key: str) -> str:
+    """winner | baseline | winner = baseline | '' for a config key."""
+    s = data.tune or {}
+    w, b = (s.get("winner") or {}).get("key"), (s.get("baseline") or {}).get("key")
+    if key == w and key == b:
+        return "winner = baseline"
+    return "winner" if key == w else "baseline" if key == b else ""
+
+
+def shown(data: ReportData) -> list[TrialResult]:
+    """The ranked configs that ran, best first (at most MAX_BARS, the baseline kept)."""
+    ok = [t for t in trials(data) if t.status in (TrialStatus.OK, TrialStatus.NO_SLO)]
+    top = ok[:MAX_BARS]
+    base = next((t for t in ok if role(data, t.key).endswith("baseline")), None)
+    if base is not None and base not in top:
+        top = top[: MAX_BARS - 1] + [base]
+    return top
+
+
+def check_with_n(c: dict[str, Any], p: PointResult) -> str:
+    """`P95 TTFT 344 ms > 202 (n=16, ~max)`: a percentile check with the requests of the
+    point it was judged on."""
+    text = check_text(c)
+    stat = str(c.get("stat", "")).lower()
+    n = p.completed
+    if stat.startswith("late_ttft_"):  # steady state: the later-sent half of the window
+        stat, n = stat.removeprefix("late_ttft_"), p.completed // 2
+    return f"{text} ({sample_note(stat, n)})" if stat in QUANTILES else text
+
+
+def _color(r: str) -> str:
+    return WINNER if r.startswith("winner") else BASELINE if r else OTHER
+
+
+def _unit(t: TrialResult) -> str:
+    kind = t.best.load_kind if t.best else (t.points[0].load_kind if t.points else "")
+    return "users" if kind == "concurrency" else "req/s"
+
+
+def capacity(data: ReportData) -> Chart | None:
+    """Each config's score at its capacity (its highest load meeting the SLO), with the
+    95% t-interval of its repetitions (`tune.stats.mean_ci`) where it was re-run."""
+    if not data.is_tune:
+        return None
+    chart = Chart("capacity", "Capacity under the SLO per config")
+    rows = shown(data)
+    if not rows:
+        chart.note = "No config of the study met the SLO at any load it tried."
+        return chart
+    go = _go()
+    objective = (data.tune or {}).get("objective", "goodput")
+    ys = [(t.ci or {}).get("mean", t.score) or 0.0 for t in rows]
+    err_hi = [((t.ci or {}).get("high", y) - y) for t, y in zip(rows, ys, strict=True)]
+    err_lo = [(y - (t.ci or {}).get("low", y)) for t, y in zip(rows, ys, strict=True)]
+    colors = [_color(role(data, t.key)) for t in rows]
+    texts = [
+        " ".join(
+            x
+            for x in (
+                role(data, t.key),
+                f"capacity {t.capacity:.3g} {_unit(t)}" if t.capacity is not None else "no pass",
+            )
+            if x
+        )
+        for t in rows
+    ]
+    hover = [
+        f"{t.backend}; capacity {t.capacity if t.capacity is not None else '-'} {_unit(t)}"
+        + (
+            f"<br>{t.ci['n']} repetitions: 95% CI {t.ci['low']:.3g} .. {t.ci['high']:.3g}, "
+            f"{t.ci['passed']}/{t.ci['n']} met the SLO"
+            if t.ci
+            else "<br>not repeated"
+        )
+        for t in rows
+    ]
+    fig = go.Figure(
+        go.Bar(
+            y=[name(data, t) for t in rows],
+            x=ys,
+            orientation="h",
+            marker_color=colors,
+            text=texts,
+            textposition="auto",
+            error_x={"type": "data", "array": err_hi, "arrayminus": err_lo, "visible": True},
+            customdata=hover,
+            hovertemplate="%{y}<br>%{x:.3g}<br>%{customdata}<extra></extra>",
+            showlegend=False,
+        )
+    )
+    top = max(y + e for y, e in zip(ys, err_hi, strict=True)) or 1.0
+    # a goodput below zero cannot happen: a wide interval of 3 repetitions is cut at 0
+    fig.update_xaxes(title_text=f"{objective} per GPU at capacity", range=[0, 1.05 * top])
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    chart.fig = _layout(fig, 120 + 34 * len(rows))
+    reps = [t for t in rows if t.ci]
+    chart.note = (
+        f"Green: the winner; dark grey: the baseline. Bars: {objective} per GPU at each "
+        "config's capacity, ranked as the study ranked them: the repetitions' mean where "
+        "a config was re-run, with their 95% t-interval as whiskers ("
+        + (f"{len(reps)} config(s), {reps[0].ci['n']} repetitions" if reps else "none was")
+        + "), else its one search run."
+    )
+    return chart
+
+
+def sim_vs_measured(data: ReportData) -> Chart | None:
+    """Per verified config: the simulator's predicted score next to the measured one
+    (hybrid studies: `tune.simvsreal` rows)."""
+    if not data.is_tune:
+        return None
+    chart = Chart("sim-capacity", "Simulator's prediction vs measured, per verified config")
+    rows = [r for r in (data.tune or {}).get("sim_vs_real") or [] if r.get("real_score")]
+    if not rows:
+        chart.note = (
+            f"Only for a hybrid study (this one is {data.tune.get('mode')}): the simulator "
+            "ranks, the real engine verifies (`tune --backend hybrid`)."
+        )
+        return chart
+    go = _go()
+    by_label = {t.label: t for t in trials(data)}
+    xs = [name(data, by_label[r["label"]]) if r["label"] in by_label else r["label"] for r in rows]
+    fig = go.Figure()
+    for key, label, color in (
+        ("sim_score", "simulator", "#ff7f0e"),
+        ("real_score", "measured", "#1f77b4"),
+    ):
+        fig.add_trace(
+            go.Bar(
+                x=xs,
+                y=[r.get(key) for r in rows],
+                name=label,
+                marker_color=color,
+                text=[f"{r.get(key) or 0:.3g}" for r in rows],
+                textposition="outside",
+            )
+        )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="score at capacity (per GPU)", rangemode="tozero")
+    chart.fig = _layout(fig, 400)
+    errs = [
+        f"{x}: {r['score_error']:+.0%}"
+        for x, r in zip(xs, rows, strict=True)
+        if r.get("score_error") is not None
+    ]
+    chart.note = "Error (sim - real) / real: " + ("; ".join(errs) or "n/a") + "."
+    return chart
+
+
+def binding(data: ReportData) -> Chart | None:
+    """The SLO check that broke first above each config's capacity, as value / target."""
+    if not data.is_tune:
+        return None
+    chart = Chart("binding", "The SLO that binds each config")
+    rows = []
+    for t in shown(data):
+        p = failing_point(t)
+        missed = p.missed() if p else []
+        if missed:
+            c = missed[0]
+            ratio = (c.get("value") or 0) / (c.get("target") or 1)
+            rows.append((name(data, t), ratio, f"{check_with_n(c, p)} at {p.load:.3g} {_unit(t)}"))
+    if not rows:
+        chart.note = "No config broke an SLO target within the loads tried (lower bounds)."
+        return chart
+    go = _go()
+    fig = go.Figure(
+        go.Bar(
+            y=[r[0] for r in rows],
+            x=[r[1] for r in rows],
+            orientation="h",
+            text=[r[2] for r in rows],
+            textposition="outside",
+            cliponaxis=False,
+            marker_color="#d62728",
+            hovertemplate="%{y}<br>%{text}<br>%{x:.2f} x the target<extra></extra>",
+            showlegend=False,
+        )
+    )
+    fig.add_vline(x=1.0, line={"color": "#444", "dash": "dash"})
+    # a log axis (ratios from 1.01 to 100x) with room right of the longest bar for its text
+    top = math.log10(max(max(r[1] for r in rows), 1.0))
+    fig.update_xaxes(
+        title_text="value / target at the first load above capacity",
+        type="log",
+        range=[min(0.0, math.log10(min(r[1] for r in rows) or 1.0)) - 0.05, top + 1.4],
+    )
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    chart.fig = _layout(fig, 120 + 34 * len(rows))
+    chart.note = "Each config's worst missed check at the load just above its capacity."
+    return chart

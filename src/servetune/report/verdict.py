@@ -1,0 +1,148 @@
+"""The box a report opens with, in one screen: the answer and how sure it is.
+
+A tune study: the winner, its margin over the baseline, the launch command, and how
+sure (repetitions and their 95% interval, the steady-state verdict of its capacity
+point, the simulator's error against the real engine). Any other report: per config,
+the highest load that met the SLO (or the best throughput when no SLO was set)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servetune.measure import steady
+from servetune.metrics.pct import pct_text
+from servetune.report.data import ReportData, RunData
+from servetune.report.tuning import name
+from servetune.tune.trial import TrialResult
+
+
+@dataclass
+class Verdict:
+    headline: str
+    rows: list[tuple[str, str]] = field(default_factory=list)  # (label, text)
+    command: str | None = None
+
+
+def verdict(data: ReportData) -> Verdict:
+    return tune_verdict(data) if data.is_tune else runs_verdict(data)
+
+
+def _trial(d: dict | None) -> TrialResult | None:
+    return TrialResult.from_json(d) if d else None
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    if a is None or not b:
+        return "n/a"
+    return f"{(a - b) / abs(b):+.0%}"
+
+
+def tune_verdict(data: ReportData) -> Verdict:
+    s = data.tune or {}
+    w, b = _trial(s.get("winner")), _trial(s.get("baseline"))
+    objective = s.get("objective", "goodput")
+    if w is None:
+        return Verdict("No config could be measured", [("study", str(s.get("study")))])
+    met = s.get("slo_met", True)
+    head = f"{'Winner' if met else 'Best effort (no config met the SLO)'}: {name(data, w)}"
+    rows: list[tuple[str, str]] = []
+    if w.capacity is not None:
+        unit = "users" if w.best and w.best.load_kind == "concurrency" else "req/s"
+        rows.append(("capacity", f"{w.capacity:.3g} {unit} within the SLO ({_slo(s)})"))
+    if b is not None and b.key != w.key:  # like with like: each config's search run
+        rows.append(
+            (
+                "vs baseline",
+                f"{_pct(w.score, b.score)} {objective} per GPU in the search "
+                f"({_num(w.score)} vs {_num(b.score)}, baseline {name(data, b)})",
+            )
+        )
+    elif b is not None:
+        rows.append(("vs baseline", "the baseline itself won: no knob in the space beat it"))
+    rows.append(("how sure", _sureness(w, s)))
+    if w.best is not None:
+        evidence = steady.evidence_text(w.best.signals) or (
+            "closed loop: not judged for steady state (its users bound the queue)"
+        )
+        p95 = pct_text("p95", w.best.ttft_p95_ms, w.best.completed)
+        rows.append(("capacity point", f"{evidence}; TTFT {p95}"))
+    rows.append(("sim vs real", _sim_error(w, s)))
+    rec = s.get("recommended") or {}
+    if rec and not rec.get("same_as_winner") and rec.get("launch_command"):
+        rows.append(("ship", f"one safe step back from the OOM edge: {rec.get('label')}"))
+        command = rec["launch_command"]
+    else:
+        command = w.launch_command
+    return Verdict(head, rows, command)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def _slo(s: dict) -> str:
+    slo = s.get("slo") or {}
+    parts = [
+        f"{stat.upper()} {metric.split('_')[0].upper()} <= {target:g} ms"
+        for metric in ("ttft_ms", "tpot_ms", "e2e_ms")
+        for stat, target in (slo.get(metric) or {}).items()
+    ]
+    if slo.get("error_rate") is not None:
+        parts.append(f"errors <= {slo['error_rate']:.1%}")
+    return ", ".join(parts) or "no SLO"
+
+
+def _sureness(w: TrialResult, s: dict) -> str:
+    if w.ci:
+        ci = w.ci
+        return (
+            f"{ci['n']} repetitions: {ci['mean']:.3g} (95% CI {ci['low']:.3g} .. "
+            f"{ci['high']:.3g}), {ci['passed']}/{ci['n']} met the SLO"
+        )
+    if s.get("mode") == "sim":
+        return "simulator only: one run per config, not repeated nor verified on an engine"
+    return "not repeated: no interval (tune --repeats 3)"
+
+
+def _sim_error(w: TrialResult, s: dict) -> str:
+    rows = s.get("sim_vs_real") or []
+    mine = next((r for r in rows if r.get("label") == w.label), None)
+    if mine is not None and mine.get("req_s_error") is not None:
+        return (
+            f"simulator {mine['req_s_error']:+.0%} on req/s per GPU at the same load, "
+            f"{_pct(mine.get('sim_score'), mine.get('real_score'))} on the score"
+        )
+    if rows:
+        errs = [abs(r["req_s_error"]) for r in rows if r.get("req_s_error") is not None]
+        if errs:
+            return f"simulator within {max(errs):.0%} on req/s over {len(errs)} verified configs"
+    return "not checked: the study ran on one backend"
+
+
+def runs_verdict(data: ReportData) -> Verdict:
+    """Per config: its highest load meeting the SLO, else its best throughput."""
+    rows = []
+    slo = any(r.result.metrics.slo_pass is not None for r in data.runs)
+    for series, members in data.series.items():
+        passing = [r for r in members if r.result.metrics.slo_pass]
+        if slo:
+            best = max(passing, key=lambda r: data.x(r) or 0.0) if passing else None
+            rows.append((series, _carried(best) if best else "no load met the SLO"))
+        else:
+            top = max(members, key=lambda r: r.result.metrics.output_tok_s)
+            rows.append((series, f"best throughput at {top.info.load_label()}: {_point(top)}"))
+    head = "Highest load within the SLO, per config" if slo else "Best throughput per config"
+    return Verdict(head, rows[:8])
+
+
+def _carried(r: RunData) -> str:
+    return f"{r.info.load_label()} within the SLO: {_point(r)}"
+
+
+def _point(r: RunData) -> str:
+    m = r.result.metrics
+    good = f", goodput {m.goodput_req_s:.3g} req/s" if m.goodput_req_s is not None else ""
+    return (
+        f"{m.output_tok_s:,.0f} out tok/s{good}, TTFT "
+        f"{pct_text('p95', m.ttft_ms.p95, m.ttft_ms.count)}"
+    )

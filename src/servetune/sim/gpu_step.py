@@ -1,0 +1,180 @@
+"""The `gpu` step-time tier: one vLLM engine step on an NVIDIA GPU, priced from per-kernel
+figures (data/gpu/kernels.yaml, each with its source) instead of one efficiency guess.
+
+A step of `tokens` tokens (prefill chunks + one per decoding sequence) over `seqs`
+sequences takes
+
+    t = cpu_step + cpu_per_seq x seqs                      engine CPU: schedule, prepare, sample
+      + per_layer x layers                                 kernel launch gaps and tails
+      + sum over linear layers max(weight bytes / (BW x hbm_eff),
+                                   FLOPs / (peak x mamf x tile_eff(tokens)))
+      + max(KV bytes read / (BW x attn_eff), attention FLOPs / (peak16 x fa_eff))
+      + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
+
+- linear layers: weight-streaming bound at small batches, compute bound from a few hundred
+  tokens on; the compute side at the dtype the GEMMs run in (fp8 on Hopper for FP8
+  checkpoints and `quantization=fp8`, plan.quant.weight_format) at the measured maximum
+  achievable matmul rate (MAMF) times the share a model's own shapes and the elementwise
+  kernels between the GEMMs leave of it (model_gemm_eff), less the rows padded up to whole
+  GEMM tiles. MoE routed
+  experts run as a grouped GEMM: each expert gets tokens x k / E rows, padded on its own.
+- attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
+  (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
+- the engine's CPU side and front end (ingress per request, per streamed chunk) come from
+  the engine's entry in the same file; the front end is what de-synchronises a closed loop
+  (`sim.clients`).
+
+Pipeline parallelism multiplies every per-layer term by pp, as the roofline tier does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from servetune.engines.config import EngineConfig
+from servetune.hardware.spec import HardwareSpec
+from servetune.model.spec import ModelSpec
+from servetune.plan import roofline
+from servetune.plan.memory import MemoryBudget
+from servetune.plan.quant import weight_format
+from servetune.sim.gpu_kernels import (
+    allreduce_s,
+    engine_cpu_figures,
+    kernel_figures,
+    tile_efficiency,
+)
+from servetune.sim.steptime import StepModel
+
+ACT_BYTES = 2  # activations all-reduced in 16 bits (vLLM keeps activations in the model dtype)
+
+
+@dataclass
+class GpuStepModel(StepModel):
+    """Prices a step from its features (StepModel's interface) with the formula above."""
+
+    cpu_step_s: float = 0.0
+    cpu_per_seq_s: float = 0.0
+    layers_floor_s: float = 0.0  # launch gaps and kernel tails, per step (per layer x layers)
+    kv_token_s: float = 0.0  # seconds per KV token read by attention
+    pair_s: float = 0.0  # seconds per causal (query, key) pair computed
+    linear_s: Any = None  # callable(tokens) -> seconds of the linear layers
+    allreduce_step_s: Any = None  # callable(tokens) -> seconds of the step's all-reduces
+
+    def time_s(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        kv_read_tokens: float,
+        attn_pairs: float,
+        prefill_sq: float,
+    ) -> float:
+        """Seconds of one step (module docstring). The sequences in a step are its
+        decoders plus at least one prefilling request when it has prefill tokens."""
+        tokens = prefill_tokens + decode_seqs
+        seqs = decode_seqs + (1 if prefill_tokens else 0)
+        attn = max(self.kv_token_s * kv_read_tokens, self.pair_s * attn_pairs)
+        return (
+            self.cpu_step_s
+            + self.layers_floor_s
+            + self.cpu_per_seq_s * seqs
+            + self.linear_s(tokens)
+            + attn
+            + self.allreduce_step_s(tokens)
+        )
+
+    def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:
+        """A decode-only step of `batch` sequences against its context sum x:
+        base + max(kv_token_s x, pair_s x), the base holding CPU, linear layers and
+        all-reduces (StepModel.decode_line's form)."""
+        line = self._lines.get(batch)
+        if line is None:
+            base = (
+                self.cpu_step_s
+                + self.layers_floor_s
+                + self.cpu_per_seq_s * batch
+                + self.linear_s(batch)
+                + self.allreduce_step_s(batch)
+            )
+            line = (base, 0.0, self.kv_token_s, 0.0, self.pair_s)
+            self._lines[batch] = line
+        return line
+
+    def extra_passes_s(self, sizes: tuple[int, ...]) -> float:
+        """vLLM runs a step as one forward pass; llama.cpp's ubatches never reach here."""
+        return sum(self.linear_s(t) + self.allreduce_step_s(t) for t in sizes)
+
+
+def routed_experts(model: ModelSpec) -> tuple[float, float]:
+    """Routed-expert weights one token multiplies (k experts x 3 gated-MLP matrices on every
+    MoE layer) and the share of a batch's tokens each expert gets (k / E, uniform routing);
+    (0, 0) for dense models."""
+    moe = model.moe
+    if moe is None:
+        return 0.0, 0.0
+    layers = model.num_layers - moe.first_dense_layers
+    params = layers * moe.experts_per_token * 3 * model.hidden_size * moe.expert_intermediate_size
+    return float(params), moe.experts_per_token / moe.num_experts
+
+
+def gpu_model(
+    model: ModelSpec, hw: HardwareSpec, cfg: EngineConfig, budget: MemoryBudget
+) -> GpuStepModel:
+    """The `gpu` tier for `model` under `cfg` on `hw`, from the planner's memory budget
+    (weights and KV bytes per GPU) and the kernel figures of `hw`."""
+    fig = kernel_figures(hw)
+    cpu = engine_cpu_figures(cfg.engine)
+    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    weights = budget.weights_bytes
+    bw = hw.bandwidth_bytes_s
+    gemm_flops_s = hw.peak_flops(fmt.compute) * fig.mamf_for(fmt.compute) * fig.model_gemm_eff
+    expert_params, rows_per_expert = routed_experts(model)
+    flops_per_token = 2 * (model.params_matmul_active - expert_params) / tp
+    expert_flops_per_token = 2 * expert_params / tp
+    attn16_flops_s = hw.peak_flops("bf16") * fig.fa_eff
+    heads = model.num_attention_heads
+    pair_flops = 4 * model.num_layers * heads * model.head_dim / tp
+    layers = model.num_layers
+
+    @lru_cache(maxsize=8192)
+    def linear(tokens: int) -> float:
+        t = max(int(tokens), 1)
+        read = roofline.weight_bytes_read(model, weights, t) / (bw * fig.hbm_eff)
+        compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
+        if expert_flops_per_token:
+            # grouped GEMM: each expert's rows are padded to whole tiles on their own
+            per_expert = max(1, round(t * rows_per_expert))
+            eff = tile_efficiency(per_expert, fig.gemm_tile_m)
+            compute += expert_flops_per_token * t / (gemm_flops_s * eff)
+        return max(read, compute) * pp
+
+    @lru_cache(maxsize=8192)
+    def comm(tokens: int) -> float:
+        size = max(int(tokens), 1) * model.hidden_size * ACT_BYTES
+        return 2 * layers * allreduce_s(fig, tp, size) * pp
+
+    sm = GpuStepModel(
+        tier="gpu",
+        cpu_step_s=cpu["step_s"],
+        cpu_per_seq_s=cpu["per_seq_s"],
+        layers_floor_s=fig.per_layer_s * layers * pp,
+        kv_token_s=budget.kv_bytes_per_token / (bw * fig.attn_eff) * pp,
+        pair_s=pair_flops / attn16_flops_s * pp,
+        linear_s=linear,
+        allreduce_step_s=comm,
+        api_overhead_s=cpu["api_overhead_s"],
+        ingress_s=cpu["ingress_s"],
+        ingress_per_token_s=cpu["ingress_per_token_s"],
+        # The roofline tier's keys, with the same meaning (HBM and GEMM shares of the
+        # datasheet, step and chunk overheads), so stored runs of either tier read alike.
+        notes={
+            "mem": fig.hbm_eff,
+            "flops": fig.mamf_for(fmt.compute),
+            "step_overhead_s": cpu["step_s"],
+            "api_overhead_s": cpu["api_overhead_s"],
+        },
+    )
+    sm.note = fig.rule
+    return sm

@@ -1,0 +1,86 @@
+"""Which configs the tuner keeps, in pure functions: the ranking order, the configs the
+real engine verifies (one per level of the simulator's score), the knobs the simulator
+cannot see, the winner among the finalists, and the ranking phase's default budget."""
+
+from __future__ import annotations
+
+import math
+
+from servetune.status import TrialStatus
+from servetune.tune.trial import TrialResult
+
+
+def rank(trials: list[TrialResult]) -> list[TrialResult]:
+    order = {
+        TrialStatus.OK: 0,
+        TrialStatus.NO_SLO: 1,
+        TrialStatus.INFEASIBLE: 2,
+        TrialStatus.SKIPPED: 3,
+    }
+    return sorted(
+        trials,
+        key=lambda t: (order.get(t.status, 4), -(t.score if t.score is not None else -math.inf)),
+    )
+
+
+def held_in_repeats(t: TrialResult) -> bool:
+    """The finalist met the SLO in most of its repetitions at its best load: its capacity
+    reproduces (seed 003 §14: a figure is kept only when repeated runs agree)."""
+    assert t.ci is not None
+    return 2 * t.ci["passed"] > t.ci["n"]
+
+
+def pick_winner(ok: list[TrialResult], *, higher_is_better: bool) -> TrialResult:
+    """The winner among the ranked configs that ran: finalists (re-run with an interval)
+    whose capacity held in most repetitions, by their mean; then finalists that did not
+    hold; a config without repetitions (sim, or none re-run) only when no finalist exists,
+    the first of the ranking."""
+    finalists = [t for t in ok if t.ci]
+    if not finalists:
+        return ok[0]
+    sign = 1 if higher_is_better else -1
+    return max(finalists, key=lambda t: (held_in_repeats(t), sign * t.ci["mean"]))  # type: ignore[index]
+
+
+def diverse_top(ranked: list[TrialResult], k: int, skip: str) -> list[TrialResult]:
+    """The simulator's top `k` (not `skip`, the baseline), one per level of score: configs
+    the simulator cannot tell apart (within 0.5%) are verified once, so the real engine's
+    few trials go to configs that differ in what the model predicts."""
+    picked: list[TrialResult] = []
+    for t in ranked:
+        if len(picked) >= k:
+            break
+        if t.status != TrialStatus.OK or t.key == skip or t.score is None:
+            continue
+        if any(abs(t.score - p.score) <= 0.005 * abs(p.score) for p in picked if p.score):
+            continue
+        picked.append(t)
+    return picked
+
+
+def sim_blind_knobs(trials: list[TrialResult], knobs: list[str]) -> list[str]:
+    """Knobs the simulator does not model (e.g. llama.cpp's threads): every pair of trials
+    that differ in that knob alone scored the same (within 0.5%)."""
+    blind = []
+    scored = [t for t in trials if t.status in (TrialStatus.OK, TrialStatus.NO_SLO)]
+    for knob in knobs:
+        groups: dict[str, list[TrialResult]] = {}
+        for t in scored:
+            rest = {k: t.config.get(k) for k in knobs if k != knob}
+            groups.setdefault(repr(sorted(rest.items())), []).append(t)
+        pairs = [g for g in groups.values() if len({repr(t.config.get(knob)) for t in g}) > 1]
+        if pairs and all(_same_scores(g) for g in pairs):
+            blind.append(knob)
+    return blind
+
+
+def _same_scores(group: list[TrialResult]) -> bool:
+    vals = [t.score or 0.0 for t in group]
+    top = max(abs(v) for v in vals) or 1.0
+    return (max(vals) - min(vals)) <= 0.005 * top
+
+
+def default_budget(strategy: str, n_valid: int) -> int | None:
+    if strategy == "grid" or strategy in ("one-at-a-time", "oat"):
+        return None
+    return min(n_valid, max(8, math.ceil(0.3 * n_valid)))

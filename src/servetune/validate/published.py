@@ -1,0 +1,279 @@
+"""The visible fidelity set: published GPU serving runs, each simulated the way the held-out
+set is judged, compared per step-time tier.
+
+Each row of data/published/gpu_runs.csv is one closed-loop run at fixed input/output
+lengths, with where it comes from (URL, title, date, engine and version) and what it
+measured (mean TTFT and/or TPOT, ms). A row is replayed as `concurrency` users sending
+`requests` requests (default 10 x concurrency, the held-out set's measure; a burst of N at
+once is N users and N requests) of exactly those lengths; the simulated median TTFT and TPOT are
+compared with the published figure. `role` says whether a row was used to set a figure of
+the step model (`fit`) or only to check it (`check`); both are reported, apart.
+
+Pure apart from `load_runs` (reads the CSV) and `simulate_run` (runs the simulator).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from servetune.errors import InputError, from_validation_error
+
+TIERS = ("roofline", "gpu")
+WITHIN_PCT = 25.0  # the issue's "share of runs within 25%"
+REQUESTS_PER_USER = 10  # the held-out set's measure: 10 x concurrency requests per run
+PACKAGED = "data/published/gpu_runs.csv"
+
+
+class PublishedRun(BaseModel):
+    """One published run (a CSV row), validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1)
+    source_url: str = Field(min_length=1)
+    source_title: str = Field(min_length=1)
+    published: str
+    engine: str
+    engine_version: str = ""
+    model: str  # servetune catalog name
+    source_model: str
+    gpu: str  # servetune hardware name
+    tp: int = Field(ge=1)
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = Field(None, ge=1)
+    isl: int = Field(ge=1)
+    osl: int = Field(ge=2)
+    concurrency: int = Field(ge=1)
+    requests: int | None = Field(None, ge=1)  # None: 10 x concurrency, the held-out measure
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    stat: str
+    role: str = Field(pattern="^(fit|check)$")
+    note: str = ""
+
+    @property
+    def group(self) -> str:
+        return f"{self.model} x {self.gpu}"
+
+
+@dataclass(frozen=True)
+class RunError:
+    """One run under one tier: simulated figures and signed % errors (None: not published)."""
+
+    run: PublishedRun
+    tier: str
+    sim_ttft_ms: float | None
+    sim_tpot_ms: float | None
+    ttft_err: float | None
+    tpot_err: float | None
+    refused: str = ""  # the simulator's one-line refusal (the config "would not start")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median |error|, median signed error (bias) and share within 25%, per figure."""
+
+    runs: int
+    refused: int  # runs the simulator refused to start (counted as misses in the shares)
+    ttft_n: int
+    tpot_n: int
+    ttft_med: float | None
+    tpot_med: float | None
+    ttft_bias: float | None
+    tpot_bias: float | None
+    ttft_within: float | None  # share of runs, 0-1
+    tpot_within: float | None
+    both_within: float | None  # runs with both figures, both within
+
+
+def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
+    """The packaged visible set, or a CSV with the same columns; one-line errors."""
+    where = str(path) if path else PACKAGED
+    if path is None:
+        text = (resources.files("servetune") / "data" / "published" / "gpu_runs.csv").read_text(
+            "utf-8"
+        )
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError("--published-file", f"{path} is not a file", None)
+        text = p.read_text("utf-8")
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows:
+        raise InputError("--published-file", f"{where} has no rows", "give a CSV with a header")
+    out = []
+    for n, raw in enumerate(rows, start=2):
+        data = {k: (v if v != "" else None) for k, v in raw.items() if k is not None}
+        for k in ("engine_version", "note"):
+            data[k] = data.get(k) or ""
+        try:
+            out.append(PublishedRun(**data))
+        except ValidationError as e:
+            raise from_validation_error(e, f"{where} line {n}") from None
+    return out
+
+
+def signed_pct(sim: float, real: float | None) -> float | None:
+    """(sim - real) / real x 100, None when the source gives no figure."""
+    return None if real is None else (sim - real) / real * 100.0
+
+
+def simulate_run(run: PublishedRun, tier: str) -> RunError:
+    """Replay `run` under `tier`: closed loop, fixed lengths, vLLM defaults otherwise."""
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+    from servetune.validate.cases import closed_workload, fixed_tokens
+
+    knobs: dict[str, object] = {"tensor_parallel_size": run.tp}
+    if run.quantization:
+        knobs["quantization"] = run.quantization
+    if run.kv_cache_dtype:
+        knobs["kv_cache_dtype"] = run.kv_cache_dtype
+    if run.max_model_len:
+        knobs["max_model_len"] = run.max_model_len
+    cfg = EngineConfig(**knobs)
+    spec = closed_workload(
+        run.id,
+        run.concurrency,
+        run.requests or REQUESTS_PER_USER * run.concurrency,
+        fixed_tokens(run.isl),
+        fixed_tokens(run.osl),
+    )
+    try:
+        res, _ = simulate(get_model(run.model), get_hardware(run.gpu), cfg, spec, tier=tier)
+    except InputError as e:  # the real engine ran: a refusal is a miss, shown apart
+        return RunError(run, tier, None, None, None, None, refused=str(e))
+    ttft, tpot = res.metrics.ttft_ms.p50 or 0.0, res.metrics.tpot_ms.p50 or 0.0
+    return RunError(
+        run, tier, ttft, tpot, signed_pct(ttft, run.ttft_ms), signed_pct(tpot, run.tpot_ms)
+    )
+
+
+def _med(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _share_of(hits: int, n: int) -> float | None:
+    return hits / n if n else None
+
+
+def _share(xs: Sequence[float], misses: int = 0) -> float | None:
+    """Share of runs within 25%: `xs` the signed errors, `misses` runs counted outside."""
+    return _share_of(sum(abs(x) <= WITHIN_PCT for x in xs), len(xs) + misses)
+
+
+def summarize(errors: Iterable[RunError]) -> Summary:
+    """The figures the issue judges by, over `errors` (one tier)."""
+    errs = list(errors)
+    ran = [e for e in errs if not e.refused]
+    refused = [e.run for e in errs if e.refused]
+    tt = [e.ttft_err for e in ran if e.ttft_err is not None]
+    tp = [e.tpot_err for e in ran if e.tpot_err is not None]
+    both = [e for e in ran if e.ttft_err is not None and e.tpot_err is not None]
+    both_ok = [
+        abs(e.ttft_err) <= WITHIN_PCT and abs(e.tpot_err) <= WITHIN_PCT  # type: ignore[arg-type]
+        for e in both
+    ]
+    # A refused run is outside 25% on every figure it publishes.
+    miss_tt = sum(r.ttft_ms is not None for r in refused)
+    miss_tp = sum(r.tpot_ms is not None for r in refused)
+    miss_both = sum(r.ttft_ms is not None and r.tpot_ms is not None for r in refused)
+    return Summary(
+        runs=len(errs),
+        refused=len(refused),
+        ttft_n=len(tt),
+        tpot_n=len(tp),
+        ttft_med=_med([abs(x) for x in tt]),
+        tpot_med=_med([abs(x) for x in tp]),
+        ttft_bias=_med(tt),
+        tpot_bias=_med(tp),
+        ttft_within=_share(tt, miss_tt),
+        tpot_within=_share(tp, miss_tp),
+        both_within=_share_of(sum(both_ok), len(both_ok) + miss_both),
+    )
+
+
+def by_key(errors: Iterable[RunError], key: str) -> dict[str, Summary]:
+    """Summaries per value of `key`: "group" (model x GPU) or "role" (fit / check)."""
+    buckets: dict[str, list[RunError]] = {}
+    for e in errors:
+        k = e.run.group if key == "group" else e.run.role
+        buckets.setdefault(k, []).append(e)
+    return {k: summarize(v) for k, v in sorted(buckets.items())}
+
+
+def evaluate(
+    runs: Sequence[PublishedRun], tiers: Sequence[str] = TIERS
+) -> dict[str, list[RunError]]:
+    """Every run under every tier."""
+    return {t: [simulate_run(r, t) for r in runs] for t in tiers}
+
+
+def _pct(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.0f}%" if signed else f"{v:.0f}%"
+
+
+def _share_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def summary_line(name: str, s: Summary) -> str:
+    runs = f"{s.runs}" + (f"-{s.refused}" if s.refused else "")
+    return (
+        f"{name:<34} {runs:>5} {_pct(s.ttft_med):>6} {_pct(s.ttft_bias, True):>6} "
+        f"{_share_s(s.ttft_within):>6} {_pct(s.tpot_med):>6} {_pct(s.tpot_bias, True):>6} "
+        f"{_share_s(s.tpot_within):>6} {_share_s(s.both_within):>6}"
+    )
+
+
+HEADER = (
+    f"{'':<34} {'runs':>5} {'TTFT':>6} {'bias':>6} {'<=25%':>6} {'TPOT':>6} {'bias':>6} "
+    f"{'<=25%':>6} {'both':>6}"
+)
+
+
+def format_report(results: dict[str, list[RunError]]) -> str:
+    """Per tier: all runs, fit and check rows apart, and each model x GPU group; median
+    |error| of TTFT and TPOT, their bias and the share of runs within 25%."""
+    lines = [
+        "median |error| (bias = median signed error) vs published runs; "
+        "runs N-k: k refused by the simulator",
+        HEADER,
+    ]
+    for tier, errs in results.items():
+        lines.append(summary_line(f"[{tier}] all", summarize(errs)))
+        for k, s in by_key(errs, "role").items():
+            lines.append(summary_line(f"  {k} rows", s))
+        for k, s in by_key(errs, "group").items():
+            lines.append(summary_line(f"  {k}", s))
+    return "\n".join(lines)
+
+
+def format_runs(results: dict[str, list[RunError]]) -> str:
+    """One line per run and tier: published vs simulated TTFT and TPOT, ms."""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.1f}"
+
+    lines = [f"{'run':<34} {'tier':<8} {'TTFT pub/sim ms':>22} {'TPOT pub/sim ms':>18}"]
+    for tier, errs in results.items():
+        for e in errs:
+            r = e.run
+            line = (
+                f"{r.id:<34} {tier:<8} {ms(r.ttft_ms):>10}/{ms(e.sim_ttft_ms):<11} "
+                f"{ms(r.tpot_ms):>8}/{ms(e.sim_tpot_ms):<9}"
+            )
+            lines.append(line + (f"  refused: {e.refused}" if e.refused else ""))
+    return "\n".join(lines)

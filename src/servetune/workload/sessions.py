@@ -1,0 +1,133 @@
+"""Session workloads: multi-turn conversations and agent tool loops (`WorkloadSpec.sessions`).
+
+A session is a chain of requests: each turn re-sends the whole history (system prompt,
+every earlier message and answer) plus something new, and is sent only after the
+previous answer completed and a delay passed (the user's think time, or the tools'
+latency). That history is a prefix of the next turn, which is what prefix caching and KV
+capacity are about (seed 003 §4 prefix cache, §13 long/short mix; seed 000 §2 KV).
+
+The workload's `arrival` then counts sessions, not requests: open loop, sessions start
+at `rate` sessions/s (Poisson, gamma, constant); closed loop, `concurrency` users each
+run sessions back to back. `count` is the number of sessions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servetune.workload.spec import Fixed, LengthDist, PrefixGroups
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Seconds(_Strict):
+    """A delay in seconds. `fixed` (`value`), `uniform` (`low`..`high`), `exponential`
+    (`mean`: a memoryless user) or `lognormal` (`mean`, log-space `sigma`: tool latencies
+    have long tails). A bare number is `fixed`."""
+
+    dist: Literal["fixed", "uniform", "exponential", "lognormal"] = "fixed"
+    value: float = Field(0.0, ge=0, description="fixed: the delay (s).")
+    low: float = Field(0.0, ge=0)
+    high: float = Field(0.0, ge=0)
+    mean: float = Field(0.0, ge=0)
+    sigma: float = Field(0.5, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number(cls, data: Any) -> Any:
+        if isinstance(data, int | float) and not isinstance(data, bool):
+            return {"dist": "fixed", "value": data}
+        return data
+
+    @model_validator(mode="after")
+    def _order(self) -> Seconds:
+        if self.dist == "uniform" and self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class SessionDataset(_Strict):
+    """Conversations from a file; each user message is a turn's new text and the reply that
+    follows it sets that turn's output length (sent with ignore_eos, as for request
+    datasets). `messages`: JSONL, one conversation a line as {"messages": [{role,
+    content}, ...]} (the OpenAI chat format). `sharegpt`: the ShareGPT JSON list, every
+    turn (human/gpt). `path: builtin` is the small set shipped with servetune
+    (`servetune/data/sessions/`, made from published LMSYS-Chat-1M statistics)."""
+
+    path: Path
+    format: Literal["messages", "sharegpt"] = "messages"
+    shuffle: bool = True
+
+
+class _SessionBase(_Strict):
+    system_prompt: PrefixGroups | None = Field(
+        None, description="Each session opens with one of `groups` system prompts."
+    )
+    context_cap_tokens: int | None = Field(
+        None, ge=1, description="The client keeps prompt + output within this many tokens."
+    )
+    on_cap: Literal["drop_oldest", "end_session"] = Field(
+        "drop_oldest",
+        description="drop_oldest: drop the oldest exchanges (the system prompt stays), so "
+        "the prompt no longer extends the cached history; end_session: the session ends.",
+    )
+    slo_turns: Literal["all", "first", "followup"] = Field(
+        "all", description="The turns the SLO judges (e.g. followup: P95 TTFT of follow-ups)."
+    )
+
+
+class Conversation(_SessionBase):
+    """A chat: `turns` per session; per turn a new user message (`user_tokens`) and the
+    answer (`output_tokens`), then `think_time_s` before the next; or a `dataset`'s own
+    conversations (turns, messages and answer lengths from the file)."""
+
+    kind: Literal["chat"] = "chat"
+    turns: LengthDist | None = None
+    user_tokens: LengthDist | None = None
+    output_tokens: LengthDist | None = None
+    think_time_s: Seconds = Field(default_factory=Seconds)
+    dataset: SessionDataset | None = None
+
+    @model_validator(mode="after")
+    def _source(self) -> Conversation:
+        if self.dataset is None and None in (self.turns, self.user_tokens, self.output_tokens):
+            raise ValueError("give turns, user_tokens and output_tokens, or a dataset")
+        return self
+
+
+class AgentLoop(_SessionBase):
+    """An agent task: a task prompt (`task_tokens`), then `steps` model calls. Every call
+    but the last answers with `fan_out` parallel tool calls of `tool_call_tokens` each;
+    the tools run together (the step waits for the slowest, `tool_latency_s` each), and
+    their results (`tool_result_tokens` each) are appended for the next call. The last
+    call writes the answer (`answer_tokens`)."""
+
+    kind: Literal["agent"] = "agent"
+    task_tokens: LengthDist
+    steps: LengthDist
+    tool_call_tokens: LengthDist
+    tool_result_tokens: LengthDist
+    tool_latency_s: Seconds = Field(default_factory=Seconds)
+    fan_out: LengthDist = Field(default_factory=lambda: Fixed(value=1))
+    answer_tokens: LengthDist | None = Field(None, description="Default: tool_call_tokens.")
+
+
+Sessions = Annotated[Conversation | AgentLoop, Field(discriminator="kind")]
+
+BUILTIN_DATASET = Path(__file__).resolve().parents[1] / "data" / "sessions" / "lmsys-stats.jsonl"
+
+
+def _complete_workload_spec() -> None:
+    """WorkloadSpec names `Sessions` before this module exists (it imports spec's length
+    distributions); resolve the name now."""
+    from servetune.workload import spec
+
+    spec.WorkloadSpec.model_rebuild(_types_namespace={"Sessions": Sessions})
+
+
+_complete_workload_spec()

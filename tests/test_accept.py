@@ -1,0 +1,226 @@
+"""`servetune accept` without an engine: the checklist model, the static items, the
+load-shedding front and the save-on-failure path, against the mock server (a stand-in
+for what an engine cannot do on demand: a fast server to put the shedder in front of).
+The real engines are in test_accept_engines.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.cli_run import run_cli
+
+from servetune.accept import (
+    ITEMS,
+    Acceptance,
+    AcceptSettings,
+    Checklist,
+    ProbeFailed,
+    Sizes,
+    probes,
+    static,
+)
+from servetune.accept.checklist import Status, failed, passed, unchecked
+from servetune.accept.inputs import Deployment
+from servetune.accept.measuring import Prober
+from servetune.accept.shedder import shedder_in_thread
+from servetune.engines.config import EngineConfig
+from servetune.mock.server import MockConfig, mock_in_thread
+from servetune.slo import parse_slo
+from servetune.store import Store
+from servetune.workload.spec import parse_workload
+
+WORKLOAD = {
+    "name": "chat-small",
+    "api": "completions",
+    "count": 20,
+    "input_tokens": {"dist": "uniform", "low": 16, "high": 48},
+    "output_tokens": {"dist": "uniform", "low": 8, "high": 16},
+}
+SLO = {"ttft_ms": {"p99": 3000}, "tpot_ms": {"p95": 500}}
+TINY = Sizes(warm_requests=6, capacity_requests=8, queue_seconds=2.0, min_queue_requests=16,
+             stage_requests=8)  # fmt: skip
+
+
+def _dep(url: str, **kw) -> Deployment:
+    return Deployment([url], "vllm", "mock", kw.pop("config", None), parse_slo(SLO),
+                      parse_workload(WORKLOAD, swept=True), **kw)  # fmt: skip
+
+
+def test_the_checklist_is_seed_003_s15_in_order():
+    ids = [i.id for i in ITEMS]
+    assert len(ITEMS) == 23 and len(set(ids)) == 23
+    assert ITEMS[0].seed.startswith("模型版本") and ITEMS[-1].seed.startswith("配置变更")
+    c = Checklist()
+    assert [it["id"] for it in c.to_json()["items"]] == ids
+    assert set(c.to_json()["items"][0]) >= {"id", "title", "status", "evidence", "runs"}
+
+
+def test_the_verdict_fails_only_on_a_failed_item_and_needs_every_item():
+    c = Checklist()
+    for i, spec in enumerate(ITEMS):
+        c.record(spec.id, passed("x") if i % 2 else unchecked("give more"))
+    assert c.ok and c.verdict().startswith("accepted")
+    c.record("queue-bound", failed("add a bound", "0 shed"))
+    assert not c.ok and "queue-bound" in c.verdict()
+    c2 = Checklist()
+    c2.record("model-pinned", passed("x"))
+    assert not c2.ok and c2.verdict().startswith("incomplete")
+
+
+def test_weights_hash_follows_the_bytes_and_a_gguf_pins_its_tokenizer(tmp_path: Path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"\x00" * 4096)
+    (d / "tokenizer.json").write_text("{}")
+    one = static.model_pinned(d, "m")
+    assert one.status == Status.PASS and "tokenizer sha256" in one.evidence[-1]
+    (d / "model.safetensors").write_bytes(b"\x00" * 4095 + b"\x01")
+    two = static.model_pinned(d, "m")
+    assert two.values["weights_sha256"] != one.values["weights_sha256"]
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\x00" * 100)
+    g = static.model_pinned(gguf, "m")
+    assert g.status == Status.PASS and g.values["tokenizer_sha256"] == g.values["weights_sha256"]
+    (d / "model.safetensors").unlink()
+    assert static.model_pinned(d, "m").status == Status.FAIL  # dummy weights: nothing to hash
+    assert static.model_pinned(None, "m").status == Status.UNCHECKED
+
+
+def test_autoscaling_on_gpu_utilisation_alone_fails(tmp_path: Path):
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "spec": {
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "DCGM_FI_DEV_GPU_UTIL"},
+                        "target": {"type": "AverageValue"},
+                    },
+                }
+            ]
+        },
+    }
+    trigger = {"type": "prometheus", "metadata": {"query": "sum(vllm:num_requests_waiting)"}}
+    keda = {"kind": "ScaledObject", "spec": {"triggers": [trigger]}}
+    (tmp_path / "hpa.yaml").write_text(yaml.safe_dump(hpa))
+    (tmp_path / "both.yaml").write_text(yaml.safe_dump_all([hpa, keda]))
+    gpu_only = static.autoscaling_signals(tmp_path / "hpa.yaml")
+    assert gpu_only.status == Status.FAIL and "DCGM_FI_DEV_GPU_UTIL" in gpu_only.evidence[0]
+    both = static.autoscaling_signals(tmp_path / "both.yaml")
+    assert both.status == Status.PASS and "sum(vllm:num_requests_waiting)" in both.values["metrics"]
+    assert static.autoscaling_signals(None).status == Status.UNCHECKED
+
+
+def test_oom_step_back_reads_the_tuned_edge():
+    edge = {"knob": "max_num_seqs", "largest_ok": 64, "first_fail": 128, "safe": 32}
+    summary = {"oom_edges": [edge]}
+    on_edge = EngineConfig(engine="vllm", max_num_seqs=64)
+    assert static.oom_step_back(on_edge, summary).status == Status.FAIL
+    assert static.oom_step_back(on_edge.with_(max_num_seqs=32), summary).status == Status.PASS
+    assert static.oom_step_back(on_edge, {}).status == Status.UNCHECKED
+
+
+def test_shedder_answers_429_at_once_beyond_its_bound_and_per_key(tmp_path: Path):
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    with mock_in_thread(MockConfig(ttft_ms=20, itl_ms=5)) as srv:
+        up = f"http://127.0.0.1:{srv.port}"
+        with shedder_in_thread(up, max_in_flight=2) as (url, sh):
+            p = Prober(_dep(url), db=db, study="t", say=lambda m: None)
+            res = p.measure("c6", p.dep.workload.with_load(concurrency=6, count=30))
+            shed = [r for r in res.records if r.http_status == 429]
+            assert shed and len(shed) == sh.shed and res.metrics.completed > 0
+            assert max((r.end_ns - r.send_ns) / 1e6 for r in shed) < probes.REJECT_FAST_MS
+            assert res.metrics.max_in_flight == 6
+        # 2 per key: a user's next request can arrive while its last one is being closed
+        with shedder_in_thread(up, max_in_flight=100, per_key=2) as (url, sh):
+            p = Prober(_dep(url, api_keys=["key-a", "key-b"]), db=db, study="t",
+                       say=lambda m: None)  # fmt: skip
+            f = probes.per_user(p, p.dep.workload, probes.Capacity(10.0, 1, "r"), TINY)
+            assert f.status == Status.PASS, f.evidence
+            assert len(f.runs) == 2
+
+
+def test_a_probe_that_breaks_leaves_the_partial_checklist(tmp_path: Path, monkeypatch):
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    out = tmp_path / "checklist.json"
+
+    def broken(*_a, **_k):
+        raise RuntimeError("server went away")
+
+    monkeypatch.setattr(probes, "queue_bound", broken)
+    with mock_in_thread(MockConfig(ttft_ms=5, itl_ms=1)) as srv:
+        dep = _dep(f"http://127.0.0.1:{srv.port}", max_new_tokens=8)
+        run = Acceptance(dep, AcceptSettings(db=db, study="acc", output=out, sizes=TINY),
+                         say=lambda m: None)  # fmt: skip
+        with pytest.raises(ProbeFailed) as exc:
+            run.run()
+    assert exc.value.item == "queue-bound"
+    saved = json.loads(out.read_text())
+    status = {i["id"]: i["status"] for i in saved["items"]}
+    assert status["warmup-before-traffic"] == "pass" and status["queue-bound"] == "not run"
+    assert status["output-cap"] == "fail"  # the mock ignores max_tokens caps: measured
+    assert any("server went away" in n for n in saved["notes"])
+    with Store.open(db) as store:
+        stored = store.study_meta("acc")["checklist"]
+        warm_run = next(i for i in stored["items"] if i["id"] == "warmup-before-traffic")["runs"]
+        assert stored["items"] == saved["items"] and store.get(warm_run[0]).n_records >= 6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "wl.yaml").write_text(yaml.safe_dump(WORKLOAD))
+    (tmp_path / "slo.yaml").write_text(yaml.safe_dump(SLO))
+    return {"wl": str(tmp_path / "wl.yaml"), "slo": str(tmp_path / "slo.yaml")}
+
+
+def test_bad_input_is_one_line_and_exit_2(capsys, files):
+    base = ["accept", "--workload", files["wl"], "--slo", files["slo"]]
+    url = f"http://127.0.0.1:{_free_port()}"
+    code, _, err = run_cli(capsys, *base, "--url", url, "--engine", "vllm")
+    assert code == 2 and err.startswith("error: --url:") and err.count("\n") == 1
+    code, _, err = run_cli(capsys, *base, "--url", url, "--engine", "vlm")
+    assert code == 2 and "did you mean vllm" in err and err.count("\n") == 1
+    Store.open(None).close()  # an empty store ($SERVETUNE_DB): the study is what is missing
+    with mock_in_thread(MockConfig()) as srv:
+        ok_url = f"http://127.0.0.1:{srv.port}"
+        code, _, err = run_cli(capsys, *base, "--url", ok_url, "--engine", "vllm",
+                               "--from-study", "no-such-study")  # fmt: skip
+    assert code == 2 and "no study 'no-such-study'" in err and err.count("\n") == 1
+
+
+def test_accept_end_to_end_on_the_mock_behind_the_shedder(capsys, files, tmp_path: Path):
+    """The whole command: JSON with stable keys, the HTML page, exit 1 on a failed item;
+    the shedder makes the queue bound pass where the bare mock (no bound) fails it."""
+    html = tmp_path / "accept.html"
+    with (
+        mock_in_thread(MockConfig(ttft_ms=20, itl_ms=5)) as srv,
+        shedder_in_thread(f"http://127.0.0.1:{srv.port}", max_in_flight=3) as (url, sh),
+    ):
+        code, out, _ = run_cli(
+            capsys, "accept", "--url", url, "--engine", "vllm", "--workload", files["wl"],
+            "--slo", files["slo"], "--quick", "--requests", "8", "--max-new-tokens", "8",
+            "--json", "--html", str(html),
+        )  # fmt: skip
+    data = json.loads(out)
+    items = {i["id"]: i for i in data["items"]}
+    assert len(items) == 23 and all(set(i) >= {"id", "title", "status", "evidence", "runs"}
+                                    for i in data["items"])  # fmt: skip
+    assert all(i["status"] in {str(s) for s in Status} - {"not run"} for i in data["items"])
+    assert items["queue-bound"]["status"] == "pass" and sh.shed > 0
+    assert items["queue-bound"]["values"]["shed"] > 0 and items["queue-bound"]["runs"]
+    assert items["output-cap"]["status"] == "fail"  # the mock generates whatever is asked
+    assert code == 1 and not data["accepted"]
+    page = html.read_text()
+    assert page.count('<tr id="') == 23 and "queue-bound" in page

@@ -1,0 +1,213 @@
+"""Bad input to plan / simulate / tune and their YAML files: one line naming the flag or
+field, exit code 2, within seconds - never a traceback, a hang, or a run that ignores it.
+One row per case of the bad-input probe (docs/errors.md); the CLI runs in this process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.cli_run import run_cli
+
+from servetune.errors import InputError
+from servetune.tune.space import parse_space
+from servetune.yamlfile import MAX_EXPANDED_NODES, expanded_size, load_yaml, parse_yaml
+
+BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+)  # nine levels of nine aliases: 9^9 values once expanded
+SYNTH = {
+    "count": 20,
+    "input_tokens": {"dist": "fixed", "value": 64},
+    "output_tokens": {"dist": "fixed", "value": 16},
+    "arrival": {"kind": "poisson", "rate": 2},
+}
+
+
+def _file(tmp: Path, name: str, data: object) -> str:
+    p = tmp / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return str(p)
+
+
+def _workload(tmp: Path, **changes: object) -> str:
+    return _file(tmp, "w.yaml", {**SYNTH, **changes})
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    """The probe's input files, by name."""
+    binary = tmp_path / "bin.dat"
+    binary.write_bytes(b"\x8c\x00\xff\xfe binary \x80")
+    t = tmp_path
+    return {
+        "bin": str(binary),
+        "ok": _workload(t),
+        "dataset_bin": _file(
+            t,
+            "ds.yaml",
+            {"count": 5, "arrival": SYNTH["arrival"], "dataset": {"path": str(binary)}},
+        ),
+        "tiny_rate": _file(t, "r.yaml", {**SYNTH, "arrival": {"kind": "poisson", "rate": 1e-308}}),
+        "seed": _file(t, "seed.yaml", {**SYNTH, "seed": -1}),
+        "out0": _file(t, "o0.yaml", {**SYNTH, "output_tokens": {"dist": "fixed", "value": 0}}),
+        "count_true": _file(t, "ct.yaml", {**SYNTH, "count": True}),
+        "huge_in": _file(t, "hi.yaml", {**SYNTH, "input_tokens": {"dist": "fixed", "value": 1e29}}),
+        "bomb_name": _file(t, "bn.yaml", BOMB + yaml.safe_dump(SYNTH) + "name: *i\n"),
+        "bomb_values": _file(
+            t,
+            "bv.yaml",
+            BOMB
+            + yaml.safe_dump({k: v for k, v in SYNTH.items() if k != "input_tokens"})
+            + "input_tokens: {dist: empirical, values: *i}\n",
+        ),  # fmt: skip
+        "div0": _file(
+            t,
+            "s0.yaml",
+            {"knobs": {"max_num_seqs": [8, 16]}, "constraints": ["max_num_seqs / 0 > 1"]},
+        ),  # fmt: skip
+        "huge_space": _file(
+            t, "sh.yaml", {"knobs": {"max_num_seqs": {"min": 1, "max": 1e12, "step": 1}}}
+        ),  # fmt: skip
+        "slo_inf": _file(t, "slo.yaml", {"ttft_ms": {"p95": float("inf")}}),
+        "db": str(t / "st.db"),
+    }
+
+
+SIM = ["simulate", "--no-store"]
+TUNE = ["tune", "--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "-q"]
+
+# (case, argv with {file} names, what the one line names)
+ROWS = [
+    ("workload binary", [*SIM, "-w", "{bin}"], "--workload: "),
+    ("profile binary", [*SIM, "-w", "{ok}", "--profile", "{bin}"], "--profile: "),
+    ("replay binary", [*SIM, "--replay", "{bin}"], "--replay: "),
+    ("preset binary", ["tune", "--preset", "{bin}"], "--preset: "),
+    ("dataset binary", [*SIM, "-w", "{dataset_bin}"], "workload.dataset.path: "),
+    ("rate 1e-308", [*SIM, "-w", "{tiny_rate}"], "workload.arrival.rate: "),
+    ("seed -1", [*SIM, "-w", "{seed}"], "workload.seed: "),
+    ("constraint / 0", [*TUNE, "--space", "{div0}"], "space.constraints: "),
+    ("tune --max-load -5", ["tune", "--max-load", "-5"], "--max-load: "),
+    ("tune sim --max-load -5", [*TUNE, "--max-load", "-5"], "--max-load: "),
+    ("plan --kv-cache-space inf", ["plan", "--kv-cache-space", "inf"], "--kv-cache-space: "),
+    ("simulate -o missing dir", [*SIM, "-w", "{ok}", "-o", "/nonexistent/d/x.json"], "--output: "),
+    ("anchor bomb name", [*SIM, "-w", "{bomb_name}"], "--workload: "),
+    ("anchor bomb values", [*SIM, "-w", "{bomb_values}"], "--workload: "),
+    ("space 1..1e12 step 1", [*TUNE, "--space", "{huge_space}"], "space.knobs.max_num_seqs: "),
+    ("tune --trials 0", [*TUNE, "--trials", "0"], "--trials: "),
+    ("simulate --gpus 0", [*SIM, "-w", "{ok}", "--gpus", "0"], "--gpus: "),
+    ("block_size 7", [*SIM, "-w", "{ok}", "--set", "block_size=7"], "block_size: "),
+    ("tp 3", [*SIM, "-w", "{ok}", "--set", "tensor_parallel_size=3"], "tensor_parallel_size: "),
+    ("--rate inf", [*SIM, "-w", "{ok}", "--rate", "inf"], "--rate: "),
+    ("output length 0", [*SIM, "-w", "{out0}"], "workload.mix.0.output_tokens"),
+    ("count: true", [*SIM, "-w", "{count_true}"], "count must be a number"),
+    ("input 1e29", [*SIM, "-w", "{huge_in}"], "workload.mix.0.input_tokens.fixed.value: "),
+    ("simulate --db ''", ["simulate", "-w", "{ok}", "--db", ""], "--db: "),
+    ("tune --db ''", [*TUNE, "--db", ""], "--db: "),
+    ("--count 0", [*SIM, "-w", "{ok}", "--count", "0"], "--count: "),
+    ("--count -1", [*SIM, "-w", "{ok}", "--count", "-1"], "--count: "),
+    ("--rate nan", [*SIM, "-w", "{ok}", "--rate", "nan"], "--rate: "),
+    ("--duration nan", [*SIM, "-w", "{ok}", "--duration", "nan"], "--duration: "),
+    ("--rate 1e-308", [*SIM, "-w", "{ok}", "--rate", "1e-308"], "--rate: "),
+    ("slo .inf", [*SIM, "-w", "{ok}", "--slo", "{slo_inf}"], "slo.ttft_ms.p95: "),
+    ("--set a bool", [*SIM, "-w", "{ok}", "--set", "max_num_seqs=true"], "max_num_seqs must be"),
+    ("tune --seed -1", [*TUNE, "--seed", "-1"], "--seed: "),
+    ("tune --gpus 0", [*TUNE, "--gpus", "0"], "--gpus: "),
+    ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
+    ("plan --block-size 7", ["plan", "--block-size", "7"], "--block-size: "),
+]
+
+
+@pytest.mark.parametrize("args,needle", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_line_naming_the_field_exit_2(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str], args: list[str], needle: str
+) -> None:
+    code, _, err = run_cli(capsys, *(a.format(**files) for a in args))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0]
+    assert "pydantic" not in err and "validation error" not in err
+
+
+def test_unknown_knob_lists_the_knobs_when_nothing_is_close(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str]
+) -> None:
+    code, _, err = run_cli(capsys, *SIM, "-w", files["ok"], "--set", "unknown_knob=1")
+    assert code == 2 and "did you mean ?" not in err
+    assert "knobs: " in err and "max_num_seqs" in err
+    code, _, err = run_cli(capsys, *SIM, "-w", files["ok"], "--set", "max_num_seq=1")
+    assert code == 2 and "did you mean max_num_seqs" in err
+
+
+def test_count_and_rate_errors_name_the_flag_typed_not_concurrency(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str]
+) -> None:
+    for flag, value in (("--count", "0"), ("--duration", "nan"), ("--rate", "nan")):
+        code, _, err = run_cli(capsys, *SIM, "-w", files["ok"], flag, value)
+        assert code == 2 and err.startswith(f"error: {flag}: ") and "--concurrency" not in err
+
+
+@pytest.mark.parametrize("kind", ["count", "duration"])
+def test_a_closed_loop_whose_every_request_is_refused_ends_with_the_reason(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    """Prompts longer than the context: the engine refuses each, a closed-loop user sends
+    the next at the same instant. Bounded by count it ends; bounded by duration it used to
+    resend forever. Both now end with the engine's reason."""
+    load = {"count": 20} if kind == "count" else {"duration_s": 30}
+    w = _file(tmp_path, "w.yaml", {**{k: v for k, v in SYNTH.items() if k != "count"}, **load,
+              "input_tokens": {"dist": "fixed", "value": 9000},
+              "arrival": {"kind": "closed", "concurrency": 4}})  # fmt: skip
+    out = tmp_path / "r.json"
+    args = [*SIM, "-w", w, "--set", "max_model_len=4096", "-o", str(out)]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and "refuses all" in err and "exceeds max_model_len 4096" in err
+    records = json.loads(out.read_text())["records"]  # the result is still written
+    assert records and all(r["http_status"] == 400 for r in records)
+
+
+def test_a_store_that_cannot_open_is_one_warning_and_json_says_nothing_stored(
+    capsys: pytest.CaptureFixture[str], files: dict[str, str]
+) -> None:
+    args = ["simulate", "-w", files["ok"], "--json"]
+    code, out, err = run_cli(capsys, *args, "--db", "/nonexistent/d/x.db")
+    assert code == 0 and err.count("warning: experiment store off") == 1
+    assert json.loads(out)["stored"] is False
+    code, out, _ = run_cli(capsys, *args, "--db", files["db"])
+    assert code == 0 and json.loads(out)["stored"] is True
+    code, out, _ = run_cli(capsys, *args, "--no-store")
+    assert code == 0 and json.loads(out)["stored"] is None
+
+
+def test_alias_bombs_are_measured_on_the_node_graph_not_expanded(tmp_path: Path) -> None:
+    assert parse_yaml("x: &a [1, 2]\ny: *a\n") == {"x": [1, 2], "y": [1, 2]}
+    p = tmp_path / "b.yaml"
+    p.write_text(BOMB)
+    with pytest.raises(InputError, match="aliases expand to over 1,000,000 values"):
+        load_yaml(p, "--workload")
+    with pytest.raises(InputError, match="contains it"):  # expands forever
+        p.write_text("a: &a [1, *a]\n")
+        load_yaml(p, "--workload")
+    import yaml as pyyaml
+
+    six = pyyaml.compose(BOMB.split("g:")[0])  # a..f: 9^6 leaves under f
+    assert expanded_size(six) > 9**6 and expanded_size(six) < MAX_EXPANDED_NODES
+
+
+def test_ranges_are_counted_before_they_are_made() -> None:
+    with pytest.raises(InputError, match="1,000,000,000,000 values"):
+        parse_space({"knobs": {"max_num_seqs": {"min": 1, "max": 1e12, "step": 1}}})
+    with pytest.raises(InputError, match="write 1.0e"):  # YAML 1.1 reads 1e12 as text
+        parse_space({"knobs": {"max_num_seqs": {"min": 1, "max": "1e12", "step": 1}}})
+    with pytest.raises(InputError, match="min > 0"):  # 0 x 2 x 2 ... never reaches max
+        parse_space({"knobs": {"max_num_seqs": {"min": 0, "max": 64, "mult": 2}}})
+    space = parse_space({"knobs": {"max_num_seqs": {"min": 8, "max": 128, "mult": 2},
+                                   "gpu_memory_utilization": {"min": 0.8, "max": 0.95,
+                                                              "step": 0.05}}})  # fmt: skip
+    assert space.knobs == {
+        "max_num_seqs": (8, 16, 32, 64, 128),
+        "gpu_memory_utilization": (0.8, 0.85, 0.9, 0.95),
+    }

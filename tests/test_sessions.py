@@ -1,0 +1,225 @@
+"""Session workloads without a real engine: the plan (history, delays, context cap,
+datasets, bad input), the simulator (prefix reuse across turns, eviction, llama.cpp slot
+affinity, chaining), bench's session driver against the mock, and the per-turn metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servetune.bench.runner import BenchOptions, run_point
+from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
+from servetune.hardware.catalog import get_hardware
+from servetune.metrics.turns import session_metrics
+from servetune.mock.server import MockConfig, mock_in_thread
+from servetune.model.catalog import get_model
+from servetune.sim.engine import simulate
+from servetune.slo import SLO
+from servetune.workload.materialize import materialize
+from servetune.workload.session_plan import plan_sessions
+from servetune.workload.spec import parse_workload
+from servetune.workload.tokenizer import WordTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def chat(count: int = 4, users: int = 2, **ses) -> dict:
+    base = {
+        "kind": "chat",
+        "turns": {"dist": "fixed", "value": 4},
+        "user_tokens": {"dist": "fixed", "value": 100},
+        "output_tokens": {"dist": "fixed", "value": 20},
+        "think_time_s": 0.2,
+    }
+    return {
+        "count": count,
+        "arrival": {"kind": "closed", "concurrency": users},
+        "sessions": base | ses,
+    }
+
+
+def sim(wl: dict, engine: str = "vllm", **knobs):
+    cfg = EngineConfig(engine=engine, **knobs)
+    model = get_model("llama-3.1-8b")
+    res, _ = simulate(model, get_hardware("h100-sxm"), cfg, parse_workload(wl))
+    return res
+
+
+# --- the plan -------------------------------------------------------------------------
+
+
+def test_each_turn_resends_the_history_and_waits_the_think_time() -> None:
+    plan = plan_sessions(parse_workload(chat(system_prompt={"groups": 2, "tokens": 50})))
+    s = plan.sessions[0]
+    assert [s.prompt_tokens(j) for j in range(4)] == [150, 270, 390, 510]
+    assert [s.reused_tokens(j) for j in range(4)] == [0, 150, 270, 390]
+    assert [t.delay_s for t in s.turns] == [0.0, 0.2, 0.2, 0.2]
+    reqs = plan.requests()
+    assert [r.sub for r in reqs[:5]] == ["turn0", "turn1", "turn2", "turn3", "turn0"]
+    assert [r.prefix_group for r in reqs[:5]] == [0, 0, 0, 0, 1]
+
+
+def test_context_cap_drops_the_oldest_turns_or_ends_the_session() -> None:
+    wl = chat(context_cap_tokens=300)
+    s = plan_sessions(parse_workload(wl)).sessions[0]
+    # 100 + 20 per turn: turn 2 would need 360, so turn 0 is dropped (and its history)
+    assert [s.prompt_tokens(j) for j in range(4)] == [100, 220, 220, 220]
+    assert [t.keep_from for t in s.turns] == [0, 0, 1, 2]
+    assert s.reused_tokens(2) == 0  # the prompt no longer extends the previous one
+    wl["sessions"]["on_cap"] = "end_session"
+    assert len(plan_sessions(parse_workload(wl)).sessions[0].turns) == 2
+
+
+def test_agent_loop_appends_tool_results_after_the_slowest_tool() -> None:
+    wl = {
+        "count": 2,
+        "arrival": {"kind": "poisson", "rate": 1},
+        "sessions": {
+            "kind": "agent",
+            "task_tokens": {"dist": "fixed", "value": 200},
+            "steps": {"dist": "fixed", "value": 3},
+            "tool_call_tokens": {"dist": "fixed", "value": 10},
+            "tool_result_tokens": {"dist": "fixed", "value": 300},
+            "fan_out": {"dist": "fixed", "value": 2},
+            "tool_latency_s": {"dist": "uniform", "low": 1, "high": 2},
+            "answer_tokens": {"dist": "fixed", "value": 50},
+        },
+    }
+    s = plan_sessions(parse_workload(wl)).sessions[1]
+    assert [(t.new_tokens, t.output_tokens) for t in s.turns] == [(200, 20), (600, 20), (600, 50)]
+    assert all(1 <= t.delay_s <= 2 for t in s.turns[1:]) and s.start_s > 0
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"think_time_s": -1}, "think_time_s"),
+        ({"context_cap_tokens": 110}, "context_cap_tokens"),
+        ({"turns": None}, "workload.sessions"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field(change: dict, field: str) -> None:
+    wl = chat()
+    wl["sessions"] = {k: v for k, v in (wl["sessions"] | change).items() if v is not None}
+    with pytest.raises(InputError) as exc:
+        plan_sessions(parse_workload(wl))
+    msg = str(exc.value)
+    assert field in msg and "\n" not in msg
+
+
+def test_datasets_every_turn_sharegpt_and_messages(tmp_path: Path) -> None:
+    share = [
+        {
+            "conversations": [
+                {"from": "human", "value": "one two three"},
+                {"from": "gpt", "value": "a b c d e"},
+                {"from": "human", "value": "four five"},
+                {"from": "gpt", "value": "f g"},
+            ]
+        }
+    ]
+    (tmp_path / "sg.json").write_text(json.dumps(share))
+    wl = {"count": 1, "arrival": {"kind": "closed", "concurrency": 1},
+          "sessions": {"kind": "chat", "dataset": {"path": str(tmp_path / "sg.json"),
+                                                   "format": "sharegpt"}}}  # fmt: skip
+    plan = plan_sessions(parse_workload(wl), WordTokenizer())
+    assert [(t.new_tokens, t.output_tokens) for t in plan.sessions[0].turns] == [(3, 5), (2, 2)]
+    assert plan.requests()[1].messages == [{"role": "user", "content": "four five"}]
+    (tmp_path / "none.jsonl").write_text(json.dumps({"messages": [{"role": "user",
+                                                                   "content": "hi"}]}))  # fmt: skip
+    wl["sessions"]["dataset"] = {"path": str(tmp_path / "none.jsonl")}
+    with pytest.raises(InputError, match="workload.sessions.dataset: .* no conversation"):
+        plan_sessions(parse_workload(wl))
+
+
+def test_the_builtin_dataset_has_multi_turn_conversations() -> None:
+    wl = {"count": 64, "arrival": {"kind": "closed", "concurrency": 1},
+          "sessions": {"kind": "chat", "dataset": {"path": "builtin", "shuffle": False}}}  # fmt: skip
+    plan = plan_sessions(parse_workload(wl))
+    turns = [len(s.turns) for s in plan.sessions]
+    assert max(turns) >= 4 and 1.5 <= sum(turns) / len(turns) <= 2.6  # LMSYS-Chat-1M: 2.0
+    outs = [t.output_tokens for s in plan.sessions for t in s.turns]
+    assert 150 <= sum(outs) / len(outs) <= 300  # LMSYS-Chat-1M: 214.5 tokens a response
+
+
+# --- the simulator ----------------------------------------------------------------------
+
+
+def _followup_ttft(res) -> float:
+    m = session_metrics(list(res.records))
+    assert m is not None
+    return m.followup.ttft_ms.p50
+
+
+def test_sim_follow_up_ttft_falls_with_prefix_caching_and_hits_match_the_allowance() -> None:
+    wl = chat(count=16, users=4, user_tokens={"dist": "fixed", "value": 2000})
+    on, off = sim(wl), sim(wl, enable_prefix_caching=False)
+    assert on.metrics.completed == off.metrics.completed == 64
+    assert _followup_ttft(on) < 0.6 * _followup_ttft(off)
+    m = session_metrics(list(on.records), block_tokens=16)
+    assert m is not None and m.measured_hit_rate is not None
+    assert abs(m.measured_hit_rate - m.allowed_hit_rate) < 0.02
+    assert session_metrics(list(off.records)).measured_hit_rate == 0
+
+
+def test_sim_eviction_under_a_small_pool_turns_hits_into_misses() -> None:
+    wl = chat(count=24, users=8, user_tokens={"dist": "fixed", "value": 1500}, think_time_s=2.0)
+    big = session_metrics(list(sim(wl).records))
+    small = session_metrics(list(sim(wl, kv_cache_tokens=16_384).records))
+    assert big.measured_hit_rate > 0.5 and small.measured_hit_rate < 0.7 * big.measured_hit_rate
+
+
+def test_sim_llamacpp_reuses_a_sessions_slot() -> None:
+    model, hw = get_model("gemma-3-270m"), get_hardware("cpu-host")
+    wl = parse_workload(chat(count=4, users=2))
+    few = EngineConfig(engine="llamacpp", parallel_slots=2, max_model_len=4096)
+    res, _ = simulate(model, hw, few, wl)
+    hit = session_metrics(list(res.records)).measured_hit_rate
+    assert hit is not None and hit > 0.5  # a user's next turn finds its slot free
+    res, _ = simulate(model, hw, few.with_(enable_prefix_caching=False), wl)
+    assert session_metrics(list(res.records)).measured_hit_rate == 0
+
+
+def test_sim_turns_follow_the_answer_plus_think_time() -> None:
+    res = sim(chat(count=2, users=1, think_time_s=1.5))
+    recs = sorted(res.records, key=lambda r: r.index)
+    for prev, cur in zip(recs, recs[1:], strict=False):
+        assert cur.send_ns >= prev.end_ns + (1.5e9 if cur.sub != "turn0" else 0)
+
+
+def test_sim_slo_judges_the_chosen_turns() -> None:
+    wl = chat(count=8, users=8, user_tokens={"dist": "fixed", "value": 3000}, slo_turns="followup")
+    res, _ = simulate(get_model("llama-3.1-8b"), get_hardware("h100-sxm"),
+                      EngineConfig(engine="vllm"), parse_workload(wl),
+                      slo=SLO.model_validate({"ttft_ms": {"p95": 10_000}}))  # fmt: skip
+    assert res.metrics.slo_checks and res.metrics.slo_checks[0].metric == "followup.ttft_ms"
+
+
+# --- bench's session driver -------------------------------------------------------------
+
+
+def test_bench_chains_turns_with_the_answers_received() -> None:
+    spec = parse_workload(chat(count=4, users=2, system_prompt={"groups": 1, "tokens": 30}))
+    with mock_in_thread(MockConfig(ttft_ms=10, itl_ms=1)) as srv:
+        opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1)
+        res = run_point(spec, materialize(spec, WordTokenizer()), opts)
+    recs = sorted(res.records, key=lambda r: r.index)
+    assert res.metrics.completed == 16
+    by_session: dict[int, list] = {}
+    for r in recs:
+        by_session.setdefault(r.prefix_group, []).append(r)
+    for turns in by_session.values():
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            # the mock counts words: the previous prompt, its answer and 100 new words
+            assert cur.usage_prompt_tokens == prev.usage_prompt_tokens + 20 + 100
+            assert cur.send_ns >= prev.end_ns + 0.2e9  # think time after the answer
+    in_flight = max(sum(1 for r in recs if r.send_ns <= t < r.end_ns) for t in
+                    (r.send_ns for r in recs))  # fmt: skip
+    assert in_flight <= 2  # two users
+    m = session_metrics(recs)
+    assert m is not None and m.sessions == 4 and m.followup.requests == 12
+    assert m.resent_tokens == sum(p.usage_prompt_tokens for t in by_session.values()
+                                  for p in t[:-1])  # fmt: skip

@@ -1,0 +1,110 @@
+"""The real trials' time plan (`tune.timeplan`): on a budget that cannot pay for full
+capacity searches, every verified config of the top k is still measured (each within its
+share, its capacity then a lower bound, said in the notes), and the finalists' repetitions
+still run. The "real" engine here is the simulator behind a real backend's name, so the
+plan is exercised without an engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from servetune.measure import BackendSpec
+from servetune.measure.backends import SimBackend
+from servetune.slo import parse_slo
+from servetune.tune import executors, timeplan
+from servetune.tune.capacity import concurrency_lattice
+from servetune.tune.objective import Objective
+from servetune.tune.space import parse_space
+from servetune.tune.trial import SearchSettings
+from servetune.tune.tuner import Tuner, TuneSettings
+from servetune.workload.spec import parse_workload
+
+
+def test_shares_split_what_is_left_after_the_reserve() -> None:
+    assert timeplan.reserve_s(1, 3, 10.0) == 30.0
+    assert timeplan.reserve_s(2, 1, 10.0) == 0.0  # one repeat has no interval: none kept
+    assert timeplan.share_s(120.0, 30.0, 3) == pytest.approx(30.0)
+    assert timeplan.share_s(50.0, 30.0, 1) == pytest.approx(20.0)  # the last takes the rest
+    assert timeplan.share_s(10.0, 30.0, 2) == 0.0  # overdrawn: one point each, never < 0
+    assert timeplan.share_s(None, 30.0, 2) is None  # no budget, no bound
+    note = timeplan.cut_note("slots=8", 12.4, 2, 4.0)
+    assert "slots=8" in note and "2 load points" in note and "12s" in note
+    assert "capacity 4 is a lower bound" in note
+
+
+class _SimAsReal(SimBackend):
+    """The simulator under a real backend's name: its points are fast and deterministic."""
+
+    name = "real"
+
+
+def _settings(tmp_path: Path, budget_s: float | None) -> TuneSettings:
+    workload = parse_workload(
+        {
+            "name": "plan",
+            "count": 8,
+            "input_tokens": {"dist": "fixed", "value": 256},
+            "output_tokens": {"dist": "fixed", "value": 64},
+            "arrival": {"kind": "closed", "concurrency": 1},
+        }
+    )
+    common = dict(
+        engine="vllm",
+        model="llama-3.1-8b",
+        hardware="h100-sxm",
+        workload=workload.model_dump(mode="json"),
+        slo=parse_slo({"ttft_ms": {"p95": 400}}).model_dump(mode="json", exclude_none=True),
+        per_user=2,
+    )
+    space = parse_space({"engine": "vllm", "knobs": {"max_num_seqs": [2, 4, 8, 16, 32]}})
+    return TuneSettings(
+        space=space,
+        mode="hybrid",
+        objective=Objective("goodput"),
+        search=SearchSettings("concurrency", concurrency_lattice(32), max_probes=6),
+        sim=BackendSpec(kind="sim", **common),
+        # no model file: the calibration cannot run and the simulator ranks uncalibrated
+        real=BackendSpec(kind="real", **common),
+        strategy="grid",
+        top_k=3,
+        finalists=1,
+        repeats=2,
+        db=str(tmp_path / f"{budget_s}.db"),
+        time_budget_s=budget_s,
+        edge=False,
+        verbose=False,
+    )
+
+
+@pytest.fixture
+def sim_as_real(monkeypatch):
+    real = executors.make_backend
+
+    def make(spec: BackendSpec):
+        return _SimAsReal(replace(spec, kind="sim")) if spec.kind == "real" else real(spec)
+
+    monkeypatch.setattr(executors, "make_backend", make)
+    executors._BACKENDS.clear()
+    yield
+    executors._BACKENDS.clear()
+
+
+def test_a_spent_budget_still_verifies_the_whole_top_k_then_repeats(
+    tmp_path: Path, sim_as_real
+) -> None:
+    free = Tuner(_settings(tmp_path, None)).run()
+    tight = Tuner(_settings(tmp_path, 1e-3)).run()
+    for out in (free, tight):
+        assert len(out.ranked) == 4  # the baseline and the simulator's top 3, all measured
+        assert out.winner is not None and out.winner.ci is not None  # the repetitions ran
+        assert out.winner.ci["n"] == 2
+    # unbounded, a search probes until the SLO breaks; with the budget spent, each
+    # verified config measures its first load point only, and the notes say so per config
+    assert all(len(t.points) > 1 for t in free.ranked)
+    assert all(len(t.points) == 1 for t in tight.ranked)
+    cut = [n for n in tight.notes if "capacity search stopped after 1 load points" in n]
+    assert len(cut) == 4 and not any("stopped" in n for n in free.notes)
+    assert {t.label for t in tight.ranked} == {t.label for t in free.ranked}

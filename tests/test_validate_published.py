@@ -1,0 +1,79 @@
+"""`servetune validate --published`: the visible set of published GPU runs, loaded with its
+provenance, simulated per tier and summarised; the expected errors every prediction quotes
+are the ones a fresh run gives."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from cli_run import run_cli
+from servetune.errors import InputError
+from servetune.sim.expected_error import expected_errors
+from servetune.validate import published as pub
+
+
+def test_every_row_names_its_source_and_a_figure():
+    runs = pub.load_runs()
+    assert len(runs) >= 15
+    for r in runs:
+        assert r.source_url and r.source_title and r.published
+        assert r.ttft_ms is not None or r.tpot_ms is not None
+    roles = {r.role for r in runs}
+    assert roles == {"fit", "check"}  # rows that set figures and rows only checked
+
+
+def test_summary_maths():
+    run = pub.load_runs()[0]
+
+    def e(tt, tp):
+        return pub.RunError(run, "gpu", 0.0, 0.0, tt, tp)
+
+    s = pub.summarize([e(10.0, -5.0), e(-30.0, None), e(None, 40.0), e(20.0, 8.0)])
+    assert s.runs == 4 and s.ttft_n == 3 and s.tpot_n == 3
+    assert s.ttft_med == 20.0 and s.ttft_bias == 10.0
+    assert s.tpot_med == 8.0 and s.tpot_bias == 8.0
+    assert s.ttft_within == pytest.approx(2 / 3)
+    assert s.tpot_within == pytest.approx(2 / 3)
+    assert s.both_within == 1.0  # the two runs with both figures are both within 25%
+    assert pub.signed_pct(120.0, 100.0) == pytest.approx(20.0)
+    assert pub.signed_pct(1.0, None) is None
+
+
+def test_bad_csv_is_a_one_line_error(tmp_path):
+    good = (resources.files("servetune") / pub.PACKAGED).read_text("utf-8")
+    header, first = good.splitlines()[:2]
+    bad = tmp_path / "runs.csv"
+    bad.write_text(header + "\n" + first.replace(",fit,", ",tuned,", 1) + "\n")
+    with pytest.raises(InputError) as exc:
+        pub.load_runs(bad)
+    assert "role" in str(exc.value) and "line 2" in str(exc.value)
+    with pytest.raises(InputError):
+        pub.load_runs(tmp_path / "missing.csv")
+
+
+def test_cli_end_to_end_and_expected_errors_are_current(capsys):
+    code, out, _ = run_cli(capsys, "validate", "--published", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == set(pub.TIERS)
+    for tier, figs in data.items():
+        recorded = expected_errors()[tier]
+        assert figs["all"]["runs"] == recorded["rows"]
+        # the recorded figures round the fresh ones (whole percent)
+        assert abs(figs["all"]["ttft_med"] - recorded["ttft_pct"]) <= 0.5
+        assert abs(figs["all"]["tpot_med"] - recorded["tpot_pct"]) <= 0.5
+        assert {"fit", "check"} == set(figs["by_role"])
+        assert "llama-3.1-70b x h100-sxm" in figs["by_group"]
+    code, out, _ = run_cli(capsys, "validate", "--published", "--tier", "gpu")
+    assert code == 0
+    assert "[gpu] all" in out and "[roofline]" not in out and "<=25%" in out
+
+
+def test_cli_refuses_bad_combinations(capsys):
+    code, _, err = run_cli(capsys, "validate", "--published", "--tier", "fast")
+    assert code == 2 and "--tier" in err
+    code, _, err = run_cli(capsys, "validate", "--published", "--live")
+    assert code == 2
