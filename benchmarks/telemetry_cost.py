@@ -30,7 +30,12 @@ def one_run(pid: int, seconds: float, interval_s: float) -> tuple[float, int, li
     from servetune.telemetry import start_sampler
 
     t0 = time.monotonic()
-    s = start_sampler(lambda: {pid}, interval_s=interval_s)
+    import psutil
+
+    def tree() -> set[int]:  # the process tree under the engine, as an engine's pids() lists it
+        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
+
+    s = start_sampler(tree, interval_s=interval_s)
     time.sleep(seconds)
     series = s.stop(time.monotonic_ns())
     wall = time.monotonic() - t0

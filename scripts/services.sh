@@ -3,7 +3,10 @@
 #   PostgreSQL: a throwaway cluster (trust auth, unix socket only) under
 #               $SERVETUNE_SERVICES_DIR (default ./.cache/services); reused when running.
 #   chromium:   headless browser for the report tests (and kaleido's PNG/SVG export).
-# Usage: scripts/services.sh [all|pg|chromium|stop|url]   (default: all)
+#   prometheus: `prometheus CONFIG` (re)starts a Prometheus server with CONFIG on
+#               127.0.0.1:$SERVETUNE_PROM_PORT (default 59090), data under $DIR/prometheus;
+#               prints SERVETUNE_PROM_URL=... (the monitor tests load generated rules into it).
+# Usage: scripts/services.sh [all|pg|chromium|prometheus [CONFIG]|prometheus-stop|stop|url]   (default: all)
 # Prints SERVETUNE_PG_URL=... and writes it to $DIR/pg.env for the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -118,15 +121,58 @@ ensure_chromium() {
   fi
 }
 
+ensure_prometheus() {
+  if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    apt_install prometheus prometheus
+    command -v promtool >/dev/null || die "prometheus still not on PATH after apt-get"
+  fi
+}
+
+stop_prometheus() {
+  local pid
+  pid="$(cat "$DIR/prometheus.pid" 2>/dev/null)" || return 0
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$DIR/prometheus.pid"
+}
+
+# A config change means a new scrape target: restart rather than reload, with fresh data.
+start_prometheus() {
+  local config="$1" port="${SERVETUNE_PROM_PORT:-59090}" url
+  ensure_prometheus
+  [ -f "$config" ] || die "prometheus config $config not found"
+  promtool check config "$config" >&2 || die "promtool rejects $config"
+  stop_prometheus
+  rm -rf "$DIR/prometheus"
+  mkdir -p "$DIR/prometheus"
+  prometheus --config.file="$config" --storage.tsdb.path="$DIR/prometheus" \
+    --web.listen-address="127.0.0.1:$port" --web.enable-lifecycle \
+    >"$DIR/prometheus.log" 2>&1 &
+  echo $! >"$DIR/prometheus.pid"
+  url="http://127.0.0.1:$port"
+  for _ in $(seq 100); do
+    if curl -sf "$url/-/ready" >/dev/null 2>&1; then
+      echo "SERVETUNE_PROM_URL=$url"
+      return 0
+    fi
+    sleep 0.2
+  done
+  die "prometheus did not become ready on $url (see $DIR/prometheus.log)"
+}
+
 mkdir -p "$DIR"
 case "${1:-all}" in
   all) ensure_chromium && start_pg ;;
   pg) start_pg ;;
   chromium) ensure_chromium ;;
-  stop) stop_pg ;;
+  prometheus) if [ -n "${2:-}" ]; then start_prometheus "$2"; else ensure_prometheus; fi ;;
+  prometheus-stop) stop_prometheus ;;
+  stop) stop_pg && stop_prometheus ;;
   url) cat "$DIR/pg.env" ;;
   *)
-    echo "usage: scripts/services.sh [all|pg|chromium|stop|url]" >&2
+    echo "usage: scripts/services.sh [all|pg|chromium|prometheus [CONFIG]|prometheus-stop|stop|url]" >&2
     exit 2
     ;;
 esac

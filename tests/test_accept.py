@@ -6,7 +6,11 @@ The real engines are in test_accept_engines.py."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,7 @@ from servetune.accept import (
     ProbeFailed,
     Sizes,
     probes,
+    stability,
     static,
 )
 from servetune.accept.checklist import Status, failed, passed, unchecked
@@ -224,3 +229,45 @@ def test_accept_end_to_end_on_the_mock_behind_the_shedder(capsys, files, tmp_pat
     assert code == 1 and not data["accepted"]
     page = html.read_text()
     assert page.count('<tr id="') == 23 and "queue-bound" in page
+
+
+def _mock_process(port: int) -> subprocess.Popen:
+    code = (
+        "from servetune.mock.server import MockConfig, serve_forever; "
+        f"serve_forever(MockConfig(ttft_ms=10, itl_ms=2), '127.0.0.1', {port})"
+    )
+    # one hash seed: the mock's word tokenizer must give every replica the same ids
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("mock process did not start")
+
+
+@pytest.mark.timeout(120)
+def test_the_fault_test_kills_a_replica_and_needs_the_front_to_move_traffic(tmp_path: Path):
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    load = stability.Load("rate", 20.0)
+    verdicts = []
+    for replicas in (2, 1):  # two behind the front: failover; one: nothing left to serve
+        ports = [_free_port() for _ in range(replicas)]
+        procs = [_mock_process(port) for port in ports]
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        try:
+            with shedder_in_thread(urls, max_in_flight=100) as (url, _):
+                p = Prober(_dep(url), db=db, study="t", say=lambda m: None)
+                fault = stability.Fault(f"kill {procs[-1].pid}", after_s=1.0)
+                pt = load.apply(p.dep.workload, 80)
+                verdicts.append(stability.fault_stage(p, pt, load, fault))
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+    two, one = verdicts
+    assert two.ok, two.line
+    assert not one.ok and "fault at 20 req/s" in one.line, one.line

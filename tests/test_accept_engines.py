@@ -75,18 +75,21 @@ def test_llamacpp_capped_behind_the_shedder_passes_them(
 
     cfg = LLAMACPP_TEST_CONFIG.model_copy(update={"extra_args": ("-n", str(CAP))})
     args = _files(tmp_path, cfg)
+    bound = 2 * (cfg.parallel_slots or 1)  # the slots plus as many waiting, in all
     with (
         launch("llamacpp", cfg, str(gemma_gguf), device="cpu") as srv,
-        shedder_in_thread(srv.url, max_in_flight=cfg.parallel_slots or 1) as (url, sh),
+        shedder_in_thread(srv.url, max_in_flight=bound, per_key=2) as (url, sh),
     ):
         code, _, err = run_cli(capsys, "accept", "--url", srv.url, "--engine", "vllm", *args)
         assert code == 2 and "served by llamacpp, not vllm" in err  # wrong engine: one line
         code, out, err = run_cli(capsys, "accept", "--url", url, "--engine", "llamacpp",
-                                 "--model-path", str(gemma_gguf), *args)  # fmt: skip
+                                 "--model-path", str(gemma_gguf), "--api-key", "user-a",
+                                 "--api-key", "user-b", *args)  # fmt: skip
     items = _items(out)
     cap, queue = items["output-cap"], items["queue-bound"]
     assert cap["status"] == "pass" and cap["values"]["got"] <= CAP, cap
     assert queue["status"] == "pass" and queue["values"]["shed"] > 0 and sh.shed > 0, queue
+    assert items["per-user-limits"]["status"] == "pass", items["per-user-limits"]
     assert items["model-pinned"]["status"] == "pass"  # the GGUF's bytes hashed
     assert items["stack-pinned"]["status"] == "pass"  # llama.cpp's build_info
     print(json.dumps({k: (v["status"], v["evidence"]) for k, v in items.items()}, indent=1))

@@ -72,6 +72,7 @@ def files(tmp_path: Path) -> dict[str, str]:
             t, "sh.yaml", {"knobs": {"max_num_seqs": {"min": 1, "max": 1e12, "step": 1}}}
         ),  # fmt: skip
         "slo_inf": _file(t, "slo.yaml", {"ttft_ms": {"p95": float("inf")}}),
+        "nested": _file(t, "sn.yaml", {"knobs": {"max_num_seqs": [[8, 16]]}}),
         "db": str(t / "st.db"),
     }
 
@@ -115,8 +116,13 @@ ROWS = [
     ("--set a bool", [*SIM, "-w", "{ok}", "--set", "max_num_seqs=true"], "max_num_seqs must be"),
     ("tune --seed -1", [*TUNE, "--seed", "-1"], "--seed: "),
     ("tune --gpus 0", [*TUNE, "--gpus", "0"], "--gpus: "),
+    ("tune --gpus 3", [*TUNE, "--gpus", "3"], "--gpus: 3 does not divide"),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     ("plan --block-size 7", ["plan", "--block-size", "7"], "--block-size: "),
+    ("plan cpu --block-size 48", ["plan", "--gpu", "cpu-host", "--block-size", "48"], "of 32"),
+    ("space list in list", [*TUNE, "--space", "{nested}"], "space.knobs.max_num_seqs: "),
+    ("--rate ''", [*SIM, "-w", "{ok}", "--rate", ""], "--rate: "),
+    ("tune --max-load below 0.25", [*TUNE, "--max-load", "1e-308"], "--max-load: "),
 ]
 
 

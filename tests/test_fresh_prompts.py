@@ -33,3 +33,50 @@ def test_fixed_requests_are_sent_as_given() -> None:
     reqs = materialize(SPEC, WordTokenizer())
     replay = Point("replay", SPEC, requests=reqs)
     assert fresh_prompts(replay, 3) is replay
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.sent: list[Point] = []
+
+    def measure(self, point: Point, sinks=None):  # noqa: ANN201
+        from servetune.results.schema import RunResult, Target
+
+        self.sent.append(point)
+        return RunResult.model_construct(target=Target())
+
+
+class _Engine:
+    engine, cfg, settings = "llamacpp", None, None
+
+    def check(self) -> None:
+        pass
+
+
+def _session():
+    from servetune.engines.config import EngineConfig
+    from servetune.measure.real import EngineSession
+
+    sess = EngineSession.__new__(EngineSession)  # the engine and its tokenizer stood in
+    sess.server, sess.srv, sess.measured = _Server(), _Engine(), 0
+    sess.srv.cfg = EngineConfig(engine="llamacpp")
+    return sess
+
+
+def test_an_engine_warms_up_before_its_first_point_then_each_point_is_fresh() -> None:
+    from servetune.measure.real import WARMUP_REQUESTS
+
+    sess = _session()
+    sess.measure(Point("c4", SPEC.with_load(concurrency=4)))
+    sess.measure(Point("c8", SPEC.with_load(concurrency=8)))
+    warm, first, second = sess.server.sent
+    # the warm-up: the first point's own requests, one user, a couple, unmeasured seed
+    assert (warm.spec.arrival.concurrency, warm.spec.count) == (1, WARMUP_REQUESTS)
+    assert warm.spec.seed == SPEC.seed and "warm-up" in warm.label
+    assert (first.spec.arrival.concurrency, first.spec.seed) == (4, SPEC.seed + 1)
+    assert (second.spec.arrival.concurrency, second.spec.seed) == (8, SPEC.seed + 2)
+    # a replay of fixed requests is sent as given, without a warm-up
+    sess = _session()
+    replay = Point("replay", SPEC, requests=materialize(SPEC, WordTokenizer()))
+    sess.measure(replay)
+    assert sess.server.sent == [replay]

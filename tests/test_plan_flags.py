@@ -30,8 +30,8 @@ def test_trtllm_fraction_is_the_plans_pool_over_the_memory_left_free() -> None:
     expected = math.floor(b.kv_pool_bytes / free * 1e4) / 1e4
     argv = result.launch["trtllm"].argv
     assert float(_arg(argv, "--kv_cache_free_gpu_memory_fraction")) == expected
-    # A 24 GiB card with 15 GiB of weights: ~0.60 of what is free, far from vLLM's 0.9.
-    assert 0.55 < expected < 0.65
+    # A 24 GiB card with 15 GiB of weights: ~0.68 of what is free, far from vLLM's 0.9.
+    assert 0.6 < expected < 0.7
 
 
 def test_commands_name_the_hf_repo_not_the_catalog_id() -> None:

@@ -231,7 +231,7 @@ def test_a_tune_report_opens_with_the_verdict_and_the_tuning_charts(tmp_path: Pa
     assert bars.marker.color[0] != bars.marker.color[2] != bars.marker.color[1]
     sim = sim_vs_measured(data).fig.data
     assert [t.name for t in sim] == ["simulator", "measured"]
-    assert list(sim[0].x) == ["max_num_seqs=8", "max_num_seqs=default"]
+    assert list(sim[0].y) == ["max_num_seqs=8", "max_num_seqs=default"]
     bind = binding(data).fig.data[0]
     assert all("P95 TTFT 1,200 ms > 800 (n=" in t for t in bind.text)
     assert list(bind.x) == [1.5, 1.5, 1.5]

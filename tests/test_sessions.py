@@ -135,9 +135,28 @@ def test_datasets_every_turn_sharegpt_and_messages(tmp_path: Path) -> None:
         plan_sessions(parse_workload(wl))
 
 
+def test_mooncake_trace_requests_chain_into_sessions_by_block_hashes(tmp_path: Path) -> None:
+    rows = [  # two users interleaved; each next prompt extends its own previous one
+        {"timestamp": 0, "input_length": 1000, "output_length": 50, "hash_ids": [1, 2]},
+        {"timestamp": 500, "input_length": 900, "output_length": 40, "hash_ids": [7, 8]},
+        {"timestamp": 4000, "input_length": 1200, "output_length": 30, "hash_ids": [1, 2, 3]},
+        {"timestamp": 6500, "input_length": 1100, "output_length": 20, "hash_ids": [7, 8, 9]},
+        {"timestamp": 9000, "input_length": 300, "output_length": 10, "hash_ids": [5]},
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    ses = {"kind": "chat", "dataset": {"path": str(path), "format": "mooncake"}}
+    wl = {"count": 3, "arrival": {"kind": "closed", "concurrency": 1}, "sessions": ses}
+    plan = plan_sessions(parse_workload(wl))
+    turns = [[(t.new_tokens, t.output_tokens, t.delay_s) for t in s.turns] for s in plan.sessions]
+    assert turns == [[(1000, 50, 0.0), (150, 30, 4.0)], [(900, 40, 0.0), (160, 20, 6.0)],
+                     [(300, 10, 0.0)]]  # fmt: skip
+    assert [plan.sessions[0].prompt_tokens(j) for j in range(2)] == [1000, 1200]
+
+
 def test_the_builtin_dataset_has_multi_turn_conversations() -> None:
-    wl = {"count": 64, "arrival": {"kind": "closed", "concurrency": 1},
-          "sessions": {"kind": "chat", "dataset": {"path": "builtin", "shuffle": False}}}  # fmt: skip
+    ses = {"kind": "chat", "dataset": {"path": "builtin", "shuffle": False}}
+    wl = {"count": 64, "arrival": {"kind": "closed", "concurrency": 1}, "sessions": ses}
     plan = plan_sessions(parse_workload(wl))
     turns = [len(s.turns) for s in plan.sessions]
     assert max(turns) >= 4 and 1.5 <= sum(turns) / len(turns) <= 2.6  # LMSYS-Chat-1M: 2.0
@@ -155,13 +174,15 @@ def _followup_ttft(res) -> float:
 
 
 def test_sim_follow_up_ttft_falls_with_prefix_caching_and_hits_match_the_allowance() -> None:
-    wl = chat(count=16, users=4, user_tokens={"dist": "fixed", "value": 2000})
+    wl = chat(count=16, users=4, user_tokens={"dist": "fixed", "value": 2000},
+              system_prompt={"groups": 2, "tokens": 1000})  # fmt: skip
     on, off = sim(wl), sim(wl, enable_prefix_caching=False)
     assert on.metrics.completed == off.metrics.completed == 64
     assert _followup_ttft(on) < 0.6 * _followup_ttft(off)
-    m = session_metrics(list(on.records), block_tokens=16)
+    systems = plan_sessions(parse_workload(wl)).system_prompts()
+    m = session_metrics(list(on.records), block_tokens=16, system_prompts=systems)
     assert m is not None and m.measured_hit_rate is not None
-    assert abs(m.measured_hit_rate - m.allowed_hit_rate) < 0.02
+    assert abs(m.measured_hit_rate - m.allowed_hit_rate) < 0.03
     assert session_metrics(list(off.records)).measured_hit_rate == 0
 
 
@@ -223,3 +244,45 @@ def test_bench_chains_turns_with_the_answers_received() -> None:
     assert m is not None and m.sessions == 4 and m.followup.requests == 12
     assert m.resent_tokens == sum(p.usage_prompt_tokens for t in by_session.values()
                                   for p in t[:-1])  # fmt: skip
+
+
+# --- tune ---------------------------------------------------------------------------------
+
+
+def test_tune_finds_the_agent_loops_capacity_in_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from servetune.cli.app import app
+
+    monkeypatch.chdir(tmp_path)  # the study's report goes to ./out
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("ttft_ms: {p95: 40}\n")  # tight: binds at a few users on an H100
+    args = ["tune", "--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+            "--space", str(ROOT / "examples/tune/vllm-gpu.yaml"),
+            "--workload", str(ROOT / "examples/agent-loop.yaml"), "--slo", str(slo),
+            "--trials", "1", "--no-edge", "--max-load", "64", "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    base = json.loads(res.stdout[res.stdout.index("{") :])["baseline"]
+    points = {p["load"]: p["passed"] for p in base["points"]}
+    assert all(p["load_kind"] == "concurrency" for p in base["points"])  # users
+    assert 1 <= base["capacity"] < 64 and points[base["capacity"]]
+    assert not all(points.values())  # a load beyond the capacity missed the SLO
+
+
+def test_bench_open_loop_sessions_start_on_schedule() -> None:
+    wl = chat(count=5, users=1, turns={"dist": "fixed", "value": 2})
+    wl["arrival"] = {"kind": "poisson", "rate": 4}
+    spec = parse_workload(wl)
+    plan = plan_sessions(spec)
+    with mock_in_thread(MockConfig(ttft_ms=10, itl_ms=1)) as srv:
+        opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1)
+        res = run_point(spec, materialize(spec, WordTokenizer()), opts)
+    assert res.metrics.completed == 10
+    firsts = {r.prefix_group: r for r in res.records if r.sub == "turn0"}
+    for s in plan.sessions:  # each first turn at its planned start (the send lag is measured)
+        assert firsts[s.index].scheduled_ns == int(s.start_s * 1e9)
+        assert firsts[s.index].send_ns >= firsts[s.index].scheduled_ns
+    assert all(r.scheduled_ns is None for r in res.records if r.sub != "turn0")

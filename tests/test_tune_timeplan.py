@@ -105,6 +105,6 @@ def test_a_spent_budget_still_verifies_the_whole_top_k_then_repeats(
     # verified config measures its first load point only, and the notes say so per config
     assert all(len(t.points) > 1 for t in free.ranked)
     assert all(len(t.points) == 1 for t in tight.ranked)
-    cut = [n for n in tight.notes if "capacity search stopped after 1 load points" in n]
+    cut = [n for n in tight.notes if "capacity search stopped after 1 load point at" in n]
     assert len(cut) == 4 and not any("stopped" in n for n in free.notes)
     assert {t.label for t in tight.ranked} == {t.label for t in free.ranked}

@@ -39,6 +39,7 @@ class Deployment:
     dcgm_url: str | None = None
     autoscaling: Path | None = None
     pools: str | None = None  # "shared" | "split": the long/short pooling decision
+    fault_cmd: str | None = None  # stops one replica, for the fault test
 
     @property
     def url(self) -> str:

@@ -153,9 +153,12 @@ class Acceptance:
         tuned, source = stability.tuned_load(dep.load_kind, dep.load, capacity.req_s)
         st = stability.Stability()
 
+        fault, note = self.fault(tuned)
+
         def stage() -> Finding:
             nonlocal st
-            st = stability.run_stage(p, spec, tuned, sample, limit, cap, sz)
+            st = stability.run_stage(p, spec, tuned, sample, limit, cap, sz, fault)
+            st.fault_note = note
             return stability.verdict(st, tuned, source)
 
         self.item("stability-stage", stage)
@@ -186,6 +189,20 @@ class Acceptance:
                 self.checklist.notes.append(f"{it.spec.id} was not checked")
         self.save()
         return self.checklist
+
+    def fault(self, tuned: stability.Load) -> tuple[stability.Fault | None, str | None]:
+        """The fault test, when more than one replica is given and a command to stop one;
+        it strikes halfway through the stage's arrivals."""
+        n_urls, cmd = len(self.dep.urls), self.dep.fault_cmd
+        if n_urls < 2:
+            return None, "fault test: n/a (one replica given)"
+        if not cmd:
+            return None, (
+                f"fault test: not run ({n_urls} replicas given, no --fault-cmd to stop one)"
+            )
+        n = self.s.sizes.stage_requests * stability.BASE
+        after = n / 2 / tuned.value if tuned.kind == "rate" else 3.0
+        return stability.Fault(cmd, after), None
 
     def context_limit(self) -> int | None:
         """The context limit: the config's max_model_len, else what the server reports."""

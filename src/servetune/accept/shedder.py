@@ -3,8 +3,9 @@ bound (seed 003 §15 "请求队列有硬上限") and per-user concurrency limits
 
 It counts the requests in flight (and per API key); beyond the bound it answers
 `429 Too Many Requests` at once instead of queueing, and otherwise forwards the request
-byte for byte to the upstream engine and streams the answer back. A client that goes
-away closes the upstream connection, so the engine sees the cancellation.
+byte for byte to an upstream engine (round robin over replicas, skipping one that
+refuses connections) and streams the answer back. A client that goes away closes the
+upstream connection, so the engine sees the cancellation.
 
 Why our own and not nginx: nginx's limit_conn answers 503 beyond N connections, but
 installing it needs root and each test would need a config file and a process to
@@ -29,16 +30,28 @@ HEAD_LIMIT = 64 * 1024
 
 @dataclass
 class Shedder:
-    """Forward to `upstream` (host, port) with at most `max_in_flight` requests, and at
-    most `per_key` per API key (None: no per-user limit)."""
+    """Forward to `upstreams` ((host, port) each, in turn) with at most `max_in_flight`
+    requests in flight, and at most `per_key` per API key (None: no per-user limit)."""
 
-    upstream: tuple[str, int]
+    upstreams: list[tuple[str, int]]
     max_in_flight: int
     per_key: int | None = None
     in_flight: int = 0
     keys: dict[str, int] = field(default_factory=dict)
     shed: int = 0
     forwarded: int = 0
+    turn: int = 0
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The next replica that accepts a connection (round robin); None: none does."""
+        for _ in range(len(self.upstreams)):
+            host, port = self.upstreams[self.turn % len(self.upstreams)]
+            self.turn += 1
+            try:
+                return await asyncio.open_connection(host, port)
+            except OSError:
+                continue
+        return None
 
     def admit(self, key: str) -> bool:
         if self.in_flight >= self.max_in_flight:
@@ -99,13 +112,13 @@ class Shedder:
         """Send the request upstream (one per connection) and pipe the answer back; the
         first side to close ends both, so a client that leaves cancels the request."""
         self.forwarded += 1
-        try:
-            up_r, up_w = await asyncio.open_connection(*self.upstream)
-        except OSError:
+        conn = await self.connect()
+        if conn is None:
             writer.write(
                 b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
             )
             return
+        up_r, up_w = conn
         kept = [ln for ln in lines[1:] if ln and not ln.lower().startswith("connection:")]
         up_w.write(
             ("\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1")
@@ -139,13 +152,18 @@ class Shedder:
             up_w.close()
 
 
+def _address(url: str) -> tuple[str, int]:
+    host, _, port = url.removeprefix("http://").rstrip("/").removesuffix("/v1").partition(":")
+    return host, int(port or 80)
+
+
 @contextlib.contextmanager
 def shedder_in_thread(
-    upstream: str, max_in_flight: int, per_key: int | None = None, port: int = 0
+    upstreams: str | list[str], max_in_flight: int, per_key: int | None = None, port: int = 0
 ) -> Iterator[tuple[str, Shedder]]:
     """Run a shedder on its own event loop in a daemon thread; yields (its URL, it)."""
-    host, _, p = upstream.removeprefix("http://").rstrip("/").removesuffix("/v1").partition(":")
-    sh = Shedder((host, int(p or 80)), max_in_flight, per_key)
+    ups = [upstreams] if isinstance(upstreams, str) else list(upstreams)
+    sh = Shedder([_address(u) for u in ups], max_in_flight, per_key)
     loop = asyncio.new_event_loop()
     started: dict[str, object] = {}
     ready = threading.Event()
@@ -156,7 +174,6 @@ def shedder_in_thread(
             asyncio.start_server(sh.handle, "127.0.0.1", port, limit=HEAD_LIMIT)
         )
         started["port"] = srv.sockets[0].getsockname()[1]
-        started["server"] = srv
         ready.set()
         loop.run_forever()
         srv.close()
@@ -172,13 +189,9 @@ def shedder_in_thread(
         th.join(5)
 
 
-def serve(upstream: str, max_in_flight: int, per_key: int | None, port: int) -> None:
+def serve(upstreams: list[str], max_in_flight: int, per_key: int | None, port: int) -> None:
     """Blocking: the `servetune accept-shedder` command."""
-    with shedder_in_thread(upstream, max_in_flight, per_key, port) as (url, _):
-        print(
-            f"shedding at {url} -> {upstream} (max {max_in_flight} in flight"
-            + (f", {per_key} per key" if per_key else "")
-            + ")",
-            flush=True,
-        )
+    with shedder_in_thread(upstreams, max_in_flight, per_key, port) as (url, _):
+        limits = f"max {max_in_flight} in flight" + (f", {per_key} per key" if per_key else "")
+        print(f"shedding at {url} -> {', '.join(upstreams)} ({limits})", flush=True)
         threading.Event().wait()

@@ -12,6 +12,9 @@ each stage changes one thing (arrivals, lengths, cancels) at the same load.
 from __future__ import annotations
 
 import math
+import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,7 @@ from servetune.accept.checklist import Finding, failed, passed
 from servetune.accept.measuring import Prober, Sizes, at_rate
 from servetune.measure.steady import SteadyRule, judge
 from servetune.results.schema import RunResult
+from servetune.status import RequestStatus
 from servetune.workload.materialize import Request
 from servetune.workload.spec import WorkloadSpec
 
@@ -65,6 +69,7 @@ class Stability:
     stages: list[StageResult] = field(default_factory=list)
     kv_peak: float | None = None
     preemptions: float | None = None
+    fault_note: str | None = None  # why the fault test did not run
 
     @property
     def runs(self) -> list[str]:
@@ -140,8 +145,10 @@ def run_stage(
     limit: int | None,
     cap: int | None,
     sizes: Sizes,
+    fault: Fault | None = None,
 ) -> Stability:
-    """Every stage in turn (each stored as it is measured)."""
+    """Every stage in turn (each stored as it is measured); the fault test last, since
+    it leaves one replica down."""
     out = Stability()
     n = sizes.stage_requests
     base = tuned.scaled(BASE)
@@ -179,12 +186,54 @@ def run_stage(
             pre = res.server.deltas.get("preemptions_total")
             if pre is not None:
                 out.preemptions = (out.preemptions or 0.0) + pre
+    if fault is not None:
+        out.stages.append(fault_stage(p, base.apply(spec, n), base, fault))
     return out
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The fault test: `command` stops one replica `after_s` into a stage at the base
+    load. Requests sent from `grace_s` after it must all succeed: the front has moved
+    the traffic to the replicas left (what is in flight on the lost one may fail)."""
+
+    command: str
+    after_s: float
+    grace_s: float = 2.0
+
+
+def fault_stage(p: Prober, pt: WorkloadSpec, load: Load, fault: Fault) -> StageResult:
+    killed: dict[str, int] = {}
+
+    def kill() -> None:
+        killed["ns"] = time.monotonic_ns()
+        killed["rc"] = subprocess.run(fault.command, shell=True, check=False).returncode
+
+    requests = p.requests(pt)  # before the clock: the kill times the load, not the set-up
+    timer = threading.Timer(fault.after_s, kill)
+    timer.start()
+    try:
+        res = p.measure("stage-fault", pt, requests)
+    finally:
+        timer.cancel()
+    if "ns" not in killed:
+        return StageResult("fault", load, False, "fault: the stage ended before the kill", res)
+    after = killed["ns"] - res.anchor_ns + int(fault.grace_s * 1e9)
+    late = [r for r in res.records if r.send_ns >= after]
+    bad = [r for r in late if r.status != RequestStatus.OK]
+    line = (
+        f"fault at {load.text()}: `{fault.command}` (exit {killed['rc']}) at {fault.after_s:.1f} s;"
+        f" {len(late) - len(bad)}/{len(late)} requests sent {fault.grace_s:g} s after it served"
+    )
+    ok = bool(late) and not bad and killed["rc"] == 0
+    return StageResult("fault", load, ok, line, res)
 
 
 def verdict(st: Stability, tuned: Load, source: str) -> Finding:
     ev = [f"tuned load {tuned.text()} ({source}); stages at {BASE:g}x unless named peak"]
     ev += [("ok: " if s.ok else "FAIL: ") + s.line for s in st.stages]
+    if st.fault_note:
+        ev.append(st.fault_note)
     bad = [s.name for s in st.stages if not s.ok]
     f = (
         failed(

@@ -151,7 +151,7 @@ def memory_headroom(
             "the engine exports no KV-usage gauge: give a GPU/DCGM exporter or an "
             "engine that reports it (vLLM kv_cache_usage_perc)"
         )
-    ev.append(f"KV pool peak use {kv_peak:.0%} under the stability stage (limit {limit:.0%})")
+    ev.append(f"KV pool peak use {kv_peak:.1%} under the stability stage (limit {limit:.0%})")
     if kv_peak > limit:
         return failed(
             "lower the load per replica or give the KV pool more memory", *ev, kv_peak=kv_peak
@@ -171,7 +171,7 @@ def kv_capacity(engine: str, kv_peak: float | None, preemptions: float | None) -
         f"preemptions during the stability stage: {preemptions:g}"
         if preemptions is not None
         else "preemptions: not reported",
-        f"KV pool peak use {kv_peak:.0%}" if kv_peak is not None else "KV use: not reported",
+        f"KV pool peak use {kv_peak:.1%}" if kv_peak is not None else "KV use: not reported",
     ]
     if (preemptions or 0) > 0:
         return failed(

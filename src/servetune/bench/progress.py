@@ -1,11 +1,7 @@
-"""Live progress of a bench point (rich) and the summary table printed after each point."""
+"""The summary tables printed after bench points (the live view is bench.live)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from servetune.bench.server_metrics import ttft_breakdown
@@ -20,33 +16,6 @@ def _ms(v: float | None) -> str:
 def _p99(d: Dist) -> str:
     """A P99 cell: `~max` when its sample (`d.count`) is too small for a P99."""
     return pct_cell("p99", d.p99, d.count, ".1f")
-
-
-class LiveProgress:
-    """done/total, achieved rate, running TTFT/TPOT percentiles and errors, 4 times a second."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.live: Live | None = None
-
-    def __call__(self, s: dict[str, Any]) -> None:
-        total = f"/{s['total']}" if s.get("total") else ""
-        text = (
-            f"[bold]{s['label']}[/] {s['done']}{total} done  {s['rate_req_s']:.1f} req/s  "
-            f"TTFT p50/p99 {_ms(s['ttft_p50_ms'])}/{_ms(s['ttft_p99_ms'])} ms  "
-            f"TPOT p50/p99 {_ms(s['tpot_p50_ms'])}/{_ms(s['tpot_p99_ms'])} ms  "
-            f"errors {s['errors']}  {s['elapsed_s']:.0f}s"
-        )
-        if self.live is None:
-            self.live = Live(text, console=self.console, refresh_per_second=4, transient=True)
-            self.live.start()
-        else:
-            self.live.update(text)
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
 
 
 def load_label(r: RunResult) -> str:

@@ -51,6 +51,9 @@ def accept(
     dcgm_url: str = typer.Option(None, "--dcgm-url", help="A DCGM exporter's /metrics."),
     autoscaling: str = typer.Option(None, "--autoscaling", help="HPA/KEDA/rules YAML."),
     pools: str = typer.Option(None, "--pools", help="Long/short pooling decided: shared|split."),
+    fault_cmd: str = typer.Option(
+        None, "--fault-cmd", help="Shell command that stops one replica (fault test)."
+    ),
     gpu: bool = typer.Option(False, "--gpu", help="The deployment serves on GPUs."),
     requests: int = typer.Option(120, "--requests", min=4, help="Requests per stability stage."),
     quick: bool = typer.Option(False, "--quick", help="Small probes (minutes -> ~1 min)."),
@@ -99,6 +102,7 @@ def accept(
         dcgm_url=dcgm_url,
         autoscaling=Path(autoscaling) if autoscaling else None,
         pools=pools,
+        fault_cmd=fault_cmd,
     )
     sizes = Sizes(stage_requests=requests)
     if quick:
@@ -159,11 +163,11 @@ def _print_table(data: dict) -> None:
 
 
 def shedder(
-    upstream: str = typer.Option(..., "--upstream", help="The engine's URL."),
+    upstreams: list[str] = typer.Option(..., "--upstream", help="An engine's URL (repeatable)."),
     max_in_flight: int = typer.Option(..., "--max-in-flight", min=1),
     per_key: int = typer.Option(None, "--per-key", min=1, help="In flight per API key."),
     port: int = typer.Option(8088, "--port"),
 ) -> None:
     from servetune.accept.shedder import serve
 
-    serve(upstream, max_in_flight, per_key, port)
+    serve(upstreams, max_in_flight, per_key, port)

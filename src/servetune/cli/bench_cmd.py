@@ -154,7 +154,8 @@ def bench(
     from rich.console import Console
 
     from servetune.bench.client import Timeouts
-    from servetune.bench.progress import LiveProgress, summary_table, ttft_split, ttft_split_table
+    from servetune.bench.live import live_view
+    from servetune.bench.progress import summary_table, ttft_split, ttft_split_table
     from servetune.cli.engine_cmd import parse_sets
     from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
     from servetune.status import RunStatus
@@ -211,7 +212,7 @@ def bench(
         if res.status != RunStatus.COMPLETED:
             err.print(f"[bold red]{p.label}: {res.status}[/] {res.stop_reason or ''}")
 
-    live = LiveProgress(err) if not as_json else None
+    live = live_view(err, url, engine) if not as_json else None  # off when piped
     results = run_bench(settings, Hooks(ready=ready, point=point, say=say_line, live=live))
     if as_json:
         payload = [
@@ -227,6 +228,12 @@ def bench(
         from servetune.cli.render import print_tables
 
         print_tables(summary_table(results), ttft_split_table(results))
+        from servetune.bench.progress import load_label
+        from servetune.metrics.turns import session_line
+
+        for r in results:  # multi-turn workloads: follow-up TTFT and prefix-cache hit rates
+            if (line := session_line(r)) is not None:
+                typer.echo(f"{load_label(r)}: {line}")
     if any(r.status == RunStatus.INTERRUPTED for r in results):
         raise typer.Exit(130)
     failed = next((r for r in results if r.status == RunStatus.FAILED), None)

@@ -54,6 +54,10 @@ def sim_point(res: RunResult) -> list[str]:
         f"  preemptions {sim.preemptions}, rejected {sim.rejected}, "
         f"prefix hits {sim.prefix_hit_tokens:,} tok",
     ]
+    if res.workload.get("sessions"):  # multi-turn: follow-up TTFT and hit rates
+        from servetune.metrics.turns import session_line
+
+        lines.append(f"  {session_line(res)}")
     return lines + [f"  {line}" for line in slo_verdict(m)]
 
 

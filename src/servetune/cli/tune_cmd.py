@@ -89,6 +89,13 @@ def tune(
     )
     say(head)
     tuner = Tuner(settings, say)
+    if settings.real is not None and not quiet:  # real probes show the live view
+        from rich.console import Console
+
+        from servetune.bench.live import live_view
+        from servetune.measure.backends import RealBackend
+
+        RealBackend.live = live_view(Console(stderr=True))  # None when piped
     try:
         out = tuner.run()
     except NothingMeasured as exc:  # every config skipped or infeasible: their reasons
@@ -97,6 +104,10 @@ def tune(
         else:
             print_outcome(exc.outcome)
         raise
+    finally:
+        from servetune.measure.backends import RealBackend
+
+        RealBackend.live = None
     write_report(tuner.store, out, report)
     if as_json:
         sys.stdout.write(json.dumps(out.to_json(), indent=2, default=str) + "\n")
@@ -179,8 +190,15 @@ def build_settings(o: dict[str, Any]) -> Any:
     from servetune.hardware import get_hardware
     from servetune.model import get_model
 
-    get_model(model)
+    heads = get_model(model).num_attention_heads
     get_hardware(hardware, o["hardware_file"])
+    if o["gpus"] and o["gpus"] > 1:  # every trial would be refused: say it before any runs
+        from servetune.engines.rules import check_tensor_parallel
+
+        try:
+            check_tensor_parallel(sp.baseline_config(), heads)
+        except InputError as exc:
+            raise InputError("--gpus", exc.problem, exc.fix) from None
     sim = real = None
     if mode in ("sim", "hybrid"):
         sim = BackendSpec(

@@ -7,6 +7,10 @@ Gemma 3 270M -- and runs the calibration sweep and the held-out workloads (minut
 alone on the machine). Either way the profile is fitted on the calibration workloads only
 (`cal-*`), unless `--profile` gives one, and the table compares the others. The work is
 `servetune.validate`'s; heavy imports inside the command.
+
+`--published` needs neither: it simulates the published GPU runs of the visible set
+(`validate.published`, docs/fidelity-gpu.md) under each GPU tier and prints the median
+|error| of TTFT and TPOT per tier, per role and per model x GPU.
 """
 
 from __future__ import annotations

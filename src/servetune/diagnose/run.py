@@ -109,11 +109,36 @@ def watch(
     return Diagnosis(ev, diagnose(ev))
 
 
+def _watched(ev: Evidence) -> str:
+    """What a live window saw, in one line (figures the engine or the host did not give
+    are left out)."""
+
+    def pct(x: float | None) -> str | None:
+        return None if x is None else f"{x:.0%}"
+
+    parts = {
+        "running max": ev.running_max,
+        "waiting max": ev.waiting_max,
+        "KV peak": pct(ev.kv_usage_max),
+        "host CPU": pct(ev.tel.get("host_cpu_busy_mean")),
+        "engine cores": ev.tel.get("engine_cpu_cores_mean"),
+        "GPU util": pct(ev.tel.get("gpu_util_mean")),
+    }
+    shown = [
+        f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in parts.items()
+        if v is not None
+    ]
+    return ", ".join(shown) or "nothing (no /metrics series, no local telemetry)"
+
+
 def render(d: Diagnosis) -> list[str]:
     """The report as lines: each finding, its trigger, its ordered actions."""
     ev = d.evidence
     head = f"diagnosis of {ev.source}" + (" (live window, no load sent)" if ev.live else "")
     lines = [head]
+    if ev.live:
+        lines.append("  watched: " + _watched(ev))
     if not d.findings:
         lines.append("  no symptom found: nothing in seed 003 §13's list fired")
         return lines

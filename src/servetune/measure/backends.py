@@ -24,7 +24,7 @@ from servetune.hardware import get_hardware
 from servetune.measure.loads import probe_point
 from servetune.measure.real import EngineSession
 from servetune.measure.result import Infeasible, PointResult
-from servetune.measure.session import Session
+from servetune.measure.session import NO_SINKS, Session, Sinks
 from servetune.measure.simulated import SimSession
 from servetune.measure.steady import SteadyRule, apply_steady_state, default_rule
 from servetune.model import get_model
@@ -98,6 +98,10 @@ def planner_reason(model: Any, hw: Any, cfg: EngineConfig) -> str | None:
 class _Probes:
     """What both backends share: the study's workload and SLO, and `probe`."""
 
+    # A live terminal view of each probe (bench.live.LiveView: called with the runner's
+    # progress, closed after the probe); `tune` sets it in its own process only.
+    live: Any = None
+
     def __init__(self, spec: BackendSpec) -> None:
         self.spec = spec
         self.workload: WorkloadSpec = parse_workload(spec.workload)
@@ -108,7 +112,11 @@ class _Probes:
         """Measure the study's workload at `load` (`kind`: concurrency or rate); an
         open-loop point that does not reach steady state fails (`measure.steady`)."""
         point = probe_point(self.workload, kind, load, self.spec.per_user, self.steady)
-        res = session.measure(point)
+        try:
+            res = session.measure(point, Sinks(live=self.live) if self.live else NO_SINKS)
+        finally:
+            if self.live is not None:
+                self.live.close()
         steady = apply_steady_state(res, point.spec, self.steady)
         out = PointResult.from_run(res, kind, load)
         if steady is not None:
@@ -220,6 +228,8 @@ class RealBackend(_Probes):
             )
         except EngineError as exc:
             raise Infeasible(exc.kind, f"failed to start: {exc.problem}", exc.log_tail) from None
+        if self.live is not None:
+            self.live.target(srv.url, srv.engine)
         try:
             yield EngineSession(srv, self.slo, self.spec.request_timeout_s, self._requests)
         finally:

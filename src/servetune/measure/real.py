@@ -85,6 +85,9 @@ class ServerSession:
         return res
 
 
+WARMUP_REQUESTS = 2  # sent before an engine's first point (`EngineSession.warm_up`)
+
+
 class EngineSession:
     """An engine servetune launched (`engines.process.launch`): measured like any server
     at its URL, with the server's own tokenizer and /metrics, then checked: an engine that
@@ -121,7 +124,23 @@ class EngineSession:
         )
         self.measured = 0  # points measured in this engine's life (`fresh_prompts`)
 
+    def warm_up(self, point: Point) -> None:
+        """Before the engine's first point: WARMUP_REQUESTS of that point's workload, one
+        at a time, unmeasured. Why: the first requests after a launch pay one-time costs
+        that no later request does (llama.cpp + Gemma 3 270M, the main job's first point:
+        TTFT 2,082 and 525 ms for the first two requests, 94-127 ms for the next four;
+        the launch's own one-token completion does not pay them), and the simulator
+        models none of it. The calibration sweep warms up the same way."""
+        try:
+            spec = point.spec.with_load(concurrency=1, count=WARMUP_REQUESTS)
+        except ValueError:  # a trace: nothing to send one at a time
+            return
+        self.server.measure(Point(f"{point.label} warm-up", spec))
+
     def measure(self, point: Point, sinks: Sinks = NO_SINKS) -> RunResult:
+        if self.measured == 0 and point.requests is None:
+            self.warm_up(point)
+            self.measured += 1  # its prompts are spent: the first point draws new ones
         point = fresh_prompts(point, self.measured)
         self.measured += 1
         res = self.server.measure(point, sinks)
@@ -136,11 +155,11 @@ class EngineSession:
 
 
 def fresh_prompts(point: Point, k: int) -> Point:
-    """The `k`-th point measured on one engine process draws its own prompts: the spec's
-    seed + k (the first point as given; fixed `requests` as given). Why: an engine keeps
-    the prompts it served (llama.cpp per slot and in its host-memory prompt cache) and
-    serves a repeated prompt from that cache, and one seed at every load point of a config
-    repeated the same first prompts: later points measured cache hits (the main job,
+    """The `k`-th point measured on one engine process (the warm-up counts) draws its own
+    prompts: the spec's seed + k (k = 0 as given; fixed `requests` as given). Why: an
+    engine keeps the prompts it served (llama.cpp per slot and in its host-memory prompt
+    cache) and serves a repeated prompt from that cache, and one seed at every load point
+    of a config repeated the same first prompts: later points measured cache hits (the main job,
     llama.cpp + Gemma 3 270M, one config's 4-user point: 4 prompts served at earlier points
     reached their first token in 85 ms, the next 4, half of them new, in 234 ms). Traffic
     without shared prefixes never repeats a prompt, and the simulator rightly does not

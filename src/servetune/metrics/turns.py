@@ -8,10 +8,11 @@ follow-ups) and its session in `prefix_group` (`workload.session_plan`). From th
 - session duration: the first turn's send to the last turn's last chunk;
 - tokens re-sent (history the client sent again) and the hit rate the workload allows:
   per follow-up, the previous turn's prompt, when this prompt still extends it (it grew
-  by at least the previous answer; a context cap that dropped history allows none); per
-  first turn, its system prompt once another session's first turn with the same one has
-  its first token (that prefill is cached); in whole cache blocks and never the last
-  prompt token (vLLM computes one token to sample from: vllm/v1/core/kv_cache_manager.py,
+  by at least the previous answer; after a context cap dropped history, the system
+  prompt only); per first turn, its system prompt unless it is the first sent with that
+  one (first turns sent together may still miss it: each computes before the others'
+  blocks are cached); in whole cache blocks and never the last prompt token (vLLM
+  computes one token to sample from: vllm/v1/core/kv_cache_manager.py,
   get_computed_blocks);
 - the hit rate the engine measured, next to it: vLLM's counters
   (`prefix_cache_hits_total` / `prefix_cache_queries_total`, prompt tokens, over the
@@ -29,9 +30,11 @@ from pydantic import BaseModel, Field
 
 from servetune.metrics.compute import compute_metrics, request_latencies_ms
 from servetune.metrics.stats import summarize
-from servetune.results.schema import Dist, Metrics, RequestRecord
+from servetune.results.schema import Dist, Metrics, RequestRecord, RunResult
 from servetune.slo import SLO
 from servetune.status import RequestStatus
+from servetune.workload.session_plan import plan_sessions
+from servetune.workload.spec import WorkloadSpec
 
 TURN_CLASSES = ("first", "followup")
 
@@ -83,11 +86,14 @@ def _latency(recs: Sequence[RequestRecord]) -> TurnLatency:
     return TurnLatency(requests=len(recs), ttft_ms=summarize(ttft), tpot_ms=summarize(tpot))
 
 
-def allowed_reuse(prev: RequestRecord, cur: RequestRecord, block_tokens: int) -> int:
-    """Prompt tokens of `cur` a prefix cache can serve from `prev`, the turn before it."""
+def allowed_reuse(
+    prev: RequestRecord, cur: RequestRecord, block_tokens: int, system_tokens: int = 0
+) -> int:
+    """Prompt tokens of `cur` a prefix cache can serve from `prev`, the turn before it;
+    when the history was cut (the prompt no longer extends it), its system prompt only."""
     p, q = prev.input_tokens, cur.input_tokens
-    if q < p + prev.output_tokens:  # the history was cut: the prompt no longer extends it
-        return 0
+    if q < p + prev.output_tokens:
+        p = system_tokens
     return (min(p, q - 1) // block_tokens) * block_tokens
 
 
@@ -113,13 +119,15 @@ def session_metrics(
         by_session[r.prefix_group if r.prefix_group is not None else -1].append(r)
         by_turn[j].append(r)
     durations, resent, allowed = [], 0, 0
-    for recs in by_session.values():
+    systems = system_prompts or {}
+    for s, recs in by_session.items():
+        sys_tokens = systems.get(s, (-1, 0))[1]
         recs.sort(key=lambda r: turn_index(r.sub) or 0)
         durations.append((max(r.end_ns for r in recs) - recs[0].send_ns) / 1e9)
         for prev, cur in zip(recs, recs[1:], strict=False):
             if turn_index(cur.sub) == (turn_index(prev.sub) or 0) + 1:
-                resent += allowed_reuse(prev, cur, 1)
-                allowed += allowed_reuse(prev, cur, block_tokens)
+                resent += allowed_reuse(prev, cur, 1, sys_tokens)
+                allowed += allowed_reuse(prev, cur, block_tokens, sys_tokens)
     allowed += _system_reuse([r for r in ok if r.sub == "turn0"], system_prompts, block_tokens)
     prompt = sum(r.input_tokens for r in ok)
     cached, measured = _engine_cache(ok, server_deltas)
@@ -141,19 +149,17 @@ def session_metrics(
 def _system_reuse(
     firsts: list[RequestRecord], systems: dict[int, tuple[int, int]] | None, block_tokens: int
 ) -> int:
-    """Tokens first turns can find cached from other sessions' system prompts."""
+    """Tokens first turns can find cached from other sessions' system prompts: all but the
+    first sent with each system prompt."""
     if not systems:
         return 0
-    done: dict[int, list[int]] = defaultdict(list)  # group -> first-token times
-    for r in firsts:
-        g, n = systems.get(r.prefix_group if r.prefix_group is not None else -1, (-1, 0))
-        if g >= 0 and r.chunk_ns:
-            done[g].append(r.chunk_ns[0])
+    seen: set[int] = set()
     total = 0
-    for r in firsts:
+    for r in sorted(firsts, key=lambda r: r.send_ns):
         g, n = systems.get(r.prefix_group if r.prefix_group is not None else -1, (-1, 0))
-        if g >= 0 and any(t <= r.send_ns for t in done[g]):
+        if g >= 0 and g in seen:
             total += (min(n, r.input_tokens - 1) // block_tokens) * block_tokens
+        seen.add(g)
     return total
 
 
@@ -162,10 +168,9 @@ def _engine_cache(
 ) -> tuple[int | None, float | None]:
     """(cached prompt tokens, hit rate) as the engine reports them, or (None, None)."""
     d = deltas or {}
-    queries = d.get("prefix_cache_queries_total") or 0.0
-    if queries > 0:
-        hits = d.get("prefix_cache_hits_total", 0.0)
-        return int(hits), hits / queries
+    if "prefix_cache_queries_total" in d:  # no lookups (caching off): nothing hit
+        queries, hits = d["prefix_cache_queries_total"], d.get("prefix_cache_hits_total", 0.0)
+        return int(hits), hits / queries if queries > 0 else 0.0
     per = [(r.server_timings or {}) for r in recs]
     key = next((k for k in ("cache_n", "cached") if any(k in t for t in per)), None)
     if key is None:
@@ -194,3 +199,38 @@ def apply_turn_slo(
     m.slo_pass = sub.slo_pass
     m.slo_attainment = sub.slo_attainment
     m.goodput_req_s = sub.goodput_req_s
+
+
+def run_session_metrics(res: RunResult) -> SessionMetrics | None:
+    """`session_metrics` of a stored or fresh run: the cache block of its engine (vLLM's
+    block size, 16 by default; 1 for llama.cpp or an unknown server), the engine's
+    counters, the system prompts of its workload. None when it is not a session run."""
+    spec = WorkloadSpec.model_validate(res.workload) if res.workload else None
+    if spec is None or spec.sessions is None:
+        return None
+    cfg = res.target.config or {}
+    engine = res.target.engine or cfg.get("engine")
+    block = int(cfg.get("block_size", 16)) if engine == "vllm" else 1
+    return session_metrics(
+        res.records,
+        block_tokens=block,
+        server_deltas=res.server.deltas if res.server else None,
+        system_prompts=plan_sessions(spec).system_prompts(),
+    )
+
+
+def session_line(res: RunResult) -> str | None:
+    """One line for the CLI: follow-up vs first-turn TTFT and the cache hit rates."""
+    m = run_session_metrics(res)
+    if m is None:
+        return None
+
+    def ms(d: Dist) -> str:
+        return "/".join("-" if v is None else f"{v:,.0f}" for v in (d.p50, d.p95))
+
+    hit = "-" if m.measured_hit_rate is None else f"{m.measured_hit_rate:.0%}"
+    return (
+        f"{m.sessions} sessions: TTFT p50/p95 first {ms(m.first.ttft_ms)} ms, "
+        f"follow-up {ms(m.followup.ttft_ms)} ms; prefix-cache hit rate {hit} "
+        f"(the workload allows {m.allowed_hit_rate:.0%}); {m.resent_tokens:,} tokens re-sent"
+    )

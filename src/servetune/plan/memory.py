@@ -4,7 +4,7 @@
 The KV pool follows vLLM's sizing (seed 003 §4, FIELD-NOTES "get KV block count right
 first"): pool = gpu_memory_utilization x device memory - weights - activation peak of
 the profiling prefill - the overheads the engine counts (`Overheads.total_bytes`: for
-vLLM the cuBLAS workspace and NCCL buffers; the CUDA context and graphs sit in the
+vLLM the cuBLAS workspace, CUDA graphs and NCCL buffers; the CUDA context sits in the
 headroom). An explicit KV size (`kv_cache_space_gib`, as vLLM-CPU's VLLM_CPU_KVCACHE_SPACE
 or TensorRT-LLM's max_tokens sizing) replaces that subtraction. `plan` and `simulate` both
 take the pool from `memory_budget` (through `plan.planner.evaluate`).
@@ -49,18 +49,19 @@ class Overheads(BaseModel):
     def total_bytes(self, hw: HardwareSpec, cfg: EngineConfig) -> float:
         """What the engine subtracts from its budget besides weights and activations.
 
-        vLLM (V1 engine, 0.8-0.11) sizes the pool as gpu_memory_utilization x total minus
-        what grew after its start-up snapshot: weights, the profiling pass's torch peak
-        (activations, cuBLAS workspace) and the non-torch increase (NCCL and custom
-        all-reduce buffers). The CUDA context predates the snapshot and the CUDA graphs are
-        captured after the pool is allocated, so both live in the (1 - utilization) headroom
-        (vllm/v1/worker/gpu_worker.py `determine_available_memory`, vllm/utils
-        `memory_profiling`). Other engines: every term."""
+        vLLM (V1 engine) sizes the pool as gpu_memory_utilization x total minus what grew
+        after its start-up snapshot: weights, the profiling pass's torch peak (activations,
+        cuBLAS workspace), the non-torch increase (NCCL and custom all-reduce buffers) and,
+        in current releases, the CUDA graphs' estimate (0.8-0.11 captured them after
+        allocating the pool, outside the budget). The CUDA context predates the snapshot,
+        so it sits in the (1 - utilization) headroom (vllm/v1/worker/gpu_worker.py
+        `determine_available_memory`, vllm/utils `memory_profiling`). An explicit KV size
+        leaves no headroom, and other engines count everything: every term."""
         if hw.kind == "cpu":
             return 0.0  # no device context; the host runtime's memory is outside the pool
-        vllm = cfg.engine == "vllm"
-        gib = self.cublas_workspace_gib + (0.0 if vllm else self.cuda_context_gib)
-        if not cfg.enforce_eager and not vllm:
+        headroom = cfg.engine == "vllm" and cfg.kv_cache_space_gib is None
+        gib = self.cublas_workspace_gib + (0.0 if headroom else self.cuda_context_gib)
+        if not cfg.enforce_eager:
             gib += self.cuda_graphs_gib
         if cfg.world_size > 1:
             gib += self.nccl_gib

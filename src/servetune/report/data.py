@@ -72,9 +72,15 @@ class ReportData:
         return ", ".join(tags)
 
     def ordered(self) -> list[str]:
-        """Series names, the winner and the baseline first (tables, capped charts)."""
+        """Series names, the winner and the baseline first, then measured before simulated
+        (tables, capped charts)."""
         roles = {name: self.role(name) for name in self.series}
-        return sorted(self.series, key=lambda n: (not roles[n], "winner" not in roles[n]))
+
+        def rank(n: str) -> tuple[bool, bool, bool]:
+            simulated = self.series[n][0].info.backend == "sim"
+            return (not roles[n], "winner" not in roles[n], simulated)
+
+        return sorted(self.series, key=rank)
 
     def series_of(self, key: str | None, backend: str | None = None) -> str | None:
         """The series of a tune config key (and backend), when the report shows it."""
@@ -97,9 +103,10 @@ class ReportData:
         return "concurrency (users)" if self.x_kind == "concurrency" else "achieved req/s"
 
 
-# Workload fields that size a load point rather than define the traffic: an open-loop
-# point's request count and warm-up grow with its rate (`measure.steady.SteadyRule.sized`).
-_SIZING = ("arrival", "count", "duration_s", "warmup_s")
+# Workload fields that size or repeat a load point rather than define the traffic: an
+# open-loop point's request count and warm-up grow with its rate
+# (`measure.steady.SteadyRule.sized`), and a tune repetition draws with the next seed.
+_SIZING = ("arrival", "count", "duration_s", "warmup_s", "seed")
 
 
 def _config_key(info: RunInfo) -> str:

@@ -1,4 +1,5 @@
-"""The memory picture of a config, by the engine's own rule for its KV cache.
+"""The memory picture of a config, by the engine's own rule for its KV cache, and the
+report's chart of them (one bar per config, the rule said once).
 
 - vLLM (and the engines that take a fraction of device memory, or a KV space on CPU:
   VLLM_CPU_KVCACHE_SPACE): `servetune plan` itself, the same function the `plan` command

@@ -9,13 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from servetune.measure.result import PointResult
-from servetune.metrics.pct import QUANTILES, sample_note
 from servetune.report.charts import Chart, _go, _layout
 from servetune.report.data import ReportData
 from servetune.report.labels import knob_label
 from servetune.status import TrialStatus
-from servetune.tune.explain import check_text, failing_point
+from servetune.tune.explain import check_with_n, failing_point
 from servetune.tune.trial import TrialResult
 
 MAX_BARS = 12
@@ -52,22 +50,12 @@ def shown(data: ReportData) -> list[TrialResult]:
     return top
 
 
-def check_with_n(c: dict[str, Any], p: PointResult) -> str:
-    """`P95 TTFT 344 ms > 202 (n=16, ~max)`: a percentile check with the requests of the
-    point it was judged on."""
-    text = check_text(c)
-    stat = str(c.get("stat", "")).lower()
-    n = p.completed
-    if stat.startswith("late_ttft_"):  # steady state: the later-sent half of the window
-        stat, n = stat.removeprefix("late_ttft_"), p.completed // 2
-    return f"{text} ({sample_note(stat, n)})" if stat in QUANTILES else text
-
-
 def _color(r: str) -> str:
     return WINNER if r.startswith("winner") else BASELINE if r else OTHER
 
 
-def _unit(t: TrialResult) -> str:
+def unit(t: TrialResult) -> str:
+    """The unit of a trial's loads: users (concurrency) or req/s (rate)."""
     kind = t.best.load_kind if t.best else (t.points[0].load_kind if t.points else "")
     return "users" if kind == "concurrency" else "req/s"
 
@@ -93,14 +81,14 @@ def capacity(data: ReportData) -> Chart | None:
             x
             for x in (
                 role(data, t.key),
-                f"capacity {t.capacity:.3g} {_unit(t)}" if t.capacity is not None else "no pass",
+                f"capacity {t.capacity:.3g} {unit(t)}" if t.capacity is not None else "no pass",
             )
             if x
         )
         for t in rows
     ]
     hover = [
-        f"{t.backend}; capacity {t.capacity if t.capacity is not None else '-'} {_unit(t)}"
+        f"{t.backend}; capacity {t.capacity if t.capacity is not None else '-'} {unit(t)}"
         + (
             f"<br>{t.ci['n']} repetitions: 95% CI {t.ci['low']:.3g} .. {t.ci['high']:.3g}, "
             f"{t.ci['passed']}/{t.ci['n']} met the SLO"
@@ -162,17 +150,20 @@ def sim_vs_measured(data: ReportData) -> Chart | None:
     ):
         fig.add_trace(
             go.Bar(
-                x=xs,
-                y=[r.get(key) for r in rows],
+                y=xs,
+                x=[r.get(key) for r in rows],
+                orientation="h",
                 name=label,
                 marker_color=color,
                 text=[f"{r.get(key) or 0:.3g}" for r in rows],
                 textposition="outside",
+                cliponaxis=False,
             )
         )
     fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="score at capacity (per GPU)", rangemode="tozero")
-    chart.fig = _layout(fig, 400)
+    fig.update_xaxes(title_text="score at capacity (per GPU)", rangemode="tozero")
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    chart.fig = _layout(fig, 140 + 60 * len(rows))
     errs = [
         f"{x}: {r['score_error']:+.0%}"
         for x, r in zip(xs, rows, strict=True)
@@ -194,7 +185,7 @@ def binding(data: ReportData) -> Chart | None:
         if missed:
             c = missed[0]
             ratio = (c.get("value") or 0) / (c.get("target") or 1)
-            rows.append((name(data, t), ratio, f"{check_with_n(c, p)} at {p.load:.3g} {_unit(t)}"))
+            rows.append((name(data, t), ratio, f"{check_with_n(c, p)} at {p.load:.3g} {unit(t)}"))
     if not rows:
         chart.note = "No config broke an SLO target within the loads tried (lower bounds)."
         return chart

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from servetune.measure import steady
 from servetune.metrics.pct import pct_text
 from servetune.report.data import ReportData, RunData
-from servetune.report.tuning import name
+from servetune.report.tuning import name, unit
 from servetune.tune.trial import TrialResult
 
 
@@ -47,8 +47,7 @@ def tune_verdict(data: ReportData) -> Verdict:
     head = f"{'Winner' if met else 'Best effort (no config met the SLO)'}: {name(data, w)}"
     rows: list[tuple[str, str]] = []
     if w.capacity is not None:
-        unit = "users" if w.best and w.best.load_kind == "concurrency" else "req/s"
-        rows.append(("capacity", f"{w.capacity:.3g} {unit} within the SLO ({_slo(s)})"))
+        rows.append(("capacity", f"{w.capacity:.3g} {unit(w)} within the SLO ({_slo(s)})"))
     if b is not None and b.key != w.key:  # like with like: each config's search run
         rows.append(
             (

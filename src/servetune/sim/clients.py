@@ -33,6 +33,7 @@ class Clients:
         "stop_issuing_s",
         "ingress_s",
         "ingress_per_token_s",
+        "stream_s",
         "front_end_free_s",
         "refused_in_row",
     )
@@ -61,6 +62,7 @@ class Clients:
         self.stop_issuing_s = stop_issuing_s
         self.ingress_s = model.ingress_s
         self.ingress_per_token_s = model.ingress_per_token_s
+        self.stream_s = model.stream_s
         self.front_end_free_s = 0.0  # the serial front end is busy until then
         # Closed-loop sends refused in a row: a whole pool refused means every request
         # is (all longer than the context), and resending them would loop at one instant.
@@ -82,7 +84,8 @@ class Clients:
         ing0, ing1 = self.ingress_s, self.ingress_per_token_s
         if ing0 > 0 or ing1 > 0:
             t = max(t, self.front_end_free_s) + ing0 + ing1 * r.prompt_tokens
-            self.front_end_free_s = t
+            # the front end's share of r's stream, booked now (StepModel.stream_s)
+            self.front_end_free_s = t + self.stream_s * r.output_tokens
         heapq.heappush(self.arrivals, (t, r.send_id, r))
 
     def accept(self, r: SimRequest) -> bool:

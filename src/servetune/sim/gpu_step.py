@@ -21,8 +21,9 @@ sequences takes
 - attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
   (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
 - the engine's CPU side and front end (ingress per request, per streamed chunk) come from
-  the engine's entry in the same file; the front end is what de-synchronises a closed loop
-  (`sim.clients`).
+  the engine's entry in the same file. The front end is one server for ingress and
+  streaming (`sim.clients`): it hands a burst over one request at a time, and once its
+  streams saturate it, it paces new requests (vLLM's API server at high concurrency).
 
 Pipeline parallelism multiplies every per-layer term by pp, as the roofline tier does.
 """
@@ -167,6 +168,7 @@ def gpu_model(
         api_overhead_s=cpu["api_overhead_s"],
         ingress_s=cpu["ingress_s"],
         ingress_per_token_s=cpu["ingress_per_token_s"],
+        stream_s=cpu["stream_s"],
         # The roofline tier's keys, with the same meaning (HBM and GEMM shares of the
         # datasheet, step and chunk overheads), so stored runs of either tier read alike.
         notes={

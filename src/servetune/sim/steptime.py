@@ -94,6 +94,10 @@ class StepModel:
     # runs a step by itself, the rest arrive during that step and wait for the next one.
     ingress_s: float = 0.0
     ingress_per_token_s: float = 0.0
+    # Front-end time each streamed token costs (detokenise, SSE framing: `sim.gpu_step`).
+    # The one front end serves ingress and streams, so this is booked on it when a request
+    # is handed over: a front end saturated by streams paces the next hand-overs.
+    stream_s: float = 0.0
     # First time the engine runs a step of a given token count (calibrated tier, CPU
     # engines): new_shape_s + new_shape_per_token_s x tokens more. vLLM's CPU backend
     # builds a oneDNN primitive per GEMM shape, and its batch is flattened to one token

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+TREE_REFRESH_S = 5.0
+
 # proc(5): /proc/stat's cpu fields; guest and guest_nice are already inside user and nice,
 # so they are left out of the total.
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -68,6 +70,16 @@ class HostSource:
         self.me = psutil.Process()
         self._procs: dict[int, Any] = {}
         self._prev: dict[str, Any] | None = None
+        self._trees: tuple[float, set[int], set[int]] | None = None
+
+    def _pids(self, now: float) -> tuple[set[int], set[int]]:
+        """The engine's and the client's pids, re-listed every TREE_REFRESH_S: walking the
+        process table costs milliseconds, and engines fork their workers once, at start."""
+        if self._trees is None or now - self._trees[0] >= TREE_REFRESH_S:
+            engine = set(self.engine_pids()) if self.engine_pids else set()
+            client = ({self.me.pid} | self._own_children()) - engine
+            self._trees = (now, engine, client)
+        return self._trees[1], self._trees[2]
 
     def _proc(self, pid: int) -> Any:
         p = self._procs.get(pid)
@@ -111,8 +123,7 @@ class HostSource:
         now = time.monotonic()
         cores = ps.cpu_times(percpu=True)
         mem = ps.virtual_memory()
-        engine = set(self.engine_pids()) if self.engine_pids else set()
-        client = ({self.me.pid} | self._own_children()) - engine
+        engine, client = self._pids(now)
         eng_cpu, eng_rss = self._tree(engine)
         cli_cpu, _ = self._tree(client)
         runq = read_runq_wait_s(engine)

@@ -9,6 +9,7 @@ from typing import Any
 
 from servetune.measure import steady
 from servetune.measure.result import PointResult
+from servetune.metrics.pct import QUANTILES, sample_note
 from servetune.status import RunStatus, TrialStatus
 from servetune.tune.objective import Objective
 from servetune.tune.shortfall import Shortfall, shortfall
@@ -38,6 +39,18 @@ def check_text(c: dict[str, Any]) -> str:
     return f"{str(c.get('stat', '')).upper()} {name} {shown} ms {op} {t:,.0f}"
 
 
+def check_with_n(c: dict[str, Any], p: PointResult) -> str:
+    """`check_text` with the requests a percentile check rests on: `P95 TTFT 344 ms > 202
+    (n=16, ~max)` (`metrics.pct`); a steady-state late-half check rests on the later-sent
+    half of the point's requests."""
+    text = check_text(c)
+    stat = str(c.get("stat", "")).lower()
+    n = p.completed
+    if stat.startswith("late_ttft_"):
+        stat, n = stat.removeprefix("late_ttft_"), p.completed // 2
+    return f"{text} ({sample_note(stat, n)})" if stat in QUANTILES else text
+
+
 def failing_point(t: TrialResult) -> PointResult | None:
     """The point just above the capacity (where the SLO broke), else the worst one."""
     misses = [p for p in t.points if not p.passed]
@@ -58,7 +71,7 @@ def binding_slo(t: TrialResult) -> str:
     if not missed:
         why = "the run did not complete" if p.status != RunStatus.COMPLETED else "errors"
         return f"at {_load(p)}: {why}"
-    return f"at {_load(p)}: " + ", ".join(check_text(c) for c in missed[:2])
+    return f"at {_load(p)}: " + ", ".join(check_with_n(c, p) for c in missed[:2])
 
 
 def bottleneck(t: TrialResult, cfg_seqs: int | None = None) -> str:
@@ -164,10 +177,10 @@ def explain_shortfall(t: TrialResult, sf: Shortfall, runner_up: TrialResult | No
     out = [f"closest to the SLO at {_load(sf.point)} (no config met it)"]
     b = sf.binding
     if b is not None:
-        out.append(f"binding SLO: {check_text(b)} ({_ratio(b)})")
+        out.append(f"binding SLO: {check_with_n(b, sf.point)} ({_ratio(b)})")
     elif not sf.point.passed:
         out.append(f"binding: the run at {_load(sf.point)} did not complete")
-    out += [f"{check_text(c)} ({_ratio(c)})" for c in sf.checks if c != b]
+    out += [f"{check_with_n(c, sf.point)} ({_ratio(c)})" for c in sf.checks if c != b]
     out.append("bottleneck: " + bottleneck(t))
     if runner_up is not None:
         ru = shortfall(runner_up)

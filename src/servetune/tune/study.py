@@ -65,7 +65,9 @@ class Recorder:
             if info.status == RunStatus.INCOMPLETE and info.backend == "sim":
                 partial.append(info.id)
                 continue
-            self._attempts[pid] = self._attempts.get(pid, 0) + 1
+            self._attempts[pid] = self._attempts.get(pid, 0) + 1  # run ids: one space
+            if (info.backend == "sim") != (self.kind == "sim"):
+                continue  # the other backend's point: never read back as this one's
             if info.status == RunStatus.COMPLETED:
                 if tag.trial is not None and info.backend == "sim":
                     self._trials[tag.key] = TrialResult.from_json(tag.trial)

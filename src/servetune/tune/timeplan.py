@@ -45,7 +45,8 @@ def cut_note(label: str, share: float, points: int, capacity: float | None) -> s
         else f"capacity {capacity:g} is a lower bound"
     )
     return (
-        f"time budget: {label}: capacity search stopped after {points} load points at its "
+        f"time budget: {label}: capacity search stopped after {points} load "
+        f"point{'' if points == 1 else 's'} at its "
         f"{share:.0f}s share of the budget ({cap})"
     )
 

@@ -197,6 +197,47 @@ def read_conversations(ds: SessionDataset) -> list[list[tuple[str, str]]]:
     return out
 
 
+def trace_sessions(ds: SessionDataset) -> list[list[Turn]]:
+    """A Mooncake trace's requests chained into sessions: a request whose block hashes
+    start with all of an earlier request's (the longest such, its session's latest turn)
+    is that session's next turn: its prompt holds that prompt and more. New tokens: its
+    input minus the previous input and output (at least 1); delay: the gap between the
+    two sends (the trace has no answer times: an upper bound of the think time)."""
+    try:
+        rows = [json.loads(ln) for ln in ds.path.read_text().splitlines() if ln.strip()]
+        rows = [(float(r.get("timestamp", 0)), int(r["input_length"]), int(r["output_length"]),
+                 tuple(r.get("hash_ids") or ())) for r in rows]  # fmt: skip
+    except OSError as exc:
+        raise InputError(
+            "workload.sessions.dataset.path", f"cannot read {ds.path}: {exc.strerror}"
+        ) from exc
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(
+            "workload.sessions.dataset",
+            f"{ds.path} is not a Mooncake trace ({exc})",
+            "each line needs timestamp, input_length, output_length, hash_ids",
+        ) from exc
+    sessions: list[list[Turn]] = []
+    last: dict[tuple[int, ...], tuple[int, float, int, int]] = {}  # hashes -> session, t, in, out
+    for t, n_in, n_out, hashes in sorted(rows, key=lambda r: r[0]):
+        prev = next(
+            (last.pop(hashes[:k]) for k in range(len(hashes), 0, -1) if hashes[:k] in last),
+            None,
+        )
+        if prev is None:
+            sessions.append([Turn(max(1, n_in), max(1, n_out))])
+            k = len(sessions) - 1
+        else:
+            k, t0, p_in, p_out = prev
+            new = max(1, n_in - p_in - p_out)
+            sessions[k].append(Turn(new, max(1, n_out), max(0.0, (t - t0) / 1000.0)))
+        if hashes:
+            last[hashes] = (k, t, n_in, n_out)
+    if not sessions:
+        raise InputError("workload.sessions.dataset", f"{ds.path} holds no requests")
+    return sessions
+
+
 def _pairs(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [
         (str(a["content"]), str(b["content"]))
@@ -241,6 +282,9 @@ def plan_sessions(spec: WorkloadSpec, tok: Tokenizer | None = None) -> SessionPl
             sys_texts = [maker.text([], sys_tokens)[0] for _ in range(ses.system_prompt.groups)]
     if isinstance(ses, AgentLoop):
         drawn = [_agent_turns(ses, rng_draw) for _ in range(n)]
+    elif ses.dataset is not None and ses.dataset.format == "mooncake":
+        traced = trace_sessions(ses.dataset)
+        drawn = [traced[i % len(traced)] for i in range(n)]
     elif ses.dataset is not None:
         drawn = _dataset_sessions(ses, n, tok or WordTokenizer(), rng_draw)
     else:

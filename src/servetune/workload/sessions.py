@@ -56,11 +56,13 @@ class SessionDataset(_Strict):
     follows it sets that turn's output length (sent with ignore_eos, as for request
     datasets). `messages`: JSONL, one conversation a line as {"messages": [{role,
     content}, ...]} (the OpenAI chat format). `sharegpt`: the ShareGPT JSON list, every
-    turn (human/gpt). `path: builtin` is the small set shipped with servetune
-    (`servetune/data/sessions/`, made from published LMSYS-Chat-1M statistics)."""
+    turn (human/gpt). `mooncake`: a Mooncake trace (JSONL: timestamp ms, input_length,
+    output_length, hash_ids), its requests chained into sessions by their block hashes.
+    `path: builtin` is the small set shipped with servetune (`servetune/data/sessions/`,
+    made from published LMSYS-Chat-1M statistics)."""
 
     path: Path
-    format: Literal["messages", "sharegpt"] = "messages"
+    format: Literal["messages", "sharegpt", "mooncake"] = "messages"
     shuffle: bool = True
 
 

@@ -1,0 +1,147 @@
+"""The live terminal view of a running point (rich Live): offered vs achieved rate,
+running TTFT/TPOT percentiles, the engine's running/waiting requests and KV usage, host
+CPU. The client's figures come from the runner's progress ticks (4 a second); the engine
+and host figures from one daemon thread polling once a second, in this process, off the
+client's event loop, so the view adds no work to the request path (measured with
+benchmarks/client_ceiling.py --live). Off when stderr is not a terminal."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from servetune.bench.progress import _ms
+
+_GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
+# Sweep and probe labels (measure.loads): rate4, conc8, rate=2.5, concurrency=8.
+_LABEL = re.compile(r"^(rate|conc|concurrency)=?([0-9.]+)$")
+
+
+def offered(label: str) -> str:
+    """The load a point offers, read from its label: '4 req/s', '8 users', or '-'."""
+    m = _LABEL.match(label)
+    if not m:
+        return "-"
+    return f"{float(m[2]):g} req/s" if m[1] == "rate" else f"{int(float(m[2]))} users"
+
+
+class EngineWatch:
+    """Polls the engine's /metrics (canonical names) and the host CPU once a second."""
+
+    def __init__(self, url: str | None, engine: str | None, interval_s: float = 1.0) -> None:
+        self.url, self.engine, self.interval_s = url, engine, interval_s
+        self.latest: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="servetune-live", daemon=True)
+
+    def start(self) -> EngineWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * self.interval_s + 5)
+
+    def _run(self) -> None:
+        import httpx
+        import psutil
+
+        psutil.cpu_percent(percpu=True)  # the first call only sets the baseline
+        # One client for the run: a fresh one per poll builds its TLS context each time,
+        # ~20 ms of CPU, most of the view's cost.
+        with httpx.Client(timeout=self.interval_s) as client:
+            while not self._stop.wait(self.interval_s):
+                cores = psutil.cpu_percent(percpu=True)
+                got = {"cpu_pct": sum(cores) / len(cores), "cpu_max_core_pct": max(cores)}
+                if self.url and self.engine:
+                    got |= self._engine(client)
+                self.latest = got
+
+    def _engine(self, client: Any) -> dict[str, float]:
+        """The engine's running/waiting requests and KV usage (canonical names)."""
+        import httpx
+
+        from servetune.engines.metrics import canonical
+        from servetune.engines.registry import adapter
+
+        try:
+            resp = client.get(f"{(self.url or '').rstrip('/')}/metrics")
+            resp.raise_for_status()
+        except httpx.HTTPError:
+            return {}  # an engine busy or restarting: the view says "-" meanwhile
+        # Parse only the three gauges' lines: a real engine's page is mostly histograms.
+        names = tuple(n for k in _GAUGES if (n := adapter(self.engine or "").METRICS.get(k)))
+        text = "\n".join(ln for ln in resp.text.splitlines() if ln.startswith(names))
+        m = canonical(self.engine or "", text + "\n")
+        return {k: v for k in _GAUGES if (v := m.get(k)) is not None}
+
+
+def render(s: dict[str, Any], e: dict[str, float]) -> Table:
+    """One point's view: the client's line, then the engine's and the host's."""
+    t = Table.grid(padding=(0, 2))
+    total = f"/{s['total']}" if s.get("total") else ""
+    t.add_row(
+        f"[bold]{s['label']}[/]",
+        f"offered {offered(s['label'])}",
+        f"achieved {s['rate_req_s']:.1f} req/s",
+        f"{s['done']}{total} done",
+        f"errors {s['errors']}",
+        f"{s['elapsed_s']:.0f}s",
+    )
+    t.add_row(
+        "",
+        f"TTFT p50/p99 {_ms(s['ttft_p50_ms'])}/{_ms(s['ttft_p99_ms'])} ms",
+        f"TPOT p50/p99 {_ms(s['tpot_p50_ms'])}/{_ms(s['tpot_p99_ms'])} ms",
+    )
+
+    def num(key: str, fmt: str) -> str:
+        return "-" if key not in e else format(e[key], fmt)
+
+    kv = "-" if "kv_cache_usage" not in e else f"{e['kv_cache_usage']:.0%}"
+    t.add_row(
+        "",
+        f"engine running {num('requests_running', '.0f')} waiting {num('requests_waiting', '.0f')}",
+        f"KV {kv}",
+        f"host CPU {num('cpu_pct', '.0f')}% (busiest core {num('cpu_max_core_pct', '.0f')}%)",
+    )
+    return t
+
+
+class LiveView:
+    """The `Hooks.live` of bench and tune: called with each progress tick, closed at the
+    end of each point. `engine`/`url`: where the engine's /metrics are (None: host only)."""
+
+    def __init__(self, console: Console, url: str | None = None, engine: str | None = None):
+        self.console = console
+        self.url, self.engine = url, engine
+        self.live: Live | None = None
+        self.watch: EngineWatch | None = None
+
+    def target(self, url: str | None, engine: str | None) -> None:
+        """Point the view at another engine (a tuner trial's fresh launch)."""
+        self.url, self.engine = url, engine
+
+    def __call__(self, s: dict[str, Any]) -> None:
+        if self.live is None:
+            self.watch = EngineWatch(self.url, self.engine).start()
+            self.live = Live(console=self.console, refresh_per_second=4, transient=True)
+            self.live.start()
+        self.live.update(render(s, self.watch.latest if self.watch else {}))
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+            self.watch = None
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def live_view(console: Console, url: str | None = None, engine: str | None = None):
+    """A LiveView when `console` is a terminal; None when piped or redirected."""
+    return LiveView(console, url, engine) if console.is_terminal else None

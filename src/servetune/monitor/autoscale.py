@@ -1,0 +1,107 @@
+"""KEDA ScaledObject and autoscaling/v2 HPA manifests for seed 003 §11: scale out on
+P95 queue wait, pending requests per replica, or KV usage; scale in only after the low
+load has lasted; never on GPU utilisation.
+
+HPA arithmetic (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/):
+desired = ceil(replicas × value / target) for a Value target, ceil(value / target) for an
+AverageValue target — so "pending > target × replicas" is an AverageValue target of the
+per-replica queue on the summed pending count. The scale-up stabilisation window holds a
+recommendation for the seed's 2 minutes; the scale-down one for its 10-20 minutes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servetune.monitor.deployment import Deployment, duration_s
+from servetune.monitor.promql import record_name, signals
+
+
+def _triggers(d: Deployment) -> list[tuple[str, str, str, str]]:
+    """(signal, query, metric type, threshold) for each seed 003 §11 condition available."""
+    sig = signals(d.engine, d.job, d.rate_window)
+    out = []
+    if "queue_wait_seconds:p95" in sig:
+        out.append(("queue_wait_p95", sig["queue_wait_seconds:p95"], "Value", d.queue_wait_p95_s))
+    if "requests_waiting" in sig:
+        out.append(("pending_requests", sig["requests_waiting"], "AverageValue", d.queue_target))
+    if "kv_cache_usage" in sig and d.kv_threshold is not None:
+        out.append(("kv_cache_usage", sig["kv_cache_usage"], "Value", d.kv_threshold))
+    return [(n, q, t, f"{v:g}") for n, q, t, v in out]
+
+
+def behavior(d: Deployment) -> dict[str, Any]:
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": int(duration_s(d.scale_out_for)),
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": int(duration_s(d.scale_in_after)),
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}],
+        },
+    }
+
+
+def keda_scaled_object(d: Deployment) -> dict[str, Any]:
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": f"{d.name}-servetune", "namespace": d.namespace},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name},
+            "minReplicaCount": d.min_replicas,
+            "maxReplicaCount": d.max_replicas,
+            "pollingInterval": 15,
+            "cooldownPeriod": int(duration_s(d.scale_in_after)),
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(d)}},
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "name": name,
+                    "metricType": kind,
+                    "metadata": {
+                        "serverAddress": d.prometheus_url,
+                        "query": query,
+                        "threshold": value,
+                    },
+                }
+                for name, query, kind, value in _triggers(d)
+            ],
+        },
+    }
+
+
+def hpa(d: Deployment) -> dict[str, Any]:
+    """The same rules as a plain HPA over External metrics (served by prometheus-adapter
+    from the recording rules: servetune:<signal> series)."""
+    names = {
+        "queue_wait_p95": "queue_wait_seconds:p95",
+        "pending_requests": "requests_waiting",
+        "kv_cache_usage": "kv_cache_usage",
+    }
+    metrics = []
+    for name, _q, kind, value in _triggers(d):
+        target: dict[str, Any] = {"type": kind}
+        target["value" if kind == "Value" else "averageValue"] = value
+        metrics.append(
+            {
+                "type": "External",
+                "external": {
+                    "metric": {"name": record_name(names[name]).replace(":", "_")},
+                    "target": target,
+                },
+            }
+        )
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": f"{d.name}-servetune", "namespace": d.namespace},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name},
+            "minReplicas": d.min_replicas,
+            "maxReplicas": d.max_replicas,
+            "metrics": metrics,
+            "behavior": behavior(d),
+        },
+    }

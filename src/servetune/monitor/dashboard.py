@@ -1,0 +1,105 @@
+"""A Grafana dashboard for one Deployment: the engine's own metrics (the same PromQL the
+recording rules use), the SLO and scaling thresholds drawn on the panels.
+
+Layout follows Grafana's dashboard JSON model (grafana.com/docs/grafana/latest/dashboards/
+build-dashboards/view-dashboard-json-model/): a 24-column grid, `timeseries` panels with
+Prometheus `targets`, a `datasource` template variable so the import asks which Prometheus.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servetune.monitor.deployment import Deployment
+from servetune.monitor.promql import signals
+
+SCHEMA_VERSION = 39  # Grafana 11's dashboard schemaVersion
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+# signal -> (title, unit, threshold from the deployment or None)
+_PANELS: tuple[tuple[str, str, str], ...] = (
+    ("requests_running", "Running requests", "short"),
+    ("requests_waiting", "Waiting requests (pending)", "short"),
+    ("kv_cache_usage", "KV cache usage", "percentunit"),
+    ("queue_wait_seconds:p95", "P95 queue wait", "s"),
+    ("ttft_seconds:p95", "P95 TTFT", "s"),
+    ("ttft_seconds:p99", "P99 TTFT", "s"),
+    ("tpot_seconds:p95", "P95 TPOT", "s"),
+    ("generation_tokens:rate", "Generated tokens/s", "short"),
+    ("requests_finished:rate", "Finished requests/s", "reqps"),
+    ("replicas", "Replicas scraped", "short"),
+)
+
+
+def thresholds(d: Deployment) -> dict[str, float]:
+    """The line each panel draws: where the alerts and the SLO trip."""
+    out: dict[str, float] = {"queue_wait_seconds:p95": d.queue_wait_p95_s}
+    if d.kv_threshold is not None:
+        out["kv_cache_usage"] = d.kv_threshold
+    if d.slo is not None:
+        for sig, metric, stat in (
+            ("ttft_seconds:p95", "ttft_ms", "p95"),
+            ("ttft_seconds:p99", "ttft_ms", "p99"),
+            ("tpot_seconds:p95", "tpot_ms", "p95"),
+        ):
+            t = getattr(d.slo, metric)
+            if t is not None and getattr(t, stat) is not None:
+                out[sig] = getattr(t, stat) / 1000
+    return out
+
+
+def _panel(i: int, title: str, unit: str, expr: str, line: float | None) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    if line is not None:
+        steps.append({"color": "red", "value": line})
+    return {
+        "id": i + 1,
+        "type": "timeseries",
+        "title": title,
+        "datasource": DS,
+        "gridPos": {"x": (i % 2) * 12, "y": (i // 2) * 8, "w": 12, "h": 8},
+        "targets": [{"refId": "A", "datasource": DS, "expr": expr, "legendFormat": title}],
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "thresholds": {"mode": "absolute", "steps": steps},
+                "custom": {"thresholdsStyle": {"mode": "line" if line is not None else "off"}},
+            },
+            "overrides": [],
+        },
+        "options": {},
+    }
+
+
+def dashboard(d: Deployment) -> dict[str, Any]:
+    sig = signals(d.engine, d.job, d.rate_window)
+    lines = thresholds(d)
+    shown = [(s, t, u) for s, t, u in _PANELS if s in sig]
+    return {
+        "uid": f"servetune-{d.name}"[:40],
+        "title": f"servetune · {d.name} ({d.engine})",
+        "tags": ["servetune", d.engine],
+        "timezone": "utc",
+        "editable": True,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                }
+            ]
+        },
+        "annotations": {"list": []},
+        "panels": [_panel(i, t, u, sig[s], lines.get(s)) for i, (s, t, u) in enumerate(shown)],
+    }
+
+
+def queries(dash: dict[str, Any]) -> list[str]:
+    """Every PromQL expression in a dashboard (what the live check runs)."""
+    return [t["expr"] for p in dash.get("panels", []) for t in p.get("targets", [])]

@@ -1,0 +1,167 @@
+"""What the exported rules and manifests are about: the engine, its SLO, the replicas, and
+the per-replica limits — taken from a tuned study's measured capacity, not from defaults.
+
+Seed 003 §11's scale-out rules: P95 queue_wait > 300 ms for 2 min, or pending requests >
+per-replica target queue × replicas, or KV cache utilisation > 85%; scale in only after
+10-20 min of low load; never on GPU utilisation alone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from servetune.engines.registry import adapter
+from servetune.errors import InputError
+from servetune.slo import SLO, parse_slo
+
+QUEUE_WAIT_P95_S = 0.3  # seed 003 §11: P95 queue_wait > 300 ms
+KV_CEILING = 0.85  # seed 003 §11: KV cache utilisation > 85%
+SCALE_OUT_FOR = "2m"  # seed 003 §11: "for 2 minutes"
+SCALE_IN_AFTER = "15m"  # seed 003 §11: 10-20 min of low load; the middle of that range
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One served model: its engine, SLO, replica bounds and per-replica limits.
+    `notes` say where each limit came from (shown in the export's README)."""
+
+    engine: str
+    queue_target: float  # pending requests one replica absorbs at its measured capacity
+    kv_threshold: float | None  # 0..1; None: the engine exports no KV gauge
+    slo: SLO | None = None
+    name: str = "llm"  # Kubernetes Deployment name
+    namespace: str = "default"
+    job: str = "servetune-engine"  # the Prometheus scrape job of the replicas
+    min_replicas: int = 1
+    max_replicas: int = 4
+    queue_wait_p95_s: float = QUEUE_WAIT_P95_S
+    scale_out_for: str = SCALE_OUT_FOR
+    scale_in_after: str = SCALE_IN_AFTER
+    rate_window: str = "1m"  # PromQL rate() window for the histogram quantiles
+    eval_interval: str = "15s"
+    prometheus_url: str = "http://prometheus.monitoring.svc:9090"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        adapter(self.engine)  # an unknown engine is an InputError naming the choices
+        if self.queue_target <= 0:
+            raise InputError("--queue-target", f"{self.queue_target} must be > 0")
+        if self.kv_threshold is not None and not 0 < self.kv_threshold <= 1:
+            raise InputError("--kv-threshold", f"{self.kv_threshold} must be in (0, 1]")
+        for name in ("scale_out_for", "scale_in_after", "rate_window", "eval_interval"):
+            duration_s(getattr(self, name), "--" + name.replace("_", "-"))
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise InputError(
+                "--replicas",
+                f"min {self.min_replicas} / max {self.max_replicas}",
+                "give MIN:MAX with 1 <= MIN <= MAX, e.g. 1:4",
+            )
+
+
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration_s(text: str, field: str = "duration") -> float:
+    """A Prometheus duration ('30s', '2m', '1h': the forms rules and KEDA both accept)."""
+    m = re.fullmatch(r"(\d+)([smh])", text)
+    if not m:
+        raise InputError(field, f"{text!r} is not a duration", "e.g. 30s, 2m or 1h")
+    return int(m[1]) * _UNIT_S[m[2]]
+
+
+def has_kv_gauge(engine: str) -> bool:
+    m = adapter(engine).METRICS
+    return "kv_cache_usage" in m or "kv_cache_used_tokens" in m
+
+
+def limits_from_signals(
+    signals: dict[str, Any], engine: str, slo: SLO | None
+) -> tuple[float, float | None, list[str]]:
+    """Per-replica queue target and KV threshold from the point the tuner measured as the
+    winner's capacity (its `signals`: the engine's own peaks on a real run, the scheduler's
+    counters on a simulated one)."""
+    notes: list[str] = []
+    waiting = signals.get("requests_waiting_max")
+    if waiting is None and signals.get("max_in_flight") and signals.get("max_num_seqs"):
+        # simulated: what was in flight beyond the running slots was queued
+        waiting = max(0.0, signals["max_in_flight"] - signals["max_num_seqs"])
+    if waiting is None:
+        raise InputError(
+            "--from-study",
+            "the winner's capacity point has no queue measurement",
+            "give --queue-target N (pending requests one replica absorbs within the SLO)",
+        )
+    # A replica that met the SLO with W queued absorbs W; a zero queue still leaves one.
+    queue = float(max(1, math.ceil(waiting)))
+    notes.append(f"queue target {queue:g}/replica: peak queue {waiting:g} at measured capacity")
+    kv: float | None = None
+    if has_kv_gauge(engine):
+        peak = signals.get("kv_cache_usage_max")
+        if peak is None and signals.get("kv_blocks") and signals.get("max_kv_blocks_used"):
+            peak = signals["max_kv_blocks_used"] / signals["kv_blocks"]
+        caps = [(KV_CEILING, "seed 003 §11 ceiling 85%")]
+        if slo is not None and slo.kv_cache_usage_max is not None:
+            caps.append((slo.kv_cache_usage_max, "SLO kv_cache_usage_max"))
+        if peak:
+            caps.append((float(peak), "KV peak at measured capacity"))
+        kv, why = min(caps)
+        notes.append(f"KV threshold {kv:.0%}: {why}")
+    return queue, kv, notes
+
+
+def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) -> Deployment:
+    """A Deployment from `tune`'s study summary: the winner's engine, the study's SLO and
+    the limits measured at the winner's best passing point."""
+    winner = summary.get("winner") or {}
+    best = winner.get("best") or {}
+    if not best:
+        raise InputError(
+            "--from-study", "the study has no winner with a passing point", "tune it first"
+        )
+    eng = engine or (winner.get("config") or {}).get("engine")
+    if not eng:
+        raise InputError("--engine", "the study does not name its engine", "give --engine")
+    slo = kw.pop("slo", None)
+    if slo is None and summary.get("slo"):
+        slo = parse_slo(summary["slo"], "study slo")
+    queue, kv, notes = limits_from_signals(dict(best.get("signals") or {}), eng, slo)
+    load = f"{best.get('load_kind')}={best.get('load')}"
+    notes.append(f"measured at the winner's best passing point ({load})")
+    return Deployment(
+        engine=eng,
+        queue_target=kw.pop("queue_target", None) or queue,
+        kv_threshold=kw.pop("kv_threshold", None) or kv,
+        slo=slo,
+        notes=tuple(notes),
+        **kw,
+    )
+
+
+def from_study(study: str, db: str | None = None, **kw: Any) -> Deployment:
+    """Read the tuning study's summary from the store."""
+    from servetune.accept.inputs import study_summary
+
+    return from_summary(study_summary(db, study), **kw)
+
+
+def from_description(engine: str, **kw: Any) -> Deployment:
+    """A deployment described by hand: the limits must be given (no defaults stand in for
+    a measurement)."""
+    if kw.get("queue_target") is None:
+        raise InputError(
+            "--queue-target",
+            "no measured capacity to take the per-replica queue from",
+            "give --from-study STUDY (a tuned study) or --queue-target N",
+        )
+    kv = kw.pop("kv_threshold", None)
+    if kv is None and has_kv_gauge(engine):
+        raise InputError(
+            "--kv-threshold",
+            "no measured capacity to take the KV threshold from",
+            "give --from-study STUDY or --kv-threshold 0.85",
+        )
+    notes = ("limits given by hand",)
+    return Deployment(engine=engine, kv_threshold=kv, notes=notes, **kw)

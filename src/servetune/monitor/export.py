@@ -1,0 +1,61 @@
+"""Write the monitoring set for one Deployment into a folder: the rules file, the
+dashboard, the KEDA and HPA manifests — each checked against its schema before writing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from servetune.errors import InputError
+from servetune.monitor import schemas
+from servetune.monitor.autoscale import hpa, keda_scaled_object
+from servetune.monitor.dashboard import dashboard
+from servetune.monitor.deployment import Deployment
+from servetune.monitor.rules import rule_groups
+
+FILES = {
+    "rules": "prometheus-rules.yaml",
+    "dashboard": "grafana-dashboard.json",
+    "keda": "keda-scaledobject.yaml",
+    "hpa": "hpa.yaml",
+}
+
+
+def documents(d: Deployment) -> dict[str, Any]:
+    return {
+        "rules": rule_groups(d),
+        "dashboard": dashboard(d),
+        "keda": keda_scaled_object(d),
+        "hpa": hpa(d),
+    }
+
+
+def check(docs: dict[str, Any]) -> None:
+    """Refuse to write a document its published schema rejects."""
+    for key, schema in (
+        ("dashboard", schemas.GRAFANA_DASHBOARD),
+        ("keda", schemas.KEDA_SCALED_OBJECT),
+        ("hpa", schemas.HPA_V2),
+    ):
+        if bad := schemas.problems(docs[key], schema):
+            raise InputError(key, f"generated {FILES[key]} fails its schema: {bad[0]}")
+
+
+def export(d: Deployment, out_dir: str | Path) -> dict[str, Path]:
+    """Write the four files; returns kind -> path."""
+    import yaml
+
+    docs = documents(d)
+    check(docs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for key, doc in docs.items():
+        p = out / FILES[key]
+        if p.suffix == ".json":
+            p.write_text(json.dumps(doc, indent=2) + "\n")
+        else:
+            p.write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths[key] = p
+    return paths

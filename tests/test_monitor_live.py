@@ -1,0 +1,89 @@
+"""The live view of bench and tune: what it shows, that it is off when piped, and that its
+engine poller reads the engine's canonical gauges (on a real engine in
+test_monitor_prometheus.py)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from servetune.bench.live import EngineWatch, LiveView, live_view, offered, render
+from servetune.engines.process import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = {
+    "label": "rate4", "done": 40, "total": 120, "errors": 1, "elapsed_s": 10.2,
+    "rate_req_s": 3.9, "ttft_p50_ms": 41.0, "ttft_p99_ms": 212.5, "tpot_p50_ms": 9.0,
+    "tpot_p99_ms": 15.25,
+}  # fmt: skip
+
+
+def text(renderable) -> str:
+    c = Console(file=io.StringIO(), width=200)
+    c.print(renderable)
+    return c.file.getvalue()
+
+
+def test_offered_load_is_read_from_the_point_labels() -> None:
+    assert offered("rate4") == "4 req/s"
+    assert offered("rate=2.5") == "2.5 req/s"
+    assert offered("conc8") == "8 users"
+    assert offered("concurrency=16") == "16 users"
+    assert offered("point") == "-"
+
+
+def test_view_shows_client_engine_and_host_figures() -> None:
+    out = text(render(TICK, {"requests_running": 4, "requests_waiting": 7,
+                             "kv_cache_usage": 0.62, "cpu_pct": 55.0,
+                             "cpu_max_core_pct": 99.0}))  # fmt: skip
+    for part in ("offered 4 req/s", "achieved 3.9 req/s", "40/120 done", "errors 1",
+                 "TTFT p50/p99 41.0/212.5 ms", "TPOT p50/p99 9.0/15.2 ms",
+                 "running 4 waiting 7", "KV 62%", "host CPU 55%", "busiest core 99%"):  # fmt: skip
+        assert part in out, (part, out)
+    # no engine figures yet (or no --engine): dashes, never stale or made-up numbers
+    assert "running - waiting -" in text(render(TICK, {}))
+
+
+def test_off_when_piped_on_in_a_terminal() -> None:
+    assert live_view(Console(file=io.StringIO())) is None
+    view = live_view(Console(file=io.StringIO(), force_terminal=True))
+    assert isinstance(view, LiveView)
+    view(TICK)  # starts the poller and the rich Live
+    assert view.watch is not None
+    view.close()
+    assert view.watch is None and view.live is None
+
+
+def test_bench_piped_prints_no_live_view(tmp_path: Path) -> None:
+    port = free_port()
+    mock = subprocess.Popen([sys.executable, "-m", "servetune.cli.app", "mock-server",
+                             "--port", str(port)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert mock.stdout is not None and "listening" in mock.stdout.readline()
+        res = subprocess.run(
+            [str(ROOT / ".venv/bin/servetune"), "bench", "--url", f"http://127.0.0.1:{port}",
+             "--model", "m", "--rate", "20", "--count", "40", "--no-store"],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        mock.kill()
+        mock.wait()
+    assert res.returncode == 0, res.stderr
+    assert "offered" not in res.stderr and "achieved" not in res.stderr
+    assert "servetune bench" in res.stdout  # the summary table still prints
+
+
+def test_engine_watch_samples_the_host_without_an_engine() -> None:
+    w = EngineWatch(None, None, interval_s=0.2).start()
+    try:
+        deadline = time.monotonic() + 10
+        while "cpu_pct" not in w.latest and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        w.stop()
+    assert 0 <= w.latest["cpu_pct"] <= 100 and "requests_running" not in w.latest
