@@ -29,9 +29,9 @@ from servetune.accept import (
     static,
 )
 from servetune.accept.checklist import Status, failed, passed, unchecked
-from servetune.accept.inputs import Deployment
+from servetune.accept.inputs import Deployment, resolve_workload
 from servetune.accept.measuring import Prober
-from servetune.accept.shedder import shedder_in_thread
+from servetune.accept.shedder import cap_tokens, shedder_in_thread
 from servetune.engines.config import EngineConfig
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.slo import parse_slo
@@ -131,6 +131,13 @@ def test_oom_step_back_reads_the_tuned_edge():
     assert static.oom_step_back(on_edge, {}).status == Status.UNCHECKED
 
 
+def test_the_front_caps_every_output_length_field():
+    body = json.dumps({"max_tokens": 500, "n_predict": 40, "min_tokens": 500}).encode()
+    assert json.loads(cap_tokens(body, 64)) == {"max_tokens": 64, "n_predict": 40, "min_tokens": 64}
+    assert json.loads(cap_tokens(b'{"prompt": "x"}', 64))["max_tokens"] == 64  # no ask: capped
+    assert cap_tokens(b"not json", 64) == b"not json"
+
+
 def test_shedder_answers_429_at_once_beyond_its_bound_and_per_key(tmp_path: Path):
     db = f"sqlite:///{tmp_path / 's.db'}"
     with mock_in_thread(MockConfig(ttft_ms=20, itl_ms=5)) as srv:
@@ -175,6 +182,9 @@ def test_a_probe_that_breaks_leaves_the_partial_checklist(tmp_path: Path, monkey
         stored = store.study_meta("acc")["checklist"]
         warm_run = next(i for i in stored["items"] if i["id"] == "warmup-before-traffic")["runs"]
         assert stored["items"] == saved["items"] and store.get(warm_run[0]).n_records >= 6
+    # a stored run's workload is the real distribution for the next acceptance
+    again = resolve_workload(None, warm_run[0], db)
+    assert again.mix[0].input_tokens == dep.workload.mix[0].input_tokens
 
 
 def _free_port() -> int:
@@ -207,11 +217,12 @@ def test_bad_input_is_one_line_and_exit_2(capsys, files):
 
 def test_accept_end_to_end_on_the_mock_behind_the_shedder(capsys, files, tmp_path: Path):
     """The whole command: JSON with stable keys, the HTML page, exit 1 on a failed item;
-    the shedder makes the queue bound pass where the bare mock (no bound) fails it."""
+    the front makes the queue bound and the output cap pass (the bare mock has neither:
+    the partial-checklist test above sees its output uncapped)."""
     html = tmp_path / "accept.html"
     with (
         mock_in_thread(MockConfig(ttft_ms=20, itl_ms=5)) as srv,
-        shedder_in_thread(f"http://127.0.0.1:{srv.port}", max_in_flight=3) as (url, sh),
+        shedder_in_thread(f"http://127.0.0.1:{srv.port}", 3, max_tokens=8) as (url, sh),
     ):
         code, out, _ = run_cli(
             capsys, "accept", "--url", url, "--engine", "vllm", "--workload", files["wl"],
@@ -225,7 +236,8 @@ def test_accept_end_to_end_on_the_mock_behind_the_shedder(capsys, files, tmp_pat
     assert all(i["status"] in {str(s) for s in Status} - {"not run"} for i in data["items"])
     assert items["queue-bound"]["status"] == "pass" and sh.shed > 0
     assert items["queue-bound"]["values"]["shed"] > 0 and items["queue-bound"]["runs"]
-    assert items["output-cap"]["status"] == "fail"  # the mock generates whatever is asked
+    assert items["output-cap"]["status"] == "pass"  # the front lowered max_tokens to 8
+    assert items["latency-monitored"]["status"] == "fail"  # the mock exports no histograms
     assert code == 1 and not data["accepted"]
     page = html.read_text()
     assert page.count('<tr id="') == 23 and "queue-bound" in page

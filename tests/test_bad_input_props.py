@@ -123,13 +123,18 @@ WORKLOADS = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-def _bounds(d: dict[str, Any]) -> tuple[int, float]:
-    """The lengths a valid distribution may give: [min, max] (prefix aside)."""
-    lo = d.get("min", 1)
-    hi = d.get("max", math.inf)
-    if d["dist"] == "fixed":
-        return d["value"], d["value"]
-    return lo, hi
+def _bounds(d: dict[str, Any]) -> tuple[float, float]:
+    """The lengths a valid distribution may give (prefix aside): its own range (fixed
+    value, uniform low..high, empirical values) clipped to [min, max]."""
+    cmin, cmax = d.get("min", 1), d.get("max", math.inf)
+    own = {"fixed": ("value", "value"), "uniform": ("low", "high")}.get(d["dist"])
+    if own:
+        lo, hi = d[own[0]], d[own[1]]
+    elif d["dist"] == "empirical":
+        lo, hi = min(d["values"]), max(d["values"])
+    else:
+        lo, hi = cmin, cmax
+    return min(max(lo, cmin), cmax), max(min(hi, cmax), cmin)
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -319,15 +324,15 @@ TINY = {
     "hardware": "h100-sxm",
     "backend": "sim",
     "space": {"fixed": {"max_model_len": 4096}, "knobs": {"max_num_seqs": [16, 64]}},
-    "workload": {"count": 40, "arrival": {"kind": "poisson", "rate": 1},
+    "workload": {"count": 20, "arrival": {"kind": "poisson", "rate": 1},
                  "input_tokens": {"dist": "fixed", "value": 256},
                  "output_tokens": {"dist": "fixed", "value": 32}},
     "slo": {"ttft_ms": {"p95": 800}},
-    "tune": {"finalists": 0, "repeats": 0, "max_probes": 4},
+    "tune": {"finalists": 0, "repeats": 0, "max_probes": 3},
 }  # fmt: skip
 
 
-@settings(max_examples=12, **SETTINGS)
+@settings(max_examples=8, **SETTINGS)
 @given(flags=st.fixed_dictionaries({}, optional=TUNE_FLAGS))
 def test_tune_numbers_are_refused_in_one_line_or_obeyed(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: dict[str, str]

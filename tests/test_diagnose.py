@@ -124,6 +124,17 @@ def test_long_short_mix_splits_between_the_classes() -> None:
     assert keys(ev) == []
 
 
+def test_queueing_below_the_batch_cap_is_not_a_batch_limit() -> None:
+    """Requests wait while running stays under max_num_seqs: the KV pool held them (the
+    KV-starved vLLM run), so raising max_num_seqs would change nothing."""
+    ev = Evidence("x", config={"max_num_seqs": 8}, queue_ms=6000.0, waiting_max=6.0)
+    ev.ttft = {"mean": 6500.0, "p50": 6660.0}
+    ev.running_max = 4.0
+    assert "batch_queueing" not in keys(ev)
+    ev.running_max = 8.0
+    assert keys(ev) == ["batch_queueing"]
+
+
 def test_nothing_fires_on_a_healthy_run() -> None:
     ev = Evidence("x", running_mean=2.0, waiting_max=0.0, kv_usage_max=0.4, preemptions=0.0)
     ev.ttft = {"mean": 50.0, "p50": 48.0, "p99": 70.0}

@@ -132,13 +132,13 @@ def test_vllm_kv_pool_too_small_preempts(vllm_install, llama_test_model) -> None
 @pytest.mark.timeout(900)
 def test_llamacpp_prefill_heavy_vs_decode_heavy_and_slots(llamacpp_server) -> None:
     # 2 slots of 1024 context each (max_model_len 2048 / 2).
-    d = measure(llamacpp_server, closed(2, 6, 700, 4), "prefill")
+    d = measure(llamacpp_server, closed(2, 4, 500, 4), "prefill")
     assert first_engine(d).key == "prefill_heavy", [x.key for x in d.findings]
-    d = measure(llamacpp_server, closed(2, 6, 8, 96), "decode")
+    d = measure(llamacpp_server, closed(2, 4, 8, 64), "decode")
     f = first_engine(d)
     assert f.key == "decode_heavy", [x.key for x in d.findings]
     assert f.actions[0].knob == "parallel_slots"
-    d = measure(llamacpp_server, closed(6, 12, 32, 16), "slots")
+    d = measure(llamacpp_server, closed(6, 8, 32, 16), "slots")
     f = first_engine(d)
     assert f.key == "batch_queueing", [x.key for x in d.findings]
     assert (f.actions[0].knob, f.actions[0].now) == ("parallel_slots", 2)

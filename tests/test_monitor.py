@@ -184,3 +184,11 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
         )  # fmt: skip
         assert res.returncode == 2, res.stderr
         assert res.stderr.strip().count("\n") == 0 and field in res.stderr, res.stderr
+
+
+def test_hand_limits_override_the_measured_ones_and_say_so() -> None:
+    d = from_summary(summary({"kv_cache_usage_max": 0.5}), queue_target=3)  # no queue measured
+    assert (d.queue_target, d.kv_threshold) == (3, 0.5)
+    assert any("given by hand" in n for n in d.notes)
+    with pytest.raises(InputError, match="no queue measurement"):
+        from_summary(summary({"kv_cache_usage_max": 0.5}))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.model import get_model
 from servetune.plan.planner import evaluate
@@ -67,6 +68,11 @@ def test_prefill_step_by_hand():
     got = su.step_model.time_s(n, 0, 0, pairs, 0)
     assert got == pytest.approx(expected, rel=1e-9)
     assert gemm > 0.5 * got  # a 4k prefill is GEMM-bound
+
+
+def test_the_gpu_tier_refuses_an_engine_it_has_no_figures_for():
+    with pytest.raises(InputError, match="no CPU-side figures for llamacpp"):
+        setup(get_model("llama-3.1-8b"), H100, EngineConfig(engine="llamacpp"), tier="gpu")
 
 
 def test_tile_padding_and_allreduce_rules():

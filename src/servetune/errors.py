@@ -53,7 +53,8 @@ def from_validation_error(
     first = errors()[0]
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
     flag = (flags or {}).get(loc)
-    field = flag or (f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "input"))
+    sep = " " if prefix.startswith("--") else "."  # `--set max_num_seqs`, `workload.count`
+    field = flag or (f"{prefix}{sep}{loc}" if prefix and loc else (prefix or loc or "input"))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     value = first.get("input")
     shown = "" if value is None or isinstance(value, dict) else f" (got {_short(value)})"

@@ -1,15 +1,17 @@
 """A load-shedding front: the smallest gateway that gives a deployment a hard queue
-bound (seed 003 §15 "请求队列有硬上限") and per-user concurrency limits.
+bound (seed 003 §15 "请求队列有硬上限"), per-user concurrency limits and, optionally, a
+server-side output cap ("max_new_tokens由服务端限制").
 
 It counts the requests in flight (and per API key); beyond the bound it answers
 `429 Too Many Requests` at once instead of queueing, and otherwise forwards the request
-byte for byte to an upstream engine (round robin over replicas, skipping one that
-refuses connections) and streams the answer back. A client that goes away closes the
+(its output-length fields lowered to the cap, when one is set) to an upstream engine
+(round robin over replicas, skipping one that refuses connections) and streams the
+answer back. A client that goes away closes the
 upstream connection, so the engine sees the cancellation.
 
 Why our own and not nginx: nginx's limit_conn answers 503 beyond N connections, but
 installing it needs root and each test would need a config file and a process to
-manage; this is ~120 lines of stdlib asyncio, started in-process by a test or by
+manage; this is ~150 lines of stdlib asyncio, started in-process by a test or by
 `servetune accept-shedder`. It is a test and bootstrap tool, not a production gateway:
 HTTP/1.1 only, one request per connection (it answers `Connection: close`). A request
 is counted out when its connection is closed, a moment after the client has the last
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,21 +39,25 @@ class Shedder:
     upstreams: list[tuple[str, int]]
     max_in_flight: int
     per_key: int | None = None
+    max_tokens: int | None = None  # the output cap: larger asks are lowered to it
     in_flight: int = 0
     keys: dict[str, int] = field(default_factory=dict)
     shed: int = 0
     forwarded: int = 0
     turn: int = 0
+    refused: list[str] = field(default_factory=list)  # replicas that refused a connection
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """The next replica that accepts a connection (round robin); None: none does."""
-        for _ in range(len(self.upstreams)):
-            host, port = self.upstreams[self.turn % len(self.upstreams)]
-            self.turn += 1
+        """The next replica that accepts a connection: each request starts one further
+        along (round robin) and tries every replica once; None: none accepts."""
+        start, n = self.turn, len(self.upstreams)
+        self.turn += 1
+        for k in range(n):
+            host, port = self.upstreams[(start + k) % n]
             try:
                 return await asyncio.open_connection(host, port)
-            except OSError:
-                continue
+            except OSError as exc:
+                self.refused.append(f"{host}:{port}: {exc}")
         return None
 
     def admit(self, key: str) -> bool:
@@ -95,6 +102,8 @@ class Shedder:
                 await writer.drain()
             writer.close()
             return
+        if is_generation and self.max_tokens is not None:
+            body = cap_tokens(body, self.max_tokens)
         try:
             await self._forward(lines, body, reader, writer)
         finally:
@@ -119,11 +128,10 @@ class Shedder:
             )
             return
         up_r, up_w = conn
-        kept = [ln for ln in lines[1:] if ln and not ln.lower().startswith("connection:")]
-        up_w.write(
-            ("\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1")
-            + body
-        )
+        drop = ("connection:", "content-length:")
+        kept = [ln for ln in lines[1:] if ln and not ln.lower().startswith(drop)]
+        kept += [f"Content-Length: {len(body)}", "Connection: close"]
+        up_w.write(("\r\n".join([lines[0], *kept]) + "\r\n\r\n").encode("latin-1") + body)
 
         async def upstream_to_client() -> None:
             head = await up_r.readuntil(b"\r\n\r\n")
@@ -152,6 +160,28 @@ class Shedder:
             up_w.close()
 
 
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")  # OpenAI, llama.cpp
+
+
+def cap_tokens(body: bytes, cap: int) -> bytes:
+    """The request with every output-length field at most `cap` (and `max_tokens` set
+    when it asked for none): the cap a gateway enforces whatever the engine allows (a
+    llama.cpp request's own n_predict overrides the server's -n). A body that is not a
+    JSON object goes through unchanged; the engine answers it."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(data, dict):
+        return body
+    asked = [f for f in TOKEN_FIELDS if isinstance(data.get(f), int)]
+    for f in asked or ["max_tokens"]:
+        data[f] = min(int(data.get(f) or cap), cap)
+    if isinstance(data.get("min_tokens"), int):
+        data["min_tokens"] = min(data["min_tokens"], cap)
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
 def _address(url: str) -> tuple[str, int]:
     host, _, port = url.removeprefix("http://").rstrip("/").removesuffix("/v1").partition(":")
     return host, int(port or 80)
@@ -159,11 +189,15 @@ def _address(url: str) -> tuple[str, int]:
 
 @contextlib.contextmanager
 def shedder_in_thread(
-    upstreams: str | list[str], max_in_flight: int, per_key: int | None = None, port: int = 0
+    upstreams: str | list[str],
+    max_in_flight: int,
+    per_key: int | None = None,
+    port: int = 0,
+    max_tokens: int | None = None,
 ) -> Iterator[tuple[str, Shedder]]:
     """Run a shedder on its own event loop in a daemon thread; yields (its URL, it)."""
     ups = [upstreams] if isinstance(upstreams, str) else list(upstreams)
-    sh = Shedder([_address(u) for u in ups], max_in_flight, per_key)
+    sh = Shedder([_address(u) for u in ups], max_in_flight, per_key, max_tokens)
     loop = asyncio.new_event_loop()
     started: dict[str, object] = {}
     ready = threading.Event()
@@ -189,9 +223,12 @@ def shedder_in_thread(
         th.join(5)
 
 
-def serve(upstreams: list[str], max_in_flight: int, per_key: int | None, port: int) -> None:
+def serve(
+    upstreams: list[str], max_in_flight: int, per_key: int | None, port: int, max_tokens: int | None
+) -> None:
     """Blocking: the `servetune accept-shedder` command."""
-    with shedder_in_thread(upstreams, max_in_flight, per_key, port) as (url, _):
+    with shedder_in_thread(upstreams, max_in_flight, per_key, port, max_tokens) as (url, _):
         limits = f"max {max_in_flight} in flight" + (f", {per_key} per key" if per_key else "")
+        limits += f", output capped at {max_tokens} tokens" if max_tokens else ""
         print(f"shedding at {url} -> {', '.join(upstreams)} ({limits})", flush=True)
         threading.Event().wait()

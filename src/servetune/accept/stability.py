@@ -15,6 +15,7 @@ import math
 import subprocess
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from servetune.accept.checklist import Finding, failed, passed
 from servetune.accept.measuring import Prober, Sizes, at_rate
 from servetune.measure.steady import SteadyRule, judge
-from servetune.results.schema import RunResult
+from servetune.results.schema import RequestRecord, RunResult
 from servetune.status import RequestStatus
 from servetune.workload.materialize import Request
 from servetune.workload.spec import WorkloadSpec
@@ -191,6 +192,13 @@ def run_stage(
     return out
 
 
+def _causes(records: list[RequestRecord]) -> str:
+    """`3 http_502, 1 connect_error`: why requests failed, most common first."""
+    n = Counter(r.error or (f"http_{r.http_status}" if r.http_status else str(r.status))
+                for r in records)  # fmt: skip
+    return ", ".join(f"{k} x{v}" for k, v in n.most_common())
+
+
 @dataclass(frozen=True)
 class Fault:
     """The fault test: `command` stops one replica `after_s` into a stage at the base
@@ -224,6 +232,7 @@ def fault_stage(p: Prober, pt: WorkloadSpec, load: Load, fault: Fault) -> StageR
     line = (
         f"fault at {load.text()}: `{fault.command}` (exit {killed['rc']}) at {fault.after_s:.1f} s;"
         f" {len(late) - len(bad)}/{len(late)} requests sent {fault.grace_s:g} s after it served"
+        + (f" ({_causes(bad)})" if bad else "")
     )
     ok = bool(late) and not bad and killed["rc"] == 0
     return StageResult("fault", load, ok, line, res)

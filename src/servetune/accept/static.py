@@ -207,9 +207,10 @@ def knob_tested(
             continue
         seen.setdefault(r.engine_config.get(name), []).append(r.id)
     values = sorted(seen, key=lambda v: (v is None, v or 0))
-    ev = f"{name}={value}; real runs measured {name} in {values}"
+    shown = "(the engine default)" if value is None else value
+    ev = f"{name}={shown}; real runs measured {name} in {values}"
     if value not in seen:
-        f = failed(f"measure {name}={value} on the real engine (servetune tune / bench --set)", ev)
+        f = failed(f"measure {name}={shown} on the real engine (servetune tune / bench --set)", ev)
     elif len(seen) < 2:
         f = failed(f"sweep {name} (seed 003 §14 stage three): only one value was measured", ev)
     else:

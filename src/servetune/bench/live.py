@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
 from servetune.bench.progress import _ms
 
@@ -81,35 +81,26 @@ class EngineWatch:
         return {k: v for k in _GAUGES if (v := m.get(k)) is not None}
 
 
-def render(s: dict[str, Any], e: dict[str, float]) -> Table:
-    """One point's view: the client's line, then the engine's and the host's."""
-    t = Table.grid(padding=(0, 2))
+def render(s: dict[str, Any], e: dict[str, float]) -> Text:
+    """One point's view: the client's line, then the engine's and the host's. Plain text
+    lines, not a table: a redraw then costs ~0.1 ms of the client's CPU instead of ~2."""
     total = f"/{s['total']}" if s.get("total") else ""
-    t.add_row(
-        f"[bold]{s['label']}[/]",
-        f"offered {offered(s['label'])}",
-        f"achieved {s['rate_req_s']:.1f} req/s",
-        f"{s['done']}{total} done",
-        f"errors {s['errors']}",
-        f"{s['elapsed_s']:.0f}s",
-    )
-    t.add_row(
-        "",
-        f"TTFT p50/p99 {_ms(s['ttft_p50_ms'])}/{_ms(s['ttft_p99_ms'])} ms",
-        f"TPOT p50/p99 {_ms(s['tpot_p50_ms'])}/{_ms(s['tpot_p99_ms'])} ms",
-    )
 
     def num(key: str, fmt: str) -> str:
         return "-" if key not in e else format(e[key], fmt)
 
     kv = "-" if "kv_cache_usage" not in e else f"{e['kv_cache_usage']:.0%}"
-    t.add_row(
-        "",
-        f"engine running {num('requests_running', '.0f')} waiting {num('requests_waiting', '.0f')}",
-        f"KV {kv}",
-        f"host CPU {num('cpu_pct', '.0f')}% (busiest core {num('cpu_max_core_pct', '.0f')}%)",
+    pad = " " * len(s["label"])
+    return Text.from_markup(
+        f"[bold]{s['label']}[/]  offered {offered(s['label'])}  achieved "
+        f"{s['rate_req_s']:.1f} req/s  {s['done']}{total} done  errors {s['errors']}  "
+        f"{s['elapsed_s']:.0f}s\n"
+        f"{pad}  TTFT p50/p99 {_ms(s['ttft_p50_ms'])}/{_ms(s['ttft_p99_ms'])} ms  "
+        f"TPOT p50/p99 {_ms(s['tpot_p50_ms'])}/{_ms(s['tpot_p99_ms'])} ms\n"
+        f"{pad}  engine running {num('requests_running', '.0f')} waiting "
+        f"{num('requests_waiting', '.0f')}  KV {kv}  host CPU {num('cpu_pct', '.0f')}% "
+        f"(busiest core {num('cpu_max_core_pct', '.0f')}%)"
     )
-    return t
 
 
 class LiveView:
@@ -129,9 +120,11 @@ class LiveView:
     def __call__(self, s: dict[str, Any]) -> None:
         if self.live is None:
             self.watch = EngineWatch(self.url, self.engine).start()
-            self.live = Live(console=self.console, refresh_per_second=4, transient=True)
+            # Redrawn on each tick (the runner sends at most 4 a second), not by rich's
+            # refresh thread: no redraws between ticks, none when nothing changed.
+            self.live = Live(console=self.console, auto_refresh=False, transient=True)
             self.live.start()
-        self.live.update(render(s, self.watch.latest if self.watch else {}))
+        self.live.update(render(s, self.watch.latest if self.watch else {}), refresh=True)
 
     def close(self) -> None:
         if self.watch is not None:

@@ -41,12 +41,19 @@ def summary_table(results: list[RunResult]) -> Table:
         "TPOT p99", "ITL p99", "E2E p99", "lag p99", "goodput", "SLO",
     ))  # fmt: skip
     t.caption = "percentiles over n requests; ~max: too few for a P99 (n < 100), the maximum"
+    if any(r.metrics.stream_buffered for r in results):
+        t.caption += (
+            "\n[red]BUFFERED: the server sent every chunk at the end of the answer; "
+            "TTFT, TPOT and ITL are not measurable (-), E2E is the latency a user sees[/]"
+        )
     for r in results:
         m = r.metrics
         load = load_label(r)
         slo = "-" if m.slo_pass is None else ("[green]pass[/]" if m.slo_pass else "[red]fail[/]")
         if r.client.bottleneck:
             load += " [red]![/]"
+        if m.stream_buffered:
+            load += " [red]BUFFERED[/]"
         t.add_row(
             load,
             f"{m.completed}/{m.failed}",

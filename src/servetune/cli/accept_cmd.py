@@ -167,7 +167,8 @@ def shedder(
     max_in_flight: int = typer.Option(..., "--max-in-flight", min=1),
     per_key: int = typer.Option(None, "--per-key", min=1, help="In flight per API key."),
     port: int = typer.Option(8088, "--port"),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="Cap every request's output."),
 ) -> None:
     from servetune.accept.shedder import serve
 
-    serve(upstreams, max_in_flight, per_key, port)
+    serve(upstreams, max_in_flight, per_key, port, max_tokens)

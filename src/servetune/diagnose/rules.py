@@ -171,7 +171,7 @@ def host_starved(ev: Evidence) -> Finding | None:
         Action(
             f"engine {threads}",
             ev.config.get("threads") or "all cores",
-            f"{free} dedicated cores" if free else "dedicated cores",
+            f"{free} dedicated core{'s' if free > 1 else ''}" if free else "dedicated cores",
             "pin the engine to cores nothing else uses",
         ),
     ]
@@ -331,7 +331,7 @@ def kv_pressure(ev: Evidence) -> Finding | None:
         )
     if "kv_cache_space_gib" in c:
         space = float(c["kv_cache_space_gib"])
-        acts.append(Action("kv_cache_space_gib", space, round(space * 2, 3), "x2 pool"))
+        acts.append(Action("kv_cache_space_gib", space, space * 2, "x2 pool"))
     else:
         gmu = c.get("gpu_memory_utilization") or 0.9
         acts.append(
@@ -358,6 +358,8 @@ def batch_queueing(ev: Evidence) -> Finding | None:
     if share is None or share < QUEUE_SHARE or (ev.waiting_max or 0) <= 0:
         return None
     cap = ev.batch_cap
+    if cap and ev.running_max is not None and ev.running_max < cap:
+        return None  # the cap was never reached: something else (the KV pool) held them
     knob = "parallel_slots" if ev.engine == "llamacpp" else "max_num_seqs"
     nxt = 2 * cap if cap else None
     fit = fits_in_kv(ev)
@@ -365,9 +367,9 @@ def batch_queueing(ev: Evidence) -> Finding | None:
         nxt = max(cap or 1, min(nxt, fit))
     t50 = ev.ttft.get("p50")
     trig = (
-        f"waiting peaked at {ev.waiting_max:.0f} (mean {ev.waiting_mean or 0:.1f}) with running"
+        f"waiting peaked at {ev.waiting_max:.0f} (mean {ev.waiting_mean or 0:.1f}), running"
         f" at {ev.running_max or 0:.0f}"
-        + (f" = {knob} {cap}" if cap else "")
+        + (f" ({knob} {cap})" if cap else "")
         + f"; queueing is {share:.0%} of TTFT (TTFT P50 {_ms(t50)}, TPOT P50"
         f" {_ms(ev.tpot.get('p50'))})"
     )
@@ -467,7 +469,9 @@ def prefill_heavy(ev: Evidence) -> Finding | None:
     if share is None or share < 0.4 or q >= QUEUE_SHARE or not i50 or not o50 or i50 < 4 * o50:
         return None
     mbt = ev.config.get("max_num_batched_tokens")
-    pc = "cache_prompt" if ev.engine == "llamacpp" else "enable_prefix_caching"
+    # EngineConfig's canonical knob (on by default in vLLM v1 and llama.cpp): when it is
+    # already on, the action is to make prompts share their prefix so it hits.
+    pc_on = ev.config.get("enable_prefix_caching", True)
     return Finding(
         "prefill_heavy",
         "engine",
@@ -478,7 +482,9 @@ def prefill_heavy(ev: Evidence) -> Finding | None:
         f" queueing {q:.0%} of TTFT",
         55.0,
         [
-            Action(pc, ev.config.get(pc, "off"), True, "shared prefixes skip prefill"),
+            Action("prompt layout", "as sent", "shared part first", "so the prefix cache hits")
+            if pc_on
+            else Action("enable_prefix_caching", False, True, "shared prefixes skip prefill"),
             Action(
                 "max_num_batched_tokens",
                 mbt or "default",

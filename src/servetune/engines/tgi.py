@@ -18,6 +18,8 @@ from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpe
 from servetune.engines.config import EngineConfig
 
 name = "tgi"
+# The version whose CLI and metrics the tests check against (data/engine_flags/tgi.json).
+TARGET_VERSION = "3.3.7"
 default_port = 3000
 health_path = "/health"
 

@@ -29,6 +29,9 @@ from servetune.engines.base import (
 from servetune.engines.config import EngineConfig
 
 name = "trtllm"
+# The source revision whose trtllm-serve options the tests check against
+# (data/engine_flags/trtllm.json); no release tag was at hand for it.
+TARGET_VERSION = "main@00209af149e7774406881a37283dce303571eb11"
 default_port = 8000
 health_path = "/health"
 CONFIG_FILE = "servetune-trtllm.yaml"

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from servetune.metrics.buffering import buffered_mask, run_is_buffered
 from servetune.metrics.stats import summarize, summarize_weighted
 from servetune.results.schema import Dist, Metrics, RequestRecord, SLOCheck
 from servetune.slo import SLO
@@ -318,10 +319,12 @@ def compute_metrics(
     attempted = n_measured - cancelled - aborted
 
     lat = _latencies(c, ok)
-    if stream:
+    eligible, held = buffered_mask(c.send, c.first, c.last, c.output_tokens, ok & (c.n_chunks > 0))
+    buffered = stream and run_is_buffered(int(eligible.sum()), int(held.sum()))
+    if stream and not buffered:
         pooled, per_tok = c.chunks.gaps_ms(ok)
         tpot = summarize(lat.tpot)
-    else:
+    else:  # not streamed, or streamed all at once: no token timing to measure
         pooled = per_tok = (np.empty(0), None)
         tpot = Dist()
     fe = ok & (c.first_event != 0)
@@ -362,7 +365,7 @@ def compute_metrics(
         aborted=aborted,
         error_rate=n_failed / attempted if attempted else 0.0,
         errors_by_class=dict(sorted(errors_by_class.items())),
-        ttft_ms=summarize(lat.ttft),
+        ttft_ms=Dist() if buffered else summarize(lat.ttft),
         first_event_ms=summarize(first_event),
         tpot_ms=tpot,
         itl_ms=_summ(pooled),
@@ -378,6 +381,8 @@ def compute_metrics(
         offered_req_s=offered,
         sent_req_s=n_measured / window_s,
         max_in_flight=_max_in_flight(c.send, c.end),
+        stream_buffered=buffered,
+        stream_buffered_requests=int(held.sum()) if stream else 0,
     )
     compared = measured & c.usage_out_has & c.tokenizer_out_has
     diffs = np.abs(c.usage_out[compared] - c.tokenizer_out[compared])
@@ -446,6 +451,7 @@ def _apply_slo(
         if targets is None:
             continue
         dist = getattr(m, metric)
+        unmeasurable = m.stream_buffered and metric != "e2e_ms"
         for stat, target in targets.items():
             v = getattr(dist, stat)
             checks.append(
@@ -455,6 +461,7 @@ def _apply_slo(
                     target=target,
                     value=v,
                     ok=v is not None and v <= target,
+                    note="not measurable: the server buffered the stream" if unmeasurable else None,
                 )
             )
     if slo.error_rate is not None:

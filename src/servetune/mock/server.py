@@ -47,6 +47,9 @@ class MockConfig:
     itl_jitter_ms: float = 0.0
     output_tokens: int | None = None  # default: the request's max_tokens, else 16
     tokens_per_chunk: int = 1  # >1 imitates speculative decoding's multi-token chunks
+    # Hold every content chunk and send them all at the end, as onnx-genai-server does
+    # (metrics/buffering.py): a stream that is valid but carries no token timing.
+    buffer_stream: bool = False
     role_chunk: bool = True  # vLLM sends a role-only first chunk on chat streams
     reasoning_tokens: int = 0  # the first N tokens arrive as `reasoning_content`
     usage: bool = True  # honour stream_options.include_usage
@@ -101,7 +104,9 @@ class MockStats:
 class _Stream:
     """One streamed answer, driven by loop timers."""
 
-    __slots__ = ("proto", "n_tokens", "sent", "chat", "usage", "cont", "fault", "prompt", "handle")
+    __slots__ = (
+        "proto", "n_tokens", "sent", "chat", "usage", "cont", "fault", "prompt", "handle", "held"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -122,6 +127,7 @@ class _Stream:
         self.fault = fault
         self.prompt = prompt
         self.handle: asyncio.TimerHandle | None = None
+        self.held: list[bytes] = []  # content events held back (MockConfig.buffer_stream)
 
 
 class _MockProtocol(asyncio.Protocol):
@@ -306,10 +312,15 @@ class _MockProtocol(asyncio.Protocol):
                 b'{"id":"m","object":"text_completion","choices":[{"index":0,"text":%s,"finish_reason":%s}]%s}'
                 % (text.encode(), fr, usage)
             )
-        self._event(ev)
+        if cfg.buffer_stream:
+            st.held.append(_chunked(b"data: " + ev + b"\n\n"))
+        else:
+            self._event(ev)
         if not last:
             st.handle = self.srv.later(self.srv.itl_s(), self._tick, st)
             return
+        if st.held:
+            self.t.write(b"".join(st.held))  # type: ignore[union-attr]
         if st.usage:
             self._event(
                 b'{"id":"m","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}'

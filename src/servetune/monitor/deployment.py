@@ -79,24 +79,20 @@ def has_kv_gauge(engine: str) -> bool:
 
 def limits_from_signals(
     signals: dict[str, Any], engine: str, slo: SLO | None
-) -> tuple[float, float | None, list[str]]:
-    """Per-replica queue target and KV threshold from the point the tuner measured as the
-    winner's capacity (its `signals`: the engine's own peaks on a real run, the scheduler's
-    counters on a simulated one)."""
+) -> tuple[float | None, float | None, list[str]]:
+    """Per-replica queue target (None: not measured) and KV threshold from the point the
+    tuner measured as the winner's capacity (its `signals`: the engine's own peaks on a
+    real run, the scheduler's counters on a simulated one)."""
     notes: list[str] = []
     waiting = signals.get("requests_waiting_max")
     if waiting is None and signals.get("max_in_flight") and signals.get("max_num_seqs"):
         # simulated: what was in flight beyond the running slots was queued
         waiting = max(0.0, signals["max_in_flight"] - signals["max_num_seqs"])
-    if waiting is None:
-        raise InputError(
-            "--from-study",
-            "the winner's capacity point has no queue measurement",
-            "give --queue-target N (pending requests one replica absorbs within the SLO)",
-        )
-    # A replica that met the SLO with W queued absorbs W; a zero queue still leaves one.
-    queue = float(max(1, math.ceil(waiting)))
-    notes.append(f"queue target {queue:g}/replica: peak queue {waiting:g} at measured capacity")
+    queue: float | None = None
+    if waiting is not None:
+        # A replica that met the SLO with W queued absorbs W; a zero queue still leaves one.
+        queue = float(max(1, math.ceil(waiting)))
+        notes.append(f"queue target {queue:g}/replica: peak queue {waiting:g} at measured capacity")
     kv: float | None = None
     if has_kv_gauge(engine):
         peak = signals.get("kv_cache_usage_max")
@@ -130,9 +126,19 @@ def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) 
     queue, kv, notes = limits_from_signals(dict(best.get("signals") or {}), eng, slo)
     load = f"{best.get('load_kind')}={best.get('load')}"
     notes.append(f"measured at the winner's best passing point ({load})")
+    for key in ("queue_target", "kv_threshold"):
+        if kw.get(key) is not None:
+            notes.append(f"{key} {kw[key]:g} given by hand, over the measured one")
+    queue = kw.pop("queue_target", None) or queue
+    if queue is None:
+        raise InputError(
+            "--from-study",
+            "the winner's capacity point has no queue measurement",
+            "give --queue-target N (pending requests one replica absorbs within the SLO)",
+        )
     return Deployment(
         engine=eng,
-        queue_target=kw.pop("queue_target", None) or queue,
+        queue_target=queue,
         kv_threshold=kw.pop("kv_threshold", None) or kv,
         slo=slo,
         notes=tuple(notes),

@@ -190,7 +190,8 @@ def _verdict(
     if capacity < max_len:
         return "max_model_len", (
             f"KV pool holds {capacity:,} tokens, less than one max_model_len={max_len:,} "
-            "sequence (the engine refuses to start)"
+            "sequence (the engine refuses to start): set max_model_len <= "
+            f"{capacity:,}, or grow the KV pool (gpu_memory_utilization, kv_cache_space, more GPUs)"
         )
     return None, f"fits: KV pool {b.kv_pool_bytes / gib:.2f} GiB holds {capacity:,} tokens"
 

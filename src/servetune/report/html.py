@@ -107,6 +107,25 @@ def _verdict_section(data: ReportData) -> str:
     )
 
 
+def _buffered_section(data: ReportData) -> str:
+    """A loud line per run whose server buffered its stream (metrics/buffering.py): the
+    charts and record leave its TTFT/TPOT/ITL empty, and this says why."""
+    runs = [r for r in data.runs if r.result.metrics.stream_buffered]
+    if not runs:
+        return ""
+    items = "".join(
+        f"<li>{_e(r.letter)} {_e(r.info.id)}: {r.result.metrics.stream_buffered_requests} "
+        "requests got every chunk at the end</li>"
+        for r in runs
+    )
+    return (
+        '<section id="stream-buffered"><h2 class="warn">Buffered streaming: TTFT, TPOT and ITL '
+        "not measurable</h2><p>The server held each answer and sent all its chunks at once, "
+        "so the first chunk arrived when the answer was done. E2E is the latency a user "
+        f"sees; no figure here measures token timing for these runs.</p><ul>{items}</ul></section>"
+    )
+
+
 def _configs_section(data: ReportData) -> str:
     """One row per config: its name in the charts, what it changes against the baseline
     (a study varies knobs by design: no one-change warning here, `runs compare` has it),
@@ -188,6 +207,7 @@ def render_html(data: ReportData, charts: Sequence[Chart]) -> str:
             f"<header><h1>{_e(data.title)}</h1><p>{len(data.runs)} run(s) from "
             f"{_e(data.where)} · servetune {__version__} · {now}</p></header><main>",
             _verdict_section(data),
+            _buffered_section(data),
             '<pre id="st-errors"></pre>',
             _configs_section(data),
             f"<nav>{nav}</nav>",

@@ -164,6 +164,12 @@ class Metrics(BaseModel):
     token_count_mismatched: int = 0
     token_count_max_abs_diff: int = 0
     max_in_flight: int = 0
+    stream_buffered: bool = Field(
+        False,
+        description="The server held the stream to the end (metrics/buffering.py): "
+        "TTFT, TPOT and ITL are not measurable and left empty.",
+    )
+    stream_buffered_requests: int = 0
 
 
 class ClientInfo(BaseModel):

@@ -15,6 +15,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
 from servetune.yamlfile import parse_yaml
 
@@ -51,7 +52,12 @@ def _data() -> dict[str, Any]:
 
 def engine_cpu_figures(engine: str) -> dict[str, float]:
     """The CPU side of `engine` on a GPU box (ingress, per-chunk, per-step seconds)."""
-    return dict(_data()["engines"][engine])
+    engines = _data()["engines"]
+    if engine not in engines:
+        raise InputError(
+            "tier", f"the gpu tier has no CPU-side figures for {engine}", "use roofline"
+        )
+    return dict(engines[engine])
 
 
 def kernel_figures(hw: HardwareSpec) -> KernelFigures:

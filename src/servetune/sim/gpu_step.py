@@ -6,8 +6,8 @@ sequences takes
 
     t = cpu_step + cpu_per_seq x seqs                      engine CPU: schedule, prepare, sample
       + per_layer x layers                                 kernel launch gaps and tails
-      + sum over linear layers max(weight bytes / (BW x hbm_eff),
-                                   FLOPs / (peak x mamf x tile_eff(tokens)))
+      + max(weight bytes / (BW x hbm_eff),                  linear layers
+            FLOPs / (peak x mamf x model_gemm_eff x tile_eff(tokens)))
       + max(KV bytes read / (BW x attn_eff), attention FLOPs / (peak16 x fa_eff))
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
 
@@ -16,16 +16,18 @@ sequences takes
   checkpoints and `quantization=fp8`, plan.quant.weight_format) at the measured maximum
   achievable matmul rate (MAMF) times the share a model's own shapes and the elementwise
   kernels between the GEMMs leave of it (model_gemm_eff), less the rows padded up to whole
-  GEMM tiles. MoE routed
-  experts run as a grouped GEMM: each expert gets tokens x k / E rows, padded on its own.
+  GEMM tiles. MoE routed experts run as a grouped GEMM: each expert gets tokens x k / E
+  rows, padded on its own.
 - attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
   (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
-- the engine's CPU side and front end (ingress per request, per streamed chunk) come from
-  the engine's entry in the same file. The front end is one server for ingress and
-  streaming (`sim.clients`): it hands a burst over one request at a time, and once its
-  streams saturate it, it paces new requests (vLLM's API server at high concurrency).
+- the engine's CPU side and front end (ingress per request, streaming per token, latency
+  per chunk) come from the engine's entry in the same file. The front end is one server
+  for ingress and streaming (`sim.clients`): it hands a burst over one request at a time,
+  and once its streams saturate it, it paces new requests (vLLM's API server at high
+  concurrency).
 
 Pipeline parallelism multiplies every per-layer term by pp, as the roofline tier does.
+The figures, their sources and the published runs that check them: docs/fidelity-gpu.md.
 """
 
 from __future__ import annotations

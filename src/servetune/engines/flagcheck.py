@@ -1,0 +1,121 @@
+"""Check an adapter's command line and metric names against the engine's own definitions.
+
+SGLang, TGI and TensorRT-LLM cannot run on a CPU-only host, so their launch commands
+are never parsed by the engine here. Instead each engine's published CLI (flag names,
+value types, choices) and Prometheus metric families are checked in as data under
+`servetune/data/engine_flags/<engine>.json`, extracted from the engine's own source at
+a pinned version (the file names the version, the URL and how it was extracted);
+each adapter's `TARGET_VERSION` must match it. `check_argv` and `check_metrics` list
+every mismatch; the tests require both lists to be empty for every knob combination.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from types import ModuleType
+from typing import Any
+
+CHECKED = ("sglang", "tgi", "trtllm")
+
+
+@dataclass(frozen=True)
+class EngineCli:
+    """One engine's published CLI and metric families at one version."""
+
+    engine: str
+    version: str
+    source: str
+    flags: Mapping[str, Mapping[str, Any]]  # "--flag" -> {"type": ..., "choices": [...]}
+    metrics: Mapping[str, str]  # family name -> gauge | counter | histogram
+
+
+@cache
+def load(engine: str) -> EngineCli:
+    """The checked-in definition for `engine` (one of CHECKED)."""
+    path = resources.files("servetune") / "data" / "engine_flags" / f"{engine}.json"
+    raw = json.loads(path.read_text("utf-8"))
+    return EngineCli(raw["engine"], raw["version"], raw["source"], raw["flags"], raw["metrics"])
+
+
+def _value_error(spec: Mapping[str, Any], value: str) -> str | None:
+    """Why `value` is not a valid value for a flag of this spec (None when it is)."""
+    kind = spec["type"]
+    parts = value.split(",") if spec.get("nargs") == "," else [value]
+    for part in parts:
+        try:
+            if kind == "int":
+                int(part)
+            elif kind == "float":
+                float(part)
+            elif kind == "bool" and part.lower() not in ("true", "false"):
+                return f"wants true/false, got {part!r}"
+        except ValueError:
+            return f"wants {kind}, got {part!r}"
+        choices = spec.get("choices")
+        if choices and part not in choices:
+            return f"{part!r} is not one of {', '.join(choices)}"
+    return None
+
+
+def check_argv(cli: EngineCli, argv: Sequence[str]) -> list[str]:
+    """Every problem in `argv` against the engine's CLI: unknown flag, a switch given a
+    value, a valued flag missing its value, a value of the wrong type or not a choice.
+    Tokens before the first `--flag` (executable, module, positional model) are skipped."""
+    problems: list[str] = []
+    start = next((i for i, tok in enumerate(argv) if tok.startswith("--")), len(argv))
+    i = start
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if not tok.startswith("--"):
+            problems.append(f"{tok!r}: a value with no flag before it")
+            continue
+        name, eq, inline = tok.partition("=")
+        spec = cli.flags.get(name)
+        if spec is None:
+            problems.append(f"{name}: no such flag in {cli.engine} {cli.version}")
+            if not eq and i < len(argv) and not argv[i].startswith("--"):
+                i += 1  # its value, reported once with the flag
+            continue
+        if spec["type"] == "switch":
+            if eq:
+                problems.append(f"{name}: a switch, takes no value")
+            continue
+        if eq:
+            value = inline
+        elif i < len(argv) and not argv[i].startswith("--"):
+            value, i = argv[i], i + 1
+        else:
+            problems.append(f"{name}: needs a {spec['type']} value")
+            continue
+        if why := _value_error(spec, value):
+            problems.append(f"{name}: {why}")
+    return problems
+
+
+def _family(name: str) -> str:
+    """Prometheus family name: counters are exported with or without `_total`."""
+    return name.removesuffix("_total")
+
+
+def check_metrics(cli: EngineCli, adapter: ModuleType) -> list[str]:
+    """Every canonical-map entry of `adapter` (METRICS, HISTOGRAMS) whose source name the
+    engine does not export, or exports as another kind: canonical `*_total` names must be
+    counters, other METRICS gauges, HISTOGRAMS histograms."""
+    kinds = {_family(name): kind for name, kind in cli.metrics.items()}
+    problems: list[str] = []
+    wanted = [
+        (canon, src, "counter" if canon.endswith("_total") else "gauge")
+        for canon, src in adapter.METRICS.items()
+    ] + [(canon, src, "histogram") for canon, src in adapter.HISTOGRAMS.items()]
+    for canon, src, want in wanted:
+        got = kinds.get(_family(src))
+        if got is None:
+            problems.append(f"{canon}: {src} is not a {cli.engine} {cli.version} metric")
+        elif got != want:
+            problems.append(f"{canon}: {src} is a {got} in {cli.engine}, not a {want}")
+    return problems

@@ -1,0 +1,53 @@
+"""Buffered streaming: a server that holds every chunk and sends them all at the end.
+
+Its stream looks valid, but the first content chunk arrives when the answer is done,
+so the client's TTFT is the E2E latency and the inter-token gaps are socket-read noise.
+Seen on onnx-genai-server (issue notes, 2026-12: "buffers every stream to the end");
+any proxy that does not flush SSE does the same. Such a run's TTFT, TPOT and ITL are
+not measurable and must not be reported as numbers.
+
+A request looks buffered when its content chunks all arrive within a few ms of each
+other although it carried several tokens and took long from send to last chunk. The
+thresholds are chosen so no real token-by-token decode can pass them: even the fastest
+decode on current hardware takes over 1 ms per token per sequence, while buffered chunks
+are written together in one syscall (tens of microseconds apart).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NS_PER_MS = 1_000_000
+MIN_TOKENS = 4  # fewer tokens: too few gaps to judge
+MIN_E2E_MS = 50.0  # "E2E is long": shorter answers cannot be told from a fast engine
+MAX_SPAN_MS = 5.0  # "within a few ms": all content chunks inside this span...
+MAX_SPAN_SHARE = 0.05  # ...and inside this share of send -> last chunk
+MAX_MS_PER_TOKEN = 0.25  # ...and faster than any real decode (see module docstring)
+RUN_SHARE = 0.5  # a run is buffered when at least this share of judged requests is
+
+
+def buffered_mask(
+    send: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+    output_tokens: np.ndarray,
+    judged: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(eligible, buffered) masks over requests: `eligible` are the `judged` requests with
+    enough tokens and a long enough E2E to tell; `buffered` those whose chunks all came
+    together at the end. Times in ns (first/last: first and last content chunk)."""
+    e2e_ms = (last - send) / NS_PER_MS
+    span_ms = (last - first) / NS_PER_MS
+    tokens = np.maximum(output_tokens, 1)
+    eligible = judged & (output_tokens >= MIN_TOKENS) & (e2e_ms >= MIN_E2E_MS)
+    together = (
+        (span_ms <= MAX_SPAN_MS)
+        & (span_ms <= MAX_SPAN_SHARE * e2e_ms)
+        & (span_ms / (tokens - 1).clip(min=1) <= MAX_MS_PER_TOKEN)
+    )
+    return eligible, eligible & together
+
+
+def run_is_buffered(eligible: int, buffered: int) -> bool:
+    """The run's verdict: most of the requests that could be judged were buffered."""
+    return eligible > 0 and buffered >= RUN_SHARE * eligible

@@ -1,0 +1,117 @@
+"""A server that buffers its stream is caught by `bench`: flagged in the result, the
+summary and the report, with TTFT/TPOT/ITL left unmeasured instead of reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from servetune.metrics.buffering import buffered_mask, run_is_buffered
+from servetune.mock.server import MockConfig, mock_in_thread
+from servetune.report.html import _buffered_section
+from servetune.results.files import load_result
+
+MS = 1_000_000
+
+
+def bench(tmp_path: Path, cfg: MockConfig, *extra: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "w.yaml").write_text(
+        "count: 6\narrival: {kind: closed, concurrency: 2}\n"
+        "input_tokens: {dist: fixed, value: 20}\noutput_tokens: {dist: fixed, value: 8}\n"
+    )
+    (tmp_path / "slo.yaml").write_text("ttft_ms: {p95: 5000}\ne2e_ms: {p95: 5000}\n")
+    with mock_in_thread(cfg) as srv:
+        return subprocess.run(
+            [
+                sys.executable, "-m", "servetune.cli.app", "bench",
+                "--url", f"http://127.0.0.1:{srv.port}", "-w", str(tmp_path / "w.yaml"),
+                "--slo", str(tmp_path / "slo.yaml"), "--tokenizer", "word", "--no-scrape",
+                "-o", str(tmp_path / "r.json"), *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "200"},  # the summary table on one line per row
+        )  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_buffered_mock_is_flagged_and_token_timing_left_empty(tmp_path: Path) -> None:
+    out = bench(tmp_path, MockConfig(ttft_ms=20, itl_ms=10, buffer_stream=True), "--json")
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)["metrics"]
+    assert m["stream_buffered"] and m["stream_buffered_requests"] == m["completed"] == 6
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "itl_per_token_ms"):
+        assert m[name]["count"] == 0 and m[name]["p50"] is None, name
+    assert m["e2e_ms"]["count"] == 6 and m["e2e_ms"]["p50"] >= 80  # 20 + 7 x 10 ms
+    checks = {c["metric"]: c for c in m["slo_checks"]}
+    assert not checks["ttft_ms"]["ok"] and "buffered" in checks["ttft_ms"]["note"]
+    assert checks["e2e_ms"]["ok"] and checks["e2e_ms"]["note"] is None
+    assert load_result(tmp_path / "r.json").metrics.stream_buffered
+
+
+@pytest.mark.timeout(120)
+def test_same_mock_streaming_token_by_token_is_measured(tmp_path: Path) -> None:
+    out = bench(tmp_path, MockConfig(ttft_ms=20, itl_ms=10), "--json")
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)["metrics"]
+    assert not m["stream_buffered"] and m["stream_buffered_requests"] == 0
+    assert m["ttft_ms"]["count"] == 6 and m["itl_ms"]["count"] == 6 * 7
+
+
+@pytest.mark.timeout(120)
+def test_summary_table_says_buffered(tmp_path: Path) -> None:
+    out = bench(tmp_path, MockConfig(ttft_ms=20, itl_ms=10, buffer_stream=True))
+    assert out.returncode == 0, out.stderr
+    assert "BUFFERED" in out.stdout and "not measurable" in out.stdout
+
+
+def _mask(first_ms: list[float], last_ms: list[float], tokens: list[int]) -> np.ndarray:
+    n = len(first_ms)
+    _, held = buffered_mask(
+        np.zeros(n, dtype=np.int64),
+        (np.array(first_ms) * MS).astype(np.int64),
+        (np.array(last_ms) * MS).astype(np.int64),
+        np.array(tokens),
+        np.ones(n, dtype=bool),
+    )
+    return held
+
+
+def test_only_chunks_bunched_at_the_end_of_a_long_answer_count() -> None:
+    held = _mask(
+        [500.0, 100.0, 100.0, 10.0, 300.0],
+        [500.2, 107.0, 100.1, 10.1, 300.0],
+        [64, 8, 2, 16, 1],
+    )
+    # 64 tokens in 0.2 ms after 500 ms: buffered. 8 tokens over 7 ms (1 ms/token): a real
+    # decode. 2 tokens or 1 token: too few to judge. 10 ms E2E: too short to judge.
+    assert held.tolist() == [True, False, False, False, False]
+
+
+def test_fast_multi_token_decode_is_not_buffering() -> None:
+    # 4 tokens in 3 ms after a 2 s prefill: 1 ms/token, a real (fast) decode.
+    assert _mask([2000.0], [2003.0], [4]).tolist() == [False]
+
+
+def test_run_verdict_needs_most_judged_requests() -> None:
+    assert run_is_buffered(10, 5) and not run_is_buffered(10, 4) and not run_is_buffered(0, 0)
+
+
+def test_report_names_the_buffered_runs() -> None:
+    def run(rid: str, buffered: bool) -> SimpleNamespace:
+        metrics = SimpleNamespace(stream_buffered=buffered, stream_buffered_requests=6)
+        return SimpleNamespace(
+            letter="A", info=SimpleNamespace(id=rid), result=SimpleNamespace(metrics=metrics)
+        )
+
+    html = _buffered_section(SimpleNamespace(runs=[run("r-held", True), run("r-ok", False)]))  # type: ignore[arg-type]
+    assert "not measurable" in html and "r-held" in html and "r-ok" not in html
+    assert _buffered_section(SimpleNamespace(runs=[run("r-ok", False)])) == ""  # type: ignore[arg-type]
