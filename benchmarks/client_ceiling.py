@@ -255,13 +255,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.live:
         global LIVE
-        from rich.console import Console
-
         from servetune.bench.live import LiveView
 
-        # A terminal console, so every refresh renders (to /dev/null, open for the run).
-        sink = open(os.devnull, "w")  # noqa: SIM115
-        LIVE = LiveView(Console(file=sink, force_terminal=True))
+        LIVE = LiveView(out=os.devnull)  # drawn as on a terminal, to /dev/null
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:

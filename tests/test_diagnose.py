@@ -135,6 +135,15 @@ def test_queueing_below_the_batch_cap_is_not_a_batch_limit() -> None:
     assert keys(ev) == ["batch_queueing"]
 
 
+def test_the_decode_batch_leaves_out_the_idle_scrapes_at_the_ends() -> None:
+    """A 3 s run scraped once a second: 0 before and after, 2 while it decoded."""
+    from servetune.diagnose.evidence import engine_figures
+
+    ev = Evidence("x")
+    engine_figures(ev, ServerSeries(values=[{"requests_running": v} for v in (0, 2, 2, 2, 0)]))
+    assert ev.running_mean == pytest.approx(1.2) and ev.running_busy_mean == 2.0
+
+
 def test_nothing_fires_on_a_healthy_run() -> None:
     ev = Evidence("x", running_mean=2.0, waiting_max=0.0, kv_usage_max=0.4, preemptions=0.0)
     ev.ttft = {"mean": 50.0, "p50": 48.0, "p99": 70.0}

@@ -56,7 +56,8 @@ def _ok(res: RunResult) -> list[RequestRecord]:
 def warm_up(p: Prober, spec: WorkloadSpec, sizes: Sizes) -> Finding:
     """The first requests the deployment sees from us vs the rest (one user, in order):
     an instance put behind traffic before its warm-up (JIT, CUDA graphs, caches) answers
-    its first requests several times slower (seed 003 §10, 预热)."""
+    its first requests several times slower (seed 003 §11, 预热: load, JIT, CUDA graphs,
+    NCCL and typical requests done before traffic)."""
     n = max(sizes.warm_requests, 6)
     res = p.measure("warmup", spec.with_load(concurrency=1, count=n))
     ttft = [t for r in sorted(res.records, key=lambda r: r.send_ns) if (t := _ttft_ms(r))]

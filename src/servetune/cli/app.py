@@ -49,6 +49,7 @@ def _register() -> None:
     __import__("servetune.cli.accept_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.diagnose_cmd", fromlist=["register"]).register(app)
     __import__("servetune.cli.monitor_cmd", fromlist=["register"]).register(app)
+    __import__("servetune.cli.quality_cmd", fromlist=["register"]).register(app)
 
 
 _register()

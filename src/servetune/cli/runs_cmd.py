@@ -259,6 +259,7 @@ def compare(
     db: str | None = _DB,
 ) -> None:
     """Side by side: differing knobs and context first, then metric deltas vs the first."""
+    from servetune.report.experiment import fmt
     from servetune.store.compare import compare_runs
 
     with _open(db) as store:
@@ -267,10 +268,20 @@ def compare(
             raise InputError("RUNS", f"compare needs two or more runs (got {len(ids)})")
         infos = [store.get(i) for i in ids]
         comp = compare_runs(infos, [_metrics(store, i) for i in infos])
+    quality = {i.id: i.quality for i in infos if i.quality}
     if as_json:
-        _emit(comp.to_json())
+        _emit({**comp.to_json(), "quality": quality})
         return
     _print_comparison(comp, all_knobs)
+    if quality:
+        _table(
+            ["quality (seed 003 §16)", *[i.id for i in infos]],
+            [
+                [k, *[fmt((i.quality or {}).get(k)) for i in infos]]
+                for k in dict.fromkeys(k for q in quality.values() for k in q)
+            ],
+            "Quality (`servetune quality`)",
+        )
 
 
 def _print_comparison(comp: Comparison, all_knobs: bool) -> None:

@@ -42,6 +42,7 @@ class Evidence:
     # engine side
     running_max: float | None = None
     running_mean: float | None = None
+    running_busy_mean: float | None = None  # over samples with something running: the batch
     waiting_max: float | None = None
     waiting_mean: float | None = None
     kv_usage_max: float | None = None
@@ -85,6 +86,9 @@ def engine_figures(ev: Evidence, series: ServerSeries | None) -> None:
         if vals:
             setattr(ev, f"{attr}_max", max(vals))
             setattr(ev, f"{attr}_mean", float(np.mean(vals)))
+    busy = [v for v in series.series("requests_running") if v > 0]
+    if busy:
+        ev.running_busy_mean = float(np.mean(busy))
     ev.kv_usage_max = series.peak("kv_cache_usage")
     d = series.deltas
     if "preemptions_total" in d:

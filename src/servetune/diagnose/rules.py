@@ -501,7 +501,7 @@ def decode_heavy(ev: Evidence) -> Finding | None:
     减少活跃decode batch、降低batched tokens、减小Prefill块 ... 检查内存带宽和TP通信")."""
     share = _ttft_share(ev)
     i50, o50 = ev.input_tokens.get("p50"), ev.output_tokens.get("p50")
-    run = ev.running_mean
+    run = ev.running_busy_mean  # the batch while decoding (idle scrapes at the ends left out)
     if share is None or share > 0.2 or not i50 or not o50 or o50 < 4 * i50:
         return None
     if run is None or run < 1.5:

@@ -106,8 +106,13 @@ def vllm_python() -> Path:
     return engine_dir("vllm") / "venv" / "bin" / "python"
 
 
-def llamacpp_binary() -> Path:
-    return engine_dir("llamacpp") / "bin" / "llama-server"
+def llamacpp_binary(tool: str = "llama-server") -> Path:
+    return engine_dir("llamacpp") / "bin" / tool
+
+
+# What the build makes: the server, and llama-quantize (`servetune quality` re-quantizes a
+# GGUF lower to measure a real regression).
+LLAMACPP_TARGETS = ("llama-server", "llama-quantize")
 
 
 @dataclass(frozen=True)
@@ -327,17 +332,9 @@ def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
                 cmd.append(f"-DCMAKE_PROJECT_INCLUDE={hook}")
             _run([*cmd, *user], log, "cmake")
         jobs = str(os.cpu_count() or 2)
-        say(f"llamacpp: building llama-server with -j{jobs} (minutes)")
-        _run(
-            [cmake, "--build", str(build), "--target", "llama-server", "-j", jobs],
-            log,
-            "cmake build",
-        )
+        say(f"llamacpp: building {', '.join(LLAMACPP_TARGETS)} with -j{jobs} (minutes)")
+        _build_llamacpp(build, LLAMACPP_TARGETS, log)
         binary = llamacpp_binary()
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        tmp = binary.with_suffix(".tmp")
-        shutil.copy2(build / "bin" / "llama-server", tmp)
-        tmp.replace(binary)
         out = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
         if out.returncode != 0:
             raise InputError("install", "llama-server does not run after the build", str(log))
@@ -400,6 +397,36 @@ def install_mlx(*, force: bool = False, say: Say = print) -> EngineInstall:
         )
         say(f"mlx: mlx-lm {version} ready in {time.monotonic() - t0:.0f}s ({py})")
         return EngineInstall("mlx", [str(py)], "cache", version)
+
+
+def _build_llamacpp(build: Path, targets: Sequence[str], log: Path) -> None:
+    """Build `targets` in the configured tree and copy each into the cache's bin/."""
+    cmake = shutil.which("cmake") or "cmake"
+    jobs = str(os.cpu_count() or 2)
+    _run([cmake, "--build", str(build), "--target", *targets, "-j", jobs], log, "cmake build")
+    for t in targets:
+        binary = llamacpp_binary(t)
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        tmp = binary.with_suffix(".tmp")
+        shutil.copy2(build / "bin" / t, tmp)
+        tmp.replace(binary)
+
+
+def llamacpp_quantize(say: Say = print) -> Path:
+    """llama-quantize from the cached build; an install made before it was a build
+    target gets it built from the same tree (one file, seconds)."""
+    tool = llamacpp_binary("llama-quantize")
+    if tool.exists():
+        return tool
+    build = engine_dir("llamacpp") / "build"
+    if not (build / "CMakeCache.txt").exists():
+        install_llamacpp(force=True, say=say)
+        return tool
+    with _lock("llamacpp"):
+        if not tool.exists():
+            say("llamacpp: building llama-quantize")
+            _build_llamacpp(build, ("llama-quantize",), engine_dir("llamacpp") / "install.log")
+    return tool
 
 
 def _llamacpp_source(d: Path, log: Path, say: Say) -> Path:

@@ -13,8 +13,9 @@ from servetune.report.html import CSS
 STATUS_CSS = """
 td.st{font-weight:600;white-space:nowrap}td.pass{color:#2e7d32}td.fail{color:#a94442}
 td.na{color:#777}td.unchecked{color:#8a6d3b}td.pending{color:#777}
-.verdict{font-size:16px;font-weight:600;margin:14px 0}.verdict.ok{color:#2e7d32}
-.verdict.bad{color:#a94442}td ul{margin:0;padding-left:16px}
+.outcome{font-size:16px;font-weight:600;margin:14px 0;padding:8px 14px;border-radius:6px}
+.outcome.ok{color:#2e7d32;border:2px solid #2e7d32}
+.outcome.bad{color:#a94442;border:2px solid #a94442}td ul{margin:0;padding-left:16px}
 """
 _CLASS = {"pass": "pass", "fail": "fail", "n/a": "na", "cannot check here": "unchecked"}
 
@@ -54,7 +55,7 @@ def render_checklist(data: dict[str, Any]) -> str:
             f"<title>{_e(title)}</title><style>{CSS}{STATUS_CSS}</style></head><body>",
             f"<header><h1>{_e(title)}</h1><p>{_e(', '.join(ctx.get('urls') or []))} · study "
             f"{_e(ctx.get('study'))} · servetune {__version__} · {now}</p></header><main>",
-            f'<p class="verdict {ok}">{_e(data["verdict"])}</p><p class="note">{_e(counts)}</p>',
+            f'<p class="outcome {ok}">{_e(data["verdict"])}</p><p class="note">{_e(counts)}</p>',
             notes,
             '<section id="checklist"><h2>Seed 003 §15 go-live checklist</h2><table>',
             "<tr><th>#</th><th>item</th><th>status</th><th>evidence</th><th>runs</th></tr>",

@@ -181,8 +181,8 @@ GPU_NOT_MEASURED = (
 )
 _NO_QUALITY = (
     "-",
-    "not measured: run an eval against the endpoint (e.g. lm-evaluation-harness's"
-    " local-completions model) and record it with Store.set_quality(run_id, {...})",
+    "not measured: run `servetune quality --baseline URL --candidate URL --candidate-run"
+    " RUN` (docs/quality.md), or record your own eval with Store.set_quality(run_id, {...})",
 )
 
 

@@ -1,0 +1,64 @@
+"""The text `quality` scores, shipped with the package (data/quality/corpus.yaml: public
+domain literature and sentences written for servetune, each with its source)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from servetune.errors import InputError
+from servetune.yamlfile import load_yaml
+
+
+@dataclass(frozen=True)
+class Passage:
+    id: str
+    source: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """A prompt whose greedy continuation's first word must equal `answer`."""
+
+    id: str
+    prompt: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Corpus:
+    passages: tuple[Passage, ...]
+    tasks: tuple[Task, ...]
+
+    def limit(self, passages: int | None, tasks: int | None) -> Corpus:
+        """The first `passages` passages and `tasks` tasks (a quicker, noisier check)."""
+        return Corpus(self.passages[:passages], self.tasks[:tasks])
+
+
+def builtin_path() -> Path:
+    return Path(str(resources.files("servetune") / "data" / "quality" / "corpus.yaml"))
+
+
+def load_corpus(path: str | Path | None = None) -> Corpus:
+    """The built-in corpus, or a user's file of the same shape (`--corpus`)."""
+    p = Path(path) if path else builtin_path()
+    data = load_yaml(p, "--corpus")
+    try:
+        passages = tuple(
+            Passage(str(d["id"]), str(d.get("source", "")), str(d["text"]))
+            for d in data.get("passages") or []
+        )
+        tasks = tuple(
+            Task(str(d["id"]), str(d["prompt"]), str(d["answer"])) for d in data.get("tasks") or []
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InputError(
+            "--corpus",
+            f"{p}: every passage needs id and text, every task id, prompt and answer ({exc})",
+            f"see {builtin_path().name} in the package for the shape",
+        ) from None
+    if len(passages) < 2:
+        raise InputError("--corpus", f"{p} has {len(passages)} passage(s)", "give 2 or more")
+    return Corpus(passages, tasks)
