@@ -51,6 +51,7 @@ def test_mlx_serves_the_test_model_and_bench_measures_it(mlx_model: Path, tmp_pa
             [
                 sys.executable, "-m", "servetune.cli.app", "bench", "--url", srv.url,
                 "-w", str(tmp_path / "w.yaml"), "--tokenizer", str(mlx_model),
+                "--model", srv.served_model,
                 "--no-scrape", "--json", "-o", str(tmp_path / "r.json"),
             ],
             capture_output=True, text=True, timeout=240,
@@ -59,7 +60,7 @@ def test_mlx_serves_the_test_model_and_bench_measures_it(mlx_model: Path, tmp_pa
     m = json.loads(out.stdout)["metrics"]
     # `: keepalive` comment lines come before the first data line: still 4 clean answers
     # with token timing (MLX streams token by token, not buffered).
-    assert m["completed"] == 4 and m["failed"] == 0
+    assert m["completed"] == 4 and m["failed"] == 0, m["errors_by_class"]
     assert not m["stream_buffered"]
     assert m["ttft_ms"]["count"] == 4 and m["itl_ms"]["count"] > 0
     assert m["output_tokens"] > 0

@@ -21,7 +21,7 @@ from servetune.measure.result import PointResult
 from servetune.monitor import Deployment, export, from_description, from_summary, schemas
 from servetune.monitor.autoscale import hpa, keda_scaled_object
 from servetune.monitor.dashboard import dashboard, queries
-from servetune.monitor.export import documents
+from servetune.monitor.writer import documents
 from servetune.slo import parse_slo
 from servetune.store import Store
 from servetune.tune.trial import TrialResult, TrialStatus

@@ -64,7 +64,9 @@ def test_off_when_piped_on_in_a_terminal(tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "the view never drew"
         view(TICK)
         time.sleep(0.25)
-    view.close()
+    view.close()  # the point ends: the process stays for the next one
+    assert view.proc is proc and proc.is_alive()
+    view.shutdown()
     assert view.proc is None and not proc.is_alive() and proc.exitcode == 0
 
 

@@ -73,3 +73,16 @@ def test_random_weights_get_no_verdict(vllm_server, capsys: pytest.CaptureFixtur
     )
     assert code == 2 and not out and err.count("\n") == 1
     assert "random weights" in err and "no quality verdict" in err
+
+
+@pytest.mark.timeout(300)
+def test_requantize_caches_and_a_bad_type_is_one_line(gemma_gguf: Path) -> None:
+    """llama-quantize from the cached build: the output is made once, a bad type fails."""
+    from servetune.errors import InputError
+
+    first = requantized(gemma_gguf, "Q2_K")
+    assert first.stat().st_size < gemma_gguf.stat().st_size
+    assert requantized(gemma_gguf, "Q2_K") == first
+    with pytest.raises(InputError, match="Q9_NOPE"):
+        requantized(gemma_gguf, "Q9_NOPE")
+    assert not list(first.parent.glob("*Q9_NOPE*"))

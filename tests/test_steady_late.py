@@ -57,3 +57,18 @@ def test_a_tail_that_builds_late_fails_and_the_same_tail_spread_out_does_not(rul
     spread, spec = _run(slow_every=32, slow_from_s=0)
     st = apply_steady_state(spread, spec, rule)
     assert st is not None and st.holds_late and st.steady and spread.metrics.slo_pass
+
+
+def test_one_completion_cut_off_by_the_window_edge_does_not_fail_a_sparse_point() -> None:
+    from servetune.measure.steady import Steady
+
+    def steady(arrivals: int, completed: int) -> Steady:
+        window_s = arrivals / 0.125  # 0.125 req/s offered
+        return Steady(offered_req_s=0.125, achieved_req_s=completed / window_s,
+                      queue_slope=None, latency_s=1.5, arrivals=arrivals, window_s=window_s,
+                      warmup_s=10, rule=REAL_STEADY)  # fmt: skip
+
+    # 8 of 9: the edge's one request; 800 of 900 is a real shortfall (89% < 90%)
+    assert steady(9, 8).keeps_up and not steady(900, 800).keeps_up
+    assert steady(9, 8).allowance <= 2 * (1 - REAL_STEADY.min_achieved)  # still capped
+    assert not steady(9, 6).keeps_up  # 67%: beyond any allowance

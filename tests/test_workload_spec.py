@@ -211,3 +211,21 @@ def test_a_swept_workload_file_needs_no_load_of_its_own(tmp_path) -> None:
     spec = load_workload(path, swept=True)
     assert spec.with_load(rate=3.0).arrival.rate == 3.0
     assert spec.with_load(concurrency=2).arrival.kind == "closed"
+
+
+def test_a_rate_point_of_a_closed_loop_file_has_no_in_flight_cap(tmp_path) -> None:
+    """A closed loop's users (the swept file's placeholder 1, or the file's own users) are
+    not an open loop's in-flight cap: `--rate 8` on such a file must not run one request at
+    a time. An explicit cap still holds."""
+    from servetune.workload.spec import load_workload
+
+    path = tmp_path / "w.yaml"
+    path.write_text("count: 10\ninput_tokens: {dist: fixed, value: 8}\n"
+                    "output_tokens: {dist: fixed, value: 4}\n")  # fmt: skip
+    swept = load_workload(path, swept=True)
+    assert swept.arrival.kind == "closed" and swept.arrival.concurrency == 1  # placeholder
+    at_rate = swept.with_load(rate=8.0).arrival
+    assert (at_rate.kind, at_rate.rate, at_rate.concurrency) == ("poisson", 8.0, None)
+    users = parse_workload({**BASE, "arrival": {"kind": "closed", "concurrency": 6}})
+    assert users.with_load(rate=2.0).arrival.concurrency is None
+    assert users.with_load(rate=2.0, concurrency=3).arrival.concurrency == 3

@@ -4,20 +4,19 @@ store; `probes` and `stability` send their load through the measure seam; `run` 
 them in order and saves the checklist after every item; `shedder` is the small
 load-shedding front the tests (and a user without a gateway) put before an engine."""
 
-from servetune.accept.checklist import ITEM_IDS, ITEMS, Checklist, Item, Status
-from servetune.accept.inputs import Deployment
-from servetune.accept.measuring import Sizes
-from servetune.accept.run import Acceptance, AcceptSettings, ProbeFailed
+from servetune.lazy import lazy_exports as _lazy_exports
 
-__all__ = [
-    "ITEMS",
-    "ITEM_IDS",
-    "AcceptSettings",
-    "Acceptance",
-    "Checklist",
-    "Deployment",
-    "Item",
-    "ProbeFailed",
-    "Sizes",
-    "Status",
-]
+_WHERE = {
+    "ITEM_IDS": "checklist",
+    "ITEMS": "checklist",
+    "Checklist": "checklist",
+    "Item": "checklist",
+    "Status": "checklist",
+    "Deployment": "inputs",
+    "Sizes": "measuring",
+    "Acceptance": "run",
+    "AcceptSettings": "run",
+    "ProbeFailed": "run",
+}
+__all__ = list(_WHERE)
+__getattr__ = _lazy_exports(__name__, _WHERE)

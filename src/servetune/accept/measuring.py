@@ -43,7 +43,7 @@ class Sizes:
     overload: float = 4.0
     stage_requests: int = 120  # each stability stage
     cancel_after_chunks: int = 2
-    nonstream_abandon_s: float = 1.0  # the non-streaming client gives up after this
+    nonstream_abandon_s: float = 1.0  # non-streaming give-up when no stream was cancelled
     free_within_s: float = 5.0  # cancelled work must be gone from the engine within this
 
 

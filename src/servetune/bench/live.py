@@ -1,9 +1,10 @@
 """The live terminal view of a running point (rich Live): offered vs achieved rate,
 running TTFT/TPOT percentiles, the engine's running/waiting requests and KV usage, host
-CPU. The client's figures come from the runner's progress ticks (4 a second); the engine
-and host figures from one daemon thread polling once a second, in this process, off the
-client's event loop, so the view adds no work to the request path (measured with
-benchmarks/client_ceiling.py --live). Off when stderr is not a terminal."""
+CPU. The client's figures come from the runner's progress ticks (at most 4 a second); the
+engine and host figures from a poller once a second. Both are drawn by a low-priority
+process of the view's own (LiveView), so the client only queues each tick (cost:
+benchmarks/live_view_cost.py, benchmarks/client_ceiling.py --live). Off when stderr is
+not a terminal."""
 
 from __future__ import annotations
 
@@ -104,32 +105,44 @@ def render(s: dict[str, Any], e: dict[str, float]) -> Text:
     )
 
 
-def _draw(ticks: Any, url: str | None, engine: str | None, out: str | None) -> None:
-    """The view's own process: polls the engine and the host, draws each tick it is sent.
-    Ends on None, or when the bench that started it is gone."""
+def _draw(ticks: Any, out: str | None) -> None:
+    """The view's own process, at low priority: polls the engine and the host, draws each
+    tick it is sent. Messages: a tick (dict); ("target", url, engine) to watch an engine;
+    None at the end of a point (the view clears); "quit", or the bench that started it
+    gone, ends it."""
     import os
     import queue
     import signal
     import sys
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bench's to handle
+    os.nice(10)  # the client's sends come first
     parent = os.getppid()
     sink = open(out, "w") if out else sys.stderr  # noqa: SIM115 (open for the process's life)
-    watch = EngineWatch(url, engine).start()
-    live = Live(console=Console(file=sink, force_terminal=True), auto_refresh=False,
-                transient=True)  # fmt: skip
-    live.start()
-    try:
-        while os.getppid() == parent:
-            try:
-                s = ticks.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if s is None:
+    console = Console(file=sink, force_terminal=True)
+    watch: EngineWatch | None = None
+    live: Live | None = None
+    while os.getppid() == parent:
+        try:
+            msg = ticks.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if isinstance(msg, tuple):  # a new engine to watch
+            if watch is not None:
+                watch.stop()
+            watch = EngineWatch(msg[1], msg[2]).start()
+        elif msg is None or msg == "quit":  # the point ended, or the run
+            if live is not None:
+                live.stop()
+                live = None
+            if msg == "quit":
                 break
-            live.update(render(s, watch.latest), refresh=True)
-    finally:
-        live.stop()
+        else:
+            if live is None:
+                live = Live(console=console, auto_refresh=False, transient=True)
+                live.start()
+            live.update(render(msg, watch.latest if watch else {}), refresh=True)
+    if watch is not None:
         watch.stop()
 
 
@@ -138,42 +151,56 @@ class LiveView:
     end of each point. `url`/`engine`: where the engine's /metrics are (None: host only);
     `out`: a file to draw to instead of stderr.
 
-    The drawing and the polling run in a process of their own: the runner calls this on
-    the client's event loop, and a view in the client's process (a rich redraw, a /metrics
-    parse holding the GIL) cut the one-core client ceiling from 7,000 to 5,000 req/s in
-    benchmarks/client_ceiling.py. Here a tick costs the client one non-blocking put of a
-    small dict on a queue; a tick the view has not taken yet is dropped, never waited for."""
+    The drawing and the polling run in a process of their own, started once, at low
+    priority: the runner calls this on the client's event loop, and a view in the
+    client's process (a rich redraw, a /metrics parse holding the GIL) cut the one-core
+    client ceiling from 7,000 to 5,000 req/s in benchmarks/client_ceiling.py. Here a tick
+    costs the client one non-blocking put of a small dict on a queue; a tick the view
+    has not taken yet is dropped, never waited for."""
 
     def __init__(self, url: str | None = None, engine: str | None = None, out: str | None = None):
-        self.url, self.engine, self.out = url, engine, out
+        self.out = out
         self.proc: Any = None
         self.ticks: Any = None
+        self._target: tuple[str, str | None, str | None] = ("target", url, engine)
 
     def target(self, url: str | None, engine: str | None) -> None:
         """Point the view at another engine (a tuner trial's fresh launch)."""
-        self.url, self.engine = url, engine
+        self._target = ("target", url, engine)
+        if self.ticks is not None:
+            self.ticks.put(self._target)
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no fork of a threaded client
+        self.ticks = ctx.Queue(maxsize=8)
+        self.proc = ctx.Process(
+            target=_draw, args=(self.ticks, self.out), name="servetune-live", daemon=True
+        )
+        self.proc.start()
+        self.ticks.put(self._target)
 
     def __call__(self, s: dict[str, Any]) -> None:
         import queue
 
         if self.proc is None:
-            import multiprocessing
-
-            ctx = multiprocessing.get_context("spawn")  # no fork of a threaded client
-            self.ticks = ctx.Queue(maxsize=4)
-            self.proc = ctx.Process(
-                target=_draw, args=(self.ticks, self.url, self.engine, self.out),
-                name="servetune-live", daemon=True,
-            )  # fmt: skip
-            self.proc.start()
+            self._start()
         with contextlib.suppress(queue.Full):
             self.ticks.put_nowait(s)
 
     def close(self) -> None:
+        """End of a point: the view clears (its process stays for the next point)."""
+        if self.ticks is not None:
+            with contextlib.suppress(Exception):
+                self.ticks.put(None, timeout=1.0)
+
+    def shutdown(self) -> None:
+        """End of the run: the view's process exits (it also does when the bench does)."""
         if self.proc is None:
             return
         with contextlib.suppress(Exception):
-            self.ticks.put(None, timeout=1.0)
+            self.ticks.put("quit", timeout=1.0)
         self.proc.join(timeout=5.0)
         if self.proc.is_alive():
             self.proc.terminate()

@@ -213,7 +213,11 @@ def bench(
             err.print(f"[bold red]{p.label}: {res.status}[/] {res.stop_reason or ''}")
 
     live = live_view(err, url, engine) if not as_json else None  # off when piped
-    results = run_bench(settings, Hooks(ready=ready, point=point, say=say_line, live=live))
+    try:
+        results = run_bench(settings, Hooks(ready=ready, point=point, say=say_line, live=live))
+    finally:
+        if live is not None:
+            live.shutdown()
     if as_json:
         payload = [
             {"id": r.id, "load": r.load.model_dump(), "status": r.status,

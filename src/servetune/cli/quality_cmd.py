@@ -85,7 +85,7 @@ def quality(
         return
     for k, v in table.items():
         if k != "checks":
-            typer.echo(f"{k:24} {v}")
+            typer.echo(f"{k:27} {v}")
     for c in table["checks"]:
         typer.echo(f"  {c}")
     typer.echo(

@@ -107,6 +107,8 @@ def tune(
     finally:
         from servetune.measure.backends import RealBackend
 
+        if RealBackend.live is not None:
+            RealBackend.live.shutdown()
         RealBackend.live = None
     write_report(tuner.store, out, report)
     if as_json:

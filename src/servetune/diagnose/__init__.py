@@ -2,20 +2,20 @@
 seeds' ordered actions out, each with the numbers that triggered it and a knob with a next
 value (docs/diagnose.md). Rules are pure functions over `Evidence` (diagnose.rules)."""
 
-from servetune.diagnose.evidence import Evidence, from_result, from_window
-from servetune.diagnose.rules import Action, Finding, diagnose
-from servetune.diagnose.run import Diagnosis, diagnose_result, load_run, render, watch
+from servetune.lazy import lazy_exports as _lazy_exports
 
-__all__ = [
-    "Action",
-    "Diagnosis",
-    "Evidence",
-    "Finding",
-    "diagnose",
-    "diagnose_result",
-    "from_result",
-    "from_window",
-    "load_run",
-    "render",
-    "watch",
-]
+_WHERE = {
+    "Evidence": "evidence",
+    "from_result": "evidence",
+    "from_window": "evidence",
+    "Action": "rules",
+    "Finding": "rules",
+    "diagnose": "rules",
+    "Diagnosis": "run",
+    "diagnose_result": "run",
+    "load_run": "run",
+    "render": "run",
+    "watch": "run",
+}
+__all__ = list(_WHERE)
+__getattr__ = _lazy_exports(__name__, _WHERE)

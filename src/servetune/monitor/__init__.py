@@ -2,7 +2,14 @@
 already run — Prometheus recording and alert rules, a Grafana dashboard, and KEDA / HPA
 manifests following seed 003 §11."""
 
-from servetune.monitor.deployment import Deployment, from_description, from_study, from_summary
-from servetune.monitor.export import export
+from servetune.lazy import lazy_exports as _lazy_exports
 
-__all__ = ["Deployment", "export", "from_description", "from_study", "from_summary"]
+_WHERE = {
+    "Deployment": "deployment",
+    "from_description": "deployment",
+    "from_study": "deployment",
+    "from_summary": "deployment",
+    "export": "writer",
+}
+__all__ = list(_WHERE)
+__getattr__ = _lazy_exports(__name__, _WHERE)

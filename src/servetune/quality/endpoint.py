@@ -19,12 +19,12 @@ from typing import Any
 
 import httpx
 
+from servetune.accept.static import WEIGHT_SUFFIXES
 from servetune.errors import InputError
 
 # The forcing bias: logits of a small LM span tens of nats; +1e4 makes the wanted token the
 # only choice without overflowing float32.
 FORCE_BIAS = 1e4
-WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 
 
 @dataclass

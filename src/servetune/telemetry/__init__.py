@@ -7,23 +7,18 @@ and any Prometheus endpoint (a DCGM exporter) by URL, on the client's clock.
     result.telemetry = sampler.stop(result.anchor_ns)
 """
 
-from servetune.telemetry.attach import (
-    DEFAULT_TELEMETRY,
-    PointTelemetry,
-    TelemetryOptions,
-    sampling,
-    telemetry_options,
-)
-from servetune.telemetry.sampler import Sampler, open_sources, start_sampler, summarize
+from servetune.lazy import lazy_exports as _lazy_exports
 
-__all__ = [
-    "DEFAULT_TELEMETRY",
-    "PointTelemetry",
-    "Sampler",
-    "TelemetryOptions",
-    "open_sources",
-    "sampling",
-    "start_sampler",
-    "summarize",
-    "telemetry_options",
-]
+_WHERE = {
+    "DEFAULT_TELEMETRY": "attach",
+    "PointTelemetry": "attach",
+    "TelemetryOptions": "attach",
+    "sampling": "attach",
+    "telemetry_options": "attach",
+    "Sampler": "sampler",
+    "open_sources": "sampler",
+    "start_sampler": "sampler",
+    "summarize": "sampler",
+}
+__all__ = list(_WHERE)
+__getattr__ = _lazy_exports(__name__, _WHERE)

@@ -303,6 +303,8 @@ class WorkloadSpec(_Strict):
         if rate is not None:
             arrival["rate"] = rate
             if arrival["kind"] in ("closed", "trace"):
+                if arrival["kind"] == "closed":  # its users are not an open loop's in-flight cap
+                    arrival["concurrency"] = None
                 arrival["kind"] = "poisson"
         elif concurrency is not None:
             if arrival["kind"] == "trace" or math.isinf(concurrency):
