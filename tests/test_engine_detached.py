@@ -232,3 +232,29 @@ def test_run_ids_are_unique_and_claim_a_dir() -> None:
     made = [detached.new_run_dir("vllm") for _ in range(20)]
     assert len({run_id for run_id, _ in made}) == 20
     assert all(d.is_dir() and d.name == run_id for run_id, d in made)
+
+
+def test_an_engine_dies_with_the_process_that_launched_it(tmp_path: Path) -> None:
+    """A launcher killed by a signal that skips atexit (a test run under `timeout`, a
+    SIGKILL) must not leave its engine running: the child asked Linux for SIGTERM on the
+    parent's death, as `launch` does for every engine not started with --detach."""
+    pidfile = tmp_path / "child.pid"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "from servetune.engines.process import _die_with_parent\n"
+         "p = subprocess.Popen(['sleep', '120'], preexec_fn=_die_with_parent)\n"
+         f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+         "time.sleep(120)\n"]
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    assert alive(child)
+    launcher.kill()
+    launcher.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)

@@ -247,6 +247,7 @@ def launch_cmd(
         executable=executable,
         timeout_s=timeout,
         workdir=workdir,
+        outlive=detach,
     )
     try:
         record = {

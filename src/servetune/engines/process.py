@@ -368,11 +368,15 @@ def launch(
     warmup: bool = True,
     workdir: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    outlive: bool = False,
 ) -> EngineServer:
     """Start `engine` serving `model` with `cfg`; returns once it answered a real completion.
 
     Raises EngineError (quoting the engine log) on a bad flag, OOM, busy port, crash or
-    timeout; the engine is always stopped before the error propagates.
+    timeout; the engine is always stopped before the error propagates. Unless `outlive`
+    (`engine launch --detach`), the engine gets SIGTERM when this process dies, even by a
+    signal that skips atexit (a test run killed by `timeout`): no orphan keeps a port and
+    cores busy.
     """
     mod = adapter(engine)
     found = install.require(engine, executable)
@@ -402,6 +406,8 @@ def launch(
         stdout=log_fh,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # the signal follows the launching THREAD: only the main thread's lifetime is ours
+        preexec_fn=None if outlive or not _on_main_thread() else _die_with_parent,
     )
     srv = EngineServer(engine, spec, proc, log_path, workdir, t0, cfg, model, _log_fh=log_fh)
     srv.install_version = found.version
@@ -420,6 +426,23 @@ def launch(
         srv.stop()
         raise
     return srv
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    """In the forked child, before exec: ask Linux for SIGTERM when the parent dies
+    (prctl PR_SET_PDEATHSIG = 1, prctl(2)); a no-op where prctl is missing."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _wait_ready(srv: EngineServer, health_path: str, timeout_s: float) -> None:
