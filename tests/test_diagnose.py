@@ -135,6 +135,18 @@ def test_queueing_below_the_batch_cap_is_not_a_batch_limit() -> None:
     assert keys(ev) == ["batch_queueing"]
 
 
+def test_queueing_from_the_histogram_holds_when_the_gauges_saw_only_idle_scrapes() -> None:
+    """On a loaded host /metrics may answer only before and after a short run: waiting and
+    running then read 0, while the queue-time histogram's delta still says 80% of TTFT was
+    waiting. The exact histogram decides; idle gauge samples veto nothing."""
+    ev = Evidence("x", config={"max_num_seqs": 4}, concurrency=12, queue_ms=400.0)
+    ev.ttft = {"mean": 500.0, "p50": 514.0}
+    ev.waiting_max, ev.running_max = 0.0, 0.0
+    assert keys(ev) == ["batch_queueing"]
+    ev.queue_ms = None  # no histogram: the sampled gauges are all there is, and saw nothing
+    assert "batch_queueing" not in keys(ev)
+
+
 def test_the_decode_batch_leaves_out_the_idle_scrapes_at_the_ends() -> None:
     """A 3 s run scraped once a second: 0 before and after, 2 while it decoded."""
     from servetune.diagnose.evidence import engine_figures

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from servetune.aio import loop_in_thread
+
 HEAD_LIMIT = 64 * 1024
 
 
@@ -198,29 +200,15 @@ def shedder_in_thread(
     """Run a shedder on its own event loop in a daemon thread; yields (its URL, it)."""
     ups = [upstreams] if isinstance(upstreams, str) else list(upstreams)
     sh = Shedder([_address(u) for u in ups], max_in_flight, per_key, max_tokens)
-    loop = asyncio.new_event_loop()
-    started: dict[str, object] = {}
-    ready = threading.Event()
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        srv = loop.run_until_complete(
-            asyncio.start_server(sh.handle, "127.0.0.1", port, limit=HEAD_LIMIT)
-        )
-        started["port"] = srv.sockets[0].getsockname()[1]
-        ready.set()
-        loop.run_forever()
-        srv.close()
+    async def start() -> asyncio.Server:
+        return await asyncio.start_server(sh.handle, "127.0.0.1", port, limit=HEAD_LIMIT)
 
-    th = threading.Thread(target=run, daemon=True, name="accept-shedder")
-    th.start()
-    if not ready.wait(10):
-        raise RuntimeError("shedder did not start")
-    try:
-        yield f"http://127.0.0.1:{started['port']}", sh
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(5)
+    with loop_in_thread(start, "accept-shedder") as srv:
+        try:
+            yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", sh
+        finally:
+            srv.close()
 
 
 def serve(

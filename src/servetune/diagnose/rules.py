@@ -355,10 +355,15 @@ def batch_queueing(ev: Evidence) -> Finding | None:
     """TTFT high with TPOT normal because requests queue at the batch cap (seed 003 §13
     "TTFT高但TPOT正常: 优先减少排队 ... 增加副本"; low GPU util "增加max_num_seqs")."""
     share = _queue_share(ev)
-    if share is None or share < QUEUE_SHARE or (ev.waiting_max or 0) <= 0:
+    if share is None or share < QUEUE_SHARE:
+        return None
+    # The queue-time histogram's delta is exact; the waiting gauge is sampled and, on a
+    # loaded host where /metrics answers slowly, may hold only the idle scrapes before and
+    # after the run. It vetoes only when there is no histogram to go by.
+    if ev.queue_ms is None and (ev.waiting_max or 0) <= 0:
         return None
     cap = ev.batch_cap
-    if cap and ev.running_max is not None and ev.running_max < cap:
+    if cap and ev.running_max and ev.running_max < cap:  # 0: only idle scrapes were seen
         return None  # the cap was never reached: something else (the KV pool) held them
     knob = "parallel_slots" if ev.engine == "llamacpp" else "max_num_seqs"
     nxt = 2 * cap if cap else None
@@ -366,9 +371,13 @@ def batch_queueing(ev: Evidence) -> Finding | None:
     if nxt and fit is not None:
         nxt = max(cap or 1, min(nxt, fit))
     t50 = ev.ttft.get("p50")
+    seen = (
+        f"waiting peaked at {ev.waiting_max:.0f} (mean {ev.waiting_mean or 0:.1f})"
+        if ev.waiting_max
+        else f"engine queue time {_ms(ev.queue_ms)} a request (the waiting gauge sampled none)"
+    )
     trig = (
-        f"waiting peaked at {ev.waiting_max:.0f} (mean {ev.waiting_mean or 0:.1f}), running"
-        f" at {ev.running_max or 0:.0f}"
+        f"{seen}, running at {ev.running_max or 0:.0f}"
         + (f" ({knob} {cap})" if cap else "")
         + f"; queueing is {share:.0%} of TTFT (TTFT P50 {_ms(t50)}, TPOT P50"
         f" {_ms(ev.tpot.get('p50'))})"

@@ -106,8 +106,24 @@ def engine_dir(engine: str) -> Path:
     return cache_root() / "engines" / engine
 
 
+def venv_python(engine: str) -> Path:
+    """The Python of the engine's own venv (an engine's pins never touch servetune's)."""
+    return engine_dir(engine) / "venv" / "bin" / "python"
+
+
 def vllm_python() -> Path:
-    return engine_dir("vllm") / "venv" / "bin" / "python"
+    return venv_python("vllm")
+
+
+def _engine_venv(engine: str, force: bool, log: Path, say: Say) -> Path:
+    """The engine's venv, made anew with `force`, created when missing; its Python."""
+    venv = engine_dir(engine) / "venv"
+    if force and venv.exists():
+        shutil.rmtree(venv)
+    if not venv_python(engine).exists():
+        say(f"{engine}: creating venv {venv}")
+        _run([sys.executable, "-m", "venv", str(venv)], log, "venv")
+    return venv_python(engine)
 
 
 def llamacpp_binary(tool: str = "llama-server") -> Path:
@@ -262,12 +278,7 @@ def install_vllm(*, force: bool = False, say: Say = print) -> EngineInstall:
         log = d / "install.log"
         log.write_text("")
         t0 = time.monotonic()
-        py = vllm_python()
-        if force and (d / "venv").exists():
-            shutil.rmtree(d / "venv")
-        if not py.exists():
-            say(f"vllm: creating venv {d / 'venv'}")
-            _run([sys.executable, "-m", "venv", str(d / "venv")], log, "venv")
+        py = _engine_venv("vllm", force, log, say)
         pip = [str(py), "-m", "pip", "install", "-q"]
         say(f"vllm: installing torch=={TORCH_CPU_VERSION}")
         try:
@@ -362,7 +373,7 @@ MLX_PACKAGES = ("mlx[cpu]==0.32.4", "mlx-lm==0.32.2")
 
 
 def mlx_python() -> Path:
-    return engine_dir("mlx") / "venv" / "bin" / "python"
+    return venv_python("mlx")
 
 
 def install_mlx(*, force: bool = False, say: Say = print) -> EngineInstall:
@@ -375,12 +386,7 @@ def install_mlx(*, force: bool = False, say: Say = print) -> EngineInstall:
         log = d / "install.log"
         log.write_text("")
         t0 = time.monotonic()
-        py = mlx_python()
-        if force and (d / "venv").exists():
-            shutil.rmtree(d / "venv")
-        if not py.exists():
-            say(f"mlx: creating venv {d / 'venv'}")
-            _run([sys.executable, "-m", "venv", str(d / "venv")], log, "venv")
+        py = _engine_venv("mlx", force, log, say)
         say(f"mlx: installing {' '.join(MLX_PACKAGES)}")
         _run([str(py), "-m", "pip", "install", "-q", *MLX_PACKAGES], log, "mlx install")
         check = "import mlx.core, mlx_lm; print(mlx_lm.__version__)"

@@ -16,14 +16,13 @@ import json
 import random
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from servetune.aio import install_fast_loop, raise_fd_limit
+from servetune.aio import install_fast_loop, loop_in_thread, raise_fd_limit
 from servetune.workload.tokenizer import WordTokenizer
 
 FAULTS = (
@@ -422,24 +421,13 @@ class MockServer:
 def mock_in_thread(cfg: MockConfig | None = None) -> Iterator[MockServer]:
     """A mock on its own event loop in a daemon thread (tests); yields it once listening."""
     srv = MockServer(cfg)
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(srv.start())
-        ready.set()
-        loop.run_forever()
+    async def start() -> MockServer:
+        await srv.start()
+        return srv
 
-    th = threading.Thread(target=run, daemon=True, name="mock-server")
-    th.start()
-    if not ready.wait(10):
-        raise RuntimeError("mock server did not start")
-    try:
-        yield srv
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(5)
+    with loop_in_thread(start, "mock-server") as running:
+        yield running
 
 
 def serve_forever(cfg: MockConfig, host: str, port: int) -> None:
