@@ -18,6 +18,7 @@ from typing import Any
 from servetune.engines.config import EngineConfig
 from servetune.measure.backends import Backend
 from servetune.measure.result import Infeasible, PointResult
+from servetune.metrics.pct import sample_note
 from servetune.results.schema import RunResult
 from servetune.status import TrialStatus
 from servetune.tune.capacity import Lattice, Probe, search_capacity
@@ -263,9 +264,11 @@ def _measure(
         )
         ttft = point.ttft_p95_ms
         tpot = point.tpot_p95_ms
+        n = res.metrics.ttft_ms.count
         say(
             f"    {label} {phase} {kind}={load:g}: {point.req_s:.2f} req/s, goodput "
-            f"{point.goodput_req_s or 0:.2f}, P95 TTFT {_ms(ttft)} TPOT {_ms(tpot)} ms [{mark}]"
+            f"{point.goodput_req_s or 0:.2f}, P95 TTFT {_ms(ttft)} TPOT {_ms(tpot)} ms "
+            f"({sample_note('p95', n)}) [{mark}]"
         )
     return point
 
