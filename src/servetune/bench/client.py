@@ -85,6 +85,35 @@ def build_body(
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def spec_body(
+    spec: Any,
+    *,
+    model: str | None,
+    prompt: str | None,
+    messages: list[dict[str, Any]] | None,
+    max_tokens: int | None,
+    priority: int | None = None,
+    continuous_usage: bool = False,
+) -> bytes:
+    """`build_body` with the API, streaming and sampling a WorkloadSpec fixes: one place for
+    every caller that sends a workload's requests (bench runs, multi-turn sessions)."""
+    s = spec.sampling
+    return build_body(
+        spec.api,
+        model=model,
+        prompt=prompt,
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=spec.stream,
+        temperature=s.temperature,
+        ignore_eos=s.ignore_eos,
+        min_tokens=s.min_tokens_equal_max,
+        priority=priority,
+        continuous_usage=continuous_usage,
+        extra=s.extra_body,
+    )
+
+
 def _flatten(messages: list[dict[str, Any]] | None) -> str:
     return "\n".join(str(m.get("content", "")) for m in messages or [])
 

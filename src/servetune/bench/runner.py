@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from servetune.aio import install_fast_loop, raise_fd_limit
-from servetune.bench.client import Timeouts, build_body
+from servetune.bench.client import Timeouts, spec_body
 from servetune.bench.http import Target
 from servetune.bench.server_metrics import Fetch, Scraper, running_now
 from servetune.bench.sessions import SessionConfig, SessionWorker, session_config, session_payload
@@ -122,24 +122,18 @@ def build_items(spec: WorkloadSpec, requests: list[Request], opts: BenchOptions)
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
     path = api_path(spec.api)
-    s = spec.sampling
     rng = np.random.default_rng([spec.seed, 7])
     cancel = rng.random(len(requests)) < opts.cancel_fraction if opts.cancel_fraction > 0 else None
     items: list[Item] = []
     for k, r in enumerate(requests):
-        body = build_body(
-            spec.api,
+        body = spec_body(
+            spec,
             model=opts.model or spec.model,
             prompt=r.prompt,
             messages=r.messages,
             max_tokens=r.output_tokens,
-            stream=spec.stream,
-            temperature=s.temperature,
-            ignore_eos=s.ignore_eos,
-            min_tokens=s.min_tokens_equal_max,
             priority=r.priority,
             continuous_usage=opts.continuous_usage,
-            extra=s.extra_body,
         )
         sched = None if r.arrival_s is None else int(r.arrival_s * 1e9)
         cancel_after = opts.cancel_after_chunks if cancel is not None and cancel[k] else None

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from servetune.bench.client import RequestState, build_body
+from servetune.bench.client import RequestState, spec_body
 from servetune.bench.http import Target
 from servetune.bench.worker import Item, Worker, WorkerConfig
 from servetune.status import RequestStatus
@@ -187,21 +187,9 @@ def session_payload(
     """How a turn's messages become request bytes: the workload's API and sampling, as
     `runner.build_items` sends single requests."""
     target = Target(url)
-    s = spec.sampling
 
     def payload(messages: list[dict[str, Any]], max_tokens: int) -> bytes:
-        body = build_body(
-            spec.api,
-            model=model,
-            prompt=None,
-            messages=messages,
-            max_tokens=max_tokens,
-            stream=spec.stream,
-            temperature=s.temperature,
-            ignore_eos=s.ignore_eos,
-            min_tokens=s.min_tokens_equal_max,
-            extra=s.extra_body,
-        )
+        body = spec_body(spec, model=model, prompt=None, messages=messages, max_tokens=max_tokens)
         return target.request_bytes(path, body, headers)
 
     return payload

@@ -7,6 +7,7 @@ the target's own tokenizer and fixes the tail until the count is exact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -420,9 +421,20 @@ _WORDS = [
 
 def safe_token_ids(tok: Tokenizer, n: int = 2000) -> list[int]:
     """Token ids that round-trip alone and in a row: decode(id) is a space-led word that
-    re-encodes to exactly [id]. Prompts built from them keep their token count."""
+    re-encodes to exactly [id]. Prompts built from them keep their token count. Kept on
+    the tokenizer: finding them costs ~1,000 encodes, each an HTTP call for `server`."""
     if isinstance(tok, WordTokenizer):
         return list(range(min(n, tok.vocab_size())))
+    found = getattr(tok, "_safe_token_ids", None)
+    if found is None:
+        found = _find_safe_token_ids(tok)
+        # a tokenizer with __slots__ keeps nothing: it finds them again next time
+        with contextlib.suppress(AttributeError):
+            tok._safe_token_ids = found  # type: ignore[attr-defined]
+    return found[:n]
+
+
+def _find_safe_token_ids(tok: Tokenizer) -> list[int]:
     out: list[int] = []
     for w in _WORDS:
         ids = tok.encode(" " + w)
@@ -438,7 +450,7 @@ def safe_token_ids(tok: Tokenizer, n: int = 2000) -> list[int]:
         raise InputError(
             "--tokenizer", f"{tok.name}: too few single-token English words ({len(out)})", None
         )
-    return out[:n]
+    return out
 
 
 def dumps_compact(obj: object) -> str:
