@@ -121,6 +121,7 @@ def main() -> None:
         print(f"no capacity found ({trial.status}: {trial.reason or trial.capacity_note})")
         return
     cap = trial.capacity
+    print(f"capacity {cap:.3g} req/s ({trial.capacity_note})")
     rule = default_rule(args.backend)
     n = rule.count(cap, int(WORKLOAD["count"]))  # the tuner's point's requests
     show("tuner's point", trial.best, n, cap, search_s)
@@ -136,11 +137,12 @@ def main() -> None:
         point, _ = long_backend.probe(sess, "rate", cap)
     show(f"{LONGER}x run", point, long_rule.count(cap, n), cap, time.monotonic() - t1)
     offered = point.signals.get("offered_req_s") or cap  # the Poisson draw's own rate
+    achieved = point.signals.get("achieved_req_s", 0)
+    good = point.goodput_req_s or 0
     print(
-        f"reproduced: achieved {point.signals.get('achieved_req_s', 0) / cap:.0%} of the "
-        f"capacity {cap:g} req/s, goodput {(point.goodput_req_s or 0) / cap:.0%} of it; of "
-        f"the {offered:.3g} req/s the arrivals offered: goodput "
-        f"{(point.goodput_req_s or 0) / offered:.0%} (target: within 10%)"
+        f"reproduced: achieved {achieved / offered:.0%} of offered ({offered:.3g} req/s) and "
+        f"{achieved / cap:.0%} of the capacity {cap:.3g} req/s; goodput {good / cap:.0%} of "
+        f"the capacity, {good / offered:.0%} of offered (target: within 10%)"
     )
 
 

@@ -39,7 +39,7 @@ case "${1:-}" in
   test)
     shift
     ensure_venv "test"
-    echo "== engines (vLLM CPU + llama.cpp + MLX CPU, cached: seconds after the first run)"
+    echo "== engines (vLLM CPU + llama.cpp + MLX CPU + transformers serve, cached: seconds after the first run)"
     "$VENV/bin/servetune" engine install all
     echo "== ruff"
     "$VENV/bin/ruff" check src tests benchmarks scripts

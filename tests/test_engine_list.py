@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from servetune.engines import ENGINES, EngineConfig
+from servetune.engines.registry import ADAPTERS
 from servetune.engines.support import NEEDS_GPU, SIMULATED, support
 from servetune.errors import InputError
 from servetune.hardware import get_hardware
@@ -61,7 +62,9 @@ def test_engine_list_json_has_every_engine() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = {r["engine"]: r for r in json.loads(out.stdout)}
-    assert list(rows) == [*ENGINES, "mlx"]
+    assert list(rows) == list(ADAPTERS)  # every adapter, the planner's engines first
+    assert list(rows)[: len(ENGINES)] == list(ENGINES)
+    assert {"mlx", "transformers"} <= set(rows)  # the engines launched here beyond those
     for r in rows.values():
         assert r["here"] in ("installed", "installable", "not on this machine"), r
         assert r["version"], r

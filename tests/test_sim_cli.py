@@ -172,7 +172,10 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
             str(prof),
         )
     assert p.returncode == 0, p.stderr
-    assert len(list(runs.glob("cal-*.json"))) == 8  # one of each sweep workload
+    from servetune.validate import calibration_cases
+
+    sweep = calibration_cases()
+    assert len(list(runs.glob("cal-*.json"))) == len(sweep)  # one of each sweep workload
     assert json.loads(prof.read_text())["fit"]["method"] == "least squares + replay"
     w = tmp_path / "w.yaml"
     w.write_text(

@@ -24,6 +24,7 @@ from servetune.engines.config import EngineConfig
 from servetune.engines.testmodel import VLLM_TEST_CONFIG
 from servetune.metrics.compute import compute_metrics
 from servetune.metrics.stats import summarize, summarize_weighted
+from servetune.results.schema import RunResult
 from servetune.sim.profile import Profile
 from servetune.workload.spec import parse_workload
 
@@ -40,6 +41,7 @@ class Live:
     profile: Profile  # fitted on the block's calibration runs
     calibration: dict[str, validate.Row]  # workload -> real vs its replay
     heldout: dict[str, validate.Row]  # the held-out workloads, plus UNQUEUED
+    sweep: list[RunResult]  # the calibration runs, as `calibrate --url` makes them
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,10 @@ def live(vllm_server, llama_test_model) -> Live:
     )
     print(validate.format_table(cal_rows, "calibration (one block)"))
     print(validate.format_table(rows, "held-out (one block; targets judged by the benchmark)"))
-    return Live(profile, {r.name: r for r in cal_rows}, {r.name: r for r in rows})
+    sweep = [r for r in runs if validate.is_calibration(str(r.workload.get("name")))]
+    fit = profile.fit
+    print(f"profile confidence {fit.confidence if fit else '-'}: {fit.problems if fit else ''}")
+    return Live(profile, {r.name: r for r in cal_rows}, {r.name: r for r in rows}, sweep)
 
 
 @pytest.mark.engine
@@ -75,6 +80,26 @@ def test_harness_runs_end_to_end(live: Live) -> None:
             assert all(side[k] is not None and side[k] > 0 for k in validate.FIGURES), row
     assert live.profile.tier == "calibrated"
     assert live.profile.fit is not None and live.profile.fit.method == "least squares + replay"
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(1200)
+def test_the_sweep_covers_prefix_mixed_and_bursty_and_reports_its_confidence(live: Live) -> None:
+    """The default sweep's real runs share prefixes (served from the prefix cache), mix
+    long and short prompts, arrive in bursts and fill the batch; the profile states its confidence, and
+    anything short of "high" comes with the rules it failed and the runs that would fix
+    it. Coverage is counted, not timed: no host load turns it (the level itself is the
+    host's, so it is printed, not asserted)."""
+    from servetune.sim.confidence import BATCH_COVERED, coverage_of
+
+    cov = coverage_of(live.sweep)
+    assert cov.max_batch >= BATCH_COVERED and cov.prefix_runs >= 2, cov
+    assert cov.bursty_runs >= 1 and cov.mixed_length_runs >= 1, cov
+    fit = live.profile.fit
+    assert fit is not None and fit.confidence in ("high", "medium", "low")
+    assert (fit.confidence == "high") == (not fit.problems) == (not fit.fixes), fit
+    # a coverage gap is never among the problems of the default sweep's profile
+    assert not any(k in p for p in fit.problems for k in ("prefix", "bursty", "mixes", "batches"))
 
 
 @pytest.mark.engine
@@ -163,11 +188,15 @@ def test_llamacpp_prompt_steps_match_the_simulator(llamacpp_server) -> None:
 
 
 def test_cases_are_named_workload_specs_split_by_the_calibration_prefix() -> None:
-    """Eight calibration workloads, then six held out; the name is what saved runs are
-    grouped and split by, so names are unique and only the sweep's start with cal-."""
+    """Ten calibration workloads, then six held out; the name is what saved runs are
+    grouped and split by, so names are unique and only the sweep's start with cal-. The
+    sweep covers what users run: shared prefixes, a long/short mix, bursty arrivals."""
     cal, held = validate.calibration_cases(), validate.heldout_cases()
     names = [w.name for w in cal + held]
-    assert (len(cal), len(held), len(set(names))) == (8, 6, 14)
+    assert (len(cal), len(held), len(set(names))) == (10, 6, 16)
+    assert any(sub.prefix is not None for w in cal for sub in w.mix)
+    assert any(len(w.mix) > 1 for w in cal)
+    assert any(w.arrival.kind == "gamma" and w.arrival.burstiness < 1 for w in cal)
     assert all(validate.is_calibration(w.name) for w in cal)
     assert not any(validate.is_calibration(w.name) for w in held)
     assert {w.api for w in cal + held} == {"completions"}  # the server counts raw prompts

@@ -1,7 +1,9 @@
-"""The steady-state rule's third check: the SLO's TTFT targets must hold over the window's
-later half on their own. A tail that builds late in the window fails the point even
-when the whole window's percentile and the queue's median trend pass; the same tail spread
-over the whole window does not."""
+"""The steady-state rule's third check: the SLO's TTFT and TPOT targets must hold over each
+half of the window on its own. A tail that builds late in the window (or a start-up
+transient early in it) fails the point even when the whole window's percentile and the
+queue's median trend pass; the same tail spread over the whole window does not. And a
+passing point is weak evidence for its nominal rate when its draw offered less or its
+TTFT trend rises (`weak_evidence`)."""
 
 from __future__ import annotations
 
@@ -46,9 +48,11 @@ def test_a_tail_that_builds_late_fails_and_the_same_tail_spread_out_does_not(rul
     assert late.metrics.ttft_ms.p95 < 2000  # the whole window's P95 passes
     st = apply_steady_state(late, spec, rule)
     assert st is not None and st.keeps_up and st.queue_flat  # the other two checks pass
-    assert not st.holds_late and not st.steady and not late.metrics.slo_pass
+    assert not st.holds_halves and not st.steady and not late.metrics.slo_pass
     (stat, value, target), = st.late_ttft  # fmt: skip
     assert (stat, target) == ("p95", 2000) and value > 2000
+    early = next(v for h, m, _, v, _ in st.halves if (h, m) == ("early", "ttft"))
+    assert early == pytest.approx(50)  # the earlier half held: only the later half fails
     check = next(c for c in late.metrics.slo_checks if c.stat == "late_ttft_p95")
     text = check_text(check.model_dump())
     assert "P95 TTFT of the window's later half" in text and "> 2,000" in text
@@ -56,7 +60,7 @@ def test_a_tail_that_builds_late_fails_and_the_same_tail_spread_out_does_not(rul
     # 1 request in 32 slow over the whole run (~3% in either half): steady, passes
     spread, spec = _run(slow_every=32, slow_from_s=0)
     st = apply_steady_state(spread, spec, rule)
-    assert st is not None and st.holds_late and st.steady and spread.metrics.slo_pass
+    assert st is not None and st.holds_halves and st.steady and spread.metrics.slo_pass
 
 
 def test_one_completion_cut_off_by_the_window_edge_does_not_fail_a_sparse_point() -> None:
@@ -72,3 +76,46 @@ def test_one_completion_cut_off_by_the_window_edge_does_not_fail_a_sparse_point(
     assert steady(9, 8).keeps_up and not steady(900, 800).keeps_up
     assert steady(9, 8).allowance <= 2 * (1 - REAL_STEADY.min_achieved)  # still capped
     assert not steady(9, 6).keeps_up  # 67%: beyond any allowance
+
+
+def test_a_start_up_transient_fails_the_early_half_and_tpot_is_judged_per_half() -> None:
+    # every 8th request slow over the first 20 s of the window only: the early half's P95
+    early, spec = _run(slow_every=8, slow_from_s=0)
+    for r in early.records:  # undo the slowness after 30 s: a transient at the start
+        if r.send_ns >= 30 * S:
+            r.chunk_ns = [r.send_ns + S // 20, r.send_ns + S // 10]
+    early.metrics = compute_metrics(early.records, warmup_s=WARMUP, slo=SLO)
+    st = apply_steady_state(early, spec, REAL_STEADY)
+    assert st is not None and not st.holds_halves
+    assert [(h, m) for h, m, _, v, t in st.halves if v > t] == [("early", "ttft")]
+    text = check_text(next(c for c in early.metrics.slo_checks
+                           if c.stat == "early_ttft_p95").model_dump())  # fmt: skip
+    assert "P95 TTFT of the window's earlier half" in text
+    # a TPOT target is judged per half too (TPOT here: 50 ms per request)
+    tight = parse_slo({"tpot_ms": {"p95": 40}})
+    run, spec = _run(slow_every=10**9, slow_from_s=0)
+    run.slo = tight
+    run.metrics = compute_metrics(run.records, warmup_s=WARMUP, slo=tight)
+    st = apply_steady_state(run, spec, REAL_STEADY)
+    assert st is not None
+    assert {(h, m, round(v)) for h, m, _, v, _ in st.halves} == {
+        ("early", "tpot", 50), ("late", "tpot", 50)}  # fmt: skip
+
+
+def test_a_rising_trend_is_weak_evidence_and_a_light_draw_credits_what_it_offered() -> None:
+    from servetune.measure.steady import credited_rate, weak_evidence
+
+    def signals(offered: float, slope: float | None) -> dict:
+        return {"steady": True, "offered_req_s": offered, "queue_slope_s_per_s": slope,
+                "max_queue_slope_s_per_s": 0.02}  # fmt: skip
+
+    assert weak_evidence(signals(0.6, 0.0)) == []
+    assert weak_evidence(signals(0.6, 0.009)) == []  # under half the limit
+    rising = weak_evidence(signals(0.6, 0.012))
+    assert len(rising) == 1 and "TTFT trend rises (+0.012 s/s" in rising[0]
+    assert weak_evidence(signals(0.6, None)) == []  # too few requests: no trend
+    assert weak_evidence({}) == []  # a closed loop: not judged
+    # a draw that offered 82% of the nominal 0.595 req/s shows 0.49 carried, not 0.595
+    assert credited_rate(signals(0.49, 0.0), 0.595) == pytest.approx(0.49)
+    assert credited_rate(signals(0.65, 0.0), 0.595) == pytest.approx(0.595)  # never more
+    assert credited_rate({}, 8.0) == 8.0  # closed loop: the load as given

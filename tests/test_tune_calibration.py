@@ -33,6 +33,7 @@ from servetune.tune.calibration import (
     stated_error,
     sweep_cases,
 )
+from servetune.tune.profilecheck import BaselineCheck
 from servetune.tune.trial import TrialResult
 from servetune.workload.spec import parse_workload
 
@@ -166,8 +167,10 @@ def _specs() -> tuple[BackendSpec, BackendSpec]:
 def test_calibrate_reuse_go_stale_and_calibrate_again(tmp_path, monkeypatch) -> None:
     calls: list[str] = []
 
-    def sweep(real, cfg, cases, *, say, keep):
+    def sweep(real, cfg, cases, *, say, keep, stop=None):
         calls.append("sweep")
+        if stop is not None and stop([]):  # a cached profile is checked on the first block
+            calls.append("stopped")
         return [], "b11434"
 
     def fit(runs, real, cfg, version):
@@ -176,6 +179,9 @@ def test_calibrate_reuse_go_stale_and_calibrate_again(tmp_path, monkeypatch) -> 
     monkeypatch.setattr(cal, "key_for", lambda real, cfg: replace(KEY, threads=cfg.threads))
     monkeypatch.setattr(cal, "run_sweep", sweep)
     monkeypatch.setattr(cal, "fit", fit)
+    # the check on this study's baseline passes here (its own test is below)
+    monkeypatch.setattr(cal, "check_cached", lambda runs, entry, real, base: BaselineCheck(
+        {"req_s": 0.05}, cal.tolerance(entry.stated_error), ("cal-study-c1",)))  # fmt: skip
     real, sim = _specs()
     base = EngineConfig(engine="llamacpp")
     cache = CalibrationCache(tmp_path)
@@ -191,18 +197,21 @@ def test_calibrate_reuse_go_stale_and_calibrate_again(tmp_path, monkeypatch) -> 
     assert one.sim_spec(sim).profile == one.entry.profile
     assert one.entry.stated_error == pytest.approx(0.1618, abs=1e-4)
 
-    two = first()  # reused: no sweep
-    assert calls == ["sweep"] and two.reused and two.entry.profile == one.entry.profile
+    two = first()  # reused after the check's first block: no fit
+    assert calls == ["sweep", "sweep", "stopped"] and two.reused
+    assert two.entry.profile == one.entry.profile
+    del calls[1:]
 
     two.verify([0.05, -0.08], said.append)  # within 16%: kept
     assert two.check is not None and two.check["stale"] is None
     assert "kept" in said[-1] and cache.load(KEY).stale is None
 
     three = first()
-    assert calls == ["sweep"] and three.reused
+    assert calls == ["sweep", "sweep", "stopped"] and three.reused
+    del calls[1:]
     three.verify([0.4, -0.35, 0.1], said.append)  # median 35% > 16%: stale
     assert "marked stale" in said[-1] and "35%" in said[-1]
-    assert len(cache.load(KEY).checks) == 2
+    assert [c.get("kind") for c in cache.load(KEY).checks] == ["baseline", None] * 2
 
     four = first()  # the next run calibrates again, into a new profile file
     assert calls == ["sweep", "sweep"] and not four.reused
@@ -213,7 +222,7 @@ def test_calibrate_reuse_go_stale_and_calibrate_again(tmp_path, monkeypatch) -> 
     one_thread = calibrate_first(real, sim, base.with_(threads=1), cache=cache, force=False,
                                  say=said.append)  # fmt: skip
     assert not one_thread.reused and one_thread.key.threads == 1 and len(calls) == 4
-    assert first().reused and len(calls) == 4
+    assert first().reused and calls[-2:] == ["sweep", "stopped"]
 
 
 def _point(load: float, req_s: float, ttft: float, tpot: float) -> PointResult:
@@ -350,3 +359,122 @@ def test_the_floor_holds_each_finalist_against_its_repetitions() -> None:
     # the point against the median of the repetitions: 2.0 req/s, 300 ms, 40 ms
     assert row.err == pytest.approx({"req_s": 100.0, "ttft_p50": 100 / 3, "tpot_p50": 0.0})
     assert "3 repetitions" in row.name
+
+
+def _simulated_engine(monkeypatch, truth: Profile, sweeps: list[str]) -> None:
+    """The simulator stands in for the engine: every sweep run is `truth` simulating the
+    case (the host as it is now); the fit returns `truth` (what a sweep would measure)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+
+    def bench(url, model, case, engine, scrape, repeat):
+        sweeps.append(f"{case.name}#{repeat}")
+        res, _ = simulate(get_model("gemma-3-270m"), get_hardware("cpu-host"),
+                          EngineConfig(engine="llamacpp"), case, profile=truth,
+                          keep_requests=True)  # fmt: skip
+        return res
+
+    class Backend:
+        @contextlib.contextmanager
+        def session(self, cfg):
+            yield SimpleNamespace(srv=SimpleNamespace(url="http://x", served_model="m"))
+
+    monkeypatch.setattr(cal, "key_for", lambda real, cfg: KEY)
+    monkeypatch.setattr(cal, "make_backend", lambda spec: Backend())
+    monkeypatch.setattr(cal, "bench_real", bench)
+    monkeypatch.setattr(cal, "engine_version", lambda srv: "b11434")
+    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version: truth)
+
+
+def _host(speed: float) -> Profile:
+    """A llama.cpp step-time profile of a host `speed` times as fast as the reference."""
+    return _profile(0.1).model_copy(update={"hardware": "cpu-host", "coefficients": {
+        "const": 0.004 / speed, "prefill_tokens": 2e-4 / speed, "decode_seqs": 1e-3 / speed,
+    }})  # fmt: skip
+
+
+@pytest.mark.parametrize("cached_speed, reused", [(1.0, True), (6.0, False)])
+def test_a_cached_profile_is_reused_only_while_it_predicts_the_baseline_now(
+    tmp_path, monkeypatch, cached_speed, reused
+) -> None:
+    """A profile fitted on a quiet host (6x the speed of the host now) is refused after
+    the sweep's first block and fitted again on the whole sweep; one that still predicts
+    the host is reused after that block, with no fit."""
+    from servetune.sim.profile import save_profile
+
+    sweeps: list[str] = []
+    now = _host(1.0)
+    _simulated_engine(monkeypatch, now, sweeps)
+    cache = CalibrationCache(tmp_path)
+    old = tmp_path / "old.profile.json"
+    save_profile(_host(cached_speed), old)
+    cache.save(KEY, _entry(profile=str(old), stated_error=0.16, runs_dir=str(tmp_path / "r")))
+    real, sim = _specs()
+    said: list[str] = []
+    got = calibrate_first(real, sim, EngineConfig(engine="llamacpp"), cache=cache,
+                          force=False, say=said.append)  # fmt: skip
+    block = ["cal-study-c1#0", "cal-study-c2#0", "cal-study-c4#0"]
+    assert sweeps[0] == "cal-study-c1#2"  # the warm-up
+    check = got.baseline_check
+    assert check is not None and check.holds is reused
+    assert any("calibration check on this study's baseline" in m for m in said)
+    entry = cache.load(KEY)
+    assert entry.checks[-1]["kind"] == "baseline" and entry.checks[-1]["holds"] is reused
+    if reused:  # one block measured, the cached file ranks, the block is the floor's reference
+        assert sweeps[1:] == block and got.reused and got.entry.profile == str(old)
+        assert max(check.errors.values()) < 0.05  # the same host: replayed to within noise
+        assert [r.workload["name"] for r in got.sweep_runs(EngineConfig(engine="llamacpp"))] == [
+            "cal-study-c1", "cal-study-c2", "cal-study-c4"]  # fmt: skip
+    else:  # refused: the sweep runs on, a new profile is fitted and cached
+        assert sweeps[1:] == block + [b.replace("#0", "#1") for b in block]
+        assert not got.reused and entry.profile != str(old)
+        assert "missed this study's baseline" in got.why and "refused" in " ".join(said)
+        # 6x too fast: throughput far above, TPOT far below what the host does now
+        assert check.errors["tpot_p50"] > 0.7 and check.errors["req_s"] > 1.0
+
+
+def test_sim_vs_real_replays_the_real_points_own_requests() -> None:
+    """Each real point draws its own prompts; the simulator's own point at that load drew
+    the workload's. Replaying the real point's requests compares like with like: a "real"
+    run that is the simulator itself (on other prompts) is then matched exactly."""
+    from servetune.errors import InputError
+    from servetune.hardware import get_hardware
+    from servetune.measure import make_backend
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+
+    _, spec = _specs()
+    backend = make_backend(spec)
+    cfg = EngineConfig(engine="llamacpp", parallel_slots=2)
+    wl = parse_workload(WORKLOAD)
+    other = wl.with_load(concurrency=2, count=8).model_copy(update={"seed": 5})
+    real_run, _ = simulate(get_model("gemma-3-270m"), get_hardware("cpu-host"), cfg, other,
+                           slo=backend.slo, keep_requests=True)  # fmt: skip
+    at = PointResult.from_run(real_run, "concurrency", 2.0)
+    at.run_id = "r1"
+    real = _trial("real", {"engine": "llamacpp", "parallel_slots": 2}, [at], best=0)
+    own = _point(2.0, 0.1, 9999.0, 9999.0)  # the simulator's own point: other prompts
+    sim = _trial("sim", {"engine": "llamacpp", "parallel_slots": 2}, [own], best=0)
+
+    def load(run_id: str) -> RunResult:  # as the store's: an unknown run is an InputError
+        if run_id != "r1":
+            raise InputError("run", f"no run {run_id}")
+        return real_run
+
+    def replay(c, p):
+        return simvsreal.replay_point(backend, load, c, p)
+
+    (row,) = simvsreal.rows([sim], [real], [], lambda *a: None, replay)
+    assert row["same_requests"]
+    for fig in ("req_s", "ttft_p50", "tpot_p50"):
+        assert row[f"{fig}_error"] == pytest.approx(0.0, abs=1e-6), fig
+    # without the replay (or a run that cannot be read back) the own point is compared
+    (plain,) = simvsreal.rows([sim], [real], [], lambda *a: None)
+    assert not plain["same_requests"] and plain["ttft_p50_error"] > 10
+    at.run_id = "gone"
+    (missing,) = simvsreal.rows([sim], [real], [], lambda *a: None, replay)
+    assert not missing["same_requests"]

@@ -260,3 +260,28 @@ def test_without_repetitions_the_ranking_decides() -> None:
     first = TrialResult("a", {"engine": "vllm"}, "a", "sim", TrialStatus.OK, score=3.0)
     second = TrialResult("b", {"engine": "vllm"}, "b", "sim", TrialStatus.OK, score=4.0)
     assert pick_winner([first, second], higher_is_better=True) is first
+
+
+def _missing(slots: int, threads: int, ttft_ms: float) -> TrialResult:
+    """A simulator trial whose one point misses P95 TTFT 1,000 ms by `ttft_ms`."""
+    from servetune.measure.result import PointResult
+
+    check = {"metric": "ttft_ms", "stat": "p95", "value": ttft_ms, "target": 1000.0, "ok": False}
+    p = PointResult("concurrency", 1.0, False, req_s=1.0, ttft_p95_ms=ttft_ms, checks=[check])
+    cfg = {"engine": "llamacpp", "parallel_slots": slots, "threads": threads}
+    return TrialResult(key=f"s{slots}t{threads}", config=cfg, label=f"s{slots}t{threads}",
+                       backend="sim", status=TrialStatus.NO_SLO, points=[p])  # fmt: skip
+
+
+def test_when_no_simulated_config_meets_the_slo_the_closest_still_rank() -> None:
+    # On a busy host the SLO derived from a quick idle probe was beyond every simulated
+    # config: all scores None. Closeness to the SLO still tells the configs apart, so the
+    # real engine verifies the closest ones, and a knob that changes it is not "blind".
+    from servetune.tune.selection import diverse_top, merit, sim_blind_knobs
+
+    trials = [_missing(1, 1, 4000), _missing(2, 1, 2000), _missing(1, 2, 4000),
+              _missing(2, 2, 2000), _missing(4, 1, 1500)]  # fmt: skip
+    assert merit(trials[0]) == pytest.approx(-4.0)
+    top = diverse_top(trials, 2, skip="s1t1")
+    assert [t.key for t in top] == ["s4t1", "s2t1"]  # closest first; s2t2 ties s2t1: once
+    assert sim_blind_knobs(trials, ["parallel_slots", "threads"]) == ["threads"]

@@ -95,12 +95,13 @@ def list_engines(
         typer.echo(json.dumps(rows, indent=2))
         return
     yes = {True: "yes", False: "no"}
-    typer.echo(f"{'engine':<9} {'here':<20} {'version':<12} {'metrics':<8} simulator")
+    w = max(9, *(len(str(r["engine"])) + 1 for r in rows))
+    typer.echo(f"{'engine':<{w}} {'here':<20} {'version':<12} {'metrics':<8} simulator")
     for r in rows:
         ver = str(r["version"] or "-")
         ver = ver if len(ver) <= 12 else ver[:11] + "…"
         typer.echo(
-            f"{r['engine']:<9} {r['here']:<20} {ver:<12} {yes[r['metrics']]:<8} "
+            f"{r['engine']:<{w}} {r['here']:<20} {ver:<12} {yes[r['metrics']]:<8} "
             f"{yes[r['simulator']]}"
         )
     for r in rows:
@@ -110,7 +111,7 @@ def list_engines(
 
 @engine_app.command("install")
 def install_cmd(
-    engines: list[str] = typer.Argument(..., help="vllm, llamacpp or all."),
+    engines: list[str] = typer.Argument(..., help="vllm, llamacpp, mlx, transformers or all."),
     force: bool = typer.Option(False, "--force", help="Reinstall even when cached."),
 ) -> None:
     """Install the CPU-capable engines into servetune's cache (idempotent; cached runs take ms)."""
@@ -131,7 +132,15 @@ def install_cmd(
 
 @engine_app.command("make-model")
 def make_model(
-    kind: str = typer.Option("llama", "--kind", help="llama (vLLM test dir) or gemma-gguf."),
+    kind: str = typer.Option(
+        "llama",
+        "--kind",
+        help="llama (vLLM test dir), llama-weights (+ seeded weights: MLX, transformers), "
+        "onnx (llama-weights converted for ONNX Runtime) or gemma-gguf.",
+    ),
+    source: Path | None = typer.Option(
+        None, "--source", help="--kind onnx: convert this HF model dir instead of the test Llama."
+    ),
     out: Path | None = typer.Option(None, "--out", help="Where to write (default: cache)."),
     layers: int = typer.Option(8, "--layers", min=1),
     hidden: int = typer.Option(1024, "--hidden", min=64),
@@ -150,8 +159,12 @@ def make_model(
     if kind == "gemma-gguf":
         typer.echo(str(testmodel.gemma_gguf(out)))
         return
-    if kind != "llama":
-        raise InputError("--kind", f"unknown model kind {kind!r}", "llama or gemma-gguf")
+    if kind not in ("llama", "llama-weights", "onnx"):
+        raise InputError(
+            "--kind", f"unknown model kind {kind!r}", "llama, llama-weights, onnx or gemma-gguf"
+        )
+    if source is not None and kind != "onnx":
+        raise InputError("--source", "only --kind onnx converts a given model dir")
     spec = testmodel.LlamaSpec(
         layers=layers,
         hidden=hidden,
@@ -163,6 +176,19 @@ def make_model(
         max_position_embeddings=max_len,
         seed=seed,
     )
+    if kind == "llama-weights":  # MLX and transformers serve cannot invent weights
+        if out is not None:
+            raise InputError("--out", "llama-weights is written next to the cached llama dir")
+        typer.echo(str(testmodel.make_llama_weights(spec)))
+        return
+    if kind == "onnx":  # the builder's output, cached by the source's hash
+        from servetune.engines.onnx_model import convert
+
+        if out is not None:
+            raise InputError("--out", "an ONNX model is cached by its source's hash")
+        hf_dir = source or testmodel.make_llama_weights(spec)
+        typer.echo(str(convert(hf_dir, say=lambda m: typer.echo(m, err=True))))
+        return
     typer.echo(str(testmodel.make_llama_dir(out, spec)))
 
 
@@ -227,6 +253,13 @@ def launch_cmd(
         # A `make-model` dir has no weights: vLLM fills random ones from config.json.
         cfg = cfg.with_(extra_args=(*cfg.extra_args, "--load-format", "dummy"))
         typer.echo("generated test model: adding --load-format dummy (random weights)", err=True)
+    weightless = generated.exists() and not any(Path(model).glob("*.safetensors"))
+    if engine in ("mlx", "transformers") and weightless:
+        raise InputError(
+            "--model",
+            f"{model} has no weights ({engine} cannot make random ones)",
+            "servetune engine make-model --kind llama-weights",
+        )
     if engine == "llamacpp" and not Path(model).exists():
         raise InputError(
             "--model", f"{model} does not exist", "servetune engine make-model --kind gemma-gguf"

@@ -56,6 +56,9 @@ def plan(
     ),
     pp: int = typer.Option(1, "--pp", help="Pipeline parallel size (with --tp)."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs."),
+    engine: str = typer.Option(
+        "vllm", "--engine", help="vllm (gpu_memory_utilization) or sglang (mem_fraction_static)."
+    ),
     avg_context: int | None = typer.Option(
         None, "--avg-context", help="Average tokens held per sequence, for concurrency."
     ),
@@ -104,6 +107,7 @@ def plan(
         output_len=output_len,
         overhead=overhead,
         hardware_file=hardware_file,
+        engine=engine,
     )
     result = run_plan(args)
     host = local.measurement_behind(result.hardware)  # None unless --gpu local

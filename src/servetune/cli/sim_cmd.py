@@ -69,7 +69,9 @@ def simulate(
     model: str = typer.Option("llama-3.1-8b", "--model", "-m", help="Catalog name or config.json."),
     gpu: str = typer.Option("h100-sxm", "--gpu", "-g", help="Accelerator (or cpu-host)."),
     gpus: int = typer.Option(1, "--gpus", help="GPUs of one replica (sets TP when --set omits)."),
-    engine: str = typer.Option("vllm", "--engine", help="vllm (paged) or llamacpp (slots)."),
+    engine: str = typer.Option(
+        "vllm", "--engine", help="vllm (paged), sglang (radix) or llamacpp (slots)."
+    ),
     sets: list[str] = typer.Option([], "--set", help=_SET_HELP),
     workload: Path | None = typer.Option(None, "--workload", "-w", help="Workload YAML."),
     replay: Path | None = typer.Option(
@@ -139,6 +141,11 @@ def simulate(
             store_off.append(line)
         say_line(line)
 
+    if profile is not None:
+        from servetune.sim.profile import load_profile
+
+        if warn := load_profile(profile).warning():
+            say_line(warn)
     results = run_simulate(settings, Hooks(ready=ready, point=point, say=say))
     if as_json:
         stored = None if settings.store is None else not store_off  # null: --no-store
@@ -227,6 +234,7 @@ def calibrate(
 
         prof = fit_by_replay(runs, prof, model, cfg, hardware=hw.name)
     save_profile(prof, output)
+    _say_confidence(prof, output)
     if as_json:
         sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
         return
@@ -248,6 +256,24 @@ def calibrate(
         f"{fit.rel_rmse:.1%}, confidence {fit.confidence}"
         + (f", dropped {fit.dropped}" if fit.dropped else "")
     )
+
+
+def _say_confidence(prof: Any, output: Path) -> None:
+    """On stderr, loudly: a profile that is not fit for use, why, and the runs that would
+    fix it (`sim.confidence`); a medium one's gaps in one line."""
+    fit = prof.fit
+    if fit is None or fit.confidence == "high":
+        return
+    err = sys.stderr
+    if fit.confidence == "low":
+        print(f"NOT FIT FOR USE: {output} is written, marked confidence low, and no", file=err)
+        print("default picks it up (the tuner's calibration cache refuses it). Why:", file=err)
+    else:
+        print(f"confidence medium: usable, but the runs left gaps ({output}):", file=err)
+    for why in fit.problems:
+        print(f"  - {why}", file=err)
+    for fix in fit.fixes:
+        print(f"  fix: {fix}", file=err)
 
 
 def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, engine: str):

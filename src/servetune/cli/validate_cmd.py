@@ -141,6 +141,7 @@ def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json
             tier: {
                 "all": asdict(pub.summarize(errs)),
                 "by_role": {k: asdict(s) for k, s in pub.by_key(errs, "role").items()},
+                "by_engine": {k: asdict(s) for k, s in pub.by_key(errs, "engine").items()},
                 "by_group": {k: asdict(s) for k, s in pub.by_key(errs, "group").items()},
                 "runs": [
                     {

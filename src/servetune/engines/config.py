@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from servetune.errors import refuse_bool
 
-EngineName = Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp"]
+# The planner's engines (ENGINES: what `plan` prints a command for), then the ones servetune
+# launches, benchmarks and tunes without a planner command of their own (engines.registry).
+EngineName = Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp", "mlx", "transformers", "onnx"]
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "trtllm", "llamacpp")
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
@@ -50,7 +52,8 @@ class EngineConfig(BaseModel):
     block_size: PositiveInt = 16
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # lpm: SGLang's longest-prefix-match order (--schedule-policy lpm); SGLang only
+    scheduling_policy: Literal["fcfs", "priority", "lpm"] = "fcfs"
     enforce_eager: bool = False
     # llama.cpp knobs (also meaningful for the slot scheduler in the simulator).
     parallel_slots: PositiveInt | None = None  # -np

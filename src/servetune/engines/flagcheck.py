@@ -7,11 +7,14 @@ value types, choices) and Prometheus metric families are checked in as data unde
 a pinned version (the file names the version, the URL and how it was extracted);
 each adapter's `TARGET_VERSION` must match it. `check_argv` and `check_metrics` list
 every mismatch; the tests require both lists to be empty for every knob combination.
+`transformers serve` runs here and is checked the same way: its file is its installed
+`--help` read by `click_help_flags`, and its engine test re-reads the live CLI.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -19,7 +22,7 @@ from importlib import resources
 from types import ModuleType
 from typing import Any
 
-CHECKED = ("sglang", "tgi", "trtllm")
+CHECKED = ("sglang", "tgi", "trtllm", "transformers", "onnx")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,62 @@ def load(engine: str) -> EngineCli:
     path = resources.files("servetune") / "data" / "engine_flags" / f"{engine}.json"
     raw = json.loads(path.read_text("utf-8"))
     return EngineCli(raw["engine"], raw["version"], raw["source"], raw["flags"], raw["metrics"])
+
+
+# One option line of a click (or typer) command's plain-text --help: "  -h, --help",
+# "  --port INTEGER", "  --reasoning [on|off|auto]", "  --compile / --no-compile".
+_CLICK_OPTION = re.compile(
+    r"^  (?:-\w, )?(?P<names>--[\w-]+(?: / --[\w-]+)?)"
+    r"(?: (?P<meta>INTEGER|FLOAT|TEXT|PATH|\[[\w|.-]+\]))?(?:\s{2,}|$)"
+)
+_CLICK_TYPES = {"INTEGER": "int", "FLOAT": "float", "TEXT": "str", "PATH": "str"}
+
+
+def click_help_flags(help_text: str) -> dict[str, dict[str, Any]]:
+    """A click command's options from its plain `--help` text, in this module's flag
+    format: `--on / --off` pairs and bare options are switches, INTEGER/FLOAT/TEXT give
+    the type, `[a|b]` the choices. Used for the CLIs that are installed here (e.g.
+    `transformers serve`), so the checked-in data and the live CLI compare exactly."""
+    flags: dict[str, dict[str, Any]] = {}
+    for line in help_text.splitlines():
+        m = _CLICK_OPTION.match(line)
+        if m is None:
+            continue
+        meta = m["meta"]
+        if meta is None:
+            spec: dict[str, Any] = {"type": "switch"}
+        elif meta.startswith("["):
+            spec = {"type": "str", "choices": meta[1:-1].split("|")}
+        else:
+            spec = {"type": _CLICK_TYPES[meta]}
+        for name in m["names"].split(" / "):
+            flags[name] = spec
+    return flags
+
+
+# A long option of a clap (Rust) command's `--help`: "      --max-batch <MAX_BATCH>",
+# "  -h, --help", "      --backend <auto|ort|native>"; its "[possible values: a, b]" line.
+_CLAP_OPTION = re.compile(r"^ {2,6}(?:-\w, )?(?P<name>--[\w-]+)(?: <(?P<meta>[^>]+)>)?\s*$")
+_CLAP_VALUES = re.compile(r"^\s+\[possible values: (?P<values>[^\]]+)\]")
+
+
+def clap_help_flags(help_text: str) -> dict[str, dict[str, Any]]:
+    """A clap command's options from its long `--help` text: a switch, or a flag taking a
+    value (`{"type": "value"}`: clap's help names no type) with its choices when listed.
+    Used for the CLIs installed here (e.g. `onnx-genai serve`) to compare the checked-in
+    data, whose types come from each flag's help, with the live CLI."""
+    flags: dict[str, dict[str, Any]] = {}
+    last: dict[str, Any] | None = None
+    for line in help_text.splitlines():
+        if m := _CLAP_OPTION.match(line):
+            meta = m["meta"]
+            last = {"type": "switch"} if meta is None else {"type": "value"}
+            if meta and "|" in meta:
+                last["choices"] = meta.split("|")
+            flags[m["name"]] = last
+        elif (v := _CLAP_VALUES.match(line)) and last is not None:
+            last["choices"] = [c.strip() for c in v["values"].split(",")]
+    return flags
 
 
 def _value_error(spec: Mapping[str, Any], value: str) -> str | None:

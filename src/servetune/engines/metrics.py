@@ -113,6 +113,8 @@ def canonical(engine: str, text: str) -> EngineMetrics:
         values[canon] = sum(vals) / len(vals) if canon in _MEAN else sum(vals)
     hists = {c: h for c, fam in mod.HISTOGRAMS.items() if (h := _histogram(samples, fam))}
     raw = {name: sum(v for _, v in rows) for name, rows in samples.items()}
+    if derive := getattr(mod, "derived", None):  # figures an engine exports only as parts
+        values |= derive(raw)
     return EngineMetrics(engine, values, hists, raw)
 
 

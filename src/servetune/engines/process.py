@@ -348,8 +348,8 @@ def _machine_env(engine: str, device: Device) -> dict[str, str]:
         env["TMPDIR"] = str(tmp)
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
-    if engine == "mlx":  # /v1/models crashes without an existing hub cache dir
-        hub = install.engine_dir("mlx") / "hf-cache"
+    if engine in ("mlx", "transformers"):  # offline, both need an existing hub cache dir
+        hub = install.engine_dir(engine) / "hf-cache"
         hub.mkdir(parents=True, exist_ok=True)
         env["HF_HUB_CACHE"] = str(hub)
     return env

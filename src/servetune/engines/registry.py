@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from servetune.engines import llamacpp, mlx, sglang, tgi, trtllm, vllm
+from servetune.engines import hf_serve, llamacpp, mlx, onnx_rt, sglang, tgi, trtllm, vllm
 from servetune.engines.base import Device, LaunchSpec, PlannedPool
 from servetune.engines.config import ENGINES, EngineConfig
 from servetune.errors import InputError, closest
@@ -18,6 +18,8 @@ ADAPTERS: dict[str, ModuleType] = {
     # Launched and benchmarked here, but not a seed engine of the planner or simulator:
     # `launch_commands` (what `plan` prints) stays with ENGINES.
     "mlx": mlx,
+    "transformers": hf_serve,
+    "onnx": onnx_rt,
 }
 assert tuple(ADAPTERS)[: len(ENGINES)] == ENGINES
 
@@ -30,6 +32,14 @@ def adapter(engine: str) -> ModuleType:
         near = closest(engine, ADAPTERS)
         hint = f"did you mean {', '.join(near)}?" if near else f"one of {', '.join(ENGINES)}"
         raise InputError("engine", f"unknown engine {engine!r}", hint) from None
+
+
+def exports_metrics(engine: str) -> bool:
+    """Whether servetune reads `engine`'s own metrics (a Prometheus /metrics it maps to
+    canonical names). Without them every figure of a run is client-side: the load
+    client's clocks and token counts, nothing from the server."""
+    mod = adapter(engine)
+    return bool(mod.METRICS or mod.HISTOGRAMS)
 
 
 def launch_command(

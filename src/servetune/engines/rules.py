@@ -54,8 +54,18 @@ def check_tensor_parallel(cfg: EngineConfig, attention_heads: int) -> None:
     )
 
 
+def check_scheduling_policy(cfg: EngineConfig) -> None:
+    """InputError for `lpm` off SGLang: longest-prefix-match ordering is SGLang's
+    (--schedule-policy lpm); vLLM's --scheduling-policy takes fcfs or priority."""
+    if cfg.scheduling_policy == "lpm" and cfg.engine != "sglang":
+        raise InputError(
+            "scheduling_policy", f"lpm is SGLang's policy, not {cfg.engine}'s", "use fcfs"
+        )
+
+
 def check_config(cfg: EngineConfig, *, device: str, attention_heads: int | None = None) -> None:
     """Every start-up rule above that applies (`attention_heads`: the model's, when known)."""
     check_block_size(cfg, device)
+    check_scheduling_policy(cfg)
     if attention_heads is not None:
         check_tensor_parallel(cfg, attention_heads)

@@ -101,6 +101,8 @@ def build(
     b.map({"block_size": "--page-size", "enable_prefix_caching": "--disable-radix-cache"})
     if cfg.scheduling_policy == "priority":
         b.flag("--enable-priority-scheduling")
+    elif cfg.scheduling_policy == "lpm":
+        b.flag("--schedule-policy", "lpm")
     b.map({"enforce_eager": "--disable-cuda-graph"})
     for knob in (*LLAMACPP_ONLY, "n_gpu_layers"):
         b.unsupported_if_set(knob, "llama.cpp-only knob")

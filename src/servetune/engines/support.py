@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from servetune.engines.registry import adapter
+from servetune.engines.registry import adapter, exports_metrics
 
 # Engines the simulator has a scheduler model for (sim/engine.py refuses the others;
-# tests/test_engine_list.py checks the two agree). SGLang has none yet; why vLLM's is the
-# stand-in, and where it differs: docs/engines.md "SGLang in the simulator".
-SIMULATED = ("vllm", "llamacpp")
+# tests/test_engine_list.py checks the two agree). SGLang's (sim/sglang_policy.py,
+# sim/sglang_sched.py): docs/engines.md "SGLang in the simulator".
+SIMULATED = ("vllm", "sglang", "llamacpp")
 
 # Why an engine cannot run on a CPU-only host (what was tried: docs/engines.md).
 NEEDS_GPU = {
@@ -66,7 +66,7 @@ def support(
         why=why,
         version=installed_version or target_version or getattr(mod, "TARGET_VERSION", None),
         where=where,
-        metrics=bool(mod.METRICS or mod.HISTOGRAMS),
+        metrics=exports_metrics(engine),
         simulator=engine in SIMULATED,
         flags_checked=getattr(mod, "TARGET_VERSION", None),
     )

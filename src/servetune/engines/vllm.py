@@ -25,7 +25,7 @@ from servetune.engines.base import (
     PlannedPool,
 )
 from servetune.engines.config import EngineConfig
-from servetune.engines.rules import check_block_size
+from servetune.engines.rules import check_block_size, check_scheduling_policy
 
 name = "vllm"
 default_port = 8000
@@ -121,6 +121,7 @@ def build(
             f"kv_cache_tokens: {cfg.kv_cache_tokens} tokens -> {blocks} blocks of {cfg.block_size}"
         )
     _block_size(cfg, device, b)
+    check_scheduling_policy(cfg)  # fcfs or priority: lpm is SGLang's
     b.map(
         {
             "enable_chunked_prefill": "--no-enable-chunked-prefill",

@@ -13,6 +13,7 @@ from servetune.bench.reach import check_server
 from servetune.bench.runner import BenchOptions
 from servetune.bench.server_metrics import engine_adapter, http_fetcher
 from servetune.engines.config import EngineConfig
+from servetune.engines.registry import exports_metrics
 from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.measure.loads import SweepLoads, sweep_points
@@ -94,7 +95,7 @@ def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
         cancel_fraction=s.cancel_fraction,
         cancel_after_chunks=s.cancel_after_chunks,
         breaker_error_rate=s.breaker_error_rate,
-        metrics_fetch=http_fetcher(s.url, adapter) if s.scrape else None,
+        metrics_fetch=http_fetcher(s.url, adapter) if _scrape(s) else None,
         tokenizer=tok,
     )
     session = ServerSession(opts, tok, slo, launch_command=s.launch_command, telemetry=s.telemetry)
@@ -102,6 +103,12 @@ def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
     hooks.ready(session)
     store = replace(s.store, meta=lambda: bench_meta(s, slo)) if s.store else None
     return sweep(session, points, files=s.files, store=store, hooks=hooks)
+
+
+def _scrape(s: BenchSettings) -> bool:
+    """Scrape /metrics unless told not to or the named engine has none (MLX, transformers:
+    their runs are client-side only, without a scrape error a second)."""
+    return s.scrape and (s.engine is None or exports_metrics(s.engine))
 
 
 def bench_meta(s: BenchSettings, slo: SLO | None) -> RunMeta:

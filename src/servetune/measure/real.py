@@ -14,6 +14,7 @@ from servetune.bench.client import Timeouts
 from servetune.bench.runner import BenchInterrupted, BenchOptions, run_point
 from servetune.bench.server_metrics import engine_adapter, http_fetcher
 from servetune.engines.process import EngineError
+from servetune.engines.registry import exports_metrics
 from servetune.measure.result import Infeasible
 from servetune.measure.session import NO_SINKS, Interrupted, Point, Sinks
 from servetune.results.schema import RunResult
@@ -107,7 +108,12 @@ class EngineSession:
             url=srv.url,
             model=srv.served_model,
             timeouts=Timeouts(10.0, t, min(60.0, t), 2 * t),
-            metrics_fetch=http_fetcher(srv.url, engine_adapter(srv.engine)),
+            # an engine without /metrics (MLX, transformers): client-side figures only
+            metrics_fetch=(
+                http_fetcher(srv.url, engine_adapter(srv.engine))
+                if exports_metrics(srv.engine)
+                else None
+            ),
             keep_text=False,
             drain_s=2 * t,
         )

@@ -27,6 +27,7 @@ from servetune.plan.quant import (
     weight_format,
     weights_bytes,
 )
+from servetune.plan.sglang_pool import MAX_PREFILL_TOKENS, sglang_pool
 from servetune.units import GiB
 
 
@@ -171,6 +172,15 @@ def memory_budget(
     if cfg.kv_cache_space_gib is not None:
         usable = device
         pool = cfg.kv_cache_space_gib * GiB
+    elif cfg.engine == "sglang" and hw.kind == "gpu":
+        # SGLang sizes by --mem-fraction-static (plan.sglang_pool); its 1 - f share is the
+        # activation term, the CUDA context and NCCL taken before it measures the overhead.
+        overhead = overheads.cuda_context_gib * GiB
+        overhead += overheads.nccl_gib * GiB if cfg.world_size > 1 else 0.0
+        per_token = kvmath.kv_bytes_per_token(model, kv_bytes, tp, pp)
+        sg = sglang_pool(hw, cfg, weights, per_token, max_model_len, overhead)
+        usable, pool, activation = sg.usable_bytes, sg.kv_pool_bytes, sg.reserved_bytes
+        batched, seqs = sg.chunked_prefill_size or MAX_PREFILL_TOKENS, sg.max_running_requests
     else:
         usable = cfg.gpu_memory_utilization * device
         pool = usable - weights - activation - overhead

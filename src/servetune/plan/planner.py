@@ -18,6 +18,7 @@ from servetune.plan import roofline
 from servetune.plan.memory import MemoryBudget, Overheads, memory_budget
 from servetune.plan.presets import Scenario
 from servetune.plan.quant import WEIGHT_FORMATS, weight_format
+from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
 
 
@@ -129,7 +130,7 @@ def evaluate(
     the engine would start (vLLM refuses when one max_model_len sequence does not fit)."""
     max_len = resolve_max_model_len(model, cfg)
     budget = memory_budget(model, hw, cfg, max_len, overheads)
-    block = cfg.block_size
+    block = page_tokens(cfg)  # SGLang: --page-size, 1 by default
     blocks = kvmath.pool_blocks(budget.kv_pool_bytes, block, budget.kv_effective_bytes_per_token)
     capacity = blocks * block
     context = min(avg_context or max_len, max_len)
@@ -148,6 +149,13 @@ def evaluate(
     concurrency = min(kv_seqs, budget.max_num_seqs)
     limited_by = "kv_cache" if kv_seqs < budget.max_num_seqs else "max_num_seqs"
     breaking, verdict = _verdict(budget, capacity, max_len, hw)
+    if breaking == "max_model_len" and cfg.engine == "sglang":
+        # SGLang starts anyway and refuses longer requests (max_req_input_len caps both).
+        breaking = None
+        verdict = (
+            f"fits: KV pool {budget.kv_pool_bytes / GiB:.2f} GiB holds {capacity:,} tokens "
+            f"(less than one {max_len:,}-token context: SGLang refuses longer requests)"
+        )
     return Evaluation(
         config=cfg,
         max_model_len=max_len,

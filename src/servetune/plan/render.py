@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servetune.plan.service import PlanResult
+from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
 
 
@@ -36,10 +37,21 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     mem.add_column("term")
     mem.add_column("GiB", justify="right")
     mem.add_column("% of device", justify="right")
+    sglang = cfg.engine == "sglang"  # its terms: plan.sglang_pool
     rows = [
         ("weights", b.weights_bytes),
-        ("activation peak (prefill of max_num_batched_tokens)", b.activation_bytes),
-        ("fixed overheads (context, workspace, graphs, NCCL)", b.overhead_bytes),
+        (
+            "reserved: activations, CUDA graphs (1 - mem_fraction_static)"
+            if sglang
+            else "activation peak (prefill of max_num_batched_tokens)",
+            b.activation_bytes,
+        ),
+        (
+            "taken before start-up (CUDA context, NCCL)"
+            if sglang
+            else "fixed overheads (context, workspace, graphs, NCCL)",
+            b.overhead_bytes,
+        ),
         ("KV cache pool", max(b.kv_pool_bytes, 0.0)),
         ("left free (1 - gpu_memory_utilization)", max(b.free_after_kv_bytes, 0.0)),
     ]
@@ -53,7 +65,7 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     kv.add_column("value", justify="right")
     kv.add_row("bytes / token (this GPU, all its layers)", f"{b.kv_bytes_per_token:,}")
     kv.add_row("KV dtype bytes", str(b.kv_dtype_bytes))
-    kv.add_row("block size / blocks", f"{cfg.block_size} / {ev.kv_blocks:,}")
+    kv.add_row("block size / blocks", f"{page_tokens(cfg)} / {ev.kv_blocks:,}")
     kv.add_row("capacity (tokens)", f"{ev.kv_capacity_tokens:,}")
     kv.add_row(
         f"sequences at max_model_len={ev.max_model_len:,}",

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servetune.engines.registry import ADAPTERS, exports_metrics
 from servetune.metrics import sweep
 from servetune.metrics.compute import request_latencies_ms
 from servetune.metrics.pct import is_max_only, sample_note
@@ -453,6 +454,15 @@ SERVER_PANELS = (
 )
 
 
+def client_only_engines(runs: Sequence[RunData]) -> list[str]:
+    """The engines of these runs that export no metrics servetune reads (a launched
+    engine's `target.engine`, or bench's `--engine`)."""
+    names = {
+        r.result.target.engine or (r.info.meta.get("software") or {}).get("engine") for r in runs
+    }
+    return sorted(n for n in names if n in ADAPTERS and not exports_metrics(n))
+
+
 def server_metrics(data: ReportData) -> Chart:
     """The engine's own metrics over time: KV usage, running/waiting, preemptions."""
     chart = Chart("server", "Server metrics over time")
@@ -462,6 +472,12 @@ def server_metrics(data: ReportData) -> Chart:
             "No server metrics in these runs: bench scrapes the server's /metrics unless run"
             " with --no-scrape, and simulated runs have none."
         )
+        if client_only := client_only_engines(data.runs):
+            chart.note = (
+                f"No server metrics: {', '.join(client_only)} exports no /metrics, so every"
+                " figure of its runs is client-side (the load client's clocks and token"
+                " counts)."
+            )
         return chart
     if len(runs) > MAX_SERVER_RUNS:
         step = (len(runs) - 1) / (MAX_SERVER_RUNS - 1)

@@ -30,6 +30,7 @@ from servetune.hardware import get_hardware
 from servetune.metrics.compute import request_latencies_ms
 from servetune.model import get_model
 from servetune.results.schema import RunResult
+from servetune.sim.confidence import Fit, coverage_of, judge
 from servetune.sim.engine import simulate
 from servetune.sim.profile import FitQuality, Profile
 from servetune.sim.steptime import FEATURES
@@ -172,7 +173,9 @@ def fit_profile(
             "give streamed runs with output_tokens >= 2 and more requests",
         )
     coef, se, r2, rel, dropped = fit_coefficients(x, y)
-    conf = "high" if r2 >= 0.9 and len(y) >= 500 else "medium" if r2 >= 0.6 else "low"
+    api = api_overhead(results, coef)
+    fit = Fit("least squares", int(len(y)), float(r2), rel, dropped, len(FEATURES), api)
+    verdict = judge(fit, coverage_of(results))
     return Profile(
         engine=engine,
         engine_version=engine_version,
@@ -180,14 +183,16 @@ def fit_profile(
         hardware=hardware,
         coefficients={f: float(c) for f, c in zip(FEATURES, coef, strict=True)},
         stderr={f: float(s) for f, s in zip(FEATURES, se, strict=True)},
-        api_overhead_s=api_overhead(results, coef),
+        api_overhead_s=api,
         fit=FitQuality(
             samples=int(len(y)),
             runs=[r.id for r in results],
             r2=float(r2),
             rel_rmse=rel,
-            confidence=conf,
+            confidence=verdict.confidence,
             dropped=dropped,
+            problems=verdict.problems,
+            fixes=verdict.fixes,
         ),
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
@@ -348,6 +353,14 @@ def fit_by_replay(
         (minimise(loss, x0, step=1.0, iters=iters) for x0 in (np.zeros_like(x1), x1)),
         key=lambda r: r[1],
     )
+    out = start.model_copy(update=unpack(x))
+    if start.fit is None:
+        return out
     upd = {"rel_rmse": float(np.sqrt(val)), "method": "least squares + replay"}
-    fit = start.fit.model_copy(update=upd) if start.fit else None
-    return start.model_copy(update={**unpack(x), "fit": fit})
+    fq = start.fit.model_copy(update=upd)
+    verdict = judge(
+        Fit(fq.method, fq.samples, fq.r2, fq.rel_rmse, fq.dropped, n, out.api_overhead_s),
+        coverage_of(runs),
+    )
+    upd = {"confidence": verdict.confidence, "problems": verdict.problems, "fixes": verdict.fixes}
+    return out.model_copy(update={"fit": fq.model_copy(update=upd)})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from servetune.sim.phases import start_offsets_s
 from servetune.sim.request import Phase, SimRequest
 from servetune.sim.steptime import StepModel
 
@@ -68,10 +69,17 @@ class Clients:
         # is (all longer than the context), and resending them would loop at one instant.
         self.refused_in_row = 0
         if closed:
-            for _ in range(min(closed_users or 0, len(self.feed))):
-                r = self.feed.popleft()
-                r.arrival_s = 0.0
-                self.send(0.0, r)
+            first = [self.feed.popleft() for _ in range(min(closed_users or 0, len(self.feed)))]
+            # users that send more than once start at spread phases (`sim.phases`)
+            again = self.cycle or bool(self.feed)
+            starts = (
+                start_offsets_s(model, first, len(first))
+                if model.spread_closed_loop and again
+                else [0.0] * len(first)
+            )
+            for t, r in zip(starts, first, strict=True):
+                r.arrival_s = t
+                self.send(t, r)
         elif self.ingress_s > 0 or self.ingress_per_token_s > 0:
             for r in sorted(requests, key=lambda x: (x.arrival_s, x.send_id)):
                 self.send(r.arrival_s, r)

@@ -17,6 +17,7 @@ import numpy as np
 
 from servetune.engines.config import EngineConfig
 from servetune.engines.rules import check_config
+from servetune.engines.support import SIMULATED
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
 from servetune.metrics.compute import apply_memory_slo, compute_metrics
@@ -32,6 +33,7 @@ from servetune.sim.records import SimRecords
 from servetune.sim.request import Phase, SimRequest
 from servetune.sim.scheduler import SchedConfig, Scheduler
 from servetune.sim.sessions import SessionClients, session_requests
+from servetune.sim.sglang_policy import radix_note, radix_sched_config
 from servetune.sim.steptime import StepModel, calibrated_model, roofline_model
 from servetune.slo import SLO
 from servetune.workload.materialize import Request, RequestColumns, materialize, materialize_columns
@@ -88,6 +90,30 @@ class SimSetup:
     evaluation: Evaluation | None
     sched: SchedConfig
     step_model: StepModel
+    # max_model_len the simulator set because vLLM's default does not start (see
+    # `start_length`); None when the config starts as given.
+    capped_max_model_len: int | None = None
+
+
+def start_length(
+    model: ModelSpec, hw: HardwareSpec, cfg: EngineConfig, ev: Evaluation
+) -> tuple[Evaluation, int | None]:
+    """The evaluation vLLM would run with. When the default max_model_len (the model's
+    context) does not fit the KV pool, vLLM refuses to start and its error names the
+    largest length that does ("the estimated maximum model length is N ... decreasing
+    `max_model_len`", vllm/v1/core/kv_cache_utils.py); users then pass --max-model-len N.
+    So the default is capped to what the pool holds; a length the user set stays as given
+    (and refused). Sliding-window models pay more per token at a shorter length, hence
+    the few re-evaluations."""
+    if cfg.engine != "vllm" or cfg.max_model_len is not None:
+        return ev, None
+    cap = None
+    for _ in range(4):
+        if ev.breaking_term != "max_model_len" or ev.kv_capacity_tokens <= 0:
+            break
+        cap = min(ev.kv_capacity_tokens, cap or ev.kv_capacity_tokens)
+        ev = evaluate(model, hw, cfg.model_copy(update={"max_model_len": cap}))
+    return ev, cap if ev.fits else None
 
 
 def setup(
@@ -103,15 +129,22 @@ def setup(
     vLLM on a GPU unless efficiency factors are given, else `roofline`)."""
     if profile is not None:
         profile.check(cfg.engine, model.name, hw.name)
-    if cfg.engine not in ("vllm", "llamacpp"):
+    if cfg.engine not in SIMULATED:
         raise InputError(
-            "--engine", f"no scheduler model for {cfg.engine} yet", "use vllm or llamacpp"
+            "--engine",
+            f"no scheduler model for {cfg.engine} yet",
+            f"use one of {', '.join(SIMULATED)}",
         )
+    if cfg.engine == "sglang" and hw.kind != "gpu":
+        raise InputError("--gpu", "SGLang's scheduler model is of its GPU server", "give a GPU")
     # what the engine refuses at start-up (block size, TP vs heads) is not simulated
     check_config(cfg, device=hw.kind, attention_heads=model.num_attention_heads)
-    ev = evaluate(model, hw, cfg)
+    default_ev = evaluate(model, hw, cfg)
+    ev, capped = start_length(model, hw, cfg, default_ev)
     b = ev.budget
-    if cfg.engine == "vllm":
+    if cfg.engine == "sglang":
+        sc = radix_sched_config(cfg, ev)  # RadixAttention pool, SGLang's loop (sim.sglang_*)
+    elif cfg.engine == "vllm":
         if not ev.fits:
             raise InputError("config", f"the engine would not start: {ev.verdict}", None)
         blocks = ev.kv_blocks - 1  # vLLM v1 reserves one null block (v1/core/block_pool.py)
@@ -188,13 +221,35 @@ def setup(
             profile.new_shape_per_token_s,
         )
     elif tier == "gpu" or (
-        tier is None and hw.kind == "gpu" and cfg.engine == "vllm" and efficiency is None
+        tier is None and hw.kind == "gpu" and cfg.engine != "llamacpp" and efficiency is None
     ):
         sm = gpu_model(model, hw, cfg, b)  # per-kernel figures (sim.gpu_step)
     else:
         sm = roofline_model(model, hw, cfg, b, efficiency)
-    sm.note = "; ".join(x for x in (sm.note, expected_error_note(sm.tier)) if x)
-    return SimSetup(evaluation=ev, sched=sc, step_model=sm)
+    cap_note = ""
+    if capped is not None:
+        cap_note = (
+            f"vLLM at its default max_model_len {default_ev.max_model_len:,} refuses to start "
+            f"(KV pool {capped:,} tokens): simulated with --max-model-len {capped}, set it so"
+        )
+    sm.note = "; ".join(x for x in (sm.note, expected_error_note(sm.tier), cap_note) if x)
+    return SimSetup(evaluation=ev, sched=sc, step_model=sm, capped_max_model_len=capped)
+
+
+def check_fits_capped(setup_: SimSetup, cols: RequestColumns) -> None:
+    """A capped max_model_len (`start_length`) still has to hold the workload's longest
+    request (prompt + output); otherwise no vLLM on this config serves it: refuse."""
+    cap = setup_.capped_max_model_len
+    if cap is None or not len(cols):
+        return
+    longest = int((cols.prompt_tokens + np.maximum(cols.output_tokens, 0)).max())
+    if longest > cap:
+        raise InputError(
+            "config",
+            f"the KV pool holds {cap:,} tokens, less than one request of "
+            f"{longest:,} tokens (prompt + output): the engine cannot serve it",
+            "grow the KV pool (gpu_memory_utilization, more GPUs, fp8 KV cache)",
+        )
 
 
 def _shared_tokens(spec: WorkloadSpec | None) -> dict[str, tuple[int, int]]:
@@ -302,7 +357,7 @@ def run_sessions(
     prompts = None
     if cols is not None:
         prompts = dict(zip(cols.index.tolist(), cols.prompt_tokens.tolist(), strict=True))
-    sessions = session_requests(plan, setup_.sched.mode == "paged", prompts)
+    sessions = session_requests(plan, setup_.sched.mode != "slots", prompts)
     arr = spec.arrival
     users = arr.concurrency if not arr.open_loop else None
     stop = spec.duration_s if users and spec.count is None else None
@@ -410,6 +465,7 @@ def simulate(
         cols = requests
     else:
         cols = RequestColumns.from_requests(requests)
+    check_fits_capped(su, cols)
     lap("materialize")
     if spec.sessions is not None:
         plan = plan_sessions(spec, tokenizer)
@@ -426,7 +482,7 @@ def simulate(
         apply_turn_slo(metrics, list(records), slo, spec.sessions.slo_turns, warmup_s=spec.warmup_s)
     sc = su.sched
     # Paged pool: peak blocks in use; llama.cpp slots preallocate KV, nothing to run over.
-    paged = sc.mode == "paged" and sc.kv_blocks
+    paged = sc.mode != "slots" and sc.kv_blocks
     peak = sched.stats.max_blocks_used / sc.kv_blocks if paged else None
     apply_memory_slo(metrics, slo, peak)
     lap("metrics")
@@ -481,6 +537,8 @@ def simulate(
 def capacity_note(setup_: SimSetup) -> str:
     """One line on what the pool holds, for the CLI."""
     sc = setup_.sched
+    if sc.mode == "radix":
+        return radix_note(sc)
     if sc.mode == "paged":
         return (
             f"KV pool {sc.kv_blocks:,} blocks x {sc.block_size} = "

@@ -171,6 +171,7 @@ def gpu_model(
         ingress_s=cpu["ingress_s"],
         ingress_per_token_s=cpu["ingress_per_token_s"],
         stream_s=cpu["stream_s"],
+        spread_closed_loop=True,
         # The roofline tier's keys, with the same meaning (HBM and GEMM shares of the
         # datasheet, step and chunk overheads), so stored runs of either tier read alike.
         notes={

@@ -27,8 +27,11 @@ class FitQuality(BaseModel):
     runs: list[str] = Field(default_factory=list)
     r2: float
     rel_rmse: float
-    confidence: str  # high | medium | low
+    confidence: str  # high | medium | low (the rules: sim.confidence)
     dropped: list[str] = Field(default_factory=list)
+    # Why the confidence is not "high" (one line each), and the runs that would lift it.
+    problems: list[str] = Field(default_factory=list)
+    fixes: list[str] = Field(default_factory=list)
     # "least squares" on per-step gaps, or "least squares + replay" (sim.calibrate.
     # fit_by_replay, which needs the engine's knobs); after a replay rel_rmse is the
     # root mean squared log error of the replayed figures.
@@ -56,6 +59,23 @@ class Profile(BaseModel):
     new_shape_per_token_s: float = 0.0
     fit: FitQuality | None = None
     created_utc: str = ""
+
+    @property
+    def fit_for_use(self) -> bool:
+        """False for a profile whose fit failed a rule (`sim.confidence`): it is written
+        when asked, marked, but never picked up as anyone's default."""
+        return self.fit is None or self.fit.confidence != "low"
+
+    def warning(self) -> str | None:
+        """One line for stderr when the profile is not fit for use, else None."""
+        if self.fit_for_use:
+            return None
+        fit = self.fit
+        assert fit is not None
+        return (
+            f"profile {self.key} has LOW confidence ({'; '.join(fit.problems)}): its "
+            f"predictions may be far off; fix: {'; '.join(fit.fixes)}"
+        )
 
     @property
     def key(self) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
+from typing import Any
 
 from servetune.sim.clients import Clients
 from servetune.sim.policies import PagedPolicy, SchedulingPolicy, SlotPolicy
@@ -72,10 +73,19 @@ class SchedConfig:
     # slots: llama.cpp's -ub (at most -b): a step runs as one forward pass per ubatch
     # (`policies.ubatch_sizes`); 0: one pass per step
     n_ubatch: int = 0
+    # radix (SGLang): its scheduler knobs, a `sim.sglang_policy.RadixConfig`; block_size
+    # is then the page size and kv_blocks the pool in pages
+    radix: Any = None
 
 
 def make_policy(cfg: SchedConfig) -> SchedulingPolicy:
-    """The KV policy of `cfg.mode`: vLLM's paged blocks or llama.cpp's slots."""
+    """The KV policy of `cfg.mode`: vLLM's paged blocks, SGLang's radix pool or
+    llama.cpp's slots."""
+    if cfg.mode == "radix":
+        from servetune.sim.sglang_policy import RadixPolicy
+
+        chunked = cfg.radix.chunked_prefill_size > 0
+        return RadixPolicy(cfg.kv_blocks, cfg.block_size, chunked, cfg.prefix_caching)
     if cfg.mode == "paged":
         return PagedPolicy(cfg.kv_blocks, cfg.block_size, cfg.chunked_prefill, cfg.prefix_caching)
     return SlotPolicy(
@@ -166,7 +176,12 @@ class Scheduler:
     def run(self, requests: list[SimRequest], pool: list[SimRequest] | None = None) -> None:
         """Simulate. Open loop: `requests` carry arrival times. Closed loop: `requests`
         are the first sends in order; `pool` (cycled) supplies the next ones."""
-        RunState(self, requests, pool).run()
+        if self.cfg.mode == "radix":  # SGLang's own loop (prefill-first steps, retraction)
+            from servetune.sim.sglang_sched import RadixRunState
+
+            RadixRunState(self, requests, pool).run()
+        else:
+            RunState(self, requests, pool).run()
 
 
 class RunState:
@@ -518,7 +533,9 @@ class RunState:
     def start_decode(self, r: SimRequest, step: int) -> None:
         """r decodes from `step` on, one token a step, untouched until it leaves."""
         r.phase = _DECODE
-        r.decode_start_tokens = r.prefill_target + 1
+        # the prompt and every token sampled (prefill_target + 1 right after a prefill;
+        # SGLang's decoders also restart here after a prefill-only step)
+        r.decode_start_tokens = r.prompt_tokens + r.generated
         r.decode_start_step = step
         self.policy.decode_started(r)
         self.context_offset += r.decode_start_tokens - step

@@ -98,6 +98,9 @@ class StepModel:
     # The one front end serves ingress and streams, so this is booked on it when a request
     # is handed over: a front end saturated by streams paces the next hand-overs.
     stream_s: float = 0.0
+    # Closed loops start at independent phases of their cycle (`sim.phases`) instead of
+    # all at once: what a GPU engine's measurements see once its users de-synchronise.
+    spread_closed_loop: bool = False
     # First time the engine runs a step of a given token count (calibrated tier, CPU
     # engines): new_shape_s + new_shape_per_token_s x tokens more. vLLM's CPU backend
     # builds a oneDNN primitive per GEMM shape, and its batch is flattened to one token

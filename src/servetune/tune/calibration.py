@@ -47,10 +47,11 @@ from servetune.paths import cache_root
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
 from servetune.sim.calibrate import fit_by_replay, fit_profile
-from servetune.sim.profile import Profile, save_profile
+from servetune.sim.profile import Profile, load_profile, save_profile
 from servetune.store import RunMeta, Store
 from servetune.store.meta import host_info
 from servetune.tune import simvsreal
+from servetune.tune.profilecheck import BaselineCheck, replay_errors
 from servetune.validate import bench_real, calibration_cases, engine_version, save_run
 from servetune.workload.spec import WorkloadSpec, parse_workload
 
@@ -278,13 +279,15 @@ def run_sweep(
     *,
     say: Say,
     keep: Callable[[RunResult], None],
+    stop: Callable[[list[RunResult]], bool] | None = None,
 ) -> tuple[list[RunResult], str]:
     """Launch the engine at `cfg`, run the first case once unmeasured (the warm-up), then
     measure each case SWEEP_SAMPLES times as `calibrate --url` does (`validate.bench_real`:
     completions, the server's tokenizer, a seed per case and repeat), in interleaved blocks
     (every case, then every case again: the host drifts over minutes), stop it. Returns
     (each case's least disturbed run, the version the engine reports); every measured run
-    is kept.
+    is kept. `stop` sees the first block (each case once) and ends the sweep there when it
+    returns True (a cached profile that still predicts it, `calibrate_first`).
 
     Why the warm-up: the first requests after a launch pay one-time costs that no later
     request does (llama.cpp + Gemma 3 270M here, the main job's first point: TTFT 2,082
@@ -304,6 +307,8 @@ def run_sweep(
                 )
                 keep(res)
                 samples[case.name].append(res)
+            if rep == 0 and stop is not None and stop([runs[0] for runs in samples.values()]):
+                break
         version = engine_version(srv)
     best = []
     for name, runs in samples.items():
@@ -311,9 +316,10 @@ def run_sweep(
         best.append(pick)
         m = pick.metrics
         others = ", ".join(f"{r.metrics.req_s:.2f}" for r in runs if r is not pick)
-        say(f"calibration: {name}: best of {len(runs)} runs {m.req_s:.2f} req/s (other "
-            f"{others}), P50 TTFT {m.ttft_ms.p50 or 0:,.0f} ms, P50 TPOT "
-            f"{m.tpot_ms.p50 or 0:,.0f} ms")  # fmt: skip
+        of = f"best of {len(runs)} runs" if len(runs) > 1 else "1 run"
+        other = f" (other {others})" if others else ""
+        say(f"calibration: {name}: {of} {m.req_s:.2f} req/s{other}, P50 TTFT "
+            f"{m.ttft_ms.p50 or 0:,.0f} ms, P50 TPOT {m.tpot_ms.p50 or 0:,.0f} ms")  # fmt: skip
     return best, version
 
 
@@ -341,16 +347,23 @@ class Calibration:
     reused: bool
     why: str  # why it was fitted now, or that it was reused
     check: dict[str, Any] | None = None  # the verified configs' verdict (`verify`)
+    # A reused profile: how it predicted this study's baseline before it ranked, and the
+    # runs measured for that (`tune.profilecheck`)
+    baseline_check: BaselineCheck | None = None
+    fresh_runs: list[RunResult] = field(default_factory=list)
 
     def sim_spec(self, sim: BackendSpec) -> BackendSpec:
         """The simulator backend ranking with this profile."""
         return replace(sim, profile=self.entry.profile)
 
     def sweep_runs(self, baseline: EngineConfig) -> list[RunResult]:
-        """The runs the profile was fitted on (each sweep case's least disturbed sample,
-        read back from `runs_dir`), when the sweep ran at `baseline`: the noise floor's
-        reference (`simvsreal.floor_rows`). Empty when it ran at another config or its
-        files are gone."""
+        """The noise floor's reference (`simvsreal.floor_rows`): the baseline's runs of
+        this study's check when the profile was reused (measured minutes ago, on this
+        host as it is now), else the runs the profile was fitted on (each sweep case's
+        least disturbed sample, read back from `runs_dir`), when the sweep ran at
+        `baseline`. Empty when it ran at another config or its files are gone."""
+        if self.fresh_runs:
+            return list(self.fresh_runs)
         if self.entry.config != baseline.model_dump(mode="json"):
             return []
         by_case: dict[str, list[RunResult]] = {}
@@ -412,16 +425,29 @@ class Calibration:
             "config": e.config,
             "runs_dir": e.runs_dir,
             "check": self.check,
+            "baseline_check": self.baseline_check.to_json() if self.baseline_check else None,
         }
 
     def line(self) -> str:
         """One line for the output: what the simulator ranked with."""
         e = self.entry
-        how = "reused" if self.reused else f"fitted now ({self.why})"
+        how = f"reused ({self.why})" if self.reused else f"fitted now ({self.why})"
         return (
             f"simulator calibrated on the real engine: profile {how}, fitted "
             f"{e.fitted_utc} on {self.key.describe()}, stated error {e.stated_error:.0%}"
         )
+
+
+def check_cached(
+    runs: list[RunResult], entry: CacheEntry, real: BackendSpec, baseline: EngineConfig
+) -> BaselineCheck:
+    """How the cached profile predicts `runs` (this study's baseline, measured now),
+    held to its tolerance (`tune.profilecheck`)."""
+    model = get_model(real.model)
+    hw = get_hardware(real.hardware, real.hardware_file)
+    errors = replay_errors(runs, load_profile(entry.profile), model, hw, baseline)
+    names = tuple(str(r.workload.get("name")) for r in runs)
+    return BaselineCheck(errors, tolerance(entry.stated_error), names)
 
 
 def calibrate_first(
@@ -434,21 +460,33 @@ def calibrate_first(
     say: Say,
     store_run: Callable[[RunResult, CalibrationKey], None] | None = None,
 ) -> Calibration:
-    """The cached calibration for this engine, model file and host when it can be
-    reused, else a new one: the short sweep at the space's baseline, the fit, the entry.
-    Raises `measure.Infeasible` when the engine does not start at the baseline."""
+    """The cached calibration for this engine, model file and host when it still
+    predicts this study's baseline measured now (the sweep's first block, `check_cached`),
+    else a new one: the rest of the short sweep at the space's baseline, the fit, the
+    entry. Raises `measure.Infeasible` when the engine does not start at the baseline."""
     key = key_for(real, baseline)
     entry = cache.load(key)
     why = "asked to recalibrate" if force else None
     if why is None:
         why = reuse_reason(entry, entry is not None and Path(entry.profile).exists())
-    if why is None and entry is not None:
-        cal = Calibration(key, entry, cache, reused=True, why="reused")
-        say(f"calibration: {cal.line()}")
-        return cal
     cases = sweep_cases(parse_workload(sim.workload))
-    say(f"calibration: {why}: a short sweep on the real engine at the baseline "
-        f"({', '.join(c.name for c in cases)}; {SWEEP_SAMPLES} runs each)")  # fmt: skip
+    names = ", ".join(c.name for c in cases)
+    checked: list[BaselineCheck] = []
+    stop: Callable[[list[RunResult]], bool] | None = None
+    if why is None and entry is not None:
+        cached = entry
+        say(f"calibration: a profile is cached (fitted {entry.fitted_utc}, stated error "
+            f"{entry.stated_error:.0%}); reused only if it predicts this study's baseline "
+            f"now: one run of each sweep case first ({names})")  # fmt: skip
+
+        def stop(block: list[RunResult]) -> bool:
+            checked.append(check_cached(block, cached, real, baseline))
+            say(checked[-1].line())
+            return checked[-1].holds
+
+    else:
+        say(f"calibration: {why}: a short sweep on the real engine at the baseline "
+            f"({names}; {SWEEP_SAMPLES} runs each)")  # fmt: skip
     t0 = time.monotonic()
     profile_path, runs_dir = cache.new_paths(key)
 
@@ -457,11 +495,28 @@ def calibrate_first(
         if store_run is not None:
             store_run(res, key)
 
-    runs, version = run_sweep(real, baseline, cases, say=say, keep=keep)
+    runs, version = run_sweep(real, baseline, cases, say=say, keep=keep, stop=stop)
+    if checked and entry is not None:
+        record = {
+            "kind": "baseline",
+            "at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "runs_dir": str(runs_dir),
+            **checked[0].to_json(),
+        }
+        entry.checks = [*entry.checks, record][-MAX_CHECKS:]
+        if checked[0].holds:
+            with contextlib.suppress(OSError):
+                cache.save(key, entry)
+            how = f"it predicts this study's baseline within {checked[0].tolerance:.0%}"
+            cal = Calibration(key, entry, cache, reused=True, why=how,
+                              baseline_check=checked[0], fresh_runs=runs)  # fmt: skip
+            say(f"calibration: {cal.line()} [{time.monotonic() - t0:.0f}s]")
+            return cal
+        why = checked[0].reason()
     say("calibration: fitting the step-time profile (least squares, then replay)")
     prof = fit(runs, real, baseline, version)
     save_profile(prof, profile_path)
-    entry = CacheEntry(
+    new = CacheEntry(
         key=asdict(key),
         profile=str(profile_path),
         stated_error=stated_error(prof),
@@ -469,10 +524,18 @@ def calibrate_first(
         fitted_utc=prof.created_utc,
         sweep_s=time.monotonic() - t0,
         runs_dir=str(runs_dir),
+        checks=entry.checks[-MAX_CHECKS:] if checked and entry is not None else [],
+        # A fit that is not fit for use ranks this study only, said loudly; the cache
+        # never offers it as the default for the next one (`Profile.fit_for_use`).
+        stale=None if prof.fit_for_use else "its fit has low confidence",
     )
-    cache.save(key, entry)
-    cal = Calibration(key, entry, cache, reused=False, why=why)
-    say(f"calibration: {cal.line()} [{entry.sweep_s:.0f}s]")
+    if warn := prof.warning():
+        say(f"calibration: {warn}")
+    cache.save(key, new)
+    assert why is not None
+    cal = Calibration(key, new, cache, reused=False, why=why,
+                      baseline_check=checked[0] if checked else None)  # fmt: skip
+    say(f"calibration: {cal.line()} [{new.sweep_s:.0f}s]")
     return cal
 
 
@@ -540,6 +603,7 @@ __all__ = [
     "CalibrationCache",
     "CalibrationKey",
     "calibrate_first",
+    "check_cached",
     "file_identity",
     "fit",
     "for_hybrid",

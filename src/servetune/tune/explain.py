@@ -41,13 +41,13 @@ def check_text(c: dict[str, Any]) -> str:
 
 def check_with_n(c: dict[str, Any], p: PointResult) -> str:
     """`check_text` with the requests a percentile check rests on: `P95 TTFT 344 ms > 202
-    (n=16, ~max)` (`metrics.pct`); a steady-state late-half check rests on the later-sent
-    half of the point's requests."""
+    (n=16, ~max)` (`metrics.pct`); a steady-state half check rests on half of the point's
+    requests."""
     text = check_text(c)
     stat = str(c.get("stat", "")).lower()
     n = p.completed
-    if stat.startswith("late_ttft_"):
-        stat, n = stat.removeprefix("late_ttft_"), p.completed // 2
+    if c.get("metric") == steady.CHECK and stat.startswith(steady.HALVES):
+        stat, n = stat.rsplit("_", 1)[-1], p.completed // 2
     return f"{text} ({sample_note(stat, n)})" if stat in QUANTILES else text
 
 

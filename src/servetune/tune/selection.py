@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from servetune.status import TrialStatus
+from servetune.tune.shortfall import shortfall
 from servetune.tune.trial import TrialResult
 
 
@@ -42,20 +43,43 @@ def pick_winner(ok: list[TrialResult], *, higher_is_better: bool) -> TrialResult
     return max(finalists, key=lambda t: (held_in_repeats(t), sign * t.ci["mean"]))  # type: ignore[index]
 
 
+def merit(t: TrialResult) -> float | None:
+    """What the simulator says of a trial, higher is better: its score when a load met the
+    SLO, else minus how far its closest point missed (`shortfall`: the worst check's value
+    / target), so configs that all miss an SLO still rank (on a busy host the SLO derived
+    from a quick idle probe can be beyond every simulated config). None: nothing measured."""
+    if t.score is not None:
+        return t.score
+    sf = shortfall(t)
+    return None if sf is None or math.isinf(sf.worst) else -sf.worst
+
+
 def diverse_top(ranked: list[TrialResult], k: int, skip: str) -> list[TrialResult]:
     """The simulator's top `k` (not `skip`, the baseline), one per level of score: configs
     the simulator cannot tell apart (within 0.5%) are verified once, so the real engine's
-    few trials go to configs that differ in what the model predicts."""
+    few trials go to configs that differ in what the model predicts. When none met the
+    SLO, the configs closest to it (`merit`)."""
+    ok = [t for t in ranked if t.status == TrialStatus.OK and t.score is not None]
+    pool = ok or sorted(
+        (t for t in ranked if t.status == TrialStatus.NO_SLO and merit(t) is not None),
+        key=lambda t: -(merit(t) or 0.0),
+    )
     picked: list[TrialResult] = []
-    for t in ranked:
+    for t in pool:
         if len(picked) >= k:
             break
-        if t.status != TrialStatus.OK or t.key == skip or t.score is None:
+        m = merit(t)
+        if t.key == skip or m is None:
             continue
-        if any(abs(t.score - p.score) <= 0.005 * abs(p.score) for p in picked if p.score):
+        if any(_close(m, merit(p)) for p in picked):
             continue
         picked.append(t)
     return picked
+
+
+def _close(a: float, b: float | None) -> bool:
+    """Within 0.5% of each other (the simulator cannot tell them apart)."""
+    return b is not None and abs(a - b) <= 0.005 * max(abs(a), abs(b), 1e-12)
 
 
 def sim_blind_knobs(trials: list[TrialResult], knobs: list[str]) -> list[str]:
@@ -75,7 +99,7 @@ def sim_blind_knobs(trials: list[TrialResult], knobs: list[str]) -> list[str]:
 
 
 def _same_scores(group: list[TrialResult]) -> bool:
-    vals = [t.score or 0.0 for t in group]
+    vals = [merit(t) or 0.0 for t in group]
     top = max(abs(v) for v in vals) or 1.0
     return (max(vals) - min(vals)) <= 0.005 * top
 

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from servetune.measure import steady
 from servetune.measure.result import PointResult
 from servetune.status import TrialStatus
 from servetune.tune.trial import TrialResult
@@ -42,9 +43,13 @@ class Shortfall:
 
     @property
     def binding(self) -> dict[str, Any] | None:
-        """The check furthest beyond its target (None: no check failed)."""
+        """The SLO's own check furthest beyond its target, else the worst steady-state
+        check (`measure.steady`: its half-window checks repeat the SLO's targets on half
+        the requests, a start-up transient can put them furthest out, and "P95 TTFT" is
+        what the user's SLO says); None: no check failed."""
         missed = [c for c in self.checks if not c.get("ok")]
-        return missed[0] if missed else None
+        own = [c for c in missed if c.get("metric") != steady.CHECK]
+        return (own or missed)[0] if missed else None
 
     @property
     def worst(self) -> float:

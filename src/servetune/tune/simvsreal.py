@@ -4,7 +4,13 @@ against the simulator at the same config and the same load.
 The same load, because the two capacity searches may stop at different loads: comparing
 their scores would charge the simulator a whole lattice step for a small latency error at
 the edge of the SLO. The real trial's best point (its score's) is the one compared, or its
-highest load when none met the SLO. The errors are (sim - real) / real.
+highest load when none met the SLO. And the same requests: the real point's own requests
+(prompt lengths as the server counted them) are replayed through the simulator
+(`replay_point`). Each real point draws its own prompts (`measure.real.fresh_prompts`)
+while the simulator's search draws the workload's, and with 6 requests a point's median
+prompt differs by ~20 tokens between seeds: in the main job at 18:00 the real 1-user
+points ran prompts of median 54 tokens, the simulator's 75, and TTFT grows ~1.1 ms per
+prompt token there, most of the 26% P50 TTFT "error". The errors are (sim - real) / real.
 
 "The simulator's error on the verified configs" is three figures, each the median over
 the verified configs of |error| at the same load: throughput (req/s), P50 TTFT and P50
@@ -24,8 +30,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
 from servetune.measure.result import PointResult
+from servetune.measure.session import Point
 from servetune.results.schema import RunResult
+from servetune.sim.calibrate import replay_inputs
 from servetune.tune.objective import gpus_of
 from servetune.tune.trial import TrialResult
 from servetune.validate import compare
@@ -40,6 +49,7 @@ FIGURES: tuple[tuple[str, str, str, bool], ...] = (
     ("tpot_p95_ms", "tpot_p95_error", "tpot_p95_ms", False),
 )
 SimulateAt = Callable[[EngineConfig, str, float], PointResult | None]
+ReplayAt = Callable[[EngineConfig, PointResult], PointResult | None]
 # The hybrid flow's fidelity target: the most the simulator may miss the verified configs
 # by, per judged figure (median |error| over the configs).
 TARGET = 0.25
@@ -95,10 +105,12 @@ def rows(
     real: Iterable[TrialResult],
     blind: list[str],
     simulate_at: SimulateAt,
+    replay: ReplayAt | None = None,
 ) -> list[dict[str, Any]]:
     """A row per verified (real) config that the simulator ranked. Knobs the simulator
-    does not model (`blind`) are ignored when matching; a load the simulator's search did
-    not probe is simulated now (`simulate_at`)."""
+    does not model (`blind`) are ignored when matching. The simulator's figures: the real
+    point's requests replayed (`replay`, when it can), else its own point at that load,
+    else that load simulated now (`simulate_at`)."""
 
     def seen_by_sim(t: TrialResult) -> str:
         return repr(sorted((k, v) for k, v in t.config.items() if k not in blind))
@@ -110,13 +122,37 @@ def rows(
         if m is None:
             continue
         at = compared_point(r)
-        sim_at = None
+        sim_at, same = None, False
         if at is not None:
-            sim_at = sim_point_at(m, at.load_kind, at.load) or simulate_at(
-                r.cfg, at.load_kind, at.load
+            sim_at = replay(r.cfg, at) if replay is not None else None
+            same = sim_at is not None
+            sim_at = (
+                sim_at
+                or sim_point_at(m, at.load_kind, at.load)
+                or simulate_at(r.cfg, at.load_kind, at.load)
             )
-        out.append(row(r, m, sim_at))
+        out.append({**row(r, m, sim_at), "same_requests": same})
     return out
+
+
+def replay_point(
+    backend: Any, load_result: Callable[[str], RunResult], cfg: EngineConfig, at: PointResult
+) -> PointResult | None:
+    """The simulator (`backend`, a `SimBackend`) at `cfg` on the real point's own
+    requests, as the server counted their prompts (`sim.calibrate.replay_inputs`); None
+    when the point's run cannot be read back (`load_result`: the store's)."""
+    if not at.run_id:
+        return None
+    try:
+        run = load_result(at.run_id)
+        spec, reqs = replay_inputs(run)
+    except (InputError, ValueError):
+        return None
+    if not reqs:
+        return None
+    with backend.session(cfg) as sess:
+        res = sess.measure(Point("replay", spec, requests=reqs))
+    return PointResult.from_run(res, at.load_kind, at.load)
 
 
 def throughput_errors(table: list[dict[str, Any]]) -> list[float]:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servetune.engines.config import ENGINES, EngineConfig
-from servetune.engines.registry import launch_command
+from servetune.engines.config import EngineConfig
+from servetune.engines.registry import ADAPTERS, launch_command
 from servetune.errors import InputError, closest
 from servetune.yamlfile import load_yaml
 
@@ -161,12 +161,12 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
             "keys: engine, knobs, fixed, baseline, constraints",
         )
     eng = engine or data.get("engine") or "vllm"
-    if eng not in ENGINES:
-        near = closest(str(eng), ENGINES)
+    if eng not in ADAPTERS:  # every engine servetune can launch (mlx, transformers too)
+        near = closest(str(eng), ADAPTERS)
         raise InputError(
             "space.engine",
             f"unknown engine {eng!r}",
-            f"one of {', '.join(ENGINES)}" if not near else f"did you mean {', '.join(near)}?",
+            f"one of {', '.join(ADAPTERS)}" if not near else f"did you mean {', '.join(near)}?",
         )
     raw_knobs = data.get("knobs") or {}
     if not isinstance(raw_knobs, dict):

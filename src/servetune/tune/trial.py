@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from servetune.engines.config import EngineConfig
+from servetune.measure import steady
 from servetune.measure.backends import Backend
 from servetune.measure.result import Infeasible, PointResult
 from servetune.metrics.pct import sample_note
@@ -56,6 +57,9 @@ class TrialResult:
     log_tail: list[str] = field(default_factory=list)
     points: list[PointResult] = field(default_factory=list)
     capacity: float | None = None
+    # The lattice load the capacity was found at (`capacity` may be the lower rate its
+    # arrivals offered, `_credit`): where a warm start resumes the lattice
+    capacity_load: float | None = None
     first_fail: float | None = None
     capacity_note: str = ""
     score: float | None = None
@@ -128,6 +132,7 @@ def run_trial(
     if backend.name == "sim" and (cached := recorder.sim_trial(key)) is not None:
         return cached
     results: dict[float, RunResult] = {}
+    weak: dict[float, list[str]] = {}  # passing loads not credited (`steady.weak_evidence`)
     with _LazySession(backend, cfg, recorder, key) as lazy:
         kind = search.load_kind
 
@@ -136,6 +141,13 @@ def run_trial(
                 raise _TimeUp
             point = _measure(lazy, recorder, key, kind, load, "probe", 0, results, say, label)
             trial.points.append(point)
+            why = steady.weak_evidence(point.signals) if point.passed else []
+            if why:
+                weak[load] = why
+                if say:
+                    say(f"    {label} rate={load:g} passed on weak evidence ({'; '.join(why)}): "
+                        "not credited, the search looks below it")  # fmt: skip
+                return Probe(load, False, point.output_tok_s, None)
             return Probe(load, point.passed, point.output_tok_s, objective.score(point, cfg))
 
         try:
@@ -150,26 +162,32 @@ def run_trial(
                 )
                 trial.capacity, trial.first_fail = cap.capacity, cap.first_fail
                 trial.capacity_note = cap.reason
+                _credit(trial)
             else:
                 load = search.fixed_load or search.lattice.load(0)
                 p = measure(load)
                 trial.capacity = load if p.passed else None
         except _TimeUp:
-            passed = [p.load for p in trial.points if p.passed]
+            passed = [p.load for p in trial.points if p.passed and p.load not in weak]
             trial.capacity = max(passed) if passed else None
             above = [
                 p.load for p in trial.points if not p.passed and p.load > (trial.capacity or 0)
             ]
             trial.first_fail = min(above) if above else None
             trial.capacity_note = "stopped by the time budget (capacity is a lower bound)"
+            _credit(trial)
         except Infeasible as exc:
             trial.status = TrialStatus.INFEASIBLE
             trial.reason, trial.log_tail = exc.reason, exc.log_tail
         trial.launch_command = backend.command(cfg)  # default port: what a user runs
         trial.measured = lazy.measured
         trial.launched = lazy.tried
+    if weak:
+        trial.capacity_note += "; " + "; ".join(
+            f"{load:g} passed but was not credited: {', '.join(why)}" for load, why in weak.items()
+        )
     if trial.status == TrialStatus.OK:
-        scored = [(objective.score(p, cfg), p) for p in trial.points]
+        scored = [(objective.score(p, cfg), p) for p in trial.points if p.load not in weak]
         ok = [(s, p) for s, p in scored if s is not None]
         if ok:
             trial.score, trial.best = max(ok, key=lambda sp: (sp[0], sp[1].load))
@@ -186,6 +204,21 @@ def run_trial(
         res = results.get(best_load) if best_load is not None else None
         recorder.save_sim_trial(trial, res, backend)
     return trial
+
+
+def _credit(trial: TrialResult) -> None:
+    """An open-loop capacity is the rate its point's arrivals showed carried, when that is
+    below the lattice's nominal rate (`steady.credited_rate`), said in the note."""
+    at = next((p for p in trial.points if p.load == trial.capacity), None)
+    if at is None or trial.capacity is None:
+        return
+    trial.capacity_load = at.load
+    rate = steady.credited_rate(at.signals, at.load)
+    if rate < trial.capacity:
+        trial.capacity_note += (
+            f"; capacity {rate:.3g}, the rate the {at.load:g} req/s point's arrivals offered"
+        )
+        trial.capacity = rate
 
 
 def run_points(

@@ -32,6 +32,7 @@ from servetune.tune.selection import (
     default_budget,
     diverse_top,
     held_in_repeats,
+    merit,
     pick_winner,
     rank,
     sim_blind_knobs,
@@ -248,7 +249,11 @@ class Tuner:
         spot needs the low points)."""
         if self.s.search.load_kind != "rate":
             return self.s.start_index
-        caps = [t.capacity for (b, _), t in self.trials.items() if b == kind and t.capacity]
+        caps = [
+            t.capacity_load or t.capacity
+            for (b, _), t in self.trials.items()
+            if b == kind and t.capacity
+        ]
         if not caps:
             return self.s.start_index
         return self.s.search.lattice.index_of(max(caps))
@@ -500,9 +505,15 @@ class Tuner:
             if s.mode == "hybrid":
                 out.sim_ranked = first
                 top = [t for t in first if t.status == TrialStatus.OK][:3]
+                shown = "; ".join(f"{t.label} {s.objective.show(t.score)}" for t in top)
+                if not top:
+                    near = diverse_top(first, 3, "")
+                    shown = "none meets the SLO; closest: " + "; ".join(
+                        f"{t.label} (worst check {-(merit(t) or 0.0):.2f}x its target)"
+                        for t in near
+                    )
                 self.say(
-                    f"[{self.elapsed():6.1f}s] simulator ranked {len(first)} configs; top: "
-                    + "; ".join(f"{t.label} {s.objective.show(t.score)}" for t in top)
+                    f"[{self.elapsed():6.1f}s] simulator ranked {len(first)} configs; top: {shown}"
                 )
                 verified = rank(self.verify_phase(first))
                 out.ranked = verified
@@ -628,7 +639,10 @@ class Tuner:
         def simulate_at(cfg: EngineConfig, kind: str, load: float) -> PointResult | None:
             return run_points(backend, cfg, kind, [load], recorder=recorder, phase="check")[0]
 
-        rows = simvsreal.rows(sim, real, self.blind, simulate_at)
+        def replay(cfg: EngineConfig, at: PointResult) -> PointResult | None:
+            return simvsreal.replay_point(backend, self.store.load_result, cfg, at)
+
+        rows = simvsreal.rows(sim, real, self.blind, simulate_at, replay)
         for row in rows:
             self.say(f"[{self.elapsed():6.1f}s] {simvsreal.line(row)}")
         return rows

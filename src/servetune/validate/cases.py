@@ -63,10 +63,57 @@ def closed_workload(
     return harness_workload(name, arrival, count, inp, out, seed=seed, prefix=prefix)
 
 
+def mixed_cases() -> list[WorkloadSpec]:
+    """The sweep's runs of what users run: shared prefixes served from the prefix cache,
+    long and short requests in one batch, bursty arrivals. Without them the fit never
+    sees a cache hit (a chunk reading cached context costs far less per pair than a fresh
+    prompt's own attention: `steptime.FEATURES`) nor a long prefill landing among short
+    decodes, and it prices both by extrapolation. Each (case, repeat) is run under its
+    own seed (`harness.bench_real`), so its prefixes are new to the engine: the cache is
+    cold at the start of every repeat, as the simulator assumes, with no reset endpoint
+    needed (vLLM's POST /reset_prefix_cache exists only in its dev mode). Lengths,
+    prefix sizes and burstiness differ from every held-out workload."""
+    long_prefixed = SubWorkload(
+        name="long",
+        weight=0.4,
+        input_tokens=Uniform(low=420, high=1000),
+        output_tokens=fixed_tokens(40),
+        prefix=PrefixGroups(groups=1, tokens=384),
+    )
+    short = SubWorkload(
+        name="short",
+        weight=0.6,
+        input_tokens=Uniform(low=32, high=128),
+        output_tokens=fixed_tokens(32),
+    )
+    # Gamma shape 0.25: inter-arrival CV 2 (CV^2 = 1 / shape), clumps of requests.
+    bursty = Arrival(kind="gamma", rate=2.0, burstiness=0.25)
+    return [
+        WorkloadSpec(
+            name="cal-mix-gamma-prefix",
+            api="completions",
+            seed=31,
+            count=20,
+            arrival=bursty,
+            mix=[short, long_prefixed],
+        ),
+        # Cache hits at full batch: 512 of 704 prompt tokens shared by all four users.
+        closed_workload(
+            "cal-c4-prefix",
+            4,
+            10,
+            fixed_tokens(704),
+            fixed_tokens(24),
+            seed=37,
+            prefix=PrefixGroups(groups=1, tokens=512),
+        ),
+    ]
+
+
 def calibration_cases() -> list[WorkloadSpec]:
     """The live profiling sweep: batch 1..4 (closed-loop concurrency) x short and long
-    prompts, so prefill, decode and KV-read costs vary independently, plus one Poisson
-    run of fixed lengths and one closed loop of varied lengths."""
+    prompts, so prefill, decode and KV-read costs vary independently, one Poisson run of
+    fixed lengths, one closed loop of varied lengths, and the runs of `mixed_cases`."""
     out = [
         closed_workload(
             f"cal-c{conc}-p{prompt}",
@@ -92,7 +139,7 @@ def calibration_cases() -> list[WorkloadSpec]:
     # their few step sizes. Lengths and concurrency differ from every held-out case.
     varied = Uniform(low=40, high=900)
     out.append(closed_workload("cal-c2-varied", 2, 10, varied, fixed_tokens(24), seed=29))
-    return out
+    return out + mixed_cases()
 
 
 def heldout_cases() -> list[WorkloadSpec]:

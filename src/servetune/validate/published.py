@@ -29,6 +29,8 @@ TIERS = ("roofline", "gpu")
 WITHIN_PCT = 25.0  # the issue's "share of runs within 25%"
 REQUESTS_PER_USER = 10  # the held-out set's measure: 10 x concurrency requests per run
 PACKAGED = "data/published/gpu_runs.csv"
+# The packaged set: vLLM, NIM and TensorRT-LLM runs, then SGLang's (each engine its own group).
+PACKAGED_FILES = ("gpu_runs.csv", "sglang_runs.csv")
 
 
 class PublishedRun(BaseModel):
@@ -61,7 +63,11 @@ class PublishedRun(BaseModel):
 
     @property
     def group(self) -> str:
-        return f"{self.model} x {self.gpu}"
+        """Model x GPU, named with its engine when that is not vLLM: SGLang rows run SGLang's
+        scheduler model, other engines' (NIM, TensorRT-LLM) run vLLM's and are checks of the
+        step model only, so each is judged apart."""
+        engine = "" if self.engine == "vllm" else f"{self.engine}: "
+        return f"{engine}{self.model} x {self.gpu}"
 
 
 @dataclass(frozen=True)
@@ -95,17 +101,23 @@ class Summary:
 
 
 def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
-    """The packaged visible set, or a CSV with the same columns; one-line errors."""
-    where = str(path) if path else PACKAGED
+    """The packaged visible set (every file of PACKAGED_FILES), or a CSV with the same
+    columns; one-line errors."""
     if path is None:
-        text = (resources.files("servetune") / "data" / "published" / "gpu_runs.csv").read_text(
-            "utf-8"
-        )
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise InputError("--published-file", f"{path} is not a file", None)
-        text = p.read_text("utf-8")
+        folder = resources.files("servetune") / "data" / "published"
+        return [
+            run
+            for name in PACKAGED_FILES
+            for run in parse_runs((folder / name).read_text("utf-8"), f"data/published/{name}")
+        ]
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("--published-file", f"{path} is not a file", None)
+    return parse_runs(p.read_text("utf-8"), str(path))
+
+
+def parse_runs(text: str, where: str) -> list[PublishedRun]:
+    """The runs of one CSV's text (`where` names it in errors)."""
     rows = list(csv.DictReader(text.splitlines()))
     if not rows:
         raise InputError("--published-file", f"{where} has no rows", "give a CSV with a header")
@@ -135,6 +147,8 @@ def simulate_run(run: PublishedRun, tier: str) -> RunError:
     from servetune.validate.cases import closed_workload, fixed_tokens
 
     knobs: dict[str, object] = {"tensor_parallel_size": run.tp}
+    if run.engine == "sglang":  # SGLang's scheduler model; every other row runs vLLM's
+        knobs["engine"] = "sglang"
     if run.quantization:
         knobs["quantization"] = run.quantization
     if run.kv_cache_dtype:
@@ -204,10 +218,11 @@ def summarize(errors: Iterable[RunError]) -> Summary:
 
 
 def by_key(errors: Iterable[RunError], key: str) -> dict[str, Summary]:
-    """Summaries per value of `key`: "group" (model x GPU) or "role" (fit / check)."""
+    """Summaries per value of `key`: "group" (model x GPU), "role" (fit / check) or
+    "engine" (what produced the published figure)."""
     buckets: dict[str, list[RunError]] = {}
     for e in errors:
-        k = e.run.group if key == "group" else e.run.role
+        k = getattr(e.run, key)
         buckets.setdefault(k, []).append(e)
     return {k: summarize(v) for k, v in sorted(buckets.items())}
 
@@ -232,14 +247,14 @@ def _share_s(v: float | None) -> str:
 def summary_line(name: str, s: Summary) -> str:
     runs = f"{s.runs}" + (f"-{s.refused}" if s.refused else "")
     return (
-        f"{name:<34} {runs:>5} {_pct(s.ttft_med):>6} {_pct(s.ttft_bias, True):>6} "
+        f"{name:<42} {runs:>5} {_pct(s.ttft_med):>6} {_pct(s.ttft_bias, True):>6} "
         f"{_share_s(s.ttft_within):>6} {_pct(s.tpot_med):>6} {_pct(s.tpot_bias, True):>6} "
         f"{_share_s(s.tpot_within):>6} {_share_s(s.both_within):>6}"
     )
 
 
 HEADER = (
-    f"{'':<34} {'runs':>5} {'TTFT':>6} {'bias':>6} {'<=25%':>6} {'TPOT':>6} {'bias':>6} "
+    f"{'':<42} {'runs':>5} {'TTFT':>6} {'bias':>6} {'<=25%':>6} {'TPOT':>6} {'bias':>6} "
     f"{'<=25%':>6} {'both':>6}"
 )
 
@@ -256,6 +271,8 @@ def format_report(results: dict[str, list[RunError]]) -> str:
         lines.append(summary_line(f"[{tier}] all", summarize(errs)))
         for k, s in by_key(errs, "role").items():
             lines.append(summary_line(f"  {k} rows", s))
+        for k, s in by_key(errs, "engine").items():
+            lines.append(summary_line(f"  {k} rows", s))
         for k, s in by_key(errs, "group").items():
             lines.append(summary_line(f"  {k}", s))
     return "\n".join(lines)
@@ -267,12 +284,12 @@ def format_runs(results: dict[str, list[RunError]]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:,.1f}"
 
-    lines = [f"{'run':<34} {'tier':<8} {'TTFT pub/sim ms':>22} {'TPOT pub/sim ms':>18}"]
+    lines = [f"{'run':<38} {'tier':<8} {'TTFT pub/sim ms':>22} {'TPOT pub/sim ms':>18}"]
     for tier, errs in results.items():
         for e in errs:
             r = e.run
             line = (
-                f"{r.id:<34} {tier:<8} {ms(r.ttft_ms):>10}/{ms(e.sim_ttft_ms):<11} "
+                f"{r.id:<38} {tier:<8} {ms(r.ttft_ms):>10}/{ms(e.sim_ttft_ms):<11} "
                 f"{ms(r.tpot_ms):>8}/{ms(e.sim_tpot_ms):<9}"
             )
             lines.append(line + (f"  refused: {e.refused}" if e.refused else ""))

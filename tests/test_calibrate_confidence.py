@@ -1,0 +1,187 @@
+"""The calibrated profile's confidence rules (`sim.confidence`) and what a low one is
+refused: synthetic runs (the simulator under a known profile, or hand-made noise), fast."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from servetune.engines.config import EngineConfig
+from servetune.hardware import get_hardware
+from servetune.model import get_model
+from servetune.results.files import write_result
+from servetune.results.schema import RunResult
+from servetune.sim.calibrate import fit_profile
+from servetune.sim.confidence import Coverage, Fit, coverage_of, judge
+from servetune.sim.engine import simulate
+from servetune.sim.profile import FitQuality, Profile, load_profile
+from servetune.validate import calibration_cases, closed_workload, fixed_tokens
+from servetune.workload.spec import PrefixGroups
+
+CFG = EngineConfig(max_num_seqs=4, max_model_len=2048, kv_cache_tokens=20000)
+TRUTH = Profile(
+    engine="vllm",
+    model="llama-3.2-1b",
+    hardware="cpu-host",
+    coefficients={"const": 0.01, "prefill_tokens": 4e-4, "decode_seqs": 1.5e-3},
+    api_overhead_s=0.003,
+)
+FULL = Coverage(8, 4, 1, 2, 1, 1, fastest_ttft_s=0.05)
+GOOD = Fit("least squares + replay", 900, 0.4, 0.08, [], 6, 0.004)
+
+
+def sim_run(case) -> RunResult:
+    res, _ = simulate(
+        get_model("llama-3.2-1b"), get_hardware("cpu-host"), CFG, case, profile=TRUTH,
+        keep_requests=True,
+    )  # fmt: skip
+    return res
+
+
+def test_a_good_fit_of_runs_that_cover_everything_is_high() -> None:
+    v = judge(GOOD, FULL)
+    assert (v.confidence, v.problems, v.fixes) == ("high", [], [])
+
+
+def test_a_fit_rule_failed_is_low_and_names_the_rule_and_the_fix() -> None:
+    v = judge(replace(GOOD, error=0.296), FULL)  # the issue's profile: 29.6% RMS log error
+    assert v.confidence == "medium"  # 29.6% <= 30%: usable, said
+    v = judge(replace(GOOD, error=0.35), FULL)
+    assert v.confidence == "low" and "35% RMS log error" in v.problems[0]
+    # the issue's profile: a per-chunk API overhead of 1.5 s, the fastest TTFT 50 ms
+    v = judge(replace(GOOD, api_overhead_s=1.5), FULL)
+    assert v.confidence == "low" and "1,500 ms exceeds the fastest TTFT" in v.problems[0]
+    assert any("batch 1" in f for f in v.fixes)
+    # least squares only: R^2 0.014 is low, 0.6 medium, 0.95 on 900 gaps high
+    ls = replace(GOOD, method="least squares", error=0.3)
+    assert judge(replace(ls, r2=0.014), FULL).confidence == "low"
+    assert judge(replace(ls, r2=0.6), FULL).confidence == "medium"
+    assert judge(replace(ls, r2=0.95), FULL).confidence == "high"
+
+
+def test_coverage_gaps_cap_at_medium_and_say_which_runs_to_add() -> None:
+    closed_only = Coverage(6, 2, 0, 0, 0, 0, fastest_ttft_s=0.05)
+    v = judge(
+        replace(GOOD, dropped=["decode_seqs", "kv_read_tokens", "attn_pairs", "x"]), closed_only
+    )
+    assert v.confidence == "medium"
+    assert any("batch sizes of 4 or more" in f for f in v.fixes)
+    assert any("prefix-cache runs" in f for f in v.fixes)
+    assert any("gamma arrivals" in f for f in v.fixes)
+    assert any("span 4x" in f for f in v.fixes)
+    assert any("4 of 6 step terms dropped" in p for p in v.problems)
+    # one failed fit rule makes the same runs low
+    assert judge(replace(GOOD, error=0.5), closed_only).confidence == "low"
+
+
+def test_coverage_is_read_off_the_runs() -> None:
+    fixed = fixed_tokens
+    plain = sim_run(closed_workload("c2", 2, 6, fixed(100), fixed(8)))
+    cov = coverage_of([plain])
+    assert (cov.max_batch, cov.prefix_runs, cov.bursty_runs, cov.mixed_length_runs) == (2, 0, 0, 0)
+    assert 0 < cov.fastest_ttft_s < 1
+    sweep = {c.name: c for c in calibration_cases()}
+    runs = [sim_run(sweep[n]) for n in ("cal-c4-p64", "cal-mix-gamma-prefix", "cal-c4-prefix")]
+    cov = coverage_of(runs)
+    assert cov.max_batch == 4 and cov.prefix_runs == 2
+    assert (cov.open_loop_runs, cov.bursty_runs, cov.mixed_length_runs) == (1, 1, 1)
+    prefixed = closed_workload("p", 2, 4, fixed(300), fixed(8), prefix=PrefixGroups(tokens=200))
+    assert coverage_of([sim_run(prefixed)]).prefix_runs == 1
+
+
+def test_the_default_sweep_covers_what_the_rules_ask_for() -> None:
+    """Simulated runs of the default sweep leave no coverage gap: a good fit is high."""
+    cov = coverage_of([sim_run(c) for c in calibration_cases()])
+    assert judge(GOOD, cov).confidence == "high", judge(GOOD, cov)
+
+
+def noise_run(seed: int) -> RunResult:
+    """A simulated run whose chunks are then moved to random gaps: a valid result with no
+    step structure to fit."""
+    rng = np.random.default_rng(seed)
+    base = sim_run(closed_workload("noise", 2, 12, fixed_tokens(100), fixed_tokens(20), seed=seed))
+    recs = []
+    for r in base.records:
+        gaps = rng.exponential(0.05e9, size=len(r.chunk_ns))
+        chunks = (r.send_ns + np.cumsum(gaps)).astype(int).tolist()
+        recs.append(r.model_copy(update={"chunk_ns": chunks, "end_ns": chunks[-1]}))
+    return base.model_copy(update={"records": recs, "id": f"noise{seed}"})
+
+
+def test_fit_profile_marks_a_fit_of_noise_low() -> None:
+    prof = fit_profile([noise_run(0), noise_run(1)], engine="vllm", model="m", hardware="h")
+    assert prof.fit is not None and prof.fit.confidence == "low"
+    assert prof.fit.problems and prof.fit.fixes
+    assert not prof.fit_for_use and "LOW confidence" in (prof.warning() or "")
+
+
+def test_calibrate_writes_a_low_profile_marked_and_says_so(tmp_path: Path) -> None:
+    """The CLI: exit 0, the file written with confidence low and its problems, and a loud
+    NOT FIT FOR USE block with the fixes on stderr; `simulate --profile` warns on it."""
+    files = []
+    for seed in (0, 1):
+        path = tmp_path / f"noise{seed}.json"
+        write_result(noise_run(seed), path)
+        files.append(str(path))
+    out = tmp_path / "prof.json"
+    code = "from servetune.cli.app import main; main()"
+    run = subprocess.run(
+        [sys.executable, "-c", code, "calibrate", *files, "--model", "llama-3.2-1b",
+         "--gpu", "cpu-host", "-o", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "NOT FIT FOR USE" in run.stderr and "fix: " in run.stderr
+    fit = json.loads(out.read_text())["fit"]
+    assert fit["confidence"] == "low" and fit["problems"] and fit["fixes"]
+    assert not load_profile(out).fit_for_use
+    sim = subprocess.run(
+        [sys.executable, "-c", code, "simulate", "--model", "llama-3.2-1b", "--gpu",
+         "cpu-host", "--profile", str(out), "--replay", files[0], "--no-store", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    assert "LOW confidence" in sim.stderr
+
+
+def test_the_tuner_cache_never_offers_a_low_profile_again(tmp_path, monkeypatch) -> None:
+    """A sweep whose fit is low ranks its own study (said loudly) but its cache entry is
+    stale: the next study calibrates again instead of reusing it."""
+    from servetune.measure import BackendSpec
+    from servetune.tune import calibration as cal
+
+    key = cal.CalibrationKey("vllm", "v1", "/m/model", 1, 1, "cpu|2")
+    common = dict(engine="vllm", model="llama-3.2-1b", hardware="cpu-host", slo={})
+    wl = closed_workload("main", 1, 4, fixed_tokens(64), fixed_tokens(8))
+    real, sim = (
+        BackendSpec(kind=kind, workload=wl.model_dump(mode="json"), **common)
+        for kind in ("real", "sim")
+    )
+
+    low = TRUTH.model_copy(
+        update={
+            "fit": FitQuality(samples=50, r2=0.01, rel_rmse=0.5, confidence="low",
+                              problems=["bad"], fixes=["add runs"]),
+        }
+    )  # fmt: skip
+    calls: list[str] = []
+
+    def sweep(real, cfg, cases, *, say, keep, stop=None):
+        calls.append("sweep")
+        return [], "v1"
+
+    monkeypatch.setattr(cal, "key_for", lambda real, cfg: key)
+    monkeypatch.setattr(cal, "run_sweep", sweep)
+    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version: low)
+    cache, said = cal.CalibrationCache(tmp_path), []
+    base = EngineConfig(engine="vllm")
+    one = cal.calibrate_first(real, sim, base, cache=cache, force=False, say=said.append)
+    assert not one.reused and any("LOW confidence" in s for s in said)
+    assert cache.load(key).stale == "its fit has low confidence"
+    two = cal.calibrate_first(real, sim, base, cache=cache, force=False, say=said.append)
+    assert not two.reused and "low confidence" in two.why and calls == ["sweep", "sweep"]

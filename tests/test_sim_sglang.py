@@ -1,0 +1,283 @@
+"""SGLang's scheduler model (`sim.sglang_policy`, `sim.sglang_sched`): hand-checkable
+scenarios with a step model of 10 ms per step + 1 ms per prompt token, the KV pool `plan`
+and `simulate` share, and the published SGLang runs through `validate --published`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servetune.engines.config import EngineConfig
+from servetune.engines.registry import adapter
+from servetune.errors import InputError
+from servetune.hardware import get_hardware
+from servetune.model import get_model
+from servetune.plan.planner import evaluate
+from servetune.plan.sglang_pool import default_fraction, max_running, memory_tier
+from servetune.sim.engine import setup
+from servetune.sim.request import Phase, SimRequest
+from servetune.sim.scheduler import SchedConfig, Scheduler
+from servetune.sim.sglang_policy import RadixConfig, ratio_after_retract
+from servetune.sim.steptime import calibrated_model
+from servetune.validate import published as pub
+
+C0, PER_TOKEN = 0.010, 0.001  # 10 ms per step + 1 ms per prompt token
+MODEL = calibrated_model({"const": C0, "prefill_tokens": PER_TOKEN}, 0.0)
+
+
+def radix_cfg(**kw) -> SchedConfig:
+    """SGLang at page size 1 over a pool of `kv_blocks` tokens."""
+    radix = RadixConfig(
+        chunked_prefill_size=kw.pop("chunk", 8192),
+        max_prefill_tokens=16384,
+        schedule_policy=kw.pop("policy", "fcfs"),
+        ignore_eos_exact=kw.pop("exact", False),
+    )
+    base = dict(
+        mode="radix",
+        max_num_seqs=8,
+        max_num_batched_tokens=8192,
+        max_model_len=8192,
+        block_size=1,
+        kv_blocks=100_000,
+        radix=radix,
+    )
+    base.update(kw)
+    return SchedConfig(**base)
+
+
+def vllm_cfg(**kw) -> SchedConfig:
+    base = dict(
+        mode="paged",
+        max_num_seqs=8,
+        max_num_batched_tokens=8192,
+        max_model_len=8192,
+        block_size=16,
+        kv_blocks=10_000,
+    )
+    base.update(kw)
+    return SchedConfig(**base)
+
+
+def req(i, prompt, out, t=0.0, group=-1, shared=0) -> SimRequest:
+    return SimRequest(i, i, prompt, out, t, 0, group, shared, scheduled_s=t)
+
+
+def run(c: SchedConfig, reqs: list[SimRequest], **kw) -> Scheduler:
+    s = Scheduler(c, MODEL, check=True, **kw)
+    s.run(reqs)
+    return s
+
+
+def token_times(s: Scheduler, r: SimRequest) -> list[float]:
+    times, ranges = np.asarray(s.step_end_s), r.token_step_ranges
+    parts = [times[ranges[k] : ranges[k + 1]] for k in range(0, len(ranges), 2)]
+    return np.concatenate(parts).tolist()
+
+
+def first_token_order(s: Scheduler, reqs: list[SimRequest]) -> list[int]:
+    return sorted((r.index for r in reqs), key=lambda i: token_times(s, reqs[i])[0])
+
+
+def test_radix_reuses_a_shared_prefix_to_the_token():
+    # the second request comes once the first is done: 100 of its 150 prompt tokens are
+    # cached; SGLang reuses all 100 (page 1), vLLM the 6 full 16-token blocks = 96
+    def pair() -> list[SimRequest]:
+        return [req(0, 150, 3, 0.0, group=7, shared=100), req(1, 150, 3, 1.0, 7, 100)]
+
+    sg, vl = pair(), pair()
+    s = run(radix_cfg(), sg)
+    run(vllm_cfg(), vl)
+    assert sg[1].prefix_hit_tokens == 100 and vl[1].prefix_hit_tokens == 96
+    # its prefill computes the other 50 tokens: 10 + 50 ms after it arrives
+    assert token_times(s, sg[1])[0] == pytest.approx(1.0 + 0.060)
+    assert s.stats.prefill_tokens == 150 + 50
+
+
+def test_a_prefill_step_runs_alone_and_the_decoders_wait():
+    # r0: prefill 100 tokens (110 ms), then 10 ms decode steps. r1 arrives during the step
+    # that ends at 150 ms and is prefilled alone next (10 + 50 ms): r0 has no token at
+    # 210 ms under SGLang; vLLM's mixed step gives both one then
+    def two() -> list[SimRequest]:
+        return [req(0, 100, 10), req(1, 50, 3, 0.145)]
+
+    sg, vl = two(), two()
+    s, v = run(radix_cfg(), sg), run(vllm_cfg(), vl)
+    assert token_times(s, sg[0])[:7] == pytest.approx([0.11, 0.12, 0.13, 0.14, 0.15, 0.22, 0.23])
+    assert token_times(s, sg[1])[0] == pytest.approx(0.21)
+    assert token_times(v, vl[0])[5] == pytest.approx(0.21)  # vLLM: r0 rides the prefill step
+    assert len(token_times(s, sg[0])) == 10
+
+
+def test_lpm_serves_the_longest_cached_prefix_first():
+    # max 1 running: r0 (group A) fills the cache while B1, A1, B2, C1 queue behind it.
+    # lpm re-sorts before every batch: A1 first (200 tokens cached), then B1 (C1 and B2,
+    # deferred, match nothing); once B1 ran, B2 finds 200 cached and goes before C1.
+    # fcfs: arrival order
+    def queue() -> list[SimRequest]:
+        return [
+            req(0, 300, 2, 0.0, group=1, shared=200),
+            req(1, 300, 2, 0.01, group=2, shared=200),  # B1
+            req(2, 300, 2, 0.01, group=1, shared=200),  # A1
+            req(3, 300, 2, 0.01, group=2, shared=200),  # B2
+            req(4, 300, 2, 0.01),  # C1
+        ]
+
+    lpm, fcfs = queue(), queue()
+    s_lpm = run(radix_cfg(policy="lpm", max_num_seqs=1), lpm)
+    s_fcfs = run(radix_cfg(max_num_seqs=1), fcfs)
+    assert first_token_order(s_fcfs, fcfs) == [0, 1, 2, 3, 4]
+    assert first_token_order(s_lpm, lpm) == [0, 2, 1, 3, 4]
+    assert lpm[2].prefix_hit_tokens == 200 and lpm[3].prefix_hit_tokens == 200
+
+
+def test_lpm_defers_a_request_whose_prefix_another_is_about_to_compute():
+    # empty cache, 2 may run: B1 and B2 share a 200-token prefix. lpm admits B1 with C1
+    # and holds B2 back a round, so B2 then reuses B1's prefix; fcfs admits B1 and B2
+    # together and B2 computes the prefix again
+    def queue() -> list[SimRequest]:
+        return [
+            req(0, 300, 20, 0.0, group=2, shared=200),  # B1
+            req(1, 300, 20, 0.0, group=2, shared=200),  # B2
+            req(2, 300, 20, 0.0),  # C1
+        ]
+
+    lpm, fcfs = queue(), queue()
+    s_lpm = run(radix_cfg(policy="lpm", max_num_seqs=2), lpm)
+    s_fcfs = run(radix_cfg(max_num_seqs=2), fcfs)
+    first = [token_times(s_lpm, r)[0] for r in lpm]
+    assert first[0] == first[2] < first[1]
+    assert lpm[1].prefix_hit_tokens == 200 and fcfs[1].prefix_hit_tokens == 0
+    assert token_times(s_fcfs, fcfs[0])[0] == token_times(s_fcfs, fcfs[1])[0]
+
+
+def test_an_optimistic_new_token_ratio_ends_in_retractions():
+    # 6 requests of 100 + 400 tokens on a 1,200-token pool: reserving 0.7 (decaying) of
+    # what the running ones may still write admits more than the pool can finish, so
+    # decoding runs dry and SGLang retracts; reserving it all (ratio 1, the radix cache
+    # off with ignore_eos) never does. Every request still ends with its 400 tokens.
+    def six() -> list[SimRequest]:
+        return [req(i, 100, 400) for i in range(6)]
+
+    optimistic, exact = six(), six()
+    s = run(radix_cfg(kv_blocks=1200), optimistic)
+    e = run(radix_cfg(kv_blocks=1200, exact=True, prefix_caching=False), exact)
+    assert s.stats.preemptions > 0
+    assert s.stats.preemptions == sum(r.preemptions for r in optimistic)
+    assert e.stats.preemptions == 0
+    for r in optimistic + exact:
+        assert r.phase is Phase.DONE and len(token_times(s if r in optimistic else e, r)) == 400
+    # a retracted request computes its prompt and its tokens again (what the tree lost)
+    assert s.stats.prefill_tokens > 6 * 100 == e.stats.prefill_tokens
+
+
+def test_ratio_after_a_retraction():
+    # (generated + 20 x requests) / (max_new_tokens + 1), at most 1
+    assert ratio_after_retract([100, 50], [400, 400]) == pytest.approx(190 / 801)
+    assert ratio_after_retract([390], [400]) == 1.0
+
+
+def test_max_running_requests_caps_the_batch():
+    reqs = [req(i, 100, 20) for i in range(10)]
+    s = run(radix_cfg(max_num_seqs=3), reqs, trace=True)
+    running = [row[4] for row in s.stats.trace]
+    assert max(running) == 3
+    # the 4th starts only when one of the first three is done
+    first_done = min(token_times(s, reqs[i])[-1] for i in range(3))
+    assert token_times(s, reqs[3])[0] > first_done
+
+
+def test_chunked_prefill_splits_a_long_prompt():
+    r = req(0, 2500, 2)
+    s = run(radix_cfg(chunk=1000), [r], trace=True)
+    chunks = [row[8] for row in s.stats.trace if row[8]]
+    assert chunks == [1000, 1000, 500]
+    # three prefill steps: (10 + 1000) + (10 + 1000) + (10 + 500) ms
+    assert token_times(s, r)[0] == pytest.approx(2.530)
+
+
+def test_plan_and_simulate_share_sglangs_pool():
+    model, hw = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    cfg = EngineConfig(engine="sglang")
+    ev, su = evaluate(model, hw, cfg), setup(model, hw, cfg)
+    assert su.sched.mode == "radix" and su.sched.block_size == 1
+    assert su.sched.kv_blocks == ev.kv_blocks == ev.kv_capacity_tokens
+    # H100 80 GB: 8192-token chunks, 256 CUDA graphs: reserved 512 + 12288 + 512 + 128 MiB
+    assert memory_tier(80, 1) == (8192, 256)
+    assert default_fraction(80 * 1024, 8192, 256, 1, 1) == round(1 - 13440 / 81920, 3)
+    assert su.sched.max_num_seqs == max_running(ev.kv_capacity_tokens, ev.max_model_len)
+    b = ev.budget  # weights + KV pool = f x (memory free at start)
+    assert b.weights_bytes + b.kv_pool_bytes == pytest.approx(b.usable_bytes)
+    given = evaluate(model, hw, cfg.with_(gpu_memory_utilization=0.7))
+    assert given.kv_capacity_tokens < ev.kv_capacity_tokens
+
+
+def test_lpm_is_sglangs_policy_only():
+    assert (
+        "--schedule-policy"
+        in adapter("sglang").build(EngineConfig(engine="sglang", scheduling_policy="lpm"), "m").argv
+    )
+    with pytest.raises(InputError, match="lpm"):
+        adapter("vllm").build(EngineConfig(scheduling_policy="lpm"), "m")
+
+
+def test_published_sglang_runs_run_through_validate():
+    runs = [r for r in pub.load_runs() if r.engine == "sglang"]
+    assert len(runs) >= 8
+    assert all(r.group.startswith("sglang: ") for r in runs)
+    results = pub.evaluate(runs, ("gpu",))
+    errs = results["gpu"]
+    assert not [e.run.id for e in errs if e.refused]
+    assert all(e.sim_ttft_ms and e.sim_tpot_ms for e in errs)
+    report = pub.format_report(results)
+    assert "sglang rows" in report and "sglang: llama-3.1-70b x a100-80g-sxm" in report
+
+
+@st.composite
+def radix_scenario(draw):
+    """A random SGLang config (page size, pool, chunking, policy, caching) and workload."""
+    page = draw(st.sampled_from([1, 4, 16]))
+    exact = draw(st.booleans())
+    c = radix_cfg(
+        chunk=draw(st.sampled_from([0, 64, 300])),
+        policy=draw(st.sampled_from(["fcfs", "lpm", "priority"])),
+        exact=exact,
+        prefix_caching=not exact,
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_model_len=256,
+        block_size=page,
+        kv_blocks=draw(st.integers(300, 900)) // page,
+    )
+    reqs, t = [], 0.0
+    for i in range(draw(st.integers(1, 25))):
+        t += draw(st.floats(0, 0.05))
+        group, prompt = draw(st.integers(-1, 2)), draw(st.integers(1, 200))
+        shared = min(prompt, 48) if group >= 0 else 0
+        out = draw(st.integers(1, 80))
+        reqs.append(SimRequest(i, i, prompt, out, t, draw(st.integers(0, 3)), group, shared))
+    return c, reqs, draw(st.one_of(st.none(), st.integers(1, 4)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(radix_scenario())
+def test_radix_invariants(sc):
+    # KV pages conserved and references matching (checked every step), every request
+    # done with all its tokens, one per step, in order, or rejected with a reason
+    c, reqs, closed = sc
+    s = Scheduler(c, MODEL, closed_users=closed, check=True)
+    s.run(reqs)
+    assert len(s.done) == len(reqs)
+    times = np.asarray(s.step_end_s)
+    assert np.all(np.diff(times) > 0)
+    for r in reqs:
+        if r.phase is Phase.REJECTED:
+            assert r.reject_reason
+            continue
+        assert r.phase is Phase.DONE
+        ranges = r.token_step_ranges
+        steps = [k for a, b in zip(ranges[::2], ranges[1::2], strict=True) for k in range(a, b)]
+        assert len(steps) == r.output_tokens == r.generated
+        assert steps == sorted(set(steps)) and times[steps[0]] >= r.arrival_s
+    assert s.policy.kv.available == c.kv_blocks and not s.policy.kv.refs
