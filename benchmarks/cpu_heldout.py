@@ -7,11 +7,13 @@ What a user does, measured: `servetune calibrate --url` with its default sweep
 at 60% of capacity; 70% 64/48-token requests, 30% 600-900/96-token ones behind 2 shared
 256-token prefixes). Steps, on one engine (VLLM_TEST_CONFIG on the generated test Llama):
 
-1. the default sweep, timed (its wall time is what `calibrate --url` costs a user);
+1. the default sweep (two blocks, the least disturbed run of each workload fitted, as
+   `calibrate --url` does), timed: its wall time is what calibrating costs a user;
 2. the capacity: the held-out requests as a closed loop of max_num_seqs users (every slot
    busy), its achieved req/s; the held-out rate is `--load` (0.6) of it;
-3. `--repeats` (3) runs of the held-out workload, each under its own seed (fresh prefixes:
-   the prefix cache starts cold every repeat, as a reset would leave it);
+3. `--repeats` (3) runs of the held-out workload, the same requests each time with the
+   prefix cache reset before each (POST /reset_prefix_cache: the engine runs with
+   VLLM_SERVER_DEV_MODE=1), so the repeats differ only by the host's noise;
 4. the fit on the sweep's runs only, the replay of every real run, and per figure: the
    simulated against the real median over repeats (signed %), each repeat's own error, the
    noise floor (real vs real: odd repeats against even ones), the target and the verdict
@@ -31,6 +33,7 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from servetune import validate
@@ -42,6 +45,7 @@ from servetune.sim.profile import Profile
 from servetune.workload.spec import WorkloadSpec, load_workload
 
 WORKLOAD = Path(__file__).with_name("cpu_heldout.yaml")
+SWEEP_REPEATS = 2  # `calibrate --url`'s default
 CAPACITY = "capacity-mixed"  # the closed loop that sizes the held-out rate; not judged
 CFG = testmodel.VLLM_TEST_CONFIG
 # The issue's CPU targets, % (validate.TARGETS without throughput: the open loop's offered
@@ -62,10 +66,11 @@ def run_live(args: argparse.Namespace, spec: WorkloadSpec, keep_dir: Path) -> li
         validate.save_run(res, keep_dir)
 
     model_dir = str(testmodel.make_llama_dir())
-    with launch("vllm", CFG, model_dir, device="cpu") as srv:
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}  # for POST /reset_prefix_cache between repeats
+    with launch("vllm", CFG, model_dir, device="cpu", extra_env=dev) as srv:
         url, served = srv.url, srv.served_model
         t0 = time.monotonic()
-        validate.run_blocks(url, served, repeats=0, cal_repeats=1, say=say, keep=keep)
+        validate.run_blocks(url, served, repeats=0, cal_repeats=SWEEP_REPEATS, say=say, keep=keep)
         sweep_s = time.monotonic() - t0
         say(f"default sweep: {sweep_s:.0f} s")
         closed = spec.with_load(concurrency=CFG.max_num_seqs, count=24)
@@ -75,12 +80,27 @@ def run_live(args: argparse.Namespace, spec: WorkloadSpec, keep_dir: Path) -> li
         say(f"capacity {cap.metrics.req_s:.2f} req/s -> held-out rate {rate} req/s")
         held = spec.with_load(rate=rate)
         for rep in range(args.repeats):
-            # The repeat index seeds the requests (bench_real): --seed moves them all.
-            res = validate.bench_real(url, served, held, repeat=1000 * args.seed + rep)
+            # The same requests every repeat (the repeat index seeds them in bench_real;
+            # --seed moves them), the prefix cache reset before each, so the repeats
+            # differ only by the host: their spread is the noise floor. Without the reset
+            # endpoint, fresh requests per repeat (the floor then holds their spread too).
+            reset = reset_prefix_cache(url)
+            seed_rep = 1000 * args.seed + (0 if reset else rep)
+            res = validate.bench_real(url, served, held, repeat=seed_rep)
             keep(res)
-            say(f"held-out r{rep}: {res.metrics.req_s:.2f} req/s")
+            say(f"held-out r{rep} (cache reset: {reset}): {res.metrics.req_s:.2f} req/s")
     (keep_dir / "sweep_s.txt").write_text(f"{sweep_s:.1f}\n")
     return runs
+
+
+def reset_prefix_cache(url: str) -> bool:
+    """POST /reset_prefix_cache (vLLM, with VLLM_SERVER_DEV_MODE=1): whether it worked."""
+    try:
+        req = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
 
 
 def signed_pct(sim: float | None, real: float | None) -> float | None:
@@ -90,7 +110,10 @@ def signed_pct(sim: float | None, real: float | None) -> float | None:
 def evaluate(runs: list[RunResult], name: str) -> tuple[Profile, dict]:
     """Step 4: fit on the sweep, replay everything in the engine's order, the figures."""
     model_dir = str(testmodel.make_llama_dir())
-    profile, _, rows = validate.compare_saved(runs, model_dir, CFG)
+    # As `calibrate --url` fits: the least disturbed run of each sweep workload.
+    sweep = [r for r in runs if validate.is_calibration(str(r.workload.get("name")))]
+    profile, _, _ = validate.compare_saved(validate.least_disturbed_per_case(sweep), model_dir, CFG)
+    profile, _, rows = validate.compare_saved(runs, model_dir, CFG, profile)
     reals = validate.by_workload(runs)[name]
     row = next(r for r in rows if r.name == name)
     floor = next((r for r in validate.noise_floor(runs) if r.name == name), None)

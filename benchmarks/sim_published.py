@@ -1,8 +1,9 @@
 """The simulator's GPU tiers against published GPU serving runs (the visible fidelity set,
-src/servetune/data/published/gpu_runs.csv): median |error| of TTFT and TPOT per tier, per
-role (rows used to set a figure vs rows only checked) and per model x GPU, with the share
-of runs within 25%. The same figures as `servetune validate --published`; prints, asserts
-nothing. No engine, no GPU: seconds on one core.
+src/servetune/data/published/gpu_runs.csv and sglang_runs.csv): median |error| of TTFT and
+TPOT per tier, per role (rows used to set a figure vs rows only checked), per engine (vLLM,
+NIM, NIM on TensorRT-LLM, SGLang) and per model x GPU, with the share of runs within 25%.
+The same figures as `servetune validate --published`; prints, asserts nothing. No engine,
+no GPU: ~15 s on one core. The figures of the day are in docs/fidelity-gpu.md.
 
     .venv/bin/python benchmarks/sim_published.py [--per-run] [--csv FILE]
 """

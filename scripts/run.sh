@@ -39,8 +39,10 @@ case "${1:-}" in
   test)
     shift
     ensure_venv "test"
-    echo "== engines (vLLM CPU + llama.cpp + MLX CPU + transformers serve, cached: seconds after the first run)"
+    echo "== engines (vLLM CPU + llama.cpp + MLX CPU + transformers serve + ONNX Runtime, cached: seconds after the first run)"
     "$VENV/bin/servetune" engine install all
+    # ONNX Runtime serves a converted model: the builder's output, cached by hash (~20 s once)
+    "$VENV/bin/servetune" engine make-model --kind onnx >/dev/null
     echo "== ruff"
     "$VENV/bin/ruff" check src tests benchmarks scripts
     "$VENV/bin/ruff" format --check src tests benchmarks scripts

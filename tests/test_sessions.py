@@ -258,7 +258,8 @@ def test_tune_finds_the_agent_loops_capacity_in_users(
 
     monkeypatch.chdir(tmp_path)  # the study's report goes to ./out
     slo = tmp_path / "slo.yaml"
-    slo.write_text("ttft_ms: {p95: 40}\n")  # tight: binds at a few users on an H100
+    # tight: binds at a few users on an H100 (vLLM's front end alone adds ~47 ms to TTFT)
+    slo.write_text("ttft_ms: {p95: 80}\n")
     args = ["tune", "--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
             "--space", str(ROOT / "examples/tune/vllm-gpu.yaml"),
             "--workload", str(ROOT / "examples/agent-loop.yaml"), "--slo", str(slo),

@@ -76,13 +76,13 @@ def test_vllm_follow_ups_hit_the_prefix_cache_as_the_workload_allows(
     assert off.followup.ttft_ms.p50 > 1.3 * on.followup.ttft_ms.p50
 
 
-def test_vllm_small_kv_pool_evicts_the_history(vllm_server, llama_test_model: Path) -> None:
+def test_vllm_small_kv_pool_evicts_the_history(vllm_server, vllm_small_kv_server) -> None:
     spec = vllm_spec(arrival={"kind": "closed", "concurrency": 3}, count=6)
     big = metrics(run(vllm_server, spec), spec, VLLM_TEST_CONFIG.block_size)
-    # 1,280 tokens (40 blocks): three growing histories and the running turns do not fit
-    small_cfg = VLLM_TEST_CONFIG.model_copy(update={"max_model_len": 1024, "kv_cache_tokens": 1280})
-    with launch("vllm", small_cfg, str(llama_test_model), device="cpu") as srv:
-        small = metrics(run(srv, spec), spec, VLLM_TEST_CONFIG.block_size)
+    # 1,280 tokens (40 blocks, conftest.VLLM_SMALL_KV_CONFIG): three growing histories and
+    # the running turns do not fit
+    assert (vllm_small_kv_server.cfg.kv_cache_tokens or 0) < 3 * 900
+    small = metrics(run(vllm_small_kv_server, spec), spec, VLLM_TEST_CONFIG.block_size)
     assert big.measured_hit_rate is not None and small.measured_hit_rate is not None
     assert small.measured_hit_rate < big.measured_hit_rate - 0.15
 

@@ -166,6 +166,8 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
             "cpu-host",
             "--set",
             "max_num_seqs=4",
+            "--repeats",
+            "1",  # the mock's timing does not drift: one run of each is enough
             "--runs-dir",
             str(runs),
             "-o",

@@ -12,6 +12,7 @@ from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.model import get_model
 from servetune.plan.planner import evaluate
+from servetune.sim import phases
 from servetune.sim.clients import Clients
 from servetune.sim.engine import setup, simulate
 from servetune.sim.gpu_kernels import allreduce_s, kernel_figures, tile_efficiency
@@ -112,20 +113,63 @@ def _ttfts_ms(tier: str) -> np.ndarray:
     return np.asarray([(rec.chunk_ns[0] - rec.send_ns) / 1e6 for rec in r])
 
 
-def test_closed_loop_breaks_lock_step_in_the_gpu_tier():
+def test_closed_loop_users_start_at_spread_phases_in_the_gpu_tier():
     """Qwen3-32B TP2, 8 users, 1024/128. Roofline tier: every round in lock-step, all 8
-    prompts in one step, so after the first round every TTFT is the same. Gpu tier: the
-    serial front end hands the prompts over one at a time, so the first of each round runs
-    its prefill alone (TTFT within 25% of a lone 1024-token step) and the mean drops. It is
-    only a partial de-synchronisation: the rest still share a step (docs/fidelity-gpu.md)."""
+    prompts in one step, so after the first round every TTFT is the same. Gpu tier: users
+    start at independent phases of one cycle (`sim.phases`), so most prompts find no other
+    prompt ahead: the median TTFT is a lone 1024-token step with 7 decoders plus the
+    front end's latency (within 25%), far below lock-step's; chance collisions remain."""
     gpu = _ttfts_ms("gpu")
     roof = _ttfts_ms("roofline")
     assert np.ptp(roof[8:]) < 1.0
     su = setup(get_model("qwen3-32b"), H100, EngineConfig(tensor_parallel_size=2))
-    lone_ms = su.step_model.time_s(1024, 7, 7 * 1100, 7 * 1100 + 1024 * 1025 / 2, 0) * 1e3
-    assert gpu[8:].min() < 1.25 * lone_ms
-    assert len(np.unique(np.round(gpu[8:]))) >= 2
-    assert gpu.mean() < roof.mean()
+    sm = su.step_model
+    lone_ms = (
+        sm.time_s(1024, 7, 7 * 1100, 7 * 1100 + 1024 * 1025 / 2, 0) + sm.api_overhead_s
+    ) * 1e3
+    assert abs(np.median(gpu) - lone_ms) <= 0.25 * lone_ms
+    assert np.median(gpu) < 0.5 * np.median(roof)
+    assert gpu.max() > 1.5 * lone_ms  # some prompts still queue behind another's prefill
+
+
+def test_phases_by_hand():
+    """One cycle: output x the decode step at a batch of `users` (mean context prompt +
+    output / 2) + `users` lone prefills; the draws are seeded, sorted and inside it."""
+    fe = StepModel(
+        tier="roofline",
+        overhead_s=0.001,
+        mem_per_kv_token_s=1e-6,
+        flops_per_token_s=1e-5,
+        weights_s=lambda tokens: 0.002,
+        comm_s=lambda tokens: 0.0,
+    )
+    decode = fe.time_s(0, 4, 4 * (100 + 10 / 2), 0.0, 0.0)
+    prefill = fe.time_s(100, 0, 0.0, 100 * 101 / 2, 100 * 101 / 2)
+    assert phases.cycle_s(fe, 4, 100, 10) == pytest.approx(10 * decode + 4 * prefill)
+    first = [SimRequest(i, i, 100, 10, 0.0, 0, -1, 0) for i in range(4)]
+    starts = phases.start_offsets_s(fe, first, 4)
+    assert starts == sorted(starts) and len(set(starts)) == 4
+    assert all(0.0 <= t < phases.cycle_s(fe, 4, 100, 10) for t in starts)
+    assert starts == phases.start_offsets_s(fe, first, 4)  # reproducible
+    assert phases.start_offsets_s(fe, first[:1], 1) == [0.0]
+
+
+def test_only_users_that_send_again_are_spread():
+    """A burst of N requests by N users (each sends once, e.g. `--request-rate inf` with
+    N prompts) reaches the engine at once; users with more to send start spread."""
+    fe = StepModel(
+        tier="roofline",
+        overhead_s=0.01,
+        weights_s=lambda tokens: 0.0,
+        comm_s=lambda tokens: 0.0,
+        spread_closed_loop=True,
+    )
+    reqs = [SimRequest(i, i, 100, 10, 0.0, 0, -1, 0) for i in range(4)]
+    burst = Clients(fe, reqs, None, 4, None, None)
+    assert [t for t, _, _ in burst.arrivals] == [0.0] * 4
+    more = [SimRequest(i, i, 100, 10, 0.0, 0, -1, 0) for i in range(8)]
+    spread = Clients(fe, more, None, 4, None, None)
+    assert len({t for t, _, _ in spread.arrivals}) == 4 and min(spread.arrivals)[0] >= 0.0
 
 
 def test_the_front_end_serves_ingress_and_streams_one_at_a_time():
@@ -142,6 +186,38 @@ def test_the_front_end_serves_ingress_and_streams_one_at_a_time():
         StepModel(tier="gpu", ingress_s=0.010, ingress_per_token_s=1e-6), reqs, reqs, 2, None, None
     )
     assert sorted(t for t, _, _ in plain.arrivals) == pytest.approx([0.011, 0.022])
+
+
+Q32 = get_model("qwen3-32b")
+
+
+def test_a_default_length_that_does_not_start_is_capped_and_said():
+    """Qwen3-32B bf16 on one H100: the pool holds ~32.7k tokens, less than the default
+    max_model_len 40,960, so vLLM refuses to start and its error names the length that
+    fits. The simulator predicts at that length and says so; `plan` keeps its verdict;
+    plan and simulate still size the pool with one function."""
+    cfg = EngineConfig()
+    ev = evaluate(Q32, H100, cfg)
+    assert not ev.fits and ev.breaking_term == "max_model_len"
+    su = setup(Q32, H100, cfg)
+    cap = su.capped_max_model_len
+    assert cap == ev.kv_capacity_tokens and cap < 40960
+    assert su.sched.max_model_len == cap
+    note = su.step_model.note
+    assert "refuses to start" in note and f"--max-model-len {cap}" in note
+    capped = evaluate(Q32, H100, EngineConfig(max_model_len=cap))
+    assert capped.fits and su.sched.kv_blocks == capped.kv_blocks - 1
+    res, _ = simulate(
+        Q32, H100, cfg, closed_workload("c4", 4, 8, fixed_tokens(4096), fixed_tokens(256))
+    )
+    assert res.metrics.ttft_ms.p50 > 0 and res.target.sim.rejected == 0
+    # only a request that cannot fit even the capped pool is refused
+    too_long = closed_workload("long", 1, 1, fixed_tokens(cap), fixed_tokens(64))
+    with pytest.raises(InputError, match="cannot serve it"):
+        simulate(Q32, H100, cfg, too_long)
+    # a length the user set is taken as given, and refused as vLLM would
+    with pytest.raises(InputError, match="would not start"):
+        setup(Q32, H100, EngineConfig(max_model_len=40960))
 
 
 def test_plan_and_simulate_share_the_kv_pool():
@@ -161,10 +237,14 @@ RUNS = {r.id: r for r in load_runs()}
     [
         # fit row (model_gemm_eff, per_layer_us were set on it): 10% on both
         ("nim-l33-70b-5000-500-c1", 10, 10),
-        # check rows of the same table, never used to set a figure: 15% / 10%
-        ("nim-l33-70b-500-2000-c1", 15, 10),
+        # fit row of api_overhead_s (vLLM's front-end latency): 10% on both
+        ("gpustack-qwen3-8b-h100-sharegpt-c4", 10, 10),
+        # the issue's vLLM closed loop (users de-synchronised, `sim.phases`): 25%
+        ("issue15-qwen3-32b-tp2-c8", 25, None),
+        # check rows of the NIM table, never used to set a figure: TPOT 10%
+        ("nim-l33-70b-500-2000-c1", None, 10),
         ("nim-l33-70b-5000-500-c25", None, 10),
-        ("nim-l33-70b-5000-500-c50", None, 10),
+        ("nim-l33-70b-5000-500-c50", 25, 10),
         # queueing for KV blocks (fp8 pool, ~70 sequences of 5.5k tokens): 25% / 10%
         ("nim-l33-70b-5000-500-c200", 25, 10),
         # fit row of stream_s: 128 streams saturate the front end, which paces admissions
@@ -175,17 +255,23 @@ def test_published_anchor_points(run_id, ttft_tol, tpot_tol):
     e = simulate_run(RUNS[run_id], "gpu")
     if ttft_tol is not None:
         assert abs(e.ttft_err) <= ttft_tol, (e.sim_ttft_ms, e.run.ttft_ms)
-    assert abs(e.tpot_err) <= tpot_tol, (e.sim_tpot_ms, e.run.tpot_ms)
+    if tpot_tol is not None:
+        assert abs(e.tpot_err) <= tpot_tol, (e.sim_tpot_ms, e.run.tpot_ms)
 
 
 @pytest.mark.xfail(strict=True, reason="known miss: see docs/fidelity-gpu.md#known-misses")
 @pytest.mark.parametrize(
     "run_id",
     [
-        # closed loops at c=5-25 with long prompts: prompts queue behind each other's prefill
-        "nim-l33-70b-5000-500-c5",
+        # a closed loop at c=25 with 5000-token prompts: median TTFT is a lone prefill,
+        # the measured mean carries the prompts that queued behind another's prefill
         "nim-l33-70b-5000-500-c25",
-        "issue15-qwen3-32b-tp2-c8",
+        # NIM's front end adds a few ms, vLLM's ~47 (api_overhead_s): short prompts read high
+        "nim-l33-70b-500-2000-c1",
+        # TensorRT-LLM (NIM, 2024) keeps its closed loops in lock-step: TTFT grows with c
+        "dli-l3-70b-fp8-tp8-2000-2000-c25",
+        # KV-bound: de-synchronised users fit servetune's TP2 pool, vLLM's queues them
+        "issue15-qwen3-32b-c64-4096-1024",
     ],
 )
 def test_known_misses_stay_visible(run_id):

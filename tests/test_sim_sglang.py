@@ -4,11 +4,14 @@ and `simulate` share, and the published SGLang runs through `validate --publishe
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli_run import run_cli
 from servetune.engines.config import EngineConfig
 from servetune.engines.registry import adapter
 from servetune.errors import InputError
@@ -173,6 +176,32 @@ def test_an_optimistic_new_token_ratio_ends_in_retractions():
     assert s.stats.prefill_tokens > 6 * 100 == e.stats.prefill_tokens
 
 
+def test_conservativeness_scales_the_reservation():
+    # the same six requests: at --schedule-conservativeness 0.3 the ratio starts at 0.21,
+    # so the third starts as soon as the first two decode (10 + 100 ms after them); at 1.0
+    # (ratio 0.7) it waits until the decoders' remaining tokens and the ratio have shrunk
+    def third_start(conservativeness: float) -> float:
+        six = [req(i, 100, 400) for i in range(6)]
+        radix = RadixConfig(8192, 16384, conservativeness=conservativeness)
+        s = run(radix_cfg(kv_blocks=1200, radix=radix), six)
+        return token_times(s, six[2])[0]
+
+    assert third_start(0.3) == pytest.approx(0.21 + 0.01 + 0.1)
+    assert third_start(1.0) > 4.0
+    su = setup(
+        get_model("llama-3.1-8b"),
+        get_hardware("h100-sxm"),
+        EngineConfig(engine="sglang", extra_args=("--schedule-conservativeness", "0.3")),
+    )
+    assert su.sched.radix.init_ratio == pytest.approx(0.21)
+    with pytest.raises(InputError, match="mixed-chunk"):
+        setup(
+            get_model("llama-3.1-8b"),
+            get_hardware("h100-sxm"),
+            EngineConfig(engine="sglang", extra_args=("--enable-mixed-chunk",)),
+        )
+
+
 def test_ratio_after_a_retraction():
     # (generated + 20 x requests) / (max_new_tokens + 1), at most 1
     assert ratio_after_retract([100, 50], [400, 400]) == pytest.approx(190 / 801)
@@ -281,3 +310,49 @@ def test_radix_invariants(sc):
         assert len(steps) == r.output_tokens == r.generated
         assert steps == sorted(set(steps)) and times[steps[0]] >= r.arrival_s
     assert s.policy.kv.available == c.kv_blocks and not s.policy.kv.refs
+
+
+def test_cli_plans_and_simulates_sglang(capsys, tmp_path):
+    code, out, _ = run_cli(
+        capsys, "plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine", "sglang", "-s", "none",
+        "--json",
+    )  # fmt: skip
+    assert code == 0
+    planned = json.loads(out)["kv_capacity_tokens"]
+    assert json.loads(out)["block_size"] == 1
+    su = setup(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), EngineConfig(engine="sglang"))
+    assert planned == su.sched.kv_blocks  # the same pool, page 1
+    db = str(tmp_path / "runs.db")
+    code, out, _ = run_cli(
+        capsys, "simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine", "sglang",
+        "-w", "examples/workloads/shared-prefix.yaml", "--set", "scheduling_policy=lpm",
+        "--db", db,
+    )  # fmt: skip
+    assert code == 0
+    assert f"KV pool {planned:,} tokens (RadixAttention" in out and "schedule policy lpm" in out
+    code, _, err = run_cli(
+        capsys, "simulate", "-m", "llama-3.1-8b", "-g", "cpu-host", "--engine", "sglang",
+        "--db", db,
+    )  # fmt: skip
+    assert code == 2 and "SGLang" in err
+
+
+@pytest.mark.timeout(300)
+def test_tune_backend_sim_tunes_sglang(capsys, tmp_path):
+    (tmp_path / "space.yaml").write_text(
+        "engine: sglang\nbaseline: {}\nknobs:\n  max_num_seqs: [4, 64]\n"
+    )
+    (tmp_path / "w.yaml").write_text(
+        "name: w\ncount: 60\ninput_tokens: {dist: fixed, value: 800}\n"
+        "output_tokens: {dist: fixed, value: 150}\narrival: {kind: poisson, rate: 1}\n"
+    )
+    (tmp_path / "slo.yaml").write_text("ttft_ms: {p95: 1000}\ntpot_ms: {p95: 50}\n")
+    code, out, err = run_cli(
+        capsys, "tune", "--backend", "sim", "--engine", "sglang", "-m", "llama-3.1-8b",
+        "-g", "h100-sxm", "--space", str(tmp_path / "space.yaml"), "-w", str(tmp_path / "w.yaml"),
+        "--slo", str(tmp_path / "slo.yaml"), "--max-probes", "3", "--db", str(tmp_path / "t.db"),
+        "-o", str(tmp_path / "r.html"), "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    winner = json.loads(out)["winner"]
+    assert winner["status"] == "ok" and "sglang.launch_server" in winner["launch_command"]

@@ -157,6 +157,7 @@ def bench(
     from servetune.bench.live import live_view
     from servetune.bench.progress import summary_table, ttft_split, ttft_split_table
     from servetune.cli.engine_cmd import parse_sets
+    from servetune.engines.registry import ADAPTERS, exports_metrics
     from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
     from servetune.status import RunStatus
     from servetune.telemetry import telemetry_options
@@ -205,6 +206,8 @@ def bench(
             err.print(
                 "[yellow]note:[/] no --tokenizer: prompt lengths use whitespace words, not tokens"
             )
+        if engine in ADAPTERS and not exports_metrics(engine):
+            err.print(f"[yellow]note:[/] {engine} exports no /metrics: every figure is client-side")
 
     def point(p: Any, res: Any) -> None:
         for w in res.client.warnings:

@@ -264,6 +264,12 @@ def launch_cmd(
         raise InputError(
             "--model", f"{model} does not exist", "servetune engine make-model --kind gemma-gguf"
         )
+    if engine == "onnx" and not (Path(model) / "genai_config.json").is_file():
+        raise InputError(
+            "--model",
+            f"{model} is not a converted ONNX model (no genai_config.json)",
+            "servetune engine make-model --kind onnx [--source HF_DIR]",
+        )
 
     def _term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

@@ -184,7 +184,9 @@ def calibrate(
     sets: list[str] = typer.Option(
         [], "--set", help="The engine's knobs, key=value: the replay fit needs them."
     ),
-    repeats: int = typer.Option(1, "--repeats", min=1, help="--url: runs of each sweep workload."),
+    repeats: int = typer.Option(
+        2, "--repeats", min=1, help="--url: runs of each sweep workload; the fastest is fitted."
+    ),
     runs_dir: Path | None = typer.Option(
         None, "--runs-dir", help="--url: where the sweep's runs are kept (default <output>-runs)."
     ),
@@ -294,7 +296,10 @@ def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, eng
         keep=lambda r: fd.save_run(r, runs_dir),
     )
     print(f"{len(runs)} sweep runs kept in {runs_dir}", file=err)
-    return runs
+    if repeats == 1:
+        return runs
+    print(f"fitting on the least disturbed of each workload's {repeats} runs", file=err)
+    return fd.least_disturbed_per_case(runs)
 
 
 def _replay_config(engine: str, sets: list[str], known: list[dict | None]) -> Any:

@@ -31,6 +31,10 @@ health_path = "/health"
 MODULE = "transformers.cli.transformers"  # what the `transformers` console script runs
 TARGET_VERSION = "5.24.0"
 
+NO_TOKENIZE = True  # no /tokenize: prompts use the model directory's tokenizer
+# Requests with fields outside the OpenAI schema get HTTP 422 (`_validate_request` in
+# transformers/cli/serving/utils.py): bench leaves out ignore_eos/min_tokens here.
+OPENAI_FIELDS_ONLY = True
 METRICS: dict[str, str] = {}  # no Prometheus endpoint
 HISTOGRAMS: dict[str, str] = {}
 

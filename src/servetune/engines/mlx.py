@@ -23,6 +23,7 @@ health_path = "/health"
 MODULE = "mlx_lm.server"
 TARGET_VERSION = "0.32.2"  # mlx-lm
 
+NO_TOKENIZE = True  # no /tokenize: prompts use the model directory's tokenizer
 METRICS: dict[str, str] = {}  # no Prometheus endpoint
 HISTOGRAMS: dict[str, str] = {}
 

@@ -45,11 +45,10 @@ head = json.load(open(d + "/genai_config.json"))["model"]["decoder"]["head_size"
 m = onnx.load(d + "/model.onnx", load_external_data=False)
 n = 0
 for v in [*m.graph.input, *m.graph.output, *m.graph.value_info]:
-    if v.name.startswith(("past_key_values.", "present.")):
-        dim = v.type.tensor_type.shape.dim[-1]
-        if dim.dim_param:
-            dim.dim_value = head
-            n += 1
+    dims = v.type.tensor_type.shape.dim
+    if v.name.startswith(("past_key_values.", "present.")) and dims and dims[-1].dim_param:
+        dims[-1].dim_value = head
+        n += 1
 onnx.save(m, d + "/model.onnx")
 print(n)
 """

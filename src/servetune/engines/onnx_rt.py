@@ -32,6 +32,7 @@ default_port = 8080  # the server's own default (--addr 127.0.0.1:8080)
 health_path = "/health"
 COMMAND = "onnx-genai"  # console script of the onnx-genai-server wheel
 TARGET_VERSION = "0.1.0.dev6"  # onnx-genai-server
+NO_TOKENIZE = True  # no /tokenize: prompts use the model dir's tokenizer.json
 
 METRICS: dict[str, str] = {
     "requests_running": "onnx_genai_batch_size_current",  # admitted generations

@@ -17,7 +17,7 @@ from servetune.engines.registry import exports_metrics
 from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.measure.loads import SweepLoads, sweep_points
-from servetune.measure.real import ServerSession, server_software
+from servetune.measure.real import ServerSession, engine_sampling, server_software
 from servetune.measure.simulated import SimSession
 from servetune.measure.sweep import Hooks, ResultFiles, StoreSettings, sweep
 from servetune.model import get_model
@@ -78,6 +78,7 @@ def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
         if s.workload
         else parse_workload(DEFAULT_WORKLOAD, swept=swept)
     )
+    spec = engine_sampling(spec, s.engine)
     slo = load_slo(s.slo) if s.slo else None
     # fail fast with the cause when nothing answers at the URL (bench.reach)
     check_server(s.url, api_key=s.api_key, timeout_s=s.timeouts.connect_s or 10.0)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from servetune.bench.client import Timeouts
 from servetune.bench.runner import BenchInterrupted, BenchOptions, run_point
 from servetune.bench.server_metrics import engine_adapter, http_fetcher
 from servetune.engines.process import EngineError
-from servetune.engines.registry import exports_metrics
+from servetune.engines.registry import adapter, exports_metrics
 from servetune.measure.result import Infeasible
 from servetune.measure.session import NO_SINKS, Interrupted, Point, Sinks
 from servetune.results.schema import RunResult
@@ -121,7 +122,7 @@ class EngineSession:
         self.launch_command = srv.spec.shell()
         self.server = ServerSession(
             opts,
-            load_tokenizer("server", srv.url),
+            engine_tokenizer(srv.engine, srv.url, srv.model),
             slo,
             launch_command=self.launch_command,
             requests_cache=requests_cache,
@@ -144,6 +145,7 @@ class EngineSession:
         self.server.measure(Point(f"{point.label} warm-up", spec))
 
     def measure(self, point: Point, sinks: Sinks = NO_SINKS) -> RunResult:
+        point = replace(point, spec=engine_sampling(point.spec, self.srv.engine))
         if self.measured == 0 and point.requests is None:
             self.warm_up(point)
             self.measured += 1  # its prompts are spent: the first point draws new ones
@@ -158,6 +160,31 @@ class EngineSession:
         res.target.config = self.srv.cfg.model_dump(mode="json", exclude_defaults=True)
         res.target.settings = self.srv.settings
         return res
+
+
+def engine_sampling(spec: WorkloadSpec, engine: str | None) -> WorkloadSpec:
+    """The workload as `engine` takes it. `transformers serve` answers HTTP 422 to any
+    request field outside the OpenAI schema (`OPENAI_FIELDS_ONLY` in its adapter), so
+    `ignore_eos` and `min_tokens` are not sent there: an answer may stop at EOS before
+    `max_tokens` (the random-weight test model practically never emits it; the output
+    tokens counted are the ones that came, as always)."""
+    s = spec.sampling
+    strict = engine is not None and getattr(adapter(engine), "OPENAI_FIELDS_ONLY", False)
+    if not strict or not (s.ignore_eos or s.min_tokens_equal_max):
+        return spec
+    plain = s.model_copy(update={"ignore_eos": False, "min_tokens_equal_max": False})
+    return spec.model_copy(update={"sampling": plain})
+
+
+def engine_tokenizer(engine: str, url: str, model: str) -> Tokenizer:
+    """What a launched engine's prompts are built with: its own /tokenize (vLLM,
+    llama.cpp); an engine without one (`NO_TOKENIZE` in its adapter: MLX, transformers
+    serve) loads a local HF directory, whose tokenizer.json is the one it serves with;
+    a model that is not such a directory falls back to whitespace words."""
+    if not getattr(adapter(engine), "NO_TOKENIZE", False):
+        return load_tokenizer("server", url)
+    local = Path(model)
+    return load_tokenizer(str(local) if (local / "tokenizer.json").is_file() else "word")
 
 
 def fresh_prompts(point: Point, k: int) -> Point:

@@ -23,6 +23,7 @@ from servetune.plan import kv as kvmath
 from servetune.plan.memory import Overheads
 from servetune.plan.planner import Evaluation, Plan, PlanRequest, make_plan, scenario_config
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
+from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
 
 _DTYPES = {
@@ -260,7 +261,7 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
         "kv_bytes_per_token": kvmath.kv_bytes_per_token(result.model, b.kv_dtype_bytes),
         "kv_bytes_per_token_per_gpu": b.kv_bytes_per_token,
         "kv_blocks": ev.kv_blocks,
-        "block_size": cfg.block_size,
+        "block_size": page_tokens(cfg),  # SGLang: its page size
         "kv_capacity_tokens": ev.kv_capacity_tokens,
         "max_model_len": ev.max_model_len,
         "max_concurrency": ev.max_concurrency,

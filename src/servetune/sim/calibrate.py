@@ -135,6 +135,58 @@ def fit_coefficients(
     return coef, stderr, 1 - ss_res / ss_tot, rel_rmse, dropped
 
 
+# The decode step's terms, fitted on decode-only gaps by `decode_line` and held there by
+# the replay fit (`fit_by_replay`).
+DECODE_TERMS = ("const", "decode_seqs", "kv_read_tokens")
+# Engines the decode line is used for: measured on vLLM-CPU (below). On llama.cpp the one
+# saved sweep (a host so loaded that a 270M model's step took 0.3-0.6 s) replayed worse
+# with it held (RMS log error 56% vs 43%), so there the replay fit keeps all terms free.
+DECODE_LINE_ENGINES = frozenset({"vllm"})
+MIN_DECODE_GAPS = 50  # fewer decode-only gaps: no decode line, least squares as before
+# soft-L1's scale, relative to the median gap: residuals within ~10% count quadratically,
+# larger ones linearly (a prefill's 400 ms in a decoder's gap is 20x a 16 ms step).
+DECODE_F_SCALE = 0.1
+
+
+def decode_line(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(coefficients, standard errors) of DECODE_TERMS fitted on the decode-only gaps
+    (no first chunk inside the gap) by robust non-negative least squares (soft-L1, as
+    scipy.optimize.least_squares' "soft_l1"), or None with too few such gaps.
+    Why: a prefill that ran inside a decoder's gap is only credited to the gap where its
+    first chunk arrives, often a step later (on a shared CPU a chunk's arrival is not a
+    step boundary), so some decode-only gaps hold a whole prefill. Their mean is then
+    dominated by those few: on the vLLM-CPU sweep the mean batch-1 decode gap was 45 ms
+    against a median of 16 ms, plain least squares fitted a negative per-sequence cost,
+    dropped it, and the replay fit priced every decode at a flat 17 ms for any batch
+    (real: 12 ms at batch 1 to 15-16 ms at batch 4), which put the held-out P50 TPOT of a
+    bursty mix, decoding mostly at small batches, 20-35% high. The robust fit ignores the
+    outliers and keeps the per-sequence and per-context slopes."""
+    from scipy.optimize import least_squares
+
+    cols = [FEATURES.index(t) for t in DECODE_TERMS]
+    mask = x[:, FEATURES.index("prefill_tokens")] == 0
+    if int(mask.sum()) < MIN_DECODE_GAPS:
+        return None
+    xd, yd = x[mask][:, cols], y[mask]
+    scale = float(np.median(yd)) or 1e-3
+    x0 = np.array([scale, 0.0, 0.0])
+    res = least_squares(
+        lambda c: (xd @ c - yd) / scale,
+        x0,
+        bounds=(0.0, np.inf),
+        loss="soft_l1",
+        f_scale=DECODE_F_SCALE,
+        x_scale="jac",
+    )
+    # Standard errors as OLS's sigma^2 (X^T X)^-1, with sigma the residuals' robust scale
+    # (1.4826 x their median absolute deviation: the normal's sigma), not their RMS, which
+    # the outliers this fit ignores would inflate.
+    resid = yd - xd @ res.x
+    sigma = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+    se = np.sqrt(np.maximum(np.diag(np.linalg.pinv(xd.T @ xd)), 0.0)) * sigma
+    return res.x, se
+
+
 def api_overhead(results: Sequence[RunResult], coef: np.ndarray) -> float:
     """P10 over requests of TTFT minus the predicted step of their prefill, >= 0."""
     resid = []
@@ -173,6 +225,13 @@ def fit_profile(
             "give streamed runs with output_tokens >= 2 and more requests",
         )
     coef, se, r2, rel, dropped = fit_coefficients(x, y)
+    held: list[str] = []
+    line = decode_line(x, y) if engine in DECODE_LINE_ENGINES else None
+    if line is not None:
+        for t, c, e in zip(DECODE_TERMS, *line, strict=True):
+            coef[FEATURES.index(t)], se[FEATURES.index(t)] = c, e
+        held = list(DECODE_TERMS)
+        dropped = [t for t in dropped if t not in held]
     api = api_overhead(results, coef)
     fit = Fit("least squares", int(len(y)), float(r2), rel, dropped, len(FEATURES), api)
     verdict = judge(fit, coverage_of(results))
@@ -191,6 +250,7 @@ def fit_profile(
             rel_rmse=rel,
             confidence=verdict.confidence,
             dropped=dropped,
+            held=held,
             problems=verdict.problems,
             fixes=verdict.fixes,
         ),
@@ -312,17 +372,22 @@ def fit_by_replay(
     inference). Why: client-side gaps attribute a step's prefill work only approximately
     (chunk arrival != step boundary on a shared CPU), so OLS on gaps is biased; matching
     the figures through the same scheduler model removes that attribution error. The runs
-    are replayed in the order given, on one simulated engine (its step-size history)."""
+    are replayed in the order given, on one simulated engine (its step-size history).
+    The terms the least squares fitted on decode-only gaps (`fit.held`, `decode_line`) are
+    held: the figures' quantiles under-determine them (a flatter decode line trades
+    against the prefill terms at an equal loss), the gaps measure them directly."""
 
     model, hw = get_model(model_path), get_hardware(hardware)
     replays = [(replay_inputs(r), shape_of(r)) for r in runs]
     base, side = _start_point(start, cfg.engine)
-    n = len(FIT_TERMS)
+    held = {t: start.coefficients.get(t, 0.0) for t in (start.fit.held if start.fit else [])}
+    terms = [t for t in FIT_TERMS if t not in held]
+    n = len(terms)
 
     def unpack(x: np.ndarray) -> dict[str, Any]:
-        coef = {k: base[k] * float(np.exp(v)) for k, v in zip(FIT_TERMS, x[:n], strict=True)}
+        coef = {k: base[k] * float(np.exp(v)) for k, v in zip(terms, x[:n], strict=True)}
         out: dict[str, Any] = {
-            "coefficients": coef,
+            "coefficients": {t: held.get(t, coef.get(t, 0.0)) for t in FIT_TERMS},
             "new_shape_s": 0.0,
             "new_shape_per_token_s": 0.0,
         }
@@ -340,26 +405,35 @@ def fit_by_replay(
             total, m = total + t, m + k
         return total / max(m, 1)
 
-    # Two starts, the lower calibration loss kept: the least-squares point, and the same
-    # with the per-sequence decode term at a tenth of the step constant. In closed loops
-    # batch size and total context grow together, so OLS often hands the per-sequence cost
-    # to the KV-read term (and drops it), and the simplex rarely climbs back from there:
-    # on llama.cpp/Gemma 3 (262k-token vocabulary: every decoded sequence pays the output
-    # projection) the second start fits its own calibration runs to 16% instead of 19%.
-    x1 = np.zeros(n + len(side))
-    k = FIT_TERMS.index("decode_seqs")
-    x1[k] = np.log(max(base["const"] / 10, base["decode_seqs"]) / base["decode_seqs"])
-    x, val = min(
-        (minimise(loss, x0, step=1.0, iters=iters) for x0 in (np.zeros_like(x1), x1)),
-        key=lambda r: r[1],
-    )
+    # Without a held decode line, two starts, the lower calibration loss kept: the
+    # least-squares point, and the same with the per-sequence decode term at a tenth of
+    # the step constant. In closed loops batch size and total context grow together, so
+    # OLS often hands the per-sequence cost to the KV-read term (and drops it), and the
+    # simplex rarely climbs back from there: on llama.cpp/Gemma 3 (262k-token vocabulary:
+    # every decoded sequence pays the output projection) the second start fits its own
+    # calibration runs to 16% instead of 19%.
+    starts = [np.zeros(n + len(side))]
+    if "decode_seqs" in terms:
+        x1 = np.zeros(n + len(side))
+        k = terms.index("decode_seqs")
+        x1[k] = np.log(max(base["const"] / 10, base["decode_seqs"]) / base["decode_seqs"])
+        starts.append(x1)
+    x, val = min((minimise(loss, x0, step=1.0, iters=iters) for x0 in starts), key=lambda r: r[1])
     out = start.model_copy(update=unpack(x))
     if start.fit is None:
         return out
     upd = {"rel_rmse": float(np.sqrt(val)), "method": "least squares + replay"}
     fq = start.fit.model_copy(update=upd)
     verdict = judge(
-        Fit(fq.method, fq.samples, fq.r2, fq.rel_rmse, fq.dropped, n, out.api_overhead_s),
+        Fit(
+            fq.method,
+            fq.samples,
+            fq.r2,
+            fq.rel_rmse,
+            fq.dropped,
+            len(FIT_TERMS),
+            out.api_overhead_s,
+        ),
         coverage_of(runs),
     )
     upd = {"confidence": verdict.confidence, "problems": verdict.problems, "fixes": verdict.fixes}

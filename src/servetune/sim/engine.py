@@ -232,7 +232,14 @@ def setup(
             f"vLLM at its default max_model_len {default_ev.max_model_len:,} refuses to start "
             f"(KV pool {capped:,} tokens): simulated with --max-model-len {capped}, set it so"
         )
-    sm.note = "; ".join(x for x in (sm.note, expected_error_note(sm.tier), cap_note) if x)
+    # the tier's expected error is from vLLM's rows; SGLang's scheduler has its own check
+    engine_note = (
+        "SGLang's scheduler: checked on published SGLang runs, docs/sglang-sim.md"
+        if cfg.engine == "sglang"
+        else ""
+    )
+    notes = (sm.note, expected_error_note(sm.tier), cap_note, engine_note)
+    sm.note = "; ".join(x for x in notes if x)
     return SimSetup(evaluation=ev, sched=sc, step_model=sm, capped_max_model_len=capped)
 
 

@@ -20,11 +20,12 @@ sequences takes
   rows, padded on its own.
 - attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
   (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
-- the engine's CPU side and front end (ingress per request, streaming per token, latency
-  per chunk) come from the engine's entry in the same file. The front end is one server
-  for ingress and streaming (`sim.clients`): it hands a burst over one request at a time,
-  and once its streams saturate it, it paces new requests (vLLM's API server at high
-  concurrency).
+- the engine's CPU side and front end (ingress per request, streaming per token, the
+  engine-to-client latency) come from the engine's entry in the same file; closed-loop
+  users start at spread phases of their cycle (`sim.phases`, `spread_closed_loop`). The
+  front end is one server for ingress and streaming (`sim.clients`): it hands a burst
+  over one request at a time, and once its streams saturate it, it paces new requests
+  (vLLM's API server at high concurrency).
 
 Pipeline parallelism multiplies every per-layer term by pp, as the roofline tier does.
 The figures, their sources and the published runs that check them: docs/fidelity-gpu.md.

@@ -29,6 +29,9 @@ class FitQuality(BaseModel):
     rel_rmse: float
     confidence: str  # high | medium | low (the rules: sim.confidence)
     dropped: list[str] = Field(default_factory=list)
+    # Step terms fitted on the decode-only gaps (sim.calibrate.decode_line) and held
+    # there by the replay fit.
+    held: list[str] = Field(default_factory=list)
     # Why the confidence is not "high" (one line each), and the runs that would lift it.
     problems: list[str] = Field(default_factory=list)
     fixes: list[str] = Field(default_factory=list)

@@ -142,6 +142,37 @@ class RadixPolicy(PagedPolicy):
         super().release_preempted(r, min(kv_tokens, r.prompt_tokens))
 
 
+# SGLang flags with no canonical knob that the model reads from `extra_args` (passed to the
+# real engine as they are), and the ones it refuses because it does not model them.
+MODELLED_POLICIES = ("fcfs", "lpm")
+UNMODELLED_FLAGS = ("--enable-mixed-chunk", "--speculative-algorithm", "--enable-dp-attention")
+
+
+def extra_flag(args: tuple[str, ...], name: str) -> str | None:
+    """The value of `name` among an engine's extra arguments (`--x v` or `--x=v`); None
+    when absent."""
+    for k, a in enumerate(args):
+        if a == name and k + 1 < len(args):
+            return args[k + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def extra_number(args: tuple[str, ...], name: str, default: float) -> float:
+    """A positive number given as an extra SGLang flag, else `default`; one-line errors."""
+    raw = extra_flag(args, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise InputError("extra_args", f"{name} {raw!r} is not a positive number", None)
+    return value
+
+
 def radix_sched_config(cfg: EngineConfig, ev: Evaluation) -> SchedConfig:
     """The scheduler's knobs for SGLang from the plan's evaluation: the pool (in pages) and
     max_running_requests as `plan.sglang_pool` sized them, the chunk and prefill budgets."""
@@ -153,13 +184,23 @@ def radix_sched_config(cfg: EngineConfig, ev: Evaluation) -> SchedConfig:
     pages = ev.kv_blocks
     if cfg.kv_cache_tokens is not None:  # --max-total-tokens
         pages = min(pages, max(cfg.kv_cache_tokens // page, 1))
+    args = cfg.extra_args
+    for flag in UNMODELLED_FLAGS:
+        if any(a == flag or a.startswith(flag + "=") for a in args):
+            raise InputError("extra_args", f"{flag} is not modelled", "simulate without it")
+    policy = extra_flag(args, "--schedule-policy") or cfg.scheduling_policy
+    if policy not in (*MODELLED_POLICIES, "priority"):
+        raise InputError(
+            "extra_args", f"--schedule-policy {policy} is not modelled", "use fcfs or lpm"
+        )
     # the budget's batched tokens: the chunk size, or --max-prefill-tokens when chunking is off
     chunk = b.max_num_batched_tokens if cfg.enable_chunked_prefill else 0
     prefill = MAX_PREFILL_TOKENS if chunk else b.max_num_batched_tokens
     radix = RadixConfig(
         chunked_prefill_size=chunk,
-        max_prefill_tokens=prefill,
-        schedule_policy=cfg.scheduling_policy,
+        max_prefill_tokens=int(extra_number(args, "--max-prefill-tokens", prefill)),
+        schedule_policy=policy,
+        conservativeness=extra_number(args, "--schedule-conservativeness", 1.0),
         ignore_eos_exact=not cfg.enable_prefix_caching,
     )
     return SchedConfig(

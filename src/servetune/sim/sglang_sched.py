@@ -128,6 +128,8 @@ class RadixRunState(RunState):
             elif waiting:  # nothing can run: a guard, admission checks the idle pool
                 self.reject(waiting.pop_head(), IDLE_REJECT, self.now_s)
                 continue
+            elif self.prefilling:  # its admission reserved its pages: cannot happen
+                raise AssertionError("a chunked prompt found no pages with nothing decoding")
             elif not arrivals:
                 break
             else:
