@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--max-probes", type=int, default=5)
     ap.add_argument("--profile", help="sim: a calibrated profile (servetune calibrate)")
     ap.add_argument("--fixed-slo", action="store_true", help="the fixed SLO, not the host's")
+    ap.add_argument("--max-long-s", type=float, help="skip a long run whose arrivals take longer")
     args = ap.parse_args()
     model = str(gemma_gguf()) if args.backend == "real" else None
     spec = spec_for(args.backend, model, args.profile if args.backend == "sim" else None)
@@ -128,6 +129,10 @@ def main() -> None:
     # The long run: the same rule, its arrivals stretched to LONGER x n requests at the
     # capacity (warm-up included), its request cap raised to match.
     total_s = LONGER * n / cap
+    if args.max_long_s is not None and total_s > args.max_long_s:
+        print(f"{LONGER}x run skipped: {LONGER * n} requests at {cap:.3g} req/s take "
+              f"{total_s:.0f} s of arrivals > --max-long-s {args.max_long_s:g}")  # fmt: skip
+        return
     long_rule = replace(
         rule, window_s=total_s - rule.warmup_s, max_requests=max(rule.max_requests, LONGER * n)
     )

@@ -121,7 +121,7 @@ def test_cli_launch_serves_until_interrupted(llamacpp_install, gemma_gguf) -> No
     cmd = [
         sys.executable, "-m", "servetune.cli.app", "engine", "launch", "llamacpp",
         "-m", str(gemma_gguf), "--set", "parallel_slots=1", "--set", "max_model_len=1024",
-        "--set", "threads=2", "--timeout", "120", "--json",
+        "--set", "threads=1", "--timeout", "120", "--json",
     ]  # fmt: skip
     # --timeout bounds the read below: not ready by then, the CLI exits and stdout ends
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

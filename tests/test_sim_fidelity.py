@@ -86,10 +86,10 @@ def test_harness_runs_end_to_end(live: Live) -> None:
 @pytest.mark.timeout(1200)
 def test_the_sweep_covers_prefix_mixed_and_bursty_and_reports_its_confidence(live: Live) -> None:
     """The default sweep's real runs share prefixes (served from the prefix cache), mix
-    long and short prompts, arrive in bursts and fill the batch; the profile states its confidence, and
-    anything short of "high" comes with the rules it failed and the runs that would fix
-    it. Coverage is counted, not timed: no host load turns it (the level itself is the
-    host's, so it is printed, not asserted)."""
+    long and short prompts, arrive in bursts and fill the batch; the profile states its
+    confidence, and anything short of "high" comes with the rules it failed and the runs
+    that would fix it. Coverage is counted, not timed: no host load turns it (the level
+    itself is the host's, so it is printed, not asserted)."""
     from servetune.sim.confidence import BATCH_COVERED, coverage_of
 
     cov = coverage_of(live.sweep)

@@ -49,7 +49,9 @@ def _study(tmp: Path, engine: str, model: Path, knob_flag: str, fixed: dict) -> 
     assert knob_flag in by_seqs[4].launch_command
     assert knob_flag not in by_seqs[1].launch_command
     with Store.open(str(tmp / "real.db")) as st:
-        assert st.study_meta("real") is not None  # the study itself, not only its runs
+        meta = st.study_meta("real")  # the study itself, with its recommendation
+        assert meta is not None and meta["status"] == "done"
+        assert meta["summary"]["winner"]["launch_command"] == out.winner.launch_command
         runs = st.list_runs(study="real")
         assert len(runs) >= 2 and all(r.backend == "real" and r.n_records > 0 for r in runs)
         results = [st.load_result(r.id) for r in runs]

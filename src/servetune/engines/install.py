@@ -393,7 +393,7 @@ class VenvRecipe:
 MLX_PACKAGES = ("mlx[cpu]==0.32.4", "mlx-lm==0.32.2")
 # `transformers serve` needs the serving extra (FastAPI, uvicorn, openai types). 5.24.0 is
 # the CLI data/engine_flags/transformers.json holds; a 6.x may rename the CLI. Measured
-# here (2026-12): 1.2 GB with torch 2.13.0+cpu, 1 min 54 s fresh (torch from the local wheel).
+# here (2026-12): 1.2 GB with torch 2.13.0+cpu, 113 s fresh (33 s of it the local torch wheel).
 TRANSFORMERS_PACKAGES = ("transformers[serving]>=5.24.0,<6",)
 # ONNX Runtime: the server (a pre-release, pinned: data/engine_flags/onnx.json is its CLI)
 # and, in the same venv, onnxruntime-genai's model builder, which needs torch (CPU build),

@@ -45,13 +45,21 @@ VLLM_TEST_CONFIG = EngineConfig(
     enforce_eager=True,
     extra_args=("--load-format", "dummy"),
 )
-# llama.cpp, Gemma 3 270M Q4_K_M: 2 slots of 2,048 tokens each, 2 threads.
+# llama.cpp, Gemma 3 270M Q4_K_M: 2 slots of 2,048 tokens each, 1 thread. One thread,
+# because tests must pass on a busy host: with a CPU hog on one of 2 cores, `-t 2` decoded
+# at 75-350 ms/token (its threads meet at a barrier every step, and one of them waits for
+# the hog's core) and `-t 2 --poll 0` at 51-58, while `-t 1` kept its quiet-host 11.5-11.8
+# ms/token (measured here, 3 x 32 tokens each). Quiet, `-t 2` is no faster on this model
+# (11-12 ms/token).
 LLAMACPP_TEST_CONFIG = EngineConfig(
-    engine="llamacpp", max_model_len=2048, parallel_slots=2, threads=2
+    engine="llamacpp", max_model_len=2048, parallel_slots=2, threads=1
 )
 # The fidelity harness's llama.cpp: 4 slots, like VLLM_TEST_CONFIG's max_num_seqs, so the
-# same held-out workloads queue past the same concurrency.
-LLAMACPP_FIDELITY_CONFIG = LLAMACPP_TEST_CONFIG.model_copy(update={"parallel_slots": 4})
+# same held-out workloads queue past the same concurrency; 2 threads, as its calibrated
+# profiles were measured with.
+LLAMACPP_FIDELITY_CONFIG = LLAMACPP_TEST_CONFIG.model_copy(
+    update={"parallel_slots": 4, "threads": 2}
+)
 
 
 @dataclass(frozen=True)
