@@ -17,7 +17,10 @@ at 60% of capacity; 70% 64/48-token requests, 30% 600-900/96-token ones behind 2
 4. the fit on the sweep's runs only, the replay of every real run, and per figure: the
    simulated against the real median over repeats (signed %), each repeat's own error, the
    noise floor (real vs real: odd repeats against even ones), the target and the verdict
-   (met / MISSED / not judgeable: the floor already exceeds the target).
+   (met / MISSED / not judgeable: the floor already exceeds the target);
+5. the host's drift between the fitted sweep runs and the held-out runs (their decode
+   step at batch 4 and 1,500 tokens, from the decode-only gaps), which the floor cannot
+   see, and as a diagnostic the held-out errors with every step term scaled by it.
 
 A benchmark, not a test: the host is shared and its load moves the real figures.
 `--from DIR` re-evaluates runs kept by an earlier `--runs-dir DIR` without an engine.
@@ -36,11 +39,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+
 from servetune import validate
 from servetune.engines import testmodel
 from servetune.engines.process import launch
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
+from servetune.sim.calibrate import decode_line, step_samples
 from servetune.sim.profile import Profile
 from servetune.workload.spec import WorkloadSpec, load_workload
 
@@ -107,23 +113,58 @@ def signed_pct(sim: float | None, real: float | None) -> float | None:
     return None if sim is None or not real else (sim - real) / real * 100.0
 
 
+def decode_step_ms(runs: list[RunResult]) -> float | None:
+    """The engine's decode step at batch 4 and 1,500 tokens of context, as the runs'
+    decode-only gaps measure it (`calibrate.decode_line`): the host's speed then."""
+    xs, ys = zip(*(step_samples(r) for r in runs), strict=True)
+    line = decode_line(np.concatenate(xs), np.concatenate(ys))
+    return None if line is None else float(line[0] @ [1.0, 4.0, 1500.0]) * 1e3
+
+
+def median_of(vals: list[float | None]) -> float | None:
+    got = sorted(v for v in vals if v is not None)
+    return float(np.median(got)) if got else None
+
+
+def per_repeat_errors(
+    runs: list[RunResult], reals: list[RunResult], profile: Profile
+) -> list[dict[str, float | None]]:
+    """Signed % errors of each of `reals`' replays under `profile`, all `runs` replayed in
+    the engine's order (one simulated engine: its step-size history)."""
+    model_dir = str(testmodel.make_llama_dir())
+    shapes: set[int] = set()
+    judged, out = {id(r) for r in reals}, []
+    for real in sorted(runs, key=lambda r: r.started_unix_s or 0.0):
+        sim = validate.simulate_like(real, model_dir, CFG, profile, shapes=shapes)
+        if id(real) in judged:
+            a, b = validate.figures(sim.metrics), validate.figures(real.metrics)
+            out.append({k: signed_pct(a[k], b[k]) for k in FIGS})
+    return out
+
+
 def evaluate(runs: list[RunResult], name: str) -> tuple[Profile, dict]:
     """Step 4: fit on the sweep, replay everything in the engine's order, the figures."""
     model_dir = str(testmodel.make_llama_dir())
     # As `calibrate --url` fits: the least disturbed run of each sweep workload.
     sweep = [r for r in runs if validate.is_calibration(str(r.workload.get("name")))]
-    profile, _, _ = validate.compare_saved(validate.least_disturbed_per_case(sweep), model_dir, CFG)
+    fitted = validate.least_disturbed_per_case(sweep)
+    profile, _, _ = validate.compare_saved(fitted, model_dir, CFG)
     profile, _, rows = validate.compare_saved(runs, model_dir, CFG, profile)
     reals = validate.by_workload(runs)[name]
+    # Drift: the host's decode speed in the held-out runs against the fitted sweep runs'.
+    # The noise floor (repeats against each other) cannot see it: the repeats run together.
+    drift = {"sweep_ms": decode_step_ms(fitted), "heldout_ms": decode_step_ms(reals)}
     row = next(r for r in rows if r.name == name)
     floor = next((r for r in validate.noise_floor(runs) if r.name == name), None)
-    shapes: set[int] = set()  # one engine served them all, in this order (compare_saved)
-    judged, per_rep = {id(r) for r in reals}, []
-    for real in sorted(runs, key=lambda r: r.started_unix_s or 0.0):
-        sim = validate.simulate_like(real, model_dir, CFG, profile, shapes=shapes)
-        if id(real) in judged:
-            a, b = validate.figures(sim.metrics), validate.figures(real.metrics)
-            per_rep.append({k: signed_pct(a[k], b[k]) for k in FIGS})
+    per_rep = per_repeat_errors(runs, reals, profile)
+    if drift["sweep_ms"] and drift["heldout_ms"]:
+        # A diagnostic, not a prediction (it reads the held-out runs' speed): every step
+        # term scaled by the drift. Small errors then say the model is right and the host
+        # moved; large ones say the model is wrong.
+        ratio = drift["heldout_ms"] / drift["sweep_ms"]
+        coef = {k: v * ratio for k, v in profile.coefficients.items()}
+        scaled = per_repeat_errors(runs, reals, profile.model_copy(update={"coefficients": coef}))
+        drift["corrected_pct"] = {k: median_of([r[k] for r in scaled]) for k in FIGS}
     out = {}
     for k in FIGS:
         err = signed_pct(row.sim[k], row.real[k])
@@ -144,6 +185,7 @@ def evaluate(runs: list[RunResult], name: str) -> tuple[Profile, dict]:
             "target_pct": target,
             "verdict": verdict,
         }
+    out["drift"] = drift
     return profile, out
 
 
@@ -158,10 +200,20 @@ def report(profile: Profile, figs: dict, sweep_s: float | None, repeats: int) ->
     )
     for why in getattr(fit, "problems", []) or []:
         print(f"  - {why}")
+    d = figs["drift"]
+    if d["sweep_ms"] and d["heldout_ms"]:
+        print(
+            f"host drift: decode step (batch 4, 1,500 tokens of context) {d['sweep_ms']:.1f} ms "
+            f"in the fitted sweep runs, {d['heldout_ms']:.1f} ms in the held-out runs "
+            f"({d['heldout_ms'] / d['sweep_ms'] - 1:+.0%}); the floor does not include it"
+        )
+        fixed = ", ".join(f"{k} {v:+.0f}%" for k, v in d["corrected_pct"].items() if v is not None)
+        print(f"  diagnostic, step terms x{d['heldout_ms'] / d['sweep_ms']:.2f}: {fixed}")
     print(f"held-out {WORKLOAD.name}, {repeats} repeats; sim vs real (median of repeats)")
     head = f"{'figure':9s} {'real ms':>9s} {'sim ms':>9s} {'sim vs real':>12s}"
     print(head + f" {'per repeat':>22s} {'floor':>7s} {'target':>7s}  verdict")
-    for k, f in figs.items():
+    for k in FIGS:
+        f = figs[k]
         reps = ",".join(f"{v:+.0f}" for v in f["per_repeat_pct"] if v is not None)
         fl = f"{f['floor_pct']:.1f}%" if f["floor_pct"] is not None else "-"
         print(

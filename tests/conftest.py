@@ -13,7 +13,7 @@ Fixtures skip nothing: a missing engine is installed through servetune's own ins
 engines are shared, so tests must leave them idle (no requests left running) and must
 not change their settings; a test that needs other settings launches its own engine, or,
 when another test needs the same settings, a session fixture here that both share
-(vllm_small_kv_server): a vLLM start costs ~60-90 s on a busy 2-core host.
+(vllm_small_kv_server): a vLLM start costs 30-65 s on a busy 2-core host.
 """
 
 from __future__ import annotations

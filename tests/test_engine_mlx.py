@@ -25,6 +25,7 @@ def mlx_model() -> Path:
     return make_llama_weights()
 
 
+@pytest.mark.timeout(30)  # an engine-marked file: every test names its bound
 def test_adapter_says_what_maps_and_what_does_not() -> None:
     cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, tensor_parallel_size=2)
     spec = launch_command("mlx", cfg, "/m", prefix=["py"])
