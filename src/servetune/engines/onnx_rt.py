@@ -5,8 +5,9 @@ server. Of the OpenAI-compatible servers for it on PyPI (checked 2026-12):
 - `onnx-genai-server` 0.1.0.dev6 (pre-release; a Rust server over the `onnxruntime`
   wheel, loading the builder's output): continuous batching (`--max-batch`), a paged KV
   cache and a Prometheus `/metrics` (`onnx_genai_*`). It buffers every stream: all
-  chunks leave together when the answer is done (measured here: 33 chunks within 2 ms
-  after 1.2 s), so TTFT/ITL of a run on it are not measurable (metrics/buffering.py).
+  chunks leave together when the answer is done (measured here: 33 chunks within
+  2-10 ms after 1.1-1.2 s), so TTFT/ITL of a run on it are not measurable
+  (metrics/buffering.py).
 - `prism-local` 0.2.0 streams token by token through onnxruntime-genai's own generator,
   but serialises requests behind one lock (its README, "Known limitations") and has
   no `/metrics`: a single-user server, nothing to tune or load-test.
