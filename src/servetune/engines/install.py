@@ -172,16 +172,21 @@ def _write_stamp(engine: str, data: dict) -> None:
 
 
 @contextlib.contextmanager
-def _lock(engine: str) -> Iterator[None]:
-    """One installer per engine at a time (CI step and a test fixture may race)."""
-    d = engine_dir(engine)
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".lock", "w") as fh:
+def dir_lock(directory: Path) -> Iterator[None]:
+    """One writer of a cache directory at a time, across processes (a CI step and a test
+    fixture may race to install or convert the same thing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _lock(engine: str) -> contextlib.AbstractContextManager[None]:
+    """One installer per engine at a time."""
+    return dir_lock(engine_dir(engine))
 
 
 class MissingTool(InputError):

@@ -10,13 +10,11 @@ onnx-ir. Measured here (2026-12): about 14 s for the 8-layer test Llama, 400 MB 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from servetune.engines import install
@@ -78,18 +76,6 @@ def onnx_dir(src: Path, precision: str) -> Path:
     return models_dir() / "onnx" / f"{src.name}-{source_hash(src)}-{precision}"
 
 
-@contextlib.contextmanager
-def _lock(directory: Path) -> Iterator[None]:
-    """One conversion at a time (a CI step and a test fixture may race)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def convert(
     src: Path, *, precision: str = "fp32", python: str | None = None, say: Say = print
 ) -> Path:
@@ -105,7 +91,7 @@ def convert(
     if (target / _MARKER).is_file():
         return target
     py = python or install.install("onnx", say=say).prefix[0]
-    with _lock(target.parent):
+    with install.dir_lock(target.parent):  # one conversion at a time
         if (target / _MARKER).is_file():  # converted while we waited
             return target
         part = target.with_name(target.name + ".part")
