@@ -48,7 +48,7 @@ def test_hybrid_calibrates_first_then_prints_sim_vs_real(
     )
     sim = BackendSpec(kind="sim", **common)
     real = BackendSpec(kind="real", model_path=str(gemma_gguf), device="cpu", **common)
-    space = parse_space({"engine": "llamacpp", "fixed": {"threads": 2},
+    space = parse_space({"engine": "llamacpp", "fixed": {"threads": 1},
                          "knobs": {"parallel_slots": [1, 2]}})  # fmt: skip
     settings = TuneSettings(
         space=space,

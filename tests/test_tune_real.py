@@ -86,7 +86,7 @@ def test_llamacpp_study_winner_beats_the_default(llamacpp_install, gemma_gguf, t
     # A structural difference, so the verdict holds on a busy shared machine too.
     space = {
         "engine": "llamacpp",
-        "fixed": {"threads": 2, "parallel_slots": 4, "quantization": "q4_k_m"},
+        "fixed": {"threads": 1, "parallel_slots": 4, "quantization": "q4_k_m"},
         "baseline": {"kv_cache_tokens": 512},
         "knobs": {"kv_cache_tokens": [512, 2048]},
     }
@@ -170,7 +170,7 @@ def _tune(tmp: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 SMALL_SPACE = """engine: llamacpp
-fixed: {quantization: q4_k_m, threads: 2}
+fixed: {quantization: q4_k_m, threads: 1}
 knobs:
   parallel_slots: [1, 4]
 """
@@ -196,7 +196,7 @@ def test_main_job_preset_ends_with_a_recommendation(llamacpp_install, gemma_gguf
     assert lines[0].startswith("SLO derived from this host: P95 TTFT <= 4 x probe")
     head = next(i for i, x in enumerate(lines) if x.startswith(("== winner: ", "== NO CONFIG")))
     assert lines[head + 1] == "launch command:"
-    assert "llama-server" in lines[head + 2] and "-t 2" in lines[head + 2]
+    assert "llama-server" in lines[head + 2] and "-t 1" in lines[head + 2]
     with Store.open(str(tmp_path / "main.db")) as st:
         summary = st.study_meta("main")["summary"]
         runs = st.list_runs(study="main")
