@@ -39,6 +39,19 @@ __all__ = [
 ]
 
 
+# A test that asks for a real engine is an engine test, marked or not: scripts/run.sh runs
+# the engine tests one at a time after the others (which run on every core, docs/testing.md).
+ENGINE_FIXTURES = frozenset(
+    {"vllm_install", "llamacpp_install", "vllm_server", "vllm_small_kv_server", "llamacpp_server"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
 @pytest.fixture(autouse=True)
 def _private_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """bench/simulate record to ./servetune.db by default: point every test at its own

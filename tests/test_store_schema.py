@@ -16,7 +16,8 @@ from sqlalchemy import create_engine
 
 from servetune.errors import InputError
 from servetune.store import Store
-from servetune.store.db import MIGRATIONS, resolve_url
+from servetune.store import db as db_mod
+from servetune.store.db import MIGRATIONS, resolve_url, wal_is_safe
 from servetune.store.models import SCHEMA_VERSION
 
 
@@ -47,12 +48,52 @@ def test_head_migration_sets_the_code_schema_version() -> None:
     assert head.module.schema_version == SCHEMA_VERSION
 
 
-def test_new_sqlite_db_uses_wal(tmp_path: Path) -> None:
+def _journal(db: Path) -> str:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("PRAGMA journal_mode").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_wal_only_on_sqlite_libraries_with_the_wal_reset_fix() -> None:
+    assert not wal_is_safe((3, 40, 1))  # Debian 12
+    assert not wal_is_safe((3, 45, 1))  # Ubuntu 24.04
+    assert not wal_is_safe((3, 51, 2))
+    assert wal_is_safe((3, 44, 6)) and wal_is_safe((3, 50, 7)) and wal_is_safe((3, 51, 3))
+    assert wal_is_safe((3, 54, 1))
+
+
+@pytest.mark.parametrize("version", [(3, 40, 1), (3, 52, 0)])
+def test_new_sqlite_db_journal_follows_the_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: tuple[int, int, int]
+) -> None:
+    monkeypatch.setattr(db_mod, "_sqlite_version", lambda engine: version)
     db = tmp_path / "w.db"
     Store.open(str(db)).close()
-    con = sqlite3.connect(db)
-    assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    con.close()
+    assert _journal(db) == ("wal" if wal_is_safe(version) else "delete")
+
+
+def test_wal_database_goes_back_to_a_rollback_journal_on_an_unsafe_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(db_mod, "_sqlite_version", lambda engine: (3, 52, 0))
+    db = tmp_path / "w.db"
+    with Store.open(str(db)) as st:
+        st.ensure_study("kept")
+    assert _journal(db) == "wal"
+    monkeypatch.setattr(db_mod, "_sqlite_version", lambda engine: (3, 40, 1))
+    other = sqlite3.connect(db)  # another process has it open: it stays WAL this time
+    other.execute("BEGIN")
+    other.execute("SELECT count(*) FROM studies").fetchone()
+    Store.open(str(db)).close()
+    assert _journal(db) == "wal"
+    other.close()
+    Store.open(str(db), create=False).close()  # readers never switch it
+    assert _journal(db) == "wal"
+    with Store.open(str(db)) as st:  # the next writer does; nothing is lost
+        assert st.ensure_study("kept")
+    assert _journal(db) == "delete"
 
 
 def test_url_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -11,9 +11,9 @@
         store.import_file(path)                     # bench JSON / JSONL log / export JSON
 
 Bench and simulate write through `ResultStore` (a store failure never stops a
-measurement). SQLite (WAL) by default, any SQLAlchemy URL for a team (PostgreSQL
-tested). Schema migrations ship in `migrations/` and run on open; foreign, corrupt or
-newer databases are refused with a one-line InputError. See docs/store.md.
+measurement). SQLite by default (WAL where the library is safe), any SQLAlchemy URL for
+a team (PostgreSQL tested). Schema migrations ship in `migrations/` and run on open;
+foreign, corrupt or newer databases are refused with a one-line InputError. See docs/store.md.
 """
 
 from __future__ import annotations

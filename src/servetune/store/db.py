@@ -1,4 +1,4 @@
-"""Where the store lives and how it is opened: URL resolution, SQLite pragmas (WAL),
+"""Where the store lives and how it is opened: URL resolution, SQLite pragmas (journal mode),
 refusing foreign/corrupt/newer databases, and running the shipped migrations.
 
 Everything a user can get wrong here becomes an `InputError` (one line, exit 2) before
@@ -59,13 +59,58 @@ class SchemaState:
     tables: tuple[str, ...] = ()
 
 
+# SQLite's "WAL-reset bug" (sqlite.org/wal.html#walresetbug): in WAL mode, a commit that
+# resets the log while two checkpoints race can lose pages and corrupt the file. It affects
+# SQLite 3.7.0 through 3.51.2 and is fixed in 3.51.3, with backports to 3.50.7 and 3.44.6.
+# servetune commits from two threads at once (a run's records beside the study's rows), the
+# pattern the bug needs, and Debian 12 ships 3.40.1; a CI run here found a database
+# "malformed" after exactly that. So WAL only where the library is fixed.
+_WAL_FIXED: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
+    ((3, 44, 6), (3, 45, 0)),
+    ((3, 50, 7), (3, 51, 0)),
+    ((3, 51, 3), (999,)),
+)
+
+
+def wal_is_safe(version: tuple[int, ...]) -> bool:
+    """True when this SQLite library has the WAL-reset fix (see _WAL_FIXED)."""
+    return any(low <= tuple(version) < high for low, high in _WAL_FIXED)
+
+
+def _sqlite_version(engine: Engine) -> tuple[int, ...]:
+    return tuple(engine.dialect.dbapi.sqlite_version_info)  # type: ignore[union-attr]
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # Per-connection settings; none of them writes to the file.
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout = 30000")  # several writers (a sweep, a tuner) queue
     cur.execute("PRAGMA foreign_keys = ON")
-    cur.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across a crash
+    mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
+    # WAL + NORMAL is durable across a crash; a rollback journal keeps the default FULL.
+    if str(mode).lower() == "wal":
+        cur.execute("PRAGMA synchronous = NORMAL")
     cur.close()
+
+
+def _set_journal_mode(engine: Engine, *, existing: bool) -> None:
+    """WAL on a new database where the library is safe (readers never block the writer);
+    a WAL database on an unsafe library goes back to a rollback journal, when nobody else
+    has it open (a short wait, never the 30 s queue: it is tried again next time)."""
+    want = "wal" if wal_is_safe(_sqlite_version(engine)) else "delete"
+    if existing and want == "wal":
+        return  # whatever it is, it is safe
+    with engine.connect() as conn:
+        mode = str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+        if mode == want or (existing and mode != "wal"):
+            return
+        conn.exec_driver_sql("PRAGMA busy_timeout = 200")
+        try:
+            conn.exec_driver_sql(f"PRAGMA journal_mode = {want.upper()}")
+        except DBAPIError:
+            pass  # another process has it open: keep WAL this time
+        finally:
+            conn.exec_driver_sql("PRAGMA busy_timeout = 30000")
 
 
 def _check_sqlite_file(url: str, create: bool) -> None:
@@ -220,9 +265,8 @@ def open_engine(url: str, *, create: bool = True) -> Engine:
         engine.dispose()
         raise InputError(_FIELD, f"{where} holds no servetune data yet", "record a run first")
     try:
-        if engine.url.get_backend_name() == "sqlite" and state.kind == "empty":
-            with engine.connect() as conn:  # persistent: later readers never block writers
-                conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+        if engine.url.get_backend_name() == "sqlite" and (state.kind == "empty" or create):
+            _set_journal_mode(engine, existing=state.kind != "empty")
         if state.kind == "old":
             _backup_sqlite(engine, state.version)
         if state.kind in ("empty", "old"):
