@@ -38,18 +38,19 @@ def test_vllm_on_a_gpu_defaults_to_the_gpu_tier_and_says_its_rule():
 
 def test_decode_step_by_hand():
     """Batch 1, empty context: CPU + layer floor + weight streaming + 2 all-reduces/layer.
-    Figures from data/gpu/kernels.yaml: step 0.8 ms, 6 us/seq, 25 us/layer, HBM 80% of
-    3.35 TB/s, all-reduce 8 us + 2 (2-1)/2 x 8192 x 2 B / 360 GB/s at TP2."""
+    Figures from data/gpu/kernels.yaml: step 0.8 ms, 6 us/seq, 25 us/layer, FP8 GEMMs
+    streaming at 67% of 3.35 TB/s, all-reduce 8 us + 2 (2-1)/2 x 8192 x 2 B / 360 GB/s at
+    TP2."""
     su = setup(L70, H100, FP8_TP2)
     weights = su.evaluation.budget.weights_bytes
     cpu = 0.8e-3 + 6e-6
     floor = 25e-6 * 80
-    stream = weights / (3350e9 * 0.80)
+    stream = weights / (3350e9 * 0.67)
     comm = 2 * 80 * (8e-6 + 8192 * 2 / 360e9)
     expected = cpu + floor + stream + comm
     assert su.step_model.time_s(0, 1, 0, 0, 0) == pytest.approx(expected, rel=1e-9)
     # ~35 GB of FP8 weights per GPU: the stream is most of the step
-    assert 10e-3 < stream < 15e-3
+    assert 12e-3 < stream < 18e-3
     # the decode line (the scheduler's fast path) is the same formula
     assert su.step_model.decode_time_s(1, 0.0) == pytest.approx(expected, rel=1e-9)
 
@@ -69,6 +70,26 @@ def test_prefill_step_by_hand():
     got = su.step_model.time_s(n, 0, 0, pairs, 0)
     assert got == pytest.approx(expected, rel=1e-9)
     assert gemm > 0.5 * got  # a 4k prefill is GEMM-bound
+
+
+def test_weight_streaming_share_follows_the_gemm_dtype():
+    """16-bit GEMMs stream their weights at 80% of the HBM datasheet, vLLM's FP8 GEMMs
+    (activation quantisation + CUTLASS, vLLM PR #49363's H100 benchmark) at 67%: FP8
+    halves the bytes, not the time. Weight-only formats run 16-bit GEMMs."""
+    fig = kernel_figures(H100)
+    assert fig.hbm_for("bf16") == pytest.approx(0.80)
+    assert fig.hbm_for("fp8") == pytest.approx(0.67)
+    assert kernel_figures(get_hardware("l40s")).hbm_for("fp8") == pytest.approx(0.67)
+    # batch 1, no context, TP4: the FP8 step's stream is 0.80 / 0.67 x half the bf16 one's
+    bf16 = setup(L70, H100, EngineConfig(tensor_parallel_size=4))
+    fp8 = setup(L70, H100, EngineConfig(tensor_parallel_size=4, quantization="fp8"))
+    w16 = bf16.evaluation.budget.weights_bytes
+    w8 = fp8.evaluation.budget.weights_bytes
+    s16 = bf16.step_model.linear_s(1)
+    s8 = fp8.step_model.linear_s(1)
+    assert s16 == pytest.approx(w16 / (3350e9 * 0.80), rel=1e-9)
+    assert s8 == pytest.approx(w8 / (3350e9 * 0.67), rel=1e-9)
+    assert s8 / s16 == pytest.approx((w8 / w16) * 0.80 / 0.67, rel=1e-9)
 
 
 def test_the_gpu_tier_refuses_an_engine_it_has_no_figures_for():
@@ -235,8 +256,10 @@ RUNS = {r.id: r for r in load_runs()}
 @pytest.mark.parametrize(
     ("run_id", "ttft_tol", "tpot_tol"),
     [
-        # fit row (model_gemm_eff, per_layer_us were set on it): 10% on both
-        ("nim-l33-70b-5000-500-c1", 10, 10),
+        # fit row (model_gemm_eff, per_layer_us were set on it): TTFT 10%; TPOT 12% since
+        # FP8 GEMMs stream at vLLM's measured 67% (kernels.yaml), not the 80% per_layer_us
+        # was fitted with: +10% (NIM's backend is not stated; docs/fidelity-gpu.md)
+        ("nim-l33-70b-5000-500-c1", 10, 12),
         # fit row of api_overhead_s (vLLM's front-end latency): 10% on both
         ("gpustack-qwen3-8b-h100-sharegpt-c4", 10, 10),
         # the issue's vLLM closed loop (users de-synchronised, `sim.phases`): 25%

@@ -119,3 +119,51 @@ def test_a_rising_trend_is_weak_evidence_and_a_light_draw_credits_what_it_offere
     assert credited_rate(signals(0.49, 0.0), 0.595) == pytest.approx(0.49)
     assert credited_rate(signals(0.65, 0.0), 0.595) == pytest.approx(0.595)  # never more
     assert credited_rate({}, 8.0) == 8.0  # closed loop: the load as given
+
+
+def _point(load: float, passed: bool, achieved: float, window_s: float = 60.0):
+    from servetune.measure.result import PointResult
+
+    sig = {"steady": passed, "offered_req_s": load, "achieved_req_s": achieved,
+           "achieved_ratio": achieved / load, "achieved_min_ratio": 0.9,
+           "queue_slope_s_per_s": 0.0, "max_queue_slope_s_per_s": 0.05,
+           "window_s": window_s}  # fmt: skip
+    return PointResult("rate", load, passed, req_s=achieved, signals=sig)
+
+
+def test_a_rate_close_to_saturation_is_not_proven_by_a_short_window() -> None:
+    """Morse's relaxation time: a 3 req/s server settles in ~360 s at 94% load, ~30 s at
+    80%; a 60 s window proves the second, not the first."""
+    from servetune.measure.steady import relaxation_s, saturated_rate, settles_in_window
+
+    assert relaxation_s(2.82, 3.0) == pytest.approx(1 / (3 * (1 - (0.94**0.5)) ** 2))
+    assert 300 < relaxation_s(2.82, 3.0) < 420 and 25 < relaxation_s(2.4, 3.0) < 32
+    assert relaxation_s(3.0, 3.0) == float("inf")
+    pts = [_point(1, True, 1.0), _point(2, True, 2.0), _point(4, False, 2.98)]
+    assert saturated_rate([p.signals for p in pts]) == pytest.approx(2.98)  # the overload
+    assert saturated_rate([p.signals for p in pts[:2]]) is None  # no overload seen yet
+    near = _point(2.83, True, 2.83).signals
+    (why,) = settles_in_window(near, 2.83, 2.98)
+    assert "95% of the saturated 2.98 req/s" in why and "over half the 60 s window" in why
+    assert settles_in_window(_point(2.38, True, 2.38).signals, 2.38, 2.98) == []
+    assert settles_in_window(near, 2.83, None) == []  # saturation unknown: nothing said
+    # a fast server settles fast: 94% of 50 req/s takes ~21 s, a 60 s window proves it
+    assert settles_in_window(_point(47, True, 47).signals, 47, 50) == []
+
+
+def test_the_tuner_credits_the_proven_load_below_a_point_too_close_to_saturation() -> None:
+    """A point passed in the doubling phase, before an overload showed the saturated rate,
+    is judged again when the search ends: the capacity falls to the proven load below."""
+    from servetune.tune.trial import TrialResult, _not_proven, _recheck
+
+    pts = [_point(1, True, 1.0), _point(2.83, True, 2.83), _point(5.66, False, 2.98)]
+    trial = TrialResult(key="k", config={}, label="x", backend="real", status="ok",
+                        points=pts, capacity=2.83, first_fail=5.66)  # fmt: skip
+    assert _not_proven(pts[0], pts) == [] and _not_proven(pts[2], pts) == []
+    weak: dict = {}
+    _recheck(trial, weak)
+    assert trial.capacity == 1 and trial.first_fail == 2.83 and list(weak) == [2.83]
+    fine = TrialResult(key="k", config={}, label="x", backend="real", status="ok",
+                       points=pts[:1] + pts[2:], capacity=1, first_fail=5.66)  # fmt: skip
+    _recheck(fine, weak := {})
+    assert fine.capacity == 1 and weak == {}

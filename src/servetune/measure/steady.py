@@ -21,7 +21,10 @@ open-loop point is sized and judged by one rule, for the simulator and the real 
   half charges that trend (or a start-up transient) to the point.
 
 A point that passes is still weak evidence when its TTFT rises across the window within
-the limit (`weak_evidence`): the tuner then credits the load below it. And it shows no
+the limit (`weak_evidence`), or when its rate is so close to the engine's saturation that
+the queue takes longer than half the window to settle (`settles_in_window`, Morse's
+relaxation time, once a point has shown the saturated rate): the tuner then credits the
+load below it. And it shows no
 more than the rate its arrivals offered (`credited_rate`).
 
 Closed-loop points are not judged: their users bound the queue (Little's law: at most
@@ -296,6 +299,50 @@ def weak_evidence(signals: dict[str, Any]) -> list[str]:
     if slope is not None and limit is not None and slope > limit / 2:
         return [f"its TTFT trend rises ({slope:+.3f} s/s, over half the {limit:g} limit)"]
     return []
+
+
+def saturated_rate(points_signals: list[dict[str, Any]]) -> float | None:
+    """The service rate the engine showed at saturation: the most any judged point that
+    did not keep up completed per second (an overload's completions run at the service
+    rate; its arrivals do not matter). None until a point has been overloaded."""
+    rates = [
+        float(s["achieved_req_s"])
+        for s in points_signals
+        if "steady" in s and s.get("achieved_ratio", 1.0) < s.get("achieved_min_ratio", 0.0)
+    ]
+    return max(rates) if rates else None
+
+
+def relaxation_s(rate: float, service_rate: float) -> float:
+    """How long a queue at `rate` takes to forget where it started, for a server that
+    completes `service_rate` per second at saturation: Morse's relaxation time of the
+    M/M/1 queue, 1 / (mu (1 - sqrt(rho))^2) (P. M. Morse, "Stochastic properties of
+    waiting lines", Operations Research 3(3), 1955). It grows without bound as rho -> 1:
+    at 94% of saturation a 3 req/s server takes ~360 s, at 80% ~30 s."""
+    if service_rate <= 0 or rate >= service_rate:
+        return math.inf
+    return 1.0 / (service_rate * (1.0 - math.sqrt(rate / service_rate)) ** 2)
+
+
+def settles_in_window(
+    signals: dict[str, Any], load: float, service_rate: float | None
+) -> list[str]:
+    """Why a passing open-loop point at `load` does not prove its rate (empty: it does, or
+    nothing is known of the saturation): its window is shorter than twice the queue's
+    relaxation time at that load, so the window saw one excursion of a queue that makes
+    longer ones. On llama.cpp (2 slots, this CPU) 2.83 req/s against a saturated 2.98
+    passed a 63 s window (P95 TTFT 1.3 s) and missed by 4x (7.7 s) in a run 10x as long."""
+    if "steady" not in signals or not service_rate:
+        return []
+    window = float(signals.get("window_s") or 0.0)
+    tau = relaxation_s(load, service_rate)
+    if window >= 2.0 * tau:
+        return []
+    settle = "never" if math.isinf(tau) else f"~{tau:,.0f} s"
+    return [
+        f"at {load / service_rate:.0%} of the saturated {service_rate:.3g} req/s a queue "
+        f"settles in {settle} (Morse's relaxation time), over half the {window:.0f} s window"
+    ]
 
 
 def credited_rate(signals: dict[str, Any], load: float) -> float:

@@ -26,7 +26,8 @@ class KernelFigures:
 
     mamf: dict[str, float]
     gemm_tile_m: int
-    hbm_eff: float
+    hbm_eff: float  # weight streaming of 16-bit GEMMs (and any dtype not in hbm_eff_by_dtype)
+    hbm_eff_by_dtype: dict[str, float]
     attn_eff: float
     fa_eff: float
     model_gemm_eff: float
@@ -42,6 +43,11 @@ class KernelFigures:
             if d in self.mamf:
                 return self.mamf[d]
         return min(self.mamf.values())
+
+    def hbm_for(self, dtype: str) -> float:
+        """Share of the datasheet HBM bandwidth that decode GEMMs running in `dtype` reach
+        while streaming their weights (FP8 GEMMs quantise their activations first)."""
+        return self.hbm_eff_by_dtype.get(dtype, self.hbm_eff)
 
 
 @lru_cache(maxsize=1)
@@ -78,6 +84,9 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         mamf={str(k): float(v) for k, v in entry["mamf"].items()},
         gemm_tile_m=int(entry["gemm_tile_m"]),
         hbm_eff=float(entry["hbm_eff"]),
+        hbm_eff_by_dtype={
+            str(k): float(v) for k, v in (entry.get("hbm_eff_by_dtype") or {}).items()
+        },
         attn_eff=float(entry["attn_eff"]),
         fa_eff=float(entry["fa_eff"]),
         model_gemm_eff=float(entry["model_gemm_eff"]),

@@ -6,7 +6,7 @@ sequences takes
 
     t = cpu_step + cpu_per_seq x seqs                      engine CPU: schedule, prepare, sample
       + per_layer x layers                                 kernel launch gaps and tails
-      + max(weight bytes / (BW x hbm_eff),                  linear layers
+      + max(weight bytes / (BW x hbm_eff[dtype]),           linear layers
             FLOPs / (peak x mamf x model_gemm_eff x tile_eff(tokens)))
       + max(KV bytes read / (BW x attn_eff), attention FLOPs / (peak16 x fa_eff))
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
@@ -17,7 +17,9 @@ sequences takes
   achievable matmul rate (MAMF) times the share a model's own shapes and the elementwise
   kernels between the GEMMs leave of it (model_gemm_eff), less the rows padded up to whole
   GEMM tiles. MoE routed experts run as a grouped GEMM: each expert gets tokens x k / E
-  rows, padded on its own.
+  rows, padded on its own. The weight stream's share of the HBM bandwidth is also the
+  GEMMs' dtype's (`KernelFigures.hbm_for`): vLLM's FP8 GEMMs quantise their activations
+  first and stream slower than 16-bit ones.
 - attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
   (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
 - the engine's CPU side and front end (ingress per request, streaming per token, the
@@ -133,6 +135,7 @@ def gpu_model(
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     weights = budget.weights_bytes
     bw = hw.bandwidth_bytes_s
+    hbm_eff = fig.hbm_for(fmt.compute)
     gemm_flops_s = hw.peak_flops(fmt.compute) * fig.mamf_for(fmt.compute) * fig.model_gemm_eff
     expert_params, rows_per_expert = routed_experts(model)
     flops_per_token = 2 * (model.params_matmul_active - expert_params) / tp
@@ -145,7 +148,7 @@ def gpu_model(
     @lru_cache(maxsize=8192)
     def linear(tokens: int) -> float:
         t = max(int(tokens), 1)
-        read = roofline.weight_bytes_read(model, weights, t) / (bw * fig.hbm_eff)
+        read = roofline.weight_bytes_read(model, weights, t) / (bw * hbm_eff)
         compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
         if expert_flops_per_token:
             # grouped GEMM: each expert's rows are padded to whole tiles on their own
@@ -176,7 +179,7 @@ def gpu_model(
         # The roofline tier's keys, with the same meaning (HBM and GEMM shares of the
         # datasheet, step and chunk overheads), so stored runs of either tier read alike.
         notes={
-            "mem": fig.hbm_eff,
+            "mem": hbm_eff,
             "flops": fig.mamf_for(fmt.compute),
             "step_overhead_s": cpu["step_s"],
             "api_overhead_s": cpu["api_overhead_s"],

@@ -141,7 +141,7 @@ def run_trial(
                 raise _TimeUp
             point = _measure(lazy, recorder, key, kind, load, "probe", 0, results, say, label)
             trial.points.append(point)
-            why = steady.weak_evidence(point.signals) if point.passed else []
+            why = _not_proven(point, trial.points)
             if why:
                 weak[load] = why
                 if say:
@@ -162,6 +162,7 @@ def run_trial(
                 )
                 trial.capacity, trial.first_fail = cap.capacity, cap.first_fail
                 trial.capacity_note = cap.reason
+                _recheck(trial, weak)
                 _credit(trial)
             else:
                 load = search.fixed_load or search.lattice.load(0)
@@ -204,6 +205,31 @@ def run_trial(
         res = results.get(best_load) if best_load is not None else None
         recorder.save_sim_trial(trial, res, backend)
     return trial
+
+
+def _not_proven(point: PointResult, points: list[PointResult]) -> list[str]:
+    """Why a passing point is weak evidence of its load (`steady.weak_evidence`, and
+    `steady.settles_in_window` against the saturation the trial's points have shown)."""
+    if not point.passed:
+        return []
+    mu = steady.saturated_rate([p.signals for p in points])
+    return steady.weak_evidence(point.signals) + steady.settles_in_window(
+        point.signals, point.load, mu
+    )
+
+
+def _recheck(trial: TrialResult, weak: dict[float, list[str]]) -> None:
+    """The capacity's point judged again once the search is over: a point passed before
+    any overload showed the saturated rate (the doubling phase) may sit too close to it.
+    Then the highest passing load that is proven is the capacity."""
+    at = next((p for p in trial.points if p.load == trial.capacity and p.passed), None)
+    if at is None or not (why := _not_proven(at, trial.points)):
+        return
+    weak[at.load] = why
+    proven = [p.load for p in trial.points if p.passed and p.load not in weak]
+    if proven:
+        trial.first_fail = at.load
+        trial.capacity = max(proven)
 
 
 def _credit(trial: TrialResult) -> None:
