@@ -23,10 +23,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# 4 sessions of 4 turns, 2 users: a 256-token system prompt shared by all, 128 new
-# tokens and a 16-token answer a turn, 0.5 s think time. Prompts grow 400 -> 900 tokens.
+# 2 sessions of 4 turns, 2 users: a 256-token system prompt shared by both, 128 new
+# tokens and a 16-token answer a turn, 0.5 s think time. Prompts grow 400 -> 900 tokens;
+# 6 follow-ups, of which the workload allows ~70% of the prompt tokens from the cache.
 CHAT = {
-    "count": 4,
+    "count": 2,
     "arrival": {"kind": "closed", "concurrency": 2},
     "sessions": {
         "kind": "chat",
