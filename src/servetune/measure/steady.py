@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from servetune.metrics.compute import NS_PER_S, RecordColumns, record_columns
+from servetune.metrics.pct import QUANTILES, upper_bound_rank
 from servetune.metrics.stats import summarize
 from servetune.results.schema import RunResult, SLOCheck
 from servetune.slo import SLO
@@ -64,6 +65,9 @@ class SteadyRule:
     # rates): with 15 arrivals a Poisson draw is off by ~26% and one completion cut off by
     # the window's edge is 7%; with 300, by ~6%.
     min_arrivals: int = 0
+    # A passing point is credited only when each TTFT/TPOT percentile target also holds
+    # at this confidence (`upper_bounds`); None: the sample's percentile is taken as is.
+    percentile_confidence: float | None = None
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.warmup_s < 0:
@@ -72,6 +76,8 @@ class SteadyRule:
             raise ValueError("min_achieved in (0, 1], max_queue_slope >= 0, max_requests >= 1")
         if self.min_arrivals < 0:
             raise ValueError("min_arrivals >= 0")
+        if self.percentile_confidence is not None and not 0 < self.percentile_confidence < 1:
+            raise ValueError("percentile_confidence in (0, 1)")
 
     def count(self, rate: float, base: int) -> int:
         """Requests whose Poisson arrivals at `rate` span warm-up + window (the expected
@@ -112,6 +118,7 @@ REAL_STEADY = SteadyRule(
     min_achieved=0.9,
     max_queue_slope=0.05,
     min_arrivals=30,
+    percentile_confidence=0.8,
 )
 
 
@@ -134,6 +141,9 @@ class Steady:
     # (half, metric, stat, value ms over that half of the window, the SLO's target ms) per
     # TTFT and TPOT percentile target and half ("early", "late"; metric "ttft", "tpot")
     halves: tuple[tuple[str, str, str, float, float], ...] = ()
+    # (metric, stat, the order statistic's rank, n, its value ms, the SLO's target ms) per
+    # TTFT and TPOT percentile target, over the whole window (`upper_bounds`)
+    bounds: tuple[tuple[str, str, int, int, float, float], ...] = ()
 
     @property
     def achieved_ratio(self) -> float:
@@ -213,6 +223,16 @@ class Steady:
             "warmup_s": self.warmup_s,
             "late_ttft_ms": {stat: v for stat, v, _ in self.late_ttft},
             "halves_ms": {f"{h}_{m}_{stat}": v for h, m, stat, v, _ in self.halves},
+            "upper_bounds_ms": {
+                f"{m}_{stat}": {
+                    "value": v,
+                    "target": t,
+                    "rank": k,
+                    "n": n,
+                    "confidence": self.rule.percentile_confidence,
+                }
+                for m, stat, k, n, v, t in self.bounds
+            },  # fmt: skip
         }
 
 
@@ -251,7 +271,25 @@ def judge(res: RunResult, spec: WorkloadSpec, rule: SteadyRule) -> Steady | None
         warmup_s=spec.warmup_s,
         rule=rule,
         halves=halves(c, sent & done, res.slo),
+        bounds=upper_bounds(c, sent & done, res.slo, rule.percentile_confidence),
     )
+
+
+def _latencies(c: RecordColumns, sel: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(send ns, TTFT ms, TPOT ms, has a TPOT) of the `sel` requests, TPOT as the metric
+    contract defines it ((E2E - TTFT) / (output tokens - 1), requests of 2+ tokens)."""
+    send = c.send[sel]
+    ttft_ms = (c.first[sel] - send) / 1e6
+    n_out = c.output_tokens[sel]
+    has_tpot = (n_out >= 2) & (c.n_chunks[sel] >= 2)
+    tpot_ms = (c.last[sel] - c.first[sel]) / 1e6 / np.maximum(n_out - 1, 1)
+    return send, ttft_ms, tpot_ms, has_tpot
+
+
+def _targets(slo: SLO, ttft_ms: np.ndarray, tpot_ms: np.ndarray) -> list[tuple]:
+    """(metric, values, {stat: target ms}) of the SLO's TTFT and TPOT percentile targets."""
+    pairs = (("ttft", ttft_ms, slo.ttft_ms), ("tpot", tpot_ms, slo.tpot_ms))
+    return [(m, v, t) for m, v, t in pairs if t is not None and len(v)]
 
 
 def halves(
@@ -259,27 +297,16 @@ def halves(
 ) -> tuple[tuple[str, str, str, float, float], ...]:
     """The SLO's TTFT and TPOT percentile targets over each half of the `sel` requests by
     send time: (half, metric, stat, value ms, target ms) each, with the run's own
-    percentile method (`metrics.stats.summarize`) and TPOT as the metric contract defines
-    it ((E2E - TTFT) / (output tokens - 1), requests of 2+ tokens). Empty without such
-    targets or with too few requests to split (fewer than two thirds' worth, as
-    `queue_slope`)."""
+    percentile method (`metrics.stats.summarize`). Empty without such targets or with too
+    few requests to split (fewer than two thirds' worth, as `queue_slope`)."""
     if slo is None or int(sel.sum()) < 2 * MIN_THIRD:
         return ()
-    send = c.send[sel]
-    ttft_ms = (c.first[sel] - send) / 1e6
-    n_out = c.output_tokens[sel]
-    has_tpot = (n_out >= 2) & (c.n_chunks[sel] >= 2)
-    tpot_ms = (c.last[sel] - c.first[sel]) / 1e6 / np.maximum(n_out - 1, 1)
+    send, ttft_ms, tpot_ms, has_tpot = _latencies(c, sel)
     order = np.argsort(send, kind="stable")
     cut = len(order) // 2
     out = []
     for half, idx in (("early", order[:cut]), ("late", order[cut:])):
-        for metric, values, targets in (
-            ("ttft", ttft_ms[idx], slo.ttft_ms),
-            ("tpot", tpot_ms[idx][has_tpot[idx]], slo.tpot_ms),
-        ):
-            if targets is None or not len(values):
-                continue
+        for metric, values, targets in _targets(slo, ttft_ms[idx], tpot_ms[idx][has_tpot[idx]]):
             d = summarize(values)
             for stat, target in targets.items():
                 v = getattr(d, stat, None)
@@ -288,16 +315,51 @@ def halves(
     return tuple(out)
 
 
+def upper_bounds(
+    c: RecordColumns, sel: np.ndarray, slo: SLO | None, confidence: float | None
+) -> tuple[tuple[str, str, int, int, float, float], ...]:
+    """Each TTFT and TPOT percentile target of the SLO against the percentile's upper
+    confidence bound over the `sel` requests: the order statistic that lies above the
+    true percentile with `confidence` (`metrics.pct.upper_bound_rank`). A sample P95 of
+    75 requests rests on its 4 largest values; a run 10x as long tells it apart from
+    the true P95 (llama.cpp here: 409 ms over 75 requests passed a 525 ms target, the
+    same load over 840 requests read 642 ms). Empty without such targets or confidence."""
+    if slo is None or confidence is None or not int(sel.sum()):
+        return ()
+    _, ttft_ms, tpot_ms, has_tpot = _latencies(c, sel)
+    out = []
+    for metric, values, targets in _targets(slo, ttft_ms, tpot_ms[has_tpot]):
+        ordered = np.sort(values)
+        for stat, target in targets.items():
+            q = QUANTILES.get(stat)
+            if q is None:
+                continue
+            k = upper_bound_rank(len(ordered), q, confidence)
+            out.append((metric, stat, k, len(ordered), float(ordered[k - 1]), float(target)))
+    return tuple(out)
+
+
 def weak_evidence(signals: dict[str, Any]) -> list[str]:
     """Why a steady point is weak evidence that its rate is carried (empty: it is not, or
     the point was not judged): its TTFT trend rises at over half the limit, a queue
-    building slower than the window can show. Not crediting it costs one lattice step
-    (a factor 2^(1/4), 16%, on the rate lattice)."""
+    building slower than the window can show; or a percentile target is met by the
+    sample but not by its upper confidence bound (`upper_bounds`, the real engine's
+    rule). Not crediting it costs one lattice step (a factor 2^(1/4), 16%, on the rate
+    lattice)."""
     if "steady" not in signals:
         return []
+    why = []
     slope, limit = signals.get("queue_slope_s_per_s"), signals.get("max_queue_slope_s_per_s")
     if slope is not None and limit is not None and slope > limit / 2:
-        return [f"its TTFT trend rises ({slope:+.3f} s/s, over half the {limit:g} limit)"]
+        why.append(f"its TTFT trend rises ({slope:+.3f} s/s, over half the {limit:g} limit)")
+    for name, b in (signals.get("upper_bounds_ms") or {}).items():
+        if b["value"] > b["target"]:
+            metric, stat = name.split("_", 1)
+            why.append(
+                f"{stat.upper()} {metric.upper()}'s {b['confidence']:.0%} upper bound (rank "
+                f"{b['rank']} of {b['n']} requests) {b['value']:,.0f} ms > {b['target']:,.0f}"
+            )
+    return why
     return []
 
 

@@ -80,3 +80,26 @@ def pct_cell(stat: str, value: float | None, n: int | None, digits: str = "") ->
         return "-"
     text = format(value, digits) if digits else fmt_ms(value)
     return f"{text} {MAX_FLAG}" if is_max_only(stat, n) else text
+
+
+def upper_bound_rank(n: int, q: float, confidence: float) -> int:
+    """The rank k (1-based) of the order statistic that bounds the q-quantile from above
+    with `confidence`, distribution-free: X_(k) >= the true quantile whenever fewer than
+    k of the n values fall below it, which has probability P(Binomial(n, q) <= k - 1)
+    (the order-statistic interval, e.g. Hahn & Meeker, "Statistical Intervals", 1991,
+    ch. 5). The smallest such k; n when even the maximum is short of `confidence` (then
+    the bound holds with 1 - q^n: the maximum of 30 bounds P95 with 79%)."""
+    if n <= 0:
+        return 0
+    if not 0.0 < q < 1.0:
+        return n
+    log_q, log_p = math.log(q), math.log1p(-q)
+    cdf = 0.0
+    for j in range(n + 1):  # P(Bin(n, q) <= j), summed in log space to stay finite
+        cdf += math.exp(
+            math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1)
+            + j * log_q + (n - j) * log_p
+        )  # fmt: skip
+        if cdf >= confidence:
+            return min(j + 1, n)
+    return n
