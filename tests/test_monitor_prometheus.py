@@ -118,7 +118,7 @@ def test_scale_out_alert_fires_under_overload_and_stays_quiet_under_light_load(
         # light load: one user, far under the batch cap — no scale-out, ever
         seen_light: set[str] = set()
         done = threading.Event()
-        light = threading.Thread(target=lambda: (session.measure(closed(1, 12)), done.set()))
+        light = threading.Thread(target=lambda: (session.measure(closed(1, 8)), done.set()))
         light.start()
         while not done.wait(1.0):
             seen_light |= firing(prom)
@@ -126,7 +126,7 @@ def test_scale_out_alert_fires_under_overload_and_stays_quiet_under_light_load(
         assert not seen_light, seen_light
         # overload: four times the batch cap, the queue grows past the per-replica target
         done.clear()
-        heavy = threading.Thread(target=lambda: (session.measure(closed(4 * seqs, 25)), done.set()))
+        heavy = threading.Thread(target=lambda: (session.measure(closed(4 * seqs, 20)), done.set()))
         watch = EngineWatch(vllm_server.url, "vllm", interval_s=0.5).start()  # the live view's
         heavy.start()
         # up to 60 s: on a busy host the heavy run's prompt building (one /tokenize call per

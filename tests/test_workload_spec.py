@@ -229,3 +229,34 @@ def test_a_rate_point_of_a_closed_loop_file_has_no_in_flight_cap(tmp_path) -> No
     users = parse_workload({**BASE, "arrival": {"kind": "closed", "concurrency": 6}})
     assert users.with_load(rate=2.0).arrival.concurrency is None
     assert users.with_load(rate=2.0, concurrency=3).arrival.concurrency == 3
+
+
+def test_safe_ids_are_found_once_per_tokenizer_identity(bpe: HFTokenizer) -> None:
+    """Each measurement makes a new tokenizer object for the same server: the search
+    (~1,000 encodes, HTTP calls on `server`) runs once; later objects re-check 3 ids. A
+    tokenizer that no longer round-trips them (a restarted server) searches again."""
+    from servetune.workload import tokenizer as tk
+
+    class Counting:
+        def __init__(self, inner: HFTokenizer, name: str) -> None:
+            self.inner, self.name, self.calls = inner, name, 0
+
+        def encode(self, text: str) -> list[int]:
+            self.calls += 1
+            return self.inner.encode(text)
+
+        def decode(self, ids: list[int]) -> str:
+            return self.inner.decode(ids)
+
+    name = f"server:http://test-{id(bpe)}"
+    first = Counting(bpe, name)
+    ids = tk.safe_token_ids(first)
+    assert first.calls > 200  # the search
+    again = Counting(bpe, name)
+    assert tk.safe_token_ids(again) == ids and again.calls <= 3  # the re-check only
+    # the same name, another vocabulary (its ids 1000 up): the old ids fail the re-check
+    other = Counting(bpe, name)
+    other.encode = lambda text: [i + 1000 for i in bpe.encode(text)]  # type: ignore[method-assign]
+    other.decode = lambda ids: bpe.decode([i - 1000 for i in ids if i >= 1000])  # type: ignore[method-assign]
+    found = tk.safe_token_ids(other)
+    assert found == [i + 1000 for i in ids]  # searched again, on the new vocabulary

@@ -419,19 +419,40 @@ _WORDS = [
 ]
 
 
+# Safe ids found per tokenizer identity (its name, and the model a server tokenizes for),
+# so each measurement against the same server does not search again.
+_SAFE_BY_NAME: dict[str, list[int]] = {}
+
+
 def safe_token_ids(tok: Tokenizer, n: int = 2000) -> list[int]:
     """Token ids that round-trip alone and in a row: decode(id) is a space-led word that
-    re-encodes to exactly [id]. Prompts built from them keep their token count. Kept on
-    the tokenizer: finding them costs ~1,000 encodes, each an HTTP call for `server`."""
+    re-encodes to exactly [id]. Prompts built from them keep their token count. Finding
+    them costs ~1,000 encodes, each an HTTP call for `server` (tens of seconds against a
+    loaded engine), so they are kept on the tokenizer and by its identity: a new
+    tokenizer object for the same server re-checks three of them (a restarted server may
+    tokenize differently) instead of searching again."""
     if isinstance(tok, WordTokenizer):
         return list(range(min(n, tok.vocab_size())))
     found = getattr(tok, "_safe_token_ids", None)
+    key = f"{tok.name}|{getattr(tok, '_model', None) or ''}"
+    if found is None and (known := _SAFE_BY_NAME.get(key)) and _still_safe(tok, known):
+        found = known
     if found is None:
         found = _find_safe_token_ids(tok)
-        # a tokenizer with __slots__ keeps nothing: it finds them again next time
-        with contextlib.suppress(AttributeError):
-            tok._safe_token_ids = found  # type: ignore[attr-defined]
+    _SAFE_BY_NAME[key] = found
+    # a tokenizer with __slots__ keeps nothing: the identity cache still serves it
+    with contextlib.suppress(AttributeError):
+        tok._safe_token_ids = found  # type: ignore[attr-defined]
     return found[:n]
+
+
+def _still_safe(tok: Tokenizer, ids: list[int]) -> bool:
+    """The first, middle and last id still round-trip alone on this tokenizer."""
+    sample = dict.fromkeys((ids[0], ids[len(ids) // 2], ids[-1]))
+    try:
+        return all(tok.encode(tok.decode([i])) == [i] for i in sample)
+    except Exception:  # noqa: BLE001 - any failure: search again, which says why
+        return False
 
 
 def _find_safe_token_ids(tok: Tokenizer) -> list[int]:
