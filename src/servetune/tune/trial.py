@@ -221,13 +221,13 @@ def _not_proven(point: PointResult, points: list[PointResult]) -> list[str]:
 def _recheck(trial: TrialResult, weak: dict[float, list[str]]) -> None:
     """The capacity's point judged again once the search is over: a point passed before
     any overload showed the saturated rate (the doubling phase) may sit too close to it.
-    Then the highest passing load that is proven is the capacity."""
+    Then the highest passing load that is proven is the capacity (none: it stays)."""
     at = next((p for p in trial.points if p.load == trial.capacity and p.passed), None)
     if at is None or not (why := _not_proven(at, trial.points)):
         return
-    weak[at.load] = why
-    proven = [p.load for p in trial.points if p.passed and p.load not in weak]
+    proven = [p.load for p in trial.points if p.passed and p.load not in weak and p is not at]
     if proven:
+        weak[at.load] = why
         trial.first_fail = at.load
         trial.capacity = max(proven)
 
