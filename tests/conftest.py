@@ -28,19 +28,26 @@ import pytest
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
 
 # Per-test time bounds that hold while bench sends load (tests/timeouts.py).
-from timeouts import pytest_runtest_setup, pytest_timeout_set_timer
+from timeouts import (
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+    pytest_timeout_set_timer,
+)
 
 __all__ = [
     "LLAMACPP_TEST_CONFIG",
     "VLLM_SMALL_KV_CONFIG",
     "VLLM_TEST_CONFIG",
+    "pytest_runtest_call",
     "pytest_runtest_setup",
+    "pytest_runtest_teardown",
     "pytest_timeout_set_timer",
 ]
 
 
 # A test that asks for a real engine is an engine test, marked or not: scripts/run.sh runs
-# the engine tests one at a time after the others (which run on every core, docs/testing.md).
+# the timed engine tests one at a time, beside or after the rest (docs/testing.md).
 ENGINE_FIXTURES = frozenset(
     {"vllm_install", "llamacpp_install", "vllm_server", "vllm_small_kv_server", "llamacpp_server"}
 )

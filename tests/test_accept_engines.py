@@ -2,8 +2,8 @@
 fails the items it has no answer for (no queue bound, no output cap); llama.cpp behind
 the load-shedding front, which bounds the queue and caps the output, passes them. (The
 llama.cpp build here lets a request's own n_predict override the server's `-n`, so
-`-n` alone is no cap: the accept run says so.) Run one at a time, under the engine lock
-(tests/conftest.py)."""
+`-n` alone is no cap: the accept run says so.) Run one at a time with the other timed
+engine tests (scripts/run.sh)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,11 @@ def test_bare_vllm_fails_the_queue_bound_and_the_output_cap(vllm_server, capsys,
     assert queue["status"] == "fail" and queue["values"]["shed"] == 0 and queue["runs"]
     assert items["latency-monitored"]["status"] == "pass"  # vLLM's TTFT/ITL/queue histograms
     assert items["input-limit"]["status"] == "pass"  # 2,048 >> the workload's P99
-    assert items["cancel-frees-work"]["status"] in ("pass", "fail")
-    assert items["cancel-frees-work"]["values"], items["cancel-frees-work"]
+    cancel = items["cancel-frees-work"]
+    assert cancel["values"], cancel
+    # unchecked only when the host kept the client from giving up (a one-core hog once
+    # made a 0.08 s patience fire 2.9 s in): said so, never blamed on vLLM
+    assert cancel["status"] in ("pass", "fail") or "host was too busy" in cancel["fix"], cancel
     print(json.dumps({k: (v["status"], v["evidence"]) for k, v in items.items()}, indent=1))
 
 

@@ -73,7 +73,15 @@ def test_summary_table_says_buffered(tmp_path: Path) -> None:
     assert "BUFFERED" in out.stdout and "not measurable" in out.stdout
 
 
-def _mask(first_ms: list[float], last_ms: list[float], tokens: list[int]) -> np.ndarray:
+def _mask(
+    first_ms: list[float],
+    last_ms: list[float],
+    tokens: list[int],
+    chunks: list[int] | None = None,
+    largest_gap_ms: list[float] | None = None,
+) -> np.ndarray:
+    """Which requests are judged buffered; `chunks`: content events (default: a token each),
+    `largest_gap_ms`: the longest wait between two of them (default: none)."""
     n = len(first_ms)
     _, held = buffered_mask(
         np.zeros(n, dtype=np.int64),
@@ -81,6 +89,8 @@ def _mask(first_ms: list[float], last_ms: list[float], tokens: list[int]) -> np.
         (np.array(last_ms) * MS).astype(np.int64),
         np.array(tokens),
         np.ones(n, dtype=bool),
+        np.array(chunks if chunks is not None else tokens),
+        (np.array(largest_gap_ms or [0.0] * n) * MS).astype(np.int64),
     )
     return held
 
@@ -99,6 +109,31 @@ def test_only_chunks_bunched_at_the_end_of_a_long_answer_count() -> None:
 def test_fast_multi_token_decode_is_not_buffering() -> None:
     # 4 tokens in 3 ms after a 2 s prefill: 1 ms/token, a real (fast) decode.
     assert _mask([2000.0], [2003.0], [4]).tolist() == [False]
+
+
+def test_merged_deltas_of_an_engine_that_fell_behind_are_measured() -> None:
+    # 24 tokens in one event, or two events of 12, after 400 ms: the engine's output loop
+    # ran late and merged them (vLLM on a busy host), the first token really came that
+    # late. 24 tokens in 24 events at once: a held stream.
+    held = _mask([400.0, 400.0, 400.0], [400.0, 400.1, 400.2], [24, 24, 24], [1, 2, 24])
+    assert held.tolist() == [False, False, True]
+
+
+def test_one_late_read_inside_a_burst_is_still_a_burst() -> None:
+    # 24 chunks after 1.8 s, 23 gaps of 0 and one of 14.7 ms (the client descheduled once
+    # while parsing): held. A real decode of 24 tokens at 2 ms a step whose longest gap is
+    # 14.7 ms still spans 44 ms without it: measured.
+    held = _mask([1800.0, 1800.0], [1814.7, 1860.7], [24, 24], None, [14.7, 14.7])
+    assert held.tolist() == [True, False]
+
+
+def test_largest_gap_is_per_record_and_never_across_records() -> None:
+    from servetune.metrics.compute import FlatChunks
+
+    ns = np.array([0, 1, 2, 100, 5000, 5003, 5010], dtype=np.int64)  # records of 4, 0, 1, 2
+    chunks = FlatChunks(ns, np.ones(len(ns), dtype=np.int64), np.array([4, 0, 1, 2]))
+    # record 0: gaps 1, 1, 98; record 3 (5003 -> 5010): 7; none across 100 -> 5000 -> 5003
+    assert chunks.largest_gap_ns().tolist() == [98, 0, 0, 7]
 
 
 def test_run_verdict_needs_most_judged_requests() -> None:

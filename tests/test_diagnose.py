@@ -94,6 +94,11 @@ def test_host_then_client_come_before_engine_findings() -> None:
     # the engine's own threads outnumbering the cores is not a host problem
     ev.tel["other_cpu_cores_mean"] = 0.4
     assert "host_overloaded" not in keys(ev)
+    # CI's hog run: the starved engine still held its pinned core (1.04), six hogs only 0.91
+    # of the 2: others hold 46% of the busy CPU
+    ev.tel.update({"engine_runq_wait_share_mean": 0.538, "engine_runq_wait_cores_mean": 1.208,
+                   "host_cpu_busy_mean": 1.0, "other_cpu_cores_mean": 0.912})  # fmt: skip
+    assert keys(ev)[0] == "host_overloaded"
     ev.tel["other_cpu_cores_mean"] = 1.5
     # an idle engine with a high wait share of almost no demand is not starved
     ev.tel["engine_runq_wait_cores_mean"] = 0.01
@@ -282,7 +287,9 @@ def test_cancelled_requests_not_freed_on_a_leaking_mock() -> None:
     assert res.telemetry is not None and res.telemetry.series("engine_rss_bytes")
     d = diagnose_result(res)
     print("\n" + "\n".join(render(d)))
-    engine = d.findings[0]
+    # the engine's first finding; the host's own load may rank above it on a busy host
+    # (the rest of the suite runs beside the engine tests: `host_overloaded` came first once)
+    engine = next(x for x in d.findings if x.key != "host_overloaded")
     assert engine.key == "cancel_leak", [x.key for x in d.findings]
     assert engine.actions[0].knob == "engine abort-on-disconnect"
     assert res.cancellation and res.cancellation["running_after_run"] > 0

@@ -96,6 +96,7 @@ def test_stop_leaves_no_process(llamacpp_install, gemma_gguf) -> None:
     assert srv.proc.returncode is not None
 
 
+@pytest.mark.untimed
 def test_invalid_flag_quotes_the_engine_log(llamacpp_install, gemma_gguf) -> None:
     cfg = LLAMACPP_TEST_CONFIG.with_(extra_args=("--no-such-flag",))
     with pytest.raises(EngineError) as err:
@@ -105,6 +106,7 @@ def test_invalid_flag_quotes_the_engine_log(llamacpp_install, gemma_gguf) -> Non
     assert "--no-such-flag" in str(e) and "engine log:" in str(e)
 
 
+@pytest.mark.untimed
 def test_too_large_kv_quotes_the_engine_log(llamacpp_install, gemma_gguf) -> None:
     # Gemma 3 270M keeps ~3 KiB of KV per token: ask for a pool 4x the machine's RAM.
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

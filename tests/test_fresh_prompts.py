@@ -80,3 +80,37 @@ def test_an_engine_warms_up_before_its_first_point_then_each_point_is_fresh() ->
     replay = Point("replay", SPEC, requests=materialize(SPEC, WordTokenizer()))
     sess.measure(replay)
     assert sess.server.sent == [replay]
+
+
+def test_a_session_workload_warms_up_with_first_turns_only() -> None:
+    """Whole sessions would wait on think and tool times: the warm-up sends WARMUP_REQUESTS
+    sessions of one turn each (a chat's first turn, an agent's answering call), one at a
+    time; a chat dataset's conversations keep their turns, and one of them is sent."""
+    from pathlib import Path
+
+    from servetune.measure.real import WARMUP_REQUESTS, warmup_spec
+    from servetune.workload.session_plan import plan_sessions
+    from servetune.workload.spec import load_workload
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    chat = parse_workload({
+        "count": 4, "arrival": {"kind": "closed", "concurrency": 2},
+        "sessions": {"kind": "chat", "turns": {"dist": "fixed", "value": 4},
+                     "user_tokens": {"dist": "fixed", "value": 128},
+                     "output_tokens": {"dist": "fixed", "value": 16}, "think_time_s": 0.5,
+                     "system_prompt": {"groups": 1, "tokens": 256}},
+    })  # fmt: skip
+    for spec in (load_workload(examples / "agent-loop.yaml"), chat):
+        assert len(plan_sessions(spec).requests()) > 2 * WARMUP_REQUESTS  # whole sessions
+        warm = warmup_spec(spec)
+        reqs = plan_sessions(warm).requests()
+        assert len(reqs) == WARMUP_REQUESTS and {r.sub for r in reqs} == {"turn0"}
+        assert warm.arrival.concurrency == 1
+        # a first turn as the workload's own: its system prompt, then the task or message
+        assert spec.sessions is not None and spec.sessions.system_prompt is not None
+        assert all(r.prompt_tokens > spec.sessions.system_prompt.tokens for r in reqs)
+    dataset = load_workload(examples / "multi-turn-chat.yaml")
+    warm = warmup_spec(dataset)
+    assert (warm.count, warm.arrival.concurrency, warm.sessions) == (1, 1, dataset.sessions)
+    plain = warmup_spec(SPEC)
+    assert (plain.count, plain.arrival.concurrency, plain.sessions) == (WARMUP_REQUESTS, 1, None)

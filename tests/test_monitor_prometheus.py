@@ -126,11 +126,11 @@ def test_scale_out_alert_fires_under_overload_and_stays_quiet_under_light_load(
         assert not seen_light, seen_light
         # overload: four times the batch cap, the queue grows past the per-replica target
         done.clear()
-        heavy = threading.Thread(target=lambda: (session.measure(closed(4 * seqs, 20)), done.set()))
+        heavy = threading.Thread(target=lambda: (session.measure(closed(4 * seqs, 14)), done.set()))
         watch = EngineWatch(vllm_server.url, "vllm", interval_s=0.5).start()  # the live view's
         heavy.start()
-        # up to 60 s: on a busy host the heavy run's prompt building (one /tokenize call per
-        # candidate word, to a slowed engine) delays its first send by tens of seconds
+        # up to 60 s: the alert needs the queue over its target for 3 s, then a scrape and
+        # an evaluation (1 s each); a busy host delays the heavy run's first send
         fired = wait_for(lambda: firing(prom), 60)
         seen_by_view = dict(watch.latest)
         watch.stop()

@@ -115,6 +115,32 @@ def test_vllm_defaults_switch_at_70_gib() -> None:
     assert big.budget.activation_bytes > small.budget.activation_bytes
 
 
+def test_vllm_defaults_leave_a100s_at_2048_and_256() -> None:
+    """vLLM keeps A100s at 2048 batched tokens and 256 sequences whatever their memory
+    (vllm-project/vllm PR #17885, v0.9.0; its test_defaults_with_usage_context): the 80 GB
+    A100 gets the small defaults and the smaller profiling prefill, H100 and H200 the large
+    ones, and knobs the user sets are kept."""
+    m = get_model("qwen3-32b")
+    got = {
+        gpu: evaluate(m, get_hardware(gpu), EngineConfig(max_model_len=8192)).budget
+        for gpu in ("a100-80g-sxm", "a100-40g-sxm", "h100-sxm", "h200")
+    }
+    pairs = {gpu: (b.max_num_batched_tokens, b.max_num_seqs) for gpu, b in got.items()}
+    assert pairs == {
+        "a100-80g-sxm": (2048, 256),
+        "a100-40g-sxm": (2048, 256),
+        "h100-sxm": (8192, 1024),
+        "h200": (8192, 1024),
+    }
+    assert got["a100-80g-sxm"].activation_bytes < got["h100-sxm"].activation_bytes
+    cfg = EngineConfig(max_model_len=8192, max_num_batched_tokens=8192, max_num_seqs=512)
+    b = evaluate(m, get_hardware("a100-80g-sxm"), cfg).budget
+    assert (b.max_num_batched_tokens, b.max_num_seqs) == (8192, 512)
+    # the A100 rule is vLLM's: another engine's profiling pass keeps the size-only rule
+    b = memory_budget(m, get_hardware("a100-80g-sxm"), EngineConfig(engine="trtllm"), 8192)
+    assert (b.max_num_batched_tokens, b.max_num_seqs) == (8192, 1024)
+
+
 @settings(max_examples=40, deadline=None)
 @given(space=st.floats(0.5, 64), block=st.sampled_from([16, 32, 64]))
 def test_fp8_kv_doubles_token_capacity(space: float, block: int) -> None:

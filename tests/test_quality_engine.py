@@ -1,7 +1,8 @@
 """`servetune quality` against real llama.cpp servers: Gemma 3 270M Q4_K_M against the same
 model re-quantized to Q2_K with the cached build's llama-quantize (a real, measured
-regression), and against itself on a second server (none, inside the noise bound). Run
-under the engine lock (tests/conftest.py)."""
+regression), and against itself on a second server (none, inside the noise bound).
+Perplexity and greedy agreement come from log-probabilities, which no host load changes:
+these run beside the timed engine tests (`untimed`, docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def _quality(capsys: pytest.CaptureFixture[str], base: str, cand: str, *extra: s
     return json.loads(out)
 
 
+@pytest.mark.untimed
 @pytest.mark.timeout(420)
 def test_lower_quant_regresses_and_the_model_against_itself_does_not(
     llamacpp_server, gemma_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -75,6 +77,7 @@ def test_random_weights_get_no_verdict(vllm_server, capsys: pytest.CaptureFixtur
     assert "random weights" in err and "no quality verdict" in err
 
 
+@pytest.mark.untimed
 @pytest.mark.timeout(300)
 def test_requantize_caches_and_a_bad_type_is_one_line(gemma_gguf: Path) -> None:
     """llama-quantize from the cached build: the output is made once, a bad type fails."""

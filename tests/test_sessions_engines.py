@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servetune.engines.process import launch
+from servetune.engines.process import launch, pid_alive
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
 from servetune.measure import EngineSession, Point
 from servetune.metrics.turns import SessionMetrics, session_metrics
@@ -71,7 +71,11 @@ def test_vllm_follow_ups_hit_the_prefix_cache_as_the_workload_allows(
 
     off_cfg = VLLM_TEST_CONFIG.model_copy(update={"enable_prefix_caching": False})
     with launch("vllm", off_cfg, str(llama_test_model), device="cpu") as srv:
+        pids = srv.pids()
+        assert srv.pid in pids and len(pids) >= 2  # API server + engine core
         off = metrics(run(srv, spec), spec, VLLM_TEST_CONFIG.block_size)
+    # stopping it leaves no process behind (the whole group, engine core included)
+    assert not [p for p in pids if pid_alive(p)] and srv.proc.returncode is not None
     assert (off.measured_hit_rate or 0.0) < 0.02
     # Follow-ups recompute their whole history with the cache off (~4x the tokens here).
     assert off.followup.ttft_ms.p50 > 1.3 * on.followup.ttft_ms.p50
@@ -104,10 +108,12 @@ def test_llamacpp_slot_cache_serves_follow_ups(llamacpp_server, gemma_gguf: Path
 def test_agent_loop_example_runs_in_bench(engine: str, request: pytest.FixtureRequest) -> None:
     srv = request.getfixturevalue(f"{engine}_server")
     base = load_workload(ROOT / "examples" / "agent-loop.yaml")
-    # 2 sessions for the 2 users (with 1, both engines completed 6 requests of the 5
-    # planned, which the mock server does not reproduce: open, see the session's notes)
-    spec = base.model_copy(update={"count": 2, "api": "completions"})
+    spec = base.model_copy(update={"count": 1, "api": "completions"})
     res = run(srv, spec)
-    planned = plan_sessions(spec).requests()
+    # planned from the workload the run recorded: after an engine's warm-up a point draws
+    # its own prompts and session shapes (seed + 1, `measure.real.fresh_prompts`)
+    sent = WorkloadSpec.model_validate(res.workload)
+    assert sent.seed != spec.seed  # the warm-up came first
+    planned = plan_sessions(sent).requests()
     assert res.metrics.completed == len(planned) > 2
     assert {r.sub for r in res.records} >= {"turn0", "turn1", "turn2"}

@@ -248,6 +248,12 @@ def test_plan_and_simulate_share_the_kv_pool():
     ev = evaluate(L70, H100, cfg)
     for tier in ("gpu", "roofline"):
         assert setup(L70, H100, cfg, tier=tier).sched.kv_blocks == ev.kv_blocks - 1
+    # and the same batch defaults: vLLM's 2048 / 256 on an A100 (PR #17885), not the H100's
+    a100 = get_hardware("a100-80g-sxm")
+    ev = evaluate(Q32, a100, EngineConfig())
+    sched = setup(Q32, a100, EngineConfig()).sched
+    assert (sched.max_num_batched_tokens, sched.max_num_seqs) == (2048, 256)
+    assert sched.kv_blocks == ev.kv_blocks - 1
 
 
 RUNS = {r.id: r for r in load_runs()}

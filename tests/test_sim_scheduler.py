@@ -147,6 +147,18 @@ def test_prefix_hit_removes_prefill_tokens():
     assert token_times(s, b)[0] - 0.2 == pytest.approx(0.026)
 
 
+def test_a_prefix_hit_pays_cached_pairs_and_a_fresh_prompt_does_not():
+    """cached_pairs prices the hit's 16 new tokens' reads of its 64 cached ones (16 x 64
+    pairs); a's fresh 80-token prompt has no cached context, so the term costs it nothing."""
+    m = calibrated_model({"const": C0, "prefill_tokens": PER_TOKEN, "cached_pairs": 1e-5}, 0.0)
+    a = req(0, 80, 10, t=0.0, group=1, shared=64)
+    b = req(1, 80, 10, t=0.2, group=1, shared=64)
+    s = Scheduler(cfg(), m, check=True)
+    s.run([a, b])
+    assert token_times(s, a)[0] == pytest.approx(C0 + 80 * PER_TOKEN)
+    assert token_times(s, b)[0] - 0.2 == pytest.approx(C0 + 16 * PER_TOKEN + 1e-5 * 16 * 64)
+
+
 def test_no_prefix_hit_without_caching():
     a = req(0, 80, 10, t=0.0, group=1, shared=64)
     b = req(1, 80, 10, t=0.2, group=1, shared=64)

@@ -260,3 +260,66 @@ def test_safe_ids_are_found_once_per_tokenizer_identity(bpe: HFTokenizer) -> Non
     other.decode = lambda ids: bpe.decode([i - 1000 for i in ids if i >= 1000])  # type: ignore[method-assign]
     found = tk.safe_token_ids(other)
     assert found == [i + 1000 for i in ids]  # searched again, on the new vocabulary
+
+
+def test_a_prompt_costs_one_encode_and_no_decode(bpe: HFTokenizer) -> None:
+    """Prompt text is the safe tokens' own texts joined (`safe_token_pieces`), so once the
+    safe tokens are known a prompt costs one encode (its count check) and no decode: on a
+    server's tokenizer each call is an HTTP round trip."""
+
+    class Counting:
+        name = f"server:http://pieces-{id(bpe)}"
+
+        def __init__(self) -> None:
+            self.encodes = self.decodes = 0
+
+        def encode(self, text: str) -> list[int]:
+            self.encodes += 1
+            return bpe.encode(text)
+
+        def decode(self, ids: list[int]) -> str:
+            self.decodes += 1
+            return bpe.decode(ids)
+
+        def vocab_size(self) -> int:
+            return 0
+
+    tok = Counting()
+    spec = parse_workload({**BASE, "count": 40})
+    materialize(spec, tok)  # finds the safe tokens
+    tok.encodes = tok.decodes = 0
+    reqs = materialize(spec.model_copy(update={"seed": 9}), tok)
+    assert [len(bpe.encode(r.prompt or "")) for r in reqs] == [r.prompt_tokens for r in reqs]
+    assert tok.decodes <= 3  # the identity re-check of the known tokens, no prompt
+    assert tok.encodes <= 3 + 2 * len(reqs)  # one a prompt, a second for a rare fix-up
+
+
+def test_a_local_tokenizer_is_used_only_where_the_server_agrees(
+    bpe: HFTokenizer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A launched vLLM serving a local directory: its tokenizer.json builds the prompts when
+    the server's /tokenize gives the same ids on the probe texts (`agree`); a server that
+    tokenizes otherwise, or fails, keeps its own tokenizer."""
+    import shutil
+
+    from servetune.measure.real import engine_tokenizer
+    from servetune.workload import tokenizer as tk
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(bpe.name.removeprefix("hf:"), model / "tokenizer.json")
+    for server_encode, local in (
+        (lambda self, text: bpe.encode(text), True),  # the same tokenizer
+        (lambda self, text: [i + 1 for i in bpe.encode(text)], False),  # another vocabulary
+        (lambda self, text: 1 / 0, False),  # a server that fails the probe
+    ):
+        monkeypatch.setattr(tk.ServerTokenizer, "encode", server_encode)
+        monkeypatch.setattr(tk.ServerTokenizer, "decode", lambda self, ids: bpe.decode(ids))
+        tok = engine_tokenizer("vllm", "http://127.0.0.1:9", str(model))
+        assert isinstance(tok, HFTokenizer) is local
+    assert tk.agree(bpe, bpe) and not tk.agree(bpe, WordTokenizer())
+    # llama.cpp serving a GGUF file: no tokenizer.json beside it, the server's own
+    monkeypatch.undo()
+    assert isinstance(
+        engine_tokenizer("llamacpp", "http://127.0.0.1:9", "m.gguf"), tk.ServerTokenizer
+    )

@@ -6,7 +6,9 @@ uvloop, and uvloop hands whatever a signal handler raises to the loop's exceptio
 which logs it and carries on: a test past its bound inside a bench run kept running (an
 accept test bounded at 600 s ran 804 s on a busy host). So, while an event loop runs, the
 handler cancels the loop's tasks (the run ends at once) and fires again shortly, until it
-lands in plain Python code, where the timeout fails the test as usual.
+lands in plain Python code, where the timeout fails the test as usual. The repeat stops
+with the phase (setup, call, teardown) it fired in: left running, it fired inside pytest's
+own report code on a slow host (an INTERNALERROR in CI).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def pytest_timeout_set_timer(item: pytest.Item, settings) -> bool | None:
         return None  # pytest-timeout's own implementation
     from pytest_timeout import timeout_sigalrm
 
-    fired = []
+    fired = item._timeout_fired = []
     why = f"Timeout >{settings.timeout}s"
 
     def handler(signum, frame) -> None:
@@ -48,7 +50,7 @@ def pytest_timeout_set_timer(item: pytest.Item, settings) -> bool | None:
             signal.setitimer(signal.ITIMER_REAL, TIMEOUT_RETRY_S)
         if fired:
             pytest.fail(why, pytrace=False)
-        fired.append(True)
+        fired.append(why)
         timeout_sigalrm(item, settings)  # dumps every thread's stack, then fails the test
 
     def cancel() -> None:
@@ -61,7 +63,33 @@ def pytest_timeout_set_timer(item: pytest.Item, settings) -> bool | None:
     return True
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+def _end_of_phase(item: pytest.Item):
+    """Stop the handler's repeat when the phase it fired in ends; a phase that swallowed
+    every CancelledError and Failed still fails."""
+    try:
+        result = yield
+    finally:
+        fired: list[str] = getattr(item, "_timeout_fired", [])
+        why = fired[0] if fired else None
+        if why:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # after a fire, only the repeat is armed
+            fired.clear()
+    if why:
+        pytest.fail(why, pytrace=False)
+    return result
+
+
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_end_of_phase)
+pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(_end_of_phase)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    _engine_needs_its_bound(item)
+    return (yield from _end_of_phase(item))
+
+
+def _engine_needs_its_bound(item: pytest.Item) -> None:
     """A test that starts a real engine names its own bound: the default (a hang guard of
     20 minutes) is far above what any one of them should take."""
     if item.get_closest_marker("engine") and not item.get_closest_marker("timeout"):

@@ -194,8 +194,20 @@ def run_stage(
             if pre is not None:
                 out.preemptions = (out.preemptions or 0.0) + pre
     if fault is not None:
-        out.stages.append(fault_stage(p, base.apply(spec, n), base, fault))
+        out.stages.append(
+            fault_stage(p, base.apply(spec, fault_requests(base, fault, n)), base, fault)
+        )
     return out
+
+
+def fault_requests(load: Load, fault: Fault, n: int) -> int:
+    """The fault stage's request count: at a rate, enough that half the stage's `n` are
+    still to be sent once the grace after the kill is over, wherever the kill falls. A
+    stage sized by `n` alone can end, or be caught up in one burst by a client that was
+    starved of CPU, before the grace does: then no request tests the failover."""
+    if load.kind != "rate":
+        return n
+    return math.ceil(load.value * (fault.after_s + fault.grace_s)) + math.ceil(n / 2)
 
 
 def _causes(records: list[RequestRecord]) -> str:

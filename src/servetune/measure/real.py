@@ -23,8 +23,9 @@ from servetune.slo import SLO
 from servetune.telemetry import DEFAULT_TELEMETRY, TelemetryOptions, sampling
 from servetune.telemetry.host import local_server_pids
 from servetune.workload.materialize import Request, materialize
-from servetune.workload.spec import WorkloadSpec
-from servetune.workload.tokenizer import Tokenizer, load_tokenizer
+from servetune.workload.sessions import AgentLoop
+from servetune.workload.spec import Fixed, WorkloadSpec
+from servetune.workload.tokenizer import Tokenizer, agree, load_tokenizer
 
 
 class ServerSession:
@@ -139,7 +140,7 @@ class EngineSession:
         the launch's own one-token completion does not pay them), and the simulator
         models none of it. The calibration sweep warms up the same way."""
         try:
-            spec = point.spec.with_load(concurrency=1, count=WARMUP_REQUESTS)
+            spec = warmup_spec(point.spec)
         except ValueError:  # a trace: nothing to send one at a time
             return
         self.server.measure(Point(f"{point.label} warm-up", spec))
@@ -162,6 +163,24 @@ class EngineSession:
         return res
 
 
+def warmup_spec(spec: WorkloadSpec) -> WorkloadSpec:
+    """The warm-up of `spec` (`EngineSession.warm_up`): WARMUP_REQUESTS of its requests, one
+    at a time. Sessions: that many sessions of one turn each (a chat's first turn, an agent's
+    one answering call), not whole sessions, whose later turns wait on think and tool times
+    (the agent-loop example's 2 sessions were ~10 calls and seconds of tool waits before
+    the point's first request). A chat dataset's conversations keep their own turns: one
+    of them is sent."""
+    out = spec.with_load(concurrency=1, count=WARMUP_REQUESTS)
+    ses = out.sessions
+    if isinstance(ses, AgentLoop):
+        ses = ses.model_copy(update={"steps": Fixed(value=1)})
+    elif ses is not None and ses.dataset is None:
+        ses = ses.model_copy(update={"turns": Fixed(value=1)})
+    elif ses is not None:
+        out = out.with_load(count=1)
+    return out.model_copy(update={"sessions": ses})
+
+
 def engine_sampling(spec: WorkloadSpec, engine: str | None) -> WorkloadSpec:
     """The workload as `engine` takes it. `transformers serve` answers HTTP 422 to any
     request field outside the OpenAI schema (`OPENAI_FIELDS_ONLY` in its adapter), so
@@ -177,14 +196,22 @@ def engine_sampling(spec: WorkloadSpec, engine: str | None) -> WorkloadSpec:
 
 
 def engine_tokenizer(engine: str, url: str, model: str) -> Tokenizer:
-    """What a launched engine's prompts are built with: its own /tokenize (vLLM,
-    llama.cpp); an engine without one (`NO_TOKENIZE` in its adapter: MLX, transformers
-    serve) loads a local HF directory, whose tokenizer.json is the one it serves with;
-    a model that is not such a directory falls back to whitespace words."""
-    if not getattr(adapter(engine), "NO_TOKENIZE", False):
-        return load_tokenizer("server", url)
+    """What a launched engine's prompts are built with. A local HF directory's
+    tokenizer.json is what the engine serves with: it is used when the engine has no
+    /tokenize (`NO_TOKENIZE` in its adapter: MLX, transformers serve), and when the
+    engine's own /tokenize agrees with it on the probe texts (`agree`: vLLM on a local
+    directory), because a server's tokenizer costs an HTTP call per prompt (4,096 prompts
+    of a duration-bound closed loop: ~22 s on a 2-core host before the first send).
+    Otherwise the engine's /tokenize (llama.cpp's GGUF, a hub id); a model that is not such
+    a directory, on an engine without one, falls back to whitespace words."""
     local = Path(model)
-    return load_tokenizer(str(local) if (local / "tokenizer.json").is_file() else "word")
+    here = (local / "tokenizer.json").is_file()
+    if getattr(adapter(engine), "NO_TOKENIZE", False):
+        return load_tokenizer(str(local) if here else "word")
+    server = load_tokenizer("server", url)
+    if here and agree(hf := load_tokenizer(str(local)), server):
+        return hf
+    return server
 
 
 def fresh_prompts(point: Point, k: int) -> Point:

@@ -96,7 +96,11 @@ def step_samples(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     # Prefills that completed inside the gap: first chunk in (t0, t1].
     pf = csum_at(f_sorted, p_by_first, t1, True) - csum_at(f_sorted, p_by_first, t0, True)
     pairs_pf = csum_at(f_sorted, pp_by_first, t1, True) - csum_at(f_sorted, pp_by_first, t0, True)
-    x = np.column_stack([np.ones_like(m), pf / k, decode, kv, kv + pairs_pf / k, pairs_pf / k])
+    # cached_pairs: 0, since client records cannot tell a cache hit; the replay fit sets it.
+    zero = np.zeros_like(m)
+    x = np.column_stack(
+        [np.ones_like(m), pf / k, decode, kv, kv + pairs_pf / k, pairs_pf / k, zero]
+    )
     y = (t1 - t0) / k
     return x, y
 
@@ -346,6 +350,8 @@ def _start_point(start: Profile, engine: str) -> tuple[dict[str, float], dict[st
     base["kv_read_tokens"] = max(base["kv_read_tokens"], 1e-7)
     base["attn_pairs"] = max(base["attn_pairs"], 1e-8)
     base["prefill_sq"] = max(base["prefill_sq"], 3e-7)
+    # A cached pair starts at a fresh one's price (the least squares cannot see hits)
+    base["cached_pairs"] = max(base["cached_pairs"], base["prefill_sq"])
     side = {
         "api_overhead_s": max(start.api_overhead_s, 1e-3),
         "ingress_s": max(start.ingress_s, 5e-3),

@@ -75,8 +75,10 @@ class GpuStepModel(StepModel):
         kv_read_tokens: float,
         attn_pairs: float,
         prefill_sq: float,
+        cached_pairs: float = 0.0,
     ) -> float:
-        """Seconds of one step (module docstring). The sequences in a step are its
+        """Seconds of one step (module docstring): `cached_pairs` are in `attn_pairs`
+        already, priced alike on a GPU. The sequences in a step are its
         decoders plus at least one prefilling request when it has prefill tokens."""
         tokens = prefill_tokens + decode_seqs
         seqs = decode_seqs + (1 if prefill_tokens else 0)

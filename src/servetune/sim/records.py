@@ -75,6 +75,11 @@ class RangedChunks:
         c = np.concatenate([counts, np.ones(len(extra), dtype=np.int64)])
         return (v, c), (v, c)
 
+    def largest_gap_ns(self) -> np.ndarray:
+        """0, a lower bound: the simulator streams token by token, a step apart, so there is
+        no burst for `buffering` to excuse a late read in (and no expansion of the ranges)."""
+        return np.zeros(self.n, dtype=np.int64)
+
     def tokens_inside(self, start: int, end: int) -> np.ndarray:
         lo = np.searchsorted(self.times, start, side="left")
         hi = np.searchsorted(self.times, end, side="right")

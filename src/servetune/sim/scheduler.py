@@ -416,13 +416,14 @@ class RunState:
         prefill_tokens = 0
         kv_read = self.context_offset + n_decoding * step
         pairs = float(kv_read)
-        sq = 0.0
+        sq = cached = 0.0
         for r, n, _ in chunks:
             prefill_tokens += n
             kv_read += r.computed_tokens
             pairs += chunk_attn_pairs(r.computed_tokens, n)
             sq += n * (n + 1) / 2
-        dt = self.model.time_s(prefill_tokens, n_decoding, kv_read, pairs, sq)
+            cached += n * r.computed_tokens
+        dt = self.model.time_s(prefill_tokens, n_decoding, kv_read, pairs, sq, cached)
         if self.extra_passes is not None:
             dt += self.model.extra_passes_s(self.extra_passes(chunks))
         if self.has_shape_cost:

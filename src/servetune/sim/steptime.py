@@ -10,9 +10,14 @@ A step is described by five features (all per step, summed over the batch):
   context c adds c; a chunk of n tokens after c cached adds n x c + n^2 / 2 (causal)
 - ``prefill_sq``      sum over prefill chunks of n (n + 1) / 2 (a chunk's causal self-pairs;
   calibrated tier only: on vLLM's CPU backend a fresh prompt's attention grows with the
-  square of the chunk, while a chunk's reads of already-cached context cost much less per
-  pair - a prefix-cache hit's 64-token chunk after 576 cached tokens costs about what a
-  64-token prompt does - so the two get separate coefficients)
+  square of the chunk, far faster than the decodes' reads that ``attn_pairs`` prices)
+- ``cached_pairs``    sum over prefill chunks of n x cached: the (new, cached) pairs of a
+  chunk that reads context already in the KV cache (a prefix-cache hit, or a long prompt's
+  later chunks). Calibrated tier only, a price on top of ``attn_pairs``: such a pair
+  costs vLLM's CPU backend about what a fresh prompt's own pair does (fitted 0.75 and
+  0.81 us against 0.93 and 1.0 us, two sweeps); without it a hit's pairs paid only
+  ``attn_pairs``' 0.01-0.03 us (4 users sharing 512 of 704 prompt tokens: TTFT
+  1.09-1.22 s real, 0.76-0.78 s replayed; docs/calibration.md)
 - the batch's token count, prefill_tokens + decode_seqs, drives weight reads and all-reduce
 
 Two tiers (FIELD-NOTES "two-tier latency model"; AIConfigurator labels its SILICON/HYBRID
@@ -22,7 +27,8 @@ tiers the same way):
   (:mod:`servetune.plan.roofline`), with stated efficiency factors and a per-step overhead:
   t = overhead + max(bytes / (BW x eta_mem), FLOPs / (peak x eta_flops)) + TP all-reduce.
 - ``calibrated``: t = c0 + c_prefill x prefill_tokens + c_decode x decode_seqs
-  + c_kv x kv_read_tokens + c_attn x attn_pairs + c_sq x prefill_sq, coefficients fitted by
+  + c_kv x kv_read_tokens + c_attn x attn_pairs + c_sq x prefill_sq
+  + c_cached x cached_pairs, coefficients fitted by
   least squares from measured runs (BLIS's beta/alpha form: per-step, per-token and
   per-KV-read terms), then refined by replay (`sim.calibrate.fit_by_replay`), with the
   front-end terms `api_overhead_s` (per chunk, out) and `ingress_s` (per request, in).
@@ -52,6 +58,7 @@ FEATURES = (
     "kv_read_tokens",
     "attn_pairs",
     "prefill_sq",
+    "cached_pairs",
 )
 
 # Stated defaults of the roofline tier. Achievable HBM bandwidth is ~80-90% of the datasheet
@@ -137,6 +144,7 @@ class StepModel:
         kv_read_tokens: float,
         attn_pairs: float,
         prefill_sq: float,
+        cached_pairs: float = 0.0,
     ) -> float:
         """Seconds of one step with these features (module docstring)."""
         if self.tier == "calibrated":
@@ -148,6 +156,7 @@ class StepModel:
                 + c[3] * kv_read_tokens
                 + c[4] * attn_pairs
                 + c[5] * prefill_sq
+                + c[6] * cached_pairs
             )
         tokens = prefill_tokens + decode_seqs
         mem = self.weights_s(tokens) + self.mem_per_kv_token_s * kv_read_tokens

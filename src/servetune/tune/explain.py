@@ -64,9 +64,10 @@ def failing_point(t: TrialResult) -> PointResult | None:
 
 
 def binding_slo(t: TrialResult) -> str:
+    """What broke the SLO just above the capacity, worded to follow "binding SLO "."""
     p = failing_point(t)
     if p is None:
-        return "no SLO target was reached within the loads tried (capacity is a lower bound)"
+        return "not reached: every load tried met the SLO (capacity is a lower bound)"
     missed = p.missed()
     if not missed:
         why = "the run did not complete" if p.status != RunStatus.COMPLETED else "errors"

@@ -13,6 +13,7 @@ from servetune.validate.cases import (
     is_calibration,
 )
 from servetune.validate.compare import (
+    E2E,
     FIGURES,
     NOISE_FLOOR_TITLE,
     TARGETS,
@@ -44,6 +45,7 @@ from servetune.validate.harness import (
 )
 
 __all__ = [
+    "E2E",
     "FIGURES",
     "HARNESS_ENGINES",
     "NOISE_FLOOR_TITLE",

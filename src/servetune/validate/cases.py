@@ -66,13 +66,14 @@ def closed_workload(
 def mixed_cases() -> list[WorkloadSpec]:
     """The sweep's runs of what users run: shared prefixes served from the prefix cache,
     long and short requests in one batch, bursty arrivals. Without them the fit never
-    sees a cache hit (a chunk reading cached context costs far less per pair than a fresh
-    prompt's own attention: `steptime.FEATURES`) nor a long prefill landing among short
-    decodes, and it prices both by extrapolation. Each (case, repeat) is run under its
-    own seed (`harness.bench_real`), so its prefixes are new to the engine: the cache is
-    cold at the start of every repeat, as the simulator assumes, with no reset endpoint
-    needed (vLLM's POST /reset_prefix_cache exists only in its dev mode). Lengths,
-    prefix sizes and burstiness differ from every held-out workload."""
+    sees a cache hit (its new tokens' reads of the cached context have a price of their
+    own, `cached_pairs` in `steptime.FEATURES`, that only replaying hits can fit) nor a
+    long prefill landing among short decodes, and it prices both by extrapolation. Each
+    (case, repeat) is run under its own seed (`harness.bench_real`), so its prefixes are
+    new to the engine: the cache is cold at the start of every repeat, as the simulator
+    assumes, with no reset endpoint needed (vLLM's POST /reset_prefix_cache exists only in
+    its dev mode). Lengths, prefix sizes and burstiness differ from every held-out
+    workload."""
     long_prefixed = SubWorkload(
         name="long",
         weight=0.4,

@@ -29,7 +29,7 @@ from servetune.workload.spec import (
     Uniform,
     WorkloadSpec,
 )
-from servetune.workload.tokenizer import Tokenizer, safe_token_ids
+from servetune.workload.tokenizer import Tokenizer, safe_token_pieces
 from servetune.yamlfile import read_text
 
 # Closed-loop runs bounded only by duration draw their requests from a pool this big,
@@ -134,20 +134,33 @@ class PromptMaker:
     def __init__(self, tok: Tokenizer, rng: np.random.Generator) -> None:
         self.tok = tok
         self.rng = rng
-        self.pool = np.asarray(safe_token_ids(tok))
+        self.pieces = safe_token_pieces(tok)
+        self.pool = np.asarray(list(self.pieces))
 
     def ids(self, n: int, rng: np.random.Generator | None = None) -> list[int]:
         g = rng if rng is not None else self.rng
         return self.pool[g.integers(0, len(self.pool), size=n)].tolist()
 
+    def _join(self, ids: Sequence[int]) -> str:
+        """The text of `ids`: their pieces joined (no /detokenize call per prompt); ids from
+        elsewhere go through the tokenizer's decode."""
+        pieces = self.pieces
+        text = (
+            "".join(pieces[i] for i in ids)
+            if all(i in pieces for i in ids)
+            else self.tok.decode(list(ids))
+        )
+        return text.lstrip(" ")
+
     def text(self, prefix_ids: Sequence[int], n: int) -> tuple[str, int]:
         """Text whose encoding has exactly `n` tokens and starts with `prefix_ids`.
-        Only the tail after the prefix is adjusted, so shared prefixes stay shared."""
+        Only the tail after the prefix is adjusted, so shared prefixes stay shared.
+        One encode per prompt checks the count (an HTTP call on a server's tokenizer)."""
         tok = self.tok
         ids = list(prefix_ids[:n]) + self.ids(max(0, n - len(prefix_ids)))
         keep = min(len(prefix_ids), n)
         for _ in range(8):
-            text = tok.decode(ids).lstrip(" ")
+            text = self._join(ids)
             m = len(tok.encode(text))
             if m == n:
                 return text, m
@@ -158,7 +171,7 @@ class PromptMaker:
                 ids = ids[:cut]
             else:
                 ids = ids + self.ids(n - m)
-        text = tok.decode(ids).lstrip(" ")
+        text = self._join(ids)
         return text, len(tok.encode(text))  # best effort; the record keeps the true count
 
 

@@ -126,6 +126,21 @@ def load_tokenizer(spec: str | None, base_url: str | None = None) -> Tokenizer:
     return HFTokenizer(spec)
 
 
+def agree(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether two tokenizers give the same ids for the probe texts (the English words
+    prompts are built from, punctuation, digits) and decode them back alike. Why: a server
+    that serves a local model directory tokenizes with that directory's tokenizer.json,
+    and a local copy that agrees builds prompts with no HTTP call per prompt."""
+    try:
+        for text in _PROBES:
+            ids = a.encode(text)
+            if b.encode(text) != ids or a.decode(ids) != b.decode(ids):
+                return False
+    except Exception:  # noqa: BLE001 - a tokenizer that fails a probe does not agree
+        return False
+    return True
+
+
 # Plain English words: most tokenizers hold " word" as one token, which keeps counts exact.
 _WORDS = [
     "the",
@@ -419,59 +434,75 @@ _WORDS = [
 ]
 
 
-# Safe ids found per tokenizer identity (its name, and the model a server tokenizes for),
-# so each measurement against the same server does not search again.
-_SAFE_BY_NAME: dict[str, list[int]] = {}
+# Safe tokens found per tokenizer identity (its name, and the model a server tokenizes for),
+# so each measurement against the same server does not search again: id -> its text alone.
+_SAFE_BY_NAME: dict[str, dict[int, str]] = {}
 
 
 def safe_token_ids(tok: Tokenizer, n: int = 2000) -> list[int]:
     """Token ids that round-trip alone and in a row: decode(id) is a space-led word that
-    re-encodes to exactly [id]. Prompts built from them keep their token count. Finding
-    them costs ~1,000 encodes, each an HTTP call for `server` (tens of seconds against a
-    loaded engine), so they are kept on the tokenizer and by its identity: a new
-    tokenizer object for the same server re-checks three of them (a restarted server may
-    tokenize differently) instead of searching again."""
+    re-encodes to exactly [id]. Prompts built from them keep their token count."""
+    return list(safe_token_pieces(tok))[:n]
+
+
+def safe_token_pieces(tok: Tokenizer) -> dict[int, str]:
+    """The safe ids (`safe_token_ids`), each with the text it decodes to alone, so a
+    prompt's text is their concatenation and costs no /detokenize call (its count is still
+    checked by encoding it). Finding them costs ~1,000 encodes, each an HTTP call for
+    `server` (tens of seconds against a loaded engine), so they are kept on the tokenizer
+    and by its identity: a new tokenizer object for the same server re-checks three of
+    them (a restarted server may tokenize differently) instead of searching again."""
     if isinstance(tok, WordTokenizer):
-        return list(range(min(n, tok.vocab_size())))
-    found = getattr(tok, "_safe_token_ids", None)
+        return {i: tok.decode([i]) for i in range(tok.vocab_size())}
+    found = getattr(tok, "_safe_token_pieces", None)
     key = f"{tok.name}|{getattr(tok, '_model', None) or ''}"
     if found is None and (known := _SAFE_BY_NAME.get(key)) and _still_safe(tok, known):
         found = known
     if found is None:
-        found = _find_safe_token_ids(tok)
+        found = _find_safe_tokens(tok)
     _SAFE_BY_NAME[key] = found
     # a tokenizer with __slots__ keeps nothing: the identity cache still serves it
     with contextlib.suppress(AttributeError):
-        tok._safe_token_ids = found  # type: ignore[attr-defined]
-    return found[:n]
+        tok._safe_token_pieces = found  # type: ignore[attr-defined]
+    return found
 
 
-def _still_safe(tok: Tokenizer, ids: list[int]) -> bool:
-    """The first, middle and last id still round-trip alone on this tokenizer."""
+def _still_safe(tok: Tokenizer, known: dict[int, str]) -> bool:
+    """The first, middle and last id still decode alone to their text and back."""
+    ids = list(known)
     sample = dict.fromkeys((ids[0], ids[len(ids) // 2], ids[-1]))
     try:
-        return all(tok.encode(tok.decode([i])) == [i] for i in sample)
+        return all(
+            (text := tok.decode([i])) == known[i] and tok.encode(text) == [i] for i in sample
+        )
     except Exception:  # noqa: BLE001 - any failure: search again, which says why
         return False
 
 
-def _find_safe_token_ids(tok: Tokenizer) -> list[int]:
-    out: list[int] = []
+def _find_safe_tokens(tok: Tokenizer) -> dict[int, str]:
+    out: dict[int, str] = {}
     for w in _WORDS:
         ids = tok.encode(" " + w)
         if len(ids) == 1 and ids[0] not in out and tok.decode(ids) == " " + w:
-            out.append(ids[0])
+            out[ids[0]] = " " + w
     if len(out) < 64:
         # Small vocabularies (test models): add any id of an English text that round-trips
         # alone; the tail fix-up in `PromptMaker.text` absorbs merges at the joins.
         for i in dict.fromkeys(tok.encode(" ".join(_WORDS))):
-            if i not in out and tok.encode(tok.decode([i])) == [i]:
-                out.append(i)
+            if i not in out and tok.encode(text := tok.decode([i])) == [i]:
+                out[i] = text
     if len(out) < 16:
         raise InputError(
             "--tokenizer", f"{tok.name}: too few single-token English words ({len(out)})", None
         )
     return out
+
+
+# What `agree` compares: the whole word list, then text with what the word list lacks.
+_PROBES = (
+    " " + " ".join(_WORDS),
+    "Hello, world! It's 12:30 on 2026-12-02; 3.14 x 10^5 = 314,159 (approx.)\n\tDone.",
+)
 
 
 def dumps_compact(obj: object) -> str:
