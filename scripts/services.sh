@@ -3,7 +3,7 @@
 #   PostgreSQL: a throwaway cluster (trust auth, unix socket only) under
 #               $SERVETUNE_SERVICES_DIR (default ./.cache/services); reused when running.
 #   chromium:   headless browser for the report tests (and kaleido's PNG/SVG export).
-#   prometheus: `prometheus CONFIG` (re)starts a Prometheus server with CONFIG on
+#   prometheus: installed by `all`; `prometheus CONFIG` (re)starts a Prometheus server with CONFIG on
 #               127.0.0.1:$SERVETUNE_PROM_PORT (default 59090), data under $DIR/prometheus;
 #               prints SERVETUNE_PROM_URL=... (the monitor tests load generated rules into it).
 # Usage: scripts/services.sh [all|pg|chromium|prometheus [CONFIG]|prometheus-stop|stop|url]   (default: all)
@@ -164,7 +164,10 @@ start_prometheus() {
 
 mkdir -p "$DIR"
 case "${1:-all}" in
-  all) ensure_chromium && start_pg ;;
+  # all: what `run.sh test` needs before any test runs. Prometheus is installed here, not
+  # started (each monitor test starts its own): a test may call promtool before the
+  # first start, and the engine tests run beside the rest, in any order.
+  all) ensure_chromium && ensure_prometheus && start_pg ;;
   pg) start_pg ;;
   chromium) ensure_chromium ;;
   prometheus) if [ -n "${2:-}" ]; then start_prometheus "$2"; else ensure_prometheus; fi ;;
