@@ -1,6 +1,6 @@
 """Step-time models: how long one engine iteration takes, given what is in the batch.
 
-A step is described by five features (all per step, summed over the batch):
+A step is described by six features (all per step, summed over the batch):
 
 - ``prefill_tokens``  prompt tokens computed this step (chunks included)
 - ``decode_seqs``     sequences decoding one token this step
@@ -14,8 +14,8 @@ A step is described by five features (all per step, summed over the batch):
 - ``cached_pairs``    sum over prefill chunks of n x cached: the (new, cached) pairs of a
   chunk that reads context already in the KV cache (a prefix-cache hit, or a long prompt's
   later chunks). Calibrated tier only, a price on top of ``attn_pairs``: such a pair
-  costs vLLM's CPU backend about what a fresh prompt's own pair does (fitted 0.75 and
-  0.81 us against 0.93 and 1.0 us, two sweeps); without it a hit's pairs paid only
+  costs vLLM's CPU backend about what a fresh prompt's own pair does (fitted 0.62-0.81
+  us over three sweeps, against 0.93-1.0 us); without it a hit's pairs paid only
   ``attn_pairs``' 0.01-0.03 us (4 users sharing 512 of 704 prompt tokens: TTFT
   1.09-1.22 s real, 0.76-0.78 s replayed; docs/calibration.md)
 - the batch's token count, prefill_tokens + decode_seqs, drives weight reads and all-reduce
