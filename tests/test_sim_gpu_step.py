@@ -4,6 +4,8 @@ de-synchronising, and the published points it was built from (tolerances stated 
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import pytest
 
@@ -136,10 +138,11 @@ def _ttfts_ms(tier: str) -> np.ndarray:
 
 def test_closed_loop_users_start_at_spread_phases_in_the_gpu_tier():
     """Qwen3-32B TP2, 8 users, 1024/128. Roofline tier: every round in lock-step, all 8
-    prompts in one step, so after the first round every TTFT is the same. Gpu tier: users
-    start at independent phases of one cycle (`sim.phases`), so most prompts find no other
-    prompt ahead: the median TTFT is a lone 1024-token step with 7 decoders plus the
-    front end's latency (within 25%), far below lock-step's; chance collisions remain."""
+    prompts in one step, so after the first round every TTFT is the same. Gpu tier: after
+    the first round's burst each user waits an independent phase of one cycle
+    (`sim.phases`), so most prompts find no other prompt ahead: the median TTFT is a lone
+    1024-token step with 7 decoders plus the front end's latency (within 25%), far below
+    lock-step's; chance collisions remain."""
     gpu = _ttfts_ms("gpu")
     roof = _ttfts_ms("roofline")
     assert np.ptp(roof[8:]) < 1.0
@@ -155,7 +158,7 @@ def test_closed_loop_users_start_at_spread_phases_in_the_gpu_tier():
 
 def test_phases_by_hand():
     """One cycle: output x the decode step at a batch of `users` (mean context prompt +
-    output / 2) + `users` lone prefills; the draws are seeded, sorted and inside it."""
+    output / 2) + `users` lone prefills; the draws are seeded, independent and inside it."""
     fe = StepModel(
         tier="roofline",
         overhead_s=0.001,
@@ -168,29 +171,41 @@ def test_phases_by_hand():
     prefill = fe.time_s(100, 0, 0.0, 100 * 101 / 2, 100 * 101 / 2)
     assert phases.cycle_s(fe, 4, 100, 10) == pytest.approx(10 * decode + 4 * prefill)
     first = [SimRequest(i, i, 100, 10, 0.0, 0, -1, 0) for i in range(4)]
-    starts = phases.start_offsets_s(fe, first, 4)
-    assert starts == sorted(starts) and len(set(starts)) == 4
-    assert all(0.0 <= t < phases.cycle_s(fe, 4, 100, 10) for t in starts)
-    assert starts == phases.start_offsets_s(fe, first, 4)  # reproducible
-    assert phases.start_offsets_s(fe, first[:1], 1) == [0.0]
+    offsets = phases.phase_offsets_s(fe, first, 4)
+    assert len(set(offsets)) == 4
+    assert all(0.0 <= t < phases.cycle_s(fe, 4, 100, 10) for t in offsets)
+    assert offsets == phases.phase_offsets_s(fe, first, 4)  # reproducible
+    assert phases.phase_offsets_s(fe, first[:1], 1) == [0.0]
 
 
-def test_only_users_that_send_again_are_spread():
-    """A burst of N requests by N users (each sends once, e.g. `--request-rate inf` with
-    N prompts) reaches the engine at once; users with more to send start spread."""
+def test_the_first_round_is_a_burst_and_each_user_then_waits_its_phase():
+    """The client starts its users at once (the first round is a burst, in every tier).
+    In the gpu tier each user that sends again waits a phase of its own after its first
+    request: the second send is held until then, and only then goes through the front end
+    (10 ms here). A burst of N requests by N users has no second round: no phases."""
     fe = StepModel(
-        tier="roofline",
+        tier="gpu",
         overhead_s=0.01,
         weights_s=lambda tokens: 0.0,
         comm_s=lambda tokens: 0.0,
+        ingress_s=0.010,
         spread_closed_loop=True,
     )
     reqs = [SimRequest(i, i, 100, 10, 0.0, 0, -1, 0) for i in range(4)]
     burst = Clients(fe, reqs, None, 4, None, None)
-    assert [t for t, _, _ in burst.arrivals] == [0.0] * 4
+    assert not burst.phases
     more = [SimRequest(i, i, 100, 10, 0.0, 0, -1, 0) for i in range(8)]
-    spread = Clients(fe, more, None, 4, None, None)
-    assert len({t for t, _, _ in spread.arrivals}) == 4 and min(spread.arrivals)[0] >= 0.0
+    loop = Clients(fe, more, None, 4, None, None)
+    assert sorted(t for t, _, _ in loop.arrivals) == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    wait = loop.phases[0]
+    while loop.arrivals:
+        heapq.heappop(loop.arrivals)
+    loop.finished(1.0, more[0])  # user 1's first request ends at t = 1 s
+    t, _, second = loop.arrivals[0]
+    assert second is more[4] and t == pytest.approx(1.0 + wait) and second.arrival_s == t
+    assert loop.due(t, heapq.heappop(loop.arrivals)[2])  # its time: through the front end
+    assert loop.arrivals[0][0] == pytest.approx(max(t, 0.04) + 0.010)
+    assert not loop.due(*heapq.heappop(loop.arrivals)[:3:2])  # sent: no longer deferred
 
 
 def test_the_front_end_serves_ingress_and_streams_one_at_a_time():
@@ -292,9 +307,6 @@ def test_published_anchor_points(run_id, ttft_tol, tpot_tol):
 @pytest.mark.parametrize(
     "run_id",
     [
-        # a closed loop at c=25 with 5000-token prompts: median TTFT is a lone prefill,
-        # the measured mean carries the prompts that queued behind another's prefill
-        "nim-l33-70b-5000-500-c25",
         # NIM's front end adds a few ms, vLLM's ~47 (api_overhead_s): short prompts read high
         "nim-l33-70b-500-2000-c1",
         # TensorRT-LLM (NIM, 2024) keeps its closed loops in lock-step: TTFT grows with c

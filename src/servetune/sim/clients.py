@@ -3,7 +3,10 @@
 Open loop: requests carry their send times; with a concurrency cap (the workload's
 `concurrency` on an open-loop arrival), a send beyond the cap waits client-side until a
 request ends. Closed loop: `closed_users` clients each send their next request when the
-previous one ends, cycling through a pool with fresh ids until `stop_issuing_s`.
+previous one ends, cycling through a pool with fresh ids until `stop_issuing_s`. In the gpu
+tier (`StepModel.spread_closed_loop`) every user's second request waits a phase of its own
+(`sim.phases`): the first round is the client's burst, the rounds after it are
+de-synchronised, as vLLM on a GPU is measured.
 
 The engine's front end (HTTP, tokenise, hand-off: `StepModel.ingress_s`) serves one request
 at a time, so a request is seen by the scheduler only after the front end's turn.
@@ -14,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from servetune.sim.phases import start_offsets_s
+from servetune.sim.phases import phase_offsets_s
 from servetune.sim.request import Phase, SimRequest
 from servetune.sim.steptime import StepModel
 
@@ -37,6 +40,8 @@ class Clients:
         "stream_s",
         "front_end_free_s",
         "refused_in_row",
+        "phases",
+        "deferred",
     )
 
     def __init__(
@@ -68,18 +73,18 @@ class Clients:
         # Closed-loop sends refused in a row: a whole pool refused means every request
         # is (all longer than the context), and resending them would loop at one instant.
         self.refused_in_row = 0
+        # Closed loop, gpu tier: each user's wait before its second send (sim.phases), and
+        # the sends made ahead of their time, not yet through the front end (`due`).
+        self.phases: deque[float] = deque()
+        self.deferred: set[int] = set()
         if closed:
             first = [self.feed.popleft() for _ in range(min(closed_users or 0, len(self.feed)))]
-            # users that send more than once start at spread phases (`sim.phases`)
-            again = self.cycle or bool(self.feed)
-            starts = (
-                start_offsets_s(model, first, len(first))
-                if model.spread_closed_loop and again
-                else [0.0] * len(first)
-            )
-            for t, r in zip(starts, first, strict=True):
-                r.arrival_s = t
-                self.send(t, r)
+            # users that send more than once leave the burst at phases of their own
+            if model.spread_closed_loop and (self.cycle or bool(self.feed)):
+                self.phases.extend(phase_offsets_s(model, first, len(first)))
+            for r in first:
+                r.arrival_s = 0.0
+                self.send(0.0, r)
         elif self.ingress_s > 0 or self.ingress_per_token_s > 0:
             for r in sorted(requests, key=lambda x: (x.arrival_s, x.send_id)):
                 self.send(r.arrival_s, r)
@@ -95,6 +100,15 @@ class Clients:
             # the front end's share of r's stream, booked now (StepModel.stream_s)
             self.front_end_free_s = t + self.stream_s * r.output_tokens
         heapq.heappush(self.arrivals, (t, r.send_id, r))
+
+    def due(self, t: float, r: SimRequest) -> bool:
+        """A deferred send's time has come (True): it goes through the front end now, and
+        reaches the engine after its turn there."""
+        if r.send_id not in self.deferred:
+            return False
+        self.deferred.discard(r.send_id)
+        self.send(t, r)
+        return True
 
     def accept(self, r: SimRequest) -> bool:
         """r reaches the engine now (True), or waits client-side under the cap (False)."""
@@ -121,6 +135,13 @@ class Clients:
                 if self.cycle:
                     feed.append(nxt.resend(self.next_send_id))
                     self.next_send_id += 1
+                if self.phases:
+                    # the user's second send, at its phase: it reaches the front end then
+                    t += self.phases.popleft()
+                    self.deferred.add(nxt.send_id)
+                    nxt.arrival_s = t
+                    heapq.heappush(self.arrivals, (t, nxt.send_id, nxt))
+                    return
                 nxt.arrival_s = t
                 self.send(t, nxt)
         elif self.held_back:

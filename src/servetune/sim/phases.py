@@ -1,13 +1,15 @@
-"""Where closed-loop users stand in their request cycle when a run is measured.
+"""Where closed-loop users stand in their request cycle once a run has left its start.
 
-A benchmark client starts its `c` users at once, so a simulated engine that prices steps
-deterministically keeps them in lock-step for ever: equal output lengths make every user
-finish within a few decode steps of the others, so the prompts of one round arrive
-together again and queue behind each other (Qwen3-32B TP2, c=8, 1024/128: 414 ms
-simulated against 154 ms measured). Real engines leave that state within a few rounds
-(client, HTTP and detokenisation jitter). What the measurement then sees is users at
-independent phases of their cycle; `start_offsets_s` draws those phases, uniform over one
-estimated cycle, so prompts still collide by chance, as they do for real.
+A benchmark client starts its `c` users at once, so the first round is a burst, and a
+simulated engine that prices steps deterministically then keeps them in lock-step for
+ever: users that shared a prefill step finish in the same decode step and send together
+again (Qwen3-32B TP2, c=8, 1024/128: 497 ms simulated against 154 ms measured). vLLM on a
+GPU leaves that state (the cause is not modelled; random front-end time does not do it,
+docs/fidelity-gpu.md). What the measurement then sees is the first round's burst, and
+after it users at independent phases of their cycle; `phase_offsets_s` draws those
+phases, uniform over one estimated cycle, so prompts still collide by chance, as they do
+for real. vLLM on CPU does stay in lock-step (measured: benchmarks/closed_loop_rounds.py),
+so only the gpu tier draws them (`StepModel.spread_closed_loop`).
 
 Pure; the seed makes a run reproducible.
 """
@@ -34,13 +36,14 @@ def cycle_s(model: StepModel, users: int, prompt_tokens: float, output_tokens: f
     return output_tokens * decode + users * prefill
 
 
-def start_offsets_s(model: StepModel, first: Sequence[SimRequest], users: int) -> list[float]:
-    """Send times of the users' first requests (`first`, one per user): uniform random
-    phases over one cycle of the mean request, sorted, so user k starts at the k-th."""
+def phase_offsets_s(model: StepModel, first: Sequence[SimRequest], users: int) -> list[float]:
+    """How long each user waits, after its first request, before its second (`first`,
+    one request per user): independent uniform phases over one cycle of the mean request,
+    in a seeded random order."""
     if users <= 1 or not first:
         return [0.0] * len(first)
     prompt = sum(r.prompt_tokens for r in first) / len(first)
     output = sum(r.output_tokens for r in first) / len(first)
     span = cycle_s(model, users, prompt, output)
     rng = random.Random(SEED + users)
-    return sorted(rng.uniform(0.0, span) for _ in first)
+    return [rng.uniform(0.0, span) for _ in first]

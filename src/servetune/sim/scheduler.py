@@ -304,8 +304,11 @@ class RunState:
         an open loop at its concurrency cap keeps them client-side)."""
         arrivals, clients, waiting = self.arrivals, self.clients, self.waiting
         max_tokens, now = self.max_request_tokens, self.now_s
+        deferred = clients.deferred
         while arrivals and arrivals[0][0] <= now:
-            r = heapq.heappop(arrivals)[2]
+            t, _, r = heapq.heappop(arrivals)
+            if deferred and clients.due(t, r):
+                continue
             if not clients.accept(r):
                 continue
             if r.prompt_tokens + r.output_tokens <= max_tokens:
