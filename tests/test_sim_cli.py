@@ -234,3 +234,29 @@ def test_calibrate_from_the_store_uses_measured_runs_only(tmp_path: Path):
     assert p.returncode == 2 and "served by vllm" in p.stderr
     p = cli(*base, "--from-store", "simulated", "-o", str(tmp_path / "q.json"))
     assert p.returncode == 2 and "no measured runs" in p.stderr
+
+
+def test_a_gpu_closed_loop_of_many_users_shows_its_mean_ttft_and_why():
+    """The gpu tier's median TTFT of a closed loop rests on one seeded draw of phases
+    (docs/fidelity-gpu.md#known-misses): from 8 users on, the point also prints the mean
+    TTFT and says so. Fewer users, open loops and other tiers print no such line."""
+    from servetune.cli.sim_report import PHASE_NOTE_USERS, sim_point
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+    from servetune.workload.spec import parse_workload
+
+    def point(arrival: dict, tier: str | None = None) -> list[str]:
+        spec = parse_workload({**WL, "count": 80, "arrival": arrival})
+        res, _ = simulate(
+            get_model("qwen3-32b"), get_hardware("h100-sxm"),
+            EngineConfig(tensor_parallel_size=2), spec, tier=tier,
+        )  # fmt: skip
+        return [line for line in sim_point(res) if "TTFT mean" in line]
+
+    (line,) = point({"kind": "closed", "concurrency": PHASE_NOTE_USERS})
+    assert "one draw of which users collide" in line
+    assert not point({"kind": "closed", "concurrency": PHASE_NOTE_USERS - 1})
+    assert not point({"kind": "poisson", "rate": 4})
+    assert not point({"kind": "closed", "concurrency": 16}, tier="roofline")
