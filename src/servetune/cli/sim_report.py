@@ -64,7 +64,7 @@ def sim_point(res: RunResult) -> list[str]:
 
 # Users of a closed loop from which the gpu tier's median TTFT depends on its one seeded
 # draw of phases: over 8 draws it moved 1.5x at 8 users, 1.7-3.9x at 16-64, while the
-# mean 1.1-1.3x (2.2x on one of six loops) (docs/fidelity-gpu.md#known-misses).
+# mean moved 1.1-1.3x, 2.2x in one of six loops (docs/fidelity-gpu.md#known-misses).
 PHASE_NOTE_USERS = 8
 
 
