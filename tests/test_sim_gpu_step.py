@@ -206,6 +206,12 @@ def test_the_first_round_is_a_burst_and_each_user_then_waits_its_phase():
     assert loop.due(t, heapq.heappop(loop.arrivals)[2])  # its time: through the front end
     assert loop.arrivals[0][0] == pytest.approx(max(t, 0.04) + 0.010)
     assert not loop.due(*heapq.heappop(loop.arrivals)[:3:2])  # sent: no longer deferred
+    # a loop that stops issuing at 1 s: a second send whose phase falls past it is not made
+    timed = Clients(fe, list(more), more, 4, None, 1.0)
+    wait = timed.phases[0]
+    timed.arrivals.clear()
+    timed.finished(1.0 - wait / 2, more[1])
+    assert not timed.arrivals and not timed.deferred
 
 
 def test_the_front_end_serves_ingress_and_streams_one_at_a_time():

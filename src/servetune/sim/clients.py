@@ -130,20 +130,20 @@ class Clients:
             if self.refused_in_row >= len(feed):
                 feed.clear()  # the run ends with every request refused, said in its result
         if feed:
+            # the user's second send waits its phase (sim.phases); past the stop, none
+            phase = self.phases.popleft() if self.phases else None
+            t += phase or 0.0
             if self.stop_issuing_s is None or t < self.stop_issuing_s:
                 nxt = feed.popleft()
                 if self.cycle:
                     feed.append(nxt.resend(self.next_send_id))
                     self.next_send_id += 1
-                if self.phases:
-                    # the user's second send, at its phase: it reaches the front end then
-                    t += self.phases.popleft()
-                    self.deferred.add(nxt.send_id)
-                    nxt.arrival_s = t
-                    heapq.heappush(self.arrivals, (t, nxt.send_id, nxt))
-                    return
                 nxt.arrival_s = t
-                self.send(t, nxt)
+                if phase is None:
+                    self.send(t, nxt)
+                else:  # sent later: it reaches the front end when its time comes (`due`)
+                    self.deferred.add(nxt.send_id)
+                    heapq.heappush(self.arrivals, (t, nxt.send_id, nxt))
         elif self.held_back:
             nxt = self.held_back.popleft()
             nxt.arrival_s = t
