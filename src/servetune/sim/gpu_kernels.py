@@ -9,11 +9,14 @@ rule` says which, so every prediction can name it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
+
+import numpy as np
 
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
@@ -33,7 +36,7 @@ class KernelFigures:
     model_gemm_eff: float
     per_layer_s: float
     allreduce_latency_s: dict[int, float]
-    allreduce_busbw_bytes_s: float
+    allreduce_busbw_bytes_s: dict[int, float]  # by TP size, as the latency
     rule: str  # "measured (h100-sxm)" or "no measurements: default figures on <gpu>'s peaks"
 
     def mamf_for(self, dtype: str) -> float:
@@ -77,9 +80,11 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         rule = f"no kernel measurements for {hw.name}: default figures on its datasheet peaks"
     ar = entry["allreduce"]
     busbw = ar["busbw_gbs"]
-    if busbw is None:  # the default rule: 80% of the catalog link, as measured on NVLink 4
+    if busbw is None:  # the default rule: 80% of the catalog link
         link = hw.interconnect_gbs if hw.interconnect_gbs > 0 else 16.0
         busbw = 0.8 * link
+    if not isinstance(busbw, dict):  # one figure for every TP size
+        busbw = {2: busbw}
     return KernelFigures(
         mamf={str(k): float(v) for k, v in entry["mamf"].items()},
         gemm_tile_m=int(entry["gemm_tile_m"]),
@@ -92,7 +97,7 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         model_gemm_eff=float(entry["model_gemm_eff"]),
         per_layer_s=float(entry["per_layer_us"]) * 1e-6,
         allreduce_latency_s={int(k): float(v) * 1e-6 for k, v in ar["latency_us"].items()},
-        allreduce_busbw_bytes_s=float(busbw) * 1e9,
+        allreduce_busbw_bytes_s={int(k): float(v) * 1e9 for k, v in busbw.items()},
         rule=rule,
     )
 
@@ -105,11 +110,87 @@ def tile_efficiency(tokens: int, tile_m: int) -> float:
 
 
 def allreduce_s(fig: KernelFigures, tp: int, message_bytes: float) -> float:
-    """One all-reduce of `message_bytes` over `tp` GPUs: a latency by TP size (the largest
-    listed size at or below tp) plus the ring's 2 (tp - 1) / tp x bytes over bus bandwidth
-    (nccl-tests' busbw convention)."""
+    """One all-reduce of `message_bytes` over `tp` GPUs: a latency plus the ring's
+    2 (tp - 1) / tp x bytes over bus bandwidth (nccl-tests' busbw convention), each taken
+    at the largest listed TP size at or below tp."""
     if tp <= 1:
         return 0.0
-    sizes = sorted(fig.allreduce_latency_s)
-    lat = fig.allreduce_latency_s[max([s for s in sizes if s <= tp] or sizes[:1])]
-    return lat + 2 * (tp - 1) / tp * message_bytes / fig.allreduce_busbw_bytes_s
+    lat = by_tp(fig.allreduce_latency_s, tp)
+    return lat + 2 * (tp - 1) / tp * message_bytes / by_tp(fig.allreduce_busbw_bytes_s, tp)
+
+
+def by_tp(figures: dict[int, float], tp: int) -> float:
+    """The figure listed for the largest TP size at or below `tp` (the smallest listed
+    one below all of them)."""
+    sizes = sorted(figures)
+    return figures[max([s for s in sizes if s <= tp] or sizes[:1])]
+
+
+@dataclass(frozen=True)
+class GemmTable:
+    """Measured GEMM times on one GPU (data/gpu/gemm_<gpu>.json, built by
+    scripts/gemm_table_from_aic.py from NVIDIA AIConfigurator's vLLM 0.24.0 measurements):
+    microseconds of M x K by K x N per weight dtype, on a grid of M, N and K."""
+
+    source: str
+    engine: str  # the engine whose kernels were timed
+    m: np.ndarray
+    n: np.ndarray
+    k: np.ndarray
+    us: dict[str, np.ndarray]  # dtype -> [m, n, k] microseconds
+
+    def curve_s(self, dtype: str, n: int, k: int) -> np.ndarray:
+        """Seconds of an N x K GEMM at each measured M: time per weight element
+        interpolated linearly in log N and log K, clamped to the grid's edges (where a
+        weight is streamed or computed at the edge's rate)."""
+        wn, i_n = _log_weights(self.n, n)
+        wk, ik = _log_weights(self.k, k)
+        sub = self.us[dtype][:, i_n][:, :, ik] / np.outer(self.n[i_n], self.k[ik])
+        return np.exp(np.einsum("j,l,mjl->m", wn, wk, np.log(sub))) * n * k * 1e-6
+
+    def time_s(self, dtype: str, m: int, n: int, k: int) -> float:
+        """Seconds of one GEMM of `m` rows (`at_m` over `curve_s`)."""
+        return at_m(self.m, self.curve_s(dtype, n, k), m)
+
+
+def at_m(grid: np.ndarray, seconds: np.ndarray, m: int) -> float:
+    """`seconds` measured at the rows `grid`, read at `m`: log time against log M between
+    grid points, the first point below the grid, and in proportion to M past its end."""
+    top = float(grid[-1])
+    x = min(max(float(m), float(grid[0])), top)
+    hi = int(np.searchsorted(grid, x))
+    if grid[hi] == x:
+        value = float(seconds[hi])
+    else:
+        f = (math.log(x) - math.log(grid[hi - 1])) / (math.log(grid[hi]) - math.log(grid[hi - 1]))
+        value = math.exp((1 - f) * math.log(seconds[hi - 1]) + f * math.log(seconds[hi]))
+    return value * max(m / top, 1.0)
+
+
+def _log_weights(grid: np.ndarray, x: float) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the two grid points around `x` and their weights, linear in log x
+    (the nearest edge alone outside the grid)."""
+    x = min(max(float(x), float(grid[0])), float(grid[-1]))
+    hi = int(np.searchsorted(grid, x))
+    if grid[hi] == x:
+        return np.array([1.0]), np.array([hi])
+    lo = hi - 1
+    f = (math.log(x) - math.log(grid[lo])) / (math.log(grid[hi]) - math.log(grid[lo]))
+    return np.array([1.0 - f, f]), np.array([lo, hi])
+
+
+@lru_cache(maxsize=8)
+def gemm_table(gpu: str) -> GemmTable | None:
+    """The measured GEMM table of `gpu`, None where none is packaged."""
+    path = resources.files("servetune") / "data" / "gpu" / f"gemm_{gpu}.json"
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text("utf-8"))
+    return GemmTable(
+        source=raw["source"],
+        engine=raw["engine"],
+        m=np.array(raw["m"], dtype=float),
+        n=np.array(raw["n"], dtype=float),
+        k=np.array(raw["k"], dtype=float),
+        us={d: np.array(v, dtype=float) for d, v in raw["us"].items()},
+    )

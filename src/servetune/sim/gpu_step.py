@@ -11,7 +11,13 @@ sequences takes
       + max(KV bytes read / (BW x attn_eff), attention FLOPs / (peak16 x fa_eff))
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
 
-- linear layers: weight-streaming bound at small batches, compute bound from a few hundred
+- linear layers, on a GPU with a measured GEMM table (data/gpu/gemm_<gpu>.json: H100 SXM
+  and H200, vLLM 0.24.0's kernels as NVIDIA AIConfigurator timed them) and a dense model
+  in bf16/fp16 or fp8: the sum of the measured times of each layer's four GEMMs (fused QKV,
+  output, fused gate-up, down; per-GPU shards) and the LM head at M = tokens, interpolated
+  between measured shapes (`GemmTable.curve_s`, `at_m`), plus the bytes the elementwise
+  kernels between them move (norms, SiLU x mul, RoPE) at the 16-bit HBM share. Elsewhere
+  the formula: weight-streaming bound at small batches, compute bound from a few hundred
   tokens on; the compute side at the dtype the GEMMs run in (fp8 on Hopper for FP8
   checkpoints and `quantization=fp8`, plan.quant.weight_format) at the measured maximum
   achievable matmul rate (MAMF) times the share a model's own shapes and the elementwise
@@ -46,8 +52,11 @@ from servetune.plan import roofline
 from servetune.plan.memory import MemoryBudget
 from servetune.plan.quant import weight_format
 from servetune.sim.gpu_kernels import (
+    GemmTable,
     allreduce_s,
+    at_m,
     engine_cpu_figures,
+    gemm_table,
     kernel_figures,
     tile_efficiency,
 )
@@ -126,6 +135,57 @@ def routed_experts(model: ModelSpec) -> tuple[float, float]:
     return float(params), moe.experts_per_token / moe.num_experts
 
 
+def layer_gemms(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
+    """(N, K) of the GEMMs one GPU runs per layer of a dense model under `tp`-way tensor
+    parallelism (Megatron-LM's split, as vLLM shards them): fused QKV and gate-up
+    column-parallel, output and down projections row-parallel; KV heads are replicated
+    when there are fewer than GPUs."""
+    q, kv = shard_heads(model, tp)
+    inter = model.intermediate_size // tp
+    h = model.hidden_size
+    return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
+
+
+def elementwise_bytes_per_token(model: ModelSpec, tp: int) -> int:
+    """HBM bytes one token moves per layer through the kernels between a dense layer's
+    GEMMs, 16-bit activations (vLLM's llama-style layer): two fused residual-add RMSNorms
+    over the full hidden state (read x and residual, write both: 4 x hidden each), SiLU x
+    mul over the gate-up shard (read 2 x inter, write inter) and rotary embedding in place
+    on the query and key shards (read and write)."""
+    q, kv = shard_heads(model, tp)
+    inter = model.intermediate_size // tp
+    return 2 * (8 * model.hidden_size + 3 * inter + 2 * (q + kv))
+
+
+def shard_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
+    """Query and key (= value) widths one GPU holds under `tp`-way tensor parallelism;
+    KV heads are replicated when there are fewer than GPUs (vLLM's QKVParallelLinear)."""
+    kv = max(model.num_kv_heads // tp, 1) * model.head_dim
+    return model.num_attention_heads * model.head_dim // tp, kv
+
+
+def measured_linear(
+    table: GemmTable, model: ModelSpec, dtype: str, tp: int, stream_bytes_s: float
+) -> Any:
+    """Linear layers of a dense model from measured GEMM times (callable: tokens ->
+    seconds): every layer's GEMMs at `dtype` plus the 16-bit LM head (vLLM keeps it
+    unquantised), all at M = tokens, as the formula path prices the head; plus the
+    elementwise kernels between them, streamed at `stream_bytes_s` (the table's FP8 times
+    hold the activation quantisation; the fitted per-layer floor holds every kernel's
+    launch)."""
+    head = (max(model.vocab_size // tp, 1), model.hidden_size)
+    # seconds at each measured M, summed once: a step then reads one curve
+    curve = sum(table.curve_s(dtype, n, k) for n, k in layer_gemms(model, tp))
+    curve = model.num_layers * curve + table.curve_s("bf16", *head)
+    elementwise_s = model.num_layers * elementwise_bytes_per_token(model, tp) / stream_bytes_s
+
+    def linear(tokens: int) -> float:
+        t = max(int(tokens), 1)
+        return at_m(table.m, curve, t) + t * elementwise_s
+
+    return linear
+
+
 def gpu_model(
     model: ModelSpec, hw: HardwareSpec, cfg: EngineConfig, budget: MemoryBudget
 ) -> GpuStepModel:
@@ -147,9 +207,20 @@ def gpu_model(
     pair_flops = 4 * model.num_layers * heads * model.head_dim / tp
     layers = model.num_layers
 
+    # measured GEMM times where the GPU has a table and the model only dense GEMMs in a
+    # measured dtype; the formula below (MAMF, tiles, HBM share) everywhere else
+    table = gemm_table(hw.name)
+    dense = model.moe is None and model.mla is None
+    measured = None
+    gemm_dtype = "bf16" if fmt.compute == "fp16" else fmt.compute  # the same 16-bit kernels
+    if table is not None and dense and gemm_dtype in table.us:
+        measured = measured_linear(table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"))
+
     @lru_cache(maxsize=8192)
     def linear(tokens: int) -> float:
         t = max(int(tokens), 1)
+        if measured is not None:
+            return measured(t)
         read = roofline.weight_bytes_read(model, weights, t) / (bw * hbm_eff)
         compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
         if expert_flops_per_token:
@@ -188,4 +259,9 @@ def gpu_model(
         },
     )
     sm.note = fig.rule
+    if measured is not None and table is not None:
+        sm.note += (
+            f"; GEMMs at {table.engine} kernels' measured times (AIConfigurator's tables, "
+            f"data/gpu/gemm_{hw.name}.json)"
+        )
     return sm
