@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
 
-GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
+GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b300": "b300_sxm"}
 KERNELS = {"bf16": "torch.nn.functional.linear", "fp8": "CutlassFP8ScaledMMLinearKernel"}
 # M: tokens in the step; the table's powers of two (its M = 2^k + 1 rows show the padding
 # that gpu_kernels.tile_efficiency prices, so they are left out).

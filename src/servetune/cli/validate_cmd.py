@@ -10,7 +10,8 @@ alone on the machine). Either way the profile is fitted on the calibration workl
 
 `--published` needs neither: it simulates the published GPU runs of the visible set
 (`validate.published`, docs/fidelity-gpu.md) under each GPU tier and prints the median
-|error| of TTFT and TPOT per tier, per role and per model x GPU.
+|error| of TTFT and TPOT per tier, per role and per model x GPU; then the real vLLM
+forward passes of the packaged set against each tier's step time (`validate.steps`).
 """
 
 from __future__ import annotations
@@ -131,11 +132,14 @@ def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json
     from dataclasses import asdict
 
     from servetune.validate import published as pub
+    from servetune.validate import steps as st
 
     for t in tiers or ():
         if t not in pub.TIERS:
             raise InputError("--tier", f"unknown tier {t!r}", f"use one of {', '.join(pub.TIERS)}")
     results = pub.evaluate(pub.load_runs(path), tiers or pub.TIERS)
+    # the packaged set also carries real forward passes, checked step by step
+    steps = st.evaluate_steps(st.load_steps(), tiers or pub.TIERS) if path is None else {}
     if as_json:
         data = {
             tier: {
@@ -155,6 +159,15 @@ def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json
                     }
                     for e in errs
                 ],
+                "steps": [
+                    {
+                        "id": e.point.id,
+                        "measured_ms": e.point.measured_ms,
+                        "sim_ms": e.sim_ms,
+                        "err_pct": e.err,
+                    }
+                    for e in steps.get(tier, [])
+                ],
             }
             for tier, errs in results.items()
         }
@@ -164,3 +177,6 @@ def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json
         print(pub.format_runs(results))
         print()
     print(pub.format_report(results))
+    if steps:
+        print()
+        print(st.format_steps(steps))

@@ -11,8 +11,8 @@ sequences takes
       + max(KV bytes read / (BW x attn_eff), attention FLOPs / (peak16 x fa_eff))
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
 
-- linear layers, on a GPU with a measured GEMM table (data/gpu/gemm_<gpu>.json: H100 SXM
-  and H200, vLLM 0.24.0's kernels as NVIDIA AIConfigurator timed them) and a dense model
+- linear layers, on a GPU with a measured GEMM table (data/gpu/gemm_<gpu>.json: H100 SXM,
+  H200 and B300, vLLM 0.24.0's kernels as NVIDIA AIConfigurator timed them) and a dense model
   in bf16/fp16 or fp8: the sum of the measured times of each layer's four GEMMs (fused QKV,
   output, fused gate-up, down; per-GPU shards) and the LM head at M = tokens, interpolated
   between measured shapes (`GemmTable.curve_s`, `at_m`), plus the bytes the elementwise
