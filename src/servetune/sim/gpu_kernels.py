@@ -156,15 +156,8 @@ class GemmTable:
 def at_m(grid: np.ndarray, seconds: np.ndarray, m: int) -> float:
     """`seconds` measured at the rows `grid`, read at `m`: log time against log M between
     grid points, the first point below the grid, and in proportion to M past its end."""
-    top = float(grid[-1])
-    x = min(max(float(m), float(grid[0])), top)
-    hi = int(np.searchsorted(grid, x))
-    if grid[hi] == x:
-        value = float(seconds[hi])
-    else:
-        f = (math.log(x) - math.log(grid[hi - 1])) / (math.log(grid[hi]) - math.log(grid[hi - 1]))
-        value = math.exp((1 - f) * math.log(seconds[hi - 1]) + f * math.log(seconds[hi]))
-    return value * max(m / top, 1.0)
+    w, i = _log_weights(grid, m)
+    return math.exp(float(w @ np.log(seconds[i]))) * max(m / float(grid[-1]), 1.0)
 
 
 def _log_weights(grid: np.ndarray, x: float) -> tuple[np.ndarray, np.ndarray]:
