@@ -17,15 +17,18 @@ import math
 from servetune.model.spec import ModelSpec
 
 
-def kv_bytes_per_token_layer(model: ModelSpec, dtype_bytes: int, tp: int = 1) -> int:
-    """KV bytes one token occupies in one layer on one GPU of a TP group.
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads one GPU of a TP group holds: the heads split across GPUs, and one
+    (replicated) head each when tp > kv_heads, as vLLM does."""
+    return max(1, model.num_kv_heads // tp)
 
-    With TP the KV heads are split across GPUs; when tp > kv_heads each GPU keeps one
-    (replicated) head, as vLLM does. MLA's latent is not split: every rank caches it."""
+
+def kv_bytes_per_token_layer(model: ModelSpec, dtype_bytes: int, tp: int = 1) -> int:
+    """KV bytes one token occupies in one layer on one GPU of a TP group
+    (`kv_heads_per_gpu`). MLA's latent is not split: every rank caches it."""
     if model.mla is not None:
         return (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * dtype_bytes
-    heads_per_gpu = max(1, model.num_kv_heads // tp)
-    return 2 * heads_per_gpu * model.head_dim * dtype_bytes
+    return 2 * kv_heads_per_gpu(model, tp) * model.head_dim * dtype_bytes
 
 
 def kv_bytes_per_token(model: ModelSpec, dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:

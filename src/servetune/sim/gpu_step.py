@@ -49,6 +49,7 @@ from servetune.engines.config import EngineConfig
 from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
 from servetune.plan import roofline
+from servetune.plan.kv import kv_heads_per_gpu
 from servetune.plan.memory import MemoryBudget
 from servetune.plan.quant import weight_format
 from servetune.sim.gpu_kernels import (
@@ -158,9 +159,9 @@ def elementwise_bytes_per_token(model: ModelSpec, tp: int) -> int:
 
 
 def shard_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
-    """Query and key (= value) widths one GPU holds under `tp`-way tensor parallelism;
-    KV heads are replicated when there are fewer than GPUs (vLLM's QKVParallelLinear)."""
-    kv = max(model.num_kv_heads // tp, 1) * model.head_dim
+    """Query and key (= value) widths one GPU holds under `tp`-way tensor parallelism
+    (KV heads as the KV cache holds them, `plan.kv.kv_heads_per_gpu`)."""
+    kv = kv_heads_per_gpu(model, tp) * model.head_dim
     return model.num_attention_heads * model.head_dim // tp, kv
 
 
