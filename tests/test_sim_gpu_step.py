@@ -95,12 +95,12 @@ def test_the_gemm_table_returns_its_published_points():
 def test_decode_step_by_hand():
     """Batch 1, empty context: CPU + layer floor + the measured GEMMs + 2 all-reduces per
     layer. Figures from data/gpu/kernels.yaml: step 0.8 ms, 6 us/seq, 25 us/layer,
-    all-reduce 8 us + 2 (2-1)/2 x 8192 x 2 B / 360 GB/s at TP2."""
+    all-reduce 4.5 us (vLLM's, measured) + 2 (2-1)/2 x 8192 x 2 B / 360 GB/s at TP2."""
     su = setup(L70, H100, FP8_TP2)
     cpu = 0.8e-3 + 6e-6
     floor = 25e-6 * 80
     gemms = _table_linear(1)
-    comm = 2 * 80 * (8e-6 + 8192 * 2 / 360e9)
+    comm = 2 * 80 * (4.5e-6 + 8192 * 2 / 360e9)
     expected = cpu + floor + gemms + comm
     assert su.step_model.time_s(0, 1, 0, 0, 0) == pytest.approx(expected, rel=1e-9)
     # ~35 GB of FP8 weights per GPU: streaming them is most of the step
@@ -118,7 +118,7 @@ def test_prefill_step_by_hand():
     gemm = _table_linear(n)
     pairs = n * (n + 1) / 2
     attn = pairs * (4 * 80 * 64 * 128 / 2) / (989e12 * 0.60)
-    comm = 2 * 80 * (8e-6 + n * 8192 * 2 / 360e9)
+    comm = 2 * 80 * (4.5e-6 + n * 8192 * 2 / 360e9)
     expected = 0.8e-3 + 6e-6 + 25e-6 * 80 + gemm + attn + comm
     got = su.step_model.time_s(n, 0, 0, pairs, 0)
     assert got == pytest.approx(expected, rel=1e-9)
@@ -188,10 +188,24 @@ def test_tile_padding_and_allreduce_rules():
     assert tile_efficiency(1, 128) == pytest.approx(1 / 128)
     fig = kernel_figures(H100)
     assert allreduce_s(fig, 1, 1e6) == 0.0
-    # TP8, 1 MB: 13 us + 2 x 7/8 x 1e6 / 360e9
-    assert allreduce_s(fig, 8, 1e6) == pytest.approx(13e-6 + 1.75e6 / 360e9)
+    # TP8, 1 MB: vLLM's measured 5.3 us + 2 x 7/8 x 1e6 / 360e9
+    assert allreduce_s(fig, 8, 1e6) == pytest.approx(5.3e-6 + 1.75e6 / 360e9)
     # a TP size between listed ones takes the next smaller one's latency
-    assert allreduce_s(fig, 6, 0.0) == pytest.approx(10e-6)
+    assert allreduce_s(fig, 6, 0.0) == pytest.approx(4.8e-6)
+
+
+def test_blackwell_takes_vllm_measured_allreduce_and_the_default_rule_for_the_rest():
+    """A partial entry (b200: all-reduce only) keeps its own figures, takes the default
+    rule for the rest, and says so."""
+    b200 = get_hardware("b200")
+    fig, default = kernel_figures(b200), kernel_figures(get_hardware("l40s"))
+    assert "b200: allreduce measured" in fig.rule and "the rest default" in fig.rule
+    assert allreduce_s(fig, 2, 0.0) == pytest.approx(7.1e-6)
+    assert allreduce_s(fig, 8, 0.0) == pytest.approx(8.1e-6)
+    assert by_tp(fig.allreduce_busbw_bytes_s, 8) == pytest.approx(720e9)
+    assert fig.per_layer_s == default.per_layer_s and fig.mamf == default.mamf
+    # no measured GEMM table for B200: its linear layers keep the formula
+    assert gemm_table("b200") is None
 
 
 def test_gpus_without_measurements_use_the_default_rule():

@@ -39,6 +39,22 @@ def test_dense_hopper_rows_cover_the_held_out_shapes():
             assert "TensorRT-LLM" in r.note and r.role == "check"
 
 
+def test_aiconfigurator_vllm_runs_leave_the_held_out_set_out():
+    """NVIDIA AIConfigurator's measured vLLM runs: every row names its source file and
+    commit; none is a vLLM run of Llama-3.1-70B, Qwen3-32B or Llama-3.1-8B on H100 or H200
+    (issue 15's held-out acceptance set, which the same public file holds)."""
+    aic = [r for r in pub.load_runs() if r.id.startswith("aic-")]
+    assert len(aic) >= 200
+    held_out = {"llama-3.1-70b", "qwen3-32b", "llama-3.1-8b"}
+    for r in aic:
+        assert "aiconfigurator/blob/095f58a5" in r.source_url and "silicon_sample" in r.source_url
+        assert r.engine == "vllm" and r.role == "check" and r.ttft_ms and r.tpot_ms
+        assert not (r.model in held_out and r.gpu in {"h100-sxm", "h200"})
+    # the dense sibling of the held-out set: the same model and FP8 on B200, TP 1-8
+    b200 = [r for r in aic if r.model == "llama-3.1-70b" and r.gpu == "b200"]
+    assert {r.tp for r in b200} == {1, 2, 4, 8} and {r.quantization for r in b200} == {"fp8"}
+
+
 def test_summary_maths():
     run = pub.load_runs()[0]
 

@@ -72,12 +72,17 @@ def engine_cpu_figures(engine: str) -> dict[str, float]:
 def kernel_figures(hw: HardwareSpec) -> KernelFigures:
     """The figures for `hw`: its own entry, else the default rule on its datasheet."""
     table = _data()["accelerators"]
-    entry = table.get(hw.name)
-    if entry is not None:
-        rule = f"kernel figures for {hw.name} from public measurements (data/gpu/kernels.yaml)"
-    else:
-        entry = table["default"]
+    own = table.get(hw.name)
+    if own is None:
         rule = f"no kernel measurements for {hw.name}: default figures on its datasheet peaks"
+    elif set(own) >= set(table["default"]):
+        rule = f"kernel figures for {hw.name} from public measurements (data/gpu/kernels.yaml)"
+    else:  # a partial entry: its own figures, the default rule for the rest
+        rule = (
+            f"kernel figures for {hw.name}: {', '.join(sorted(own))} measured "
+            "(data/gpu/kernels.yaml), the rest default figures on its datasheet peaks"
+        )
+    entry = {**table["default"], **(own or {})}
     ar = entry["allreduce"]
     busbw = ar["busbw_gbs"]
     if busbw is None:  # the default rule: 80% of the catalog link

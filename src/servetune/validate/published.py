@@ -29,8 +29,9 @@ TIERS = ("roofline", "gpu")
 WITHIN_PCT = 25.0  # the "share of runs within 25%"
 REQUESTS_PER_USER = 10  # the held-out set's measure: 10 x concurrency requests per run
 PACKAGED = "data/published/gpu_runs.csv"
-# The packaged set: vLLM, NIM and TensorRT-LLM runs, then SGLang's (each engine its own group).
-PACKAGED_FILES = ("gpu_runs.csv", "sglang_runs.csv")
+# The packaged set: vLLM, NIM and TensorRT-LLM runs, SGLang's (each engine its own group),
+# and NVIDIA AIConfigurator's measured vLLM runs (scripts/vllm_runs_from_aic.py).
+PACKAGED_FILES = ("gpu_runs.csv", "sglang_runs.csv", "aic_vllm_runs.csv")
 
 
 class PublishedRun(BaseModel):
