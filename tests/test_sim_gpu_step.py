@@ -15,8 +15,10 @@ from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.model import get_model
+from servetune.plan import roofline
 from servetune.plan.planner import evaluate
-from servetune.sim import phases
+from servetune.plan.quant import weight_format
+from servetune.sim import gpu_step, phases
 from servetune.sim.clients import Clients
 from servetune.sim.engine import setup, simulate
 from servetune.sim.gpu_kernels import (
@@ -316,18 +318,32 @@ def test_the_first_round_is_a_burst_and_each_user_then_waits_its_phase():
 
 def test_the_front_end_serves_ingress_and_streams_one_at_a_time():
     """Two users send at t=0 (1000-token prompts, 100-token replies). Front end: 10 ms +
-    1 us/token in, 1 ms per streamed token. The first reaches the engine at 11 ms; the
-    front end then owes 100 ms to its stream, so the second reaches it at 11 + 100 + 11 ms."""
+    1 us/token in, 1 ms per streamed token. Neither reply has streamed yet, so they are
+    tokenised back to back: the engine sees them at 11 and 22 ms. Once the engine has
+    streamed 50 tokens from t = 0.1 s, the front end owes 50 ms to them: a send at 0.12 s
+    waits for that, then its own 11 ms."""
     fe = StepModel(tier="gpu", ingress_s=0.010, ingress_per_token_s=1e-6, stream_s=1e-3)
-    reqs = [SimRequest(i, i, 1000, 100, 0.0, 0, -1, 0) for i in range(2)]
-    clients = Clients(fe, reqs, reqs, 2, None, None)
-    seen = sorted(t for t, _, _ in clients.arrivals)
-    assert seen == pytest.approx([0.011, 0.122])
-    # without a stream cost the second follows the first's ingress only
-    plain = Clients(
-        StepModel(tier="gpu", ingress_s=0.010, ingress_per_token_s=1e-6), reqs, reqs, 2, None, None
-    )
-    assert sorted(t for t, _, _ in plain.arrivals) == pytest.approx([0.011, 0.022])
+    reqs = [SimRequest(i, i, 1000, 100, 0.0, 0, -1, 0) for i in range(3)]
+    clients = Clients(fe, reqs[:2], reqs[:2], 2, None, None)
+    assert sorted(t for t, _, _ in clients.arrivals) == pytest.approx([0.011, 0.022])
+    clients.streamed(0.1, 50)
+    clients.send(0.12, reqs[2])
+    assert max(t for t, _, _ in clients.arrivals) == pytest.approx(0.1 + 0.050 + 0.011)
+    # a front end that keeps up with its streams holds no send back
+    clients.streamed(1.0, 5)
+    clients.send(1.2, reqs[2].resend(9))
+    assert max(t for t, _, _ in clients.arrivals) == pytest.approx(1.2 + 0.011)
+
+
+def test_a_burst_with_long_replies_is_not_serialised_by_the_front_end():
+    """c = 4 users at t = 0 with 1024-token prompts and 8,192-token replies (Llama-3.1-70B
+    FP8, TP8 on B200, as NVIDIA AIConfigurator's vLLM runs): all four prefill within the
+    first steps. Booking each reply's stream at its send held the 4th user 2.5 s (three
+    replies x 8,192 tokens x 100 us) behind the front end."""
+    cfg = EngineConfig(tensor_parallel_size=8, quantization="fp8")
+    spec = closed_workload("burst", 4, 4, fixed_tokens(1024), fixed_tokens(8192))
+    res, _ = simulate(L70, get_hardware("b200"), cfg, spec, tier="gpu")
+    assert res.metrics.ttft_ms.max < 200
 
 
 Q32 = get_model("qwen3-32b")
@@ -430,3 +446,21 @@ def test_known_misses_stay_visible(run_id):
     e = simulate_run(RUNS[run_id], "gpu")
     errs = [x for x in (e.ttft_err, e.tpot_err) if x is not None]
     assert all(abs(x) <= 25 for x in errs)
+
+
+def test_moe_experts_pad_to_fused_moe_tiles_and_stream_their_weights():
+    """vLLM's fused-MoE GEMM tiles 16 rows while a step has no more tokens than experts,
+    64 past that (`gpu_step.moe_tile_m`). gpt-oss-120b (128 experts, 4 a token) at 8
+    sequences on one H100: each touched expert gets 1 row, so the step is bound by the
+    expert weights it streams, not by rows padded to 128-row tiles (which priced it at
+    twice that)."""
+    assert (gpu_step.moe_tile_m(128, 128), gpu_step.moe_tile_m(129, 128)) == (16, 64)
+    model, hw = get_model("gpt-oss-120b"), H100
+    su = setup(model, hw, EngineConfig())
+    weights = su.evaluation.budget.weights_bytes
+    fig = kernel_figures(hw)
+    fmt = weight_format("auto", None, model)
+    stream = roofline.weight_bytes_read(model, weights, 8) / (
+        hw.bandwidth_bytes_s * fig.hbm_for(fmt.compute)
+    )
+    assert su.step_model.linear_s(8) == pytest.approx(stream, rel=0.05)

@@ -55,6 +55,21 @@ def test_aiconfigurator_vllm_runs_leave_the_held_out_set_out():
     assert {r.tp for r in b200} == {1, 2, 4, 8} and {r.quantization for r in b200} == {"fp8"}
 
 
+def test_a_mean_is_read_as_a_mean_and_the_held_out_measure_as_a_median():
+    """A closed loop of 64 users (Llama-3.1-70B FP8 on B200, TP8, 8192/1024): its first
+    round is a burst that queues behind 64 prefills, which the published mean holds and a
+    median leaves out. `measure="published"` reads the simulated mean for a mean row;
+    "median" (issue 15's held-out measure) the median. A median row reads the median."""
+    runs = {r.id: r for r in pub.load_runs()}
+    burst = runs["aic-llama-3.1-70b-b200-tp8-8192-1024-c64"]
+    assert burst.stat == "mean"
+    mean, median = pub.simulate_run(burst, "gpu"), pub.simulate_run(burst, "gpu", "median")
+    assert mean.sim_ttft_ms > 1.5 * median.sim_ttft_ms
+    assert abs(mean.ttft_err) < abs(median.ttft_err)
+    row = next(r for r in runs.values() if r.stat == "median")
+    assert pub.simulate_run(row, "gpu") == pub.simulate_run(row, "gpu", "median")
+
+
 def test_summary_maths():
     run = pub.load_runs()[0]
 
@@ -111,6 +126,8 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
 
 
 def test_cli_refuses_bad_combinations(capsys):
+    code, _, err = run_cli(capsys, "validate", "--published", "--measure", "p90")
+    assert code == 2 and "--measure" in err and "published, median" in err
     code, _, err = run_cli(capsys, "validate", "--published", "--tier", "fast")
     assert code == 2 and "--tier" in err
     code, _, err = run_cli(capsys, "validate", "--published", "--live")

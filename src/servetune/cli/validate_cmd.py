@@ -67,11 +67,17 @@ def validate(
         None, "--tier", help="With --published: tiers to compare (default: roofline and gpu)."
     ),
     per_run: bool = typer.Option(False, "--per-run", help="With --published: every run's figures."),
+    measure: str = typer.Option(
+        "published",
+        "--measure",
+        help="With --published: 'published' reads each run at its source's statistic (a "
+        "mean as a mean); 'median' at the simulated median (issue 15's held-out measure).",
+    ),
 ) -> None:
     if published or published_file:
         if runs or live:
             raise InputError("--published", "give --published alone, not with --runs/--live", None)
-        _published(published_file, tier or None, per_run, as_json)
+        _published(published_file, tier or None, per_run, as_json, measure)
         return
     from servetune import validate as v
     from servetune.sim.profile import load_profile, load_results, save_profile
@@ -126,7 +132,9 @@ VERDICT_LINES = {
 }
 
 
-def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json: bool) -> None:
+def _published(
+    path: str | None, tiers: list[str] | None, per_run: bool, as_json: bool, measure: str
+) -> None:
     """`validate --published`: every published run simulated under each tier; median
     |error| of TTFT and TPOT per tier, per role (fit / check rows) and per model x GPU."""
     from dataclasses import asdict
@@ -137,12 +145,17 @@ def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json
     for t in tiers or ():
         if t not in pub.TIERS:
             raise InputError("--tier", f"unknown tier {t!r}", f"use one of {', '.join(pub.TIERS)}")
-    results = pub.evaluate(pub.load_runs(path), tiers or pub.TIERS)
+    if measure not in pub.MEASURES:
+        raise InputError(
+            "--measure", f"unknown measure {measure!r}", f"use one of {', '.join(pub.MEASURES)}"
+        )
+    results = pub.evaluate(pub.load_runs(path), tiers or pub.TIERS, measure)
     # the packaged set also carries real forward passes, checked step by step
     steps = st.evaluate_steps(st.load_steps(), tiers or pub.TIERS) if path is None else {}
     if as_json:
         data = {
             tier: {
+                "measure": measure,
                 "all": asdict(pub.summarize(errs)),
                 "by_role": {k: asdict(s) for k, s in pub.by_key(errs, "role").items()},
                 "by_engine": {k: asdict(s) for k, s in pub.by_key(errs, "engine").items()},
@@ -176,7 +189,7 @@ def _published(path: str | None, tiers: list[str] | None, per_run: bool, as_json
     if per_run:
         print(pub.format_runs(results))
         print()
-    print(pub.format_report(results))
+    print(pub.format_report(results, measure))
     if steps:
         print()
         print(st.format_steps(steps))

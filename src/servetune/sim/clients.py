@@ -85,6 +85,11 @@ class Clients:
             for r in first:
                 r.arrival_s = 0.0
                 self.send(0.0, r)
+        elif self.stream_s > 0:
+            # the front end's streams accrue as the engine runs (`streamed`), so each send
+            # goes through it when its time comes (`due`), not all of them up front
+            self.deferred.update(r.send_id for r in requests)
+            self.arrivals = [(r.arrival_s, r.send_id, r) for r in requests]
         elif self.ingress_s > 0 or self.ingress_per_token_s > 0:
             for r in sorted(requests, key=lambda x: (x.arrival_s, x.send_id)):
                 self.send(r.arrival_s, r)
@@ -93,13 +98,24 @@ class Clients:
         heapq.heapify(self.arrivals)
 
     def send(self, t: float, r: SimRequest) -> None:
-        """A client sends r at t; the engine sees it after the front end's turn."""
+        """A client sends r at t; the engine sees it after the front end's turn (its own
+        ingress, after any backlog of streamed tokens, `streamed`)."""
         ing0, ing1 = self.ingress_s, self.ingress_per_token_s
         if ing0 > 0 or ing1 > 0:
             t = max(t, self.front_end_free_s) + ing0 + ing1 * r.prompt_tokens
-            # the front end's share of r's stream, booked now (StepModel.stream_s)
-            self.front_end_free_s = t + self.stream_s * r.output_tokens
+            self.front_end_free_s = t
         heapq.heappush(self.arrivals, (t, r.send_id, r))
+
+    def streamed(self, t: float, tokens: int) -> None:
+        """The engine's steps from t on sent `tokens` tokens to their clients: the front
+        end owes StepModel.stream_s for each, after what it owed already. Booked as the
+        tokens come out, not when a request is sent: a burst of c users is tokenised back
+        to back, not one whole reply apart (c = 4, 8,192-token replies: 0.8 s each at
+        100 us a token). A send finds the front end free unless its streams outrun it
+        (stream_s x tokens per second > 1): then new requests wait, as vLLM's single API
+        server paces them at high concurrency."""
+        if self.stream_s > 0 and tokens:
+            self.front_end_free_s = max(self.front_end_free_s, t) + self.stream_s * tokens
 
     def due(self, t: float, r: SimRequest) -> bool:
         """A deferred send's time has come (True): it goes through the front end now, and

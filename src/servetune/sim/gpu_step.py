@@ -23,9 +23,9 @@ sequences takes
   achievable matmul rate (MAMF) times the share a model's own shapes and the elementwise
   kernels between the GEMMs leave of it (model_gemm_eff), less the rows padded up to whole
   GEMM tiles. MoE routed experts run as a grouped GEMM: each expert gets tokens x k / E
-  rows, padded on its own. The weight stream's share of the HBM bandwidth is also the
-  GEMMs' dtype's (`KernelFigures.hbm_for`): vLLM's FP8 GEMMs quantise their activations
-  first and stream slower than 16-bit ones.
+  rows, padded on its own to the fused-MoE kernel's tiles (`moe_tile_m`). The weight
+  stream's share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`):
+  vLLM's FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
 - attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
   (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
 - the engine's CPU side and front end (ingress per request, streaming per token, the
@@ -136,6 +136,14 @@ def routed_experts(model: ModelSpec) -> tuple[float, float]:
     return float(params), moe.experts_per_token / moe.num_experts
 
 
+def moe_tile_m(tokens: int, experts: int) -> int:
+    """Rows of one tile of vLLM's fused-MoE GEMM (the Triton kernel's BLOCK_SIZE_M in
+    vllm/model_executor/layers/fused_moe/fused_moe.py `get_default_config`): 16 while the
+    step's tokens are no more than the experts, 64 past that. Not the dense GEMMs' 128:
+    an expert that gets 2 of a step's rows pads them to 16, not to 128."""
+    return 16 if tokens <= experts else 64
+
+
 def layer_gemms(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
     """(N, K) of the GEMMs one GPU runs per layer of a dense model under `tp`-way tensor
     parallelism (Megatron-LM's split, as vLLM shards them): fused QKV and gate-up
@@ -201,6 +209,7 @@ def gpu_model(
     hbm_eff = fig.hbm_for(fmt.compute)
     gemm_flops_s = hw.peak_flops(fmt.compute) * fig.mamf_for(fmt.compute) * fig.model_gemm_eff
     expert_params, rows_per_expert = routed_experts(model)
+    n_experts = model.moe.num_experts if model.moe is not None else 0
     flops_per_token = 2 * (model.params_matmul_active - expert_params) / tp
     expert_flops_per_token = 2 * expert_params / tp
     attn16_flops_s = hw.peak_flops("bf16") * fig.fa_eff
@@ -227,7 +236,7 @@ def gpu_model(
         if expert_flops_per_token:
             # grouped GEMM: each expert's rows are padded to whole tiles on their own
             per_expert = max(1, round(t * rows_per_expert))
-            eff = tile_efficiency(per_expert, fig.gemm_tile_m)
+            eff = tile_efficiency(per_expert, moe_tile_m(t, n_experts))
             compute += expert_flops_per_token * t / (gemm_flops_s * eff)
         return max(read, compute) * pp
 

@@ -431,7 +431,8 @@ class RunState:
             dt += self.model.extra_passes_s(self.extra_passes(chunks))
         if self.has_shape_cost:
             dt += self.new_shape_s(prefill_tokens + n_decoding)
-        now = self.now_s + dt
+        start = self.now_s
+        now = start + dt
         self.now_s = now
         self.times.append(now)
         self.stats.prefill_tokens += prefill_tokens
@@ -439,6 +440,7 @@ class RunState:
             self.record_trace(step, 1, now, dt, len(chunks), prefill_tokens)
         policy, prefilling, running = self.policy, self.prefilling, self.running
         shares = policy.caches_shared_blocks
+        first_tokens = 0
         for r, n, _ in chunks:
             r.computed_tokens += n
             if shares and not r.sharing_done and r.prefix_group >= 0:
@@ -447,11 +449,13 @@ class RunState:
                 prefilling.remove(r)
                 r.record_tokens(step, step + 1)
                 r.generated += 1
+                first_tokens += 1
                 if r.generated >= r.output_tokens:
                     running.remove(r)
                     self.finish(r, now)
                 else:
                     self.start_decode(r, step + 1)
+        self.clients.streamed(start, n_decoding + first_tokens)
         self.step = step + 1
 
     def price_decodes(self, preempted: bool) -> None:
@@ -498,6 +502,7 @@ class RunState:
         end = ends[-1]
         if self.want_trace:
             self.record_trace(step, n_steps, end, end - now, 0, 0)
+        self.clients.streamed(now, n_decoding * n_steps)
         self.now_s = end
         self.step = step + n_steps
         self.stats.jumps += 1
