@@ -77,3 +77,29 @@ def test_old_engine_run_dirs_are_pruned_newest_kept(tmp_path) -> None:
         "llamacpp-4", "llamacpp-5", "llamacpp-6", "stray-file",
     ]  # fmt: skip
     assert prune_run_dirs(tmp_path / "missing") == []
+
+
+def test_a_run_dir_pruned_by_another_process_meanwhile_is_no_error(tmp_path, monkeypatch) -> None:
+    """CI once failed here: the niced suite beside the engine tests pruned a run dir between
+    this process's listing and its stat of that dir."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from servetune.engines.process import prune_run_dirs
+
+    for i in range(5):
+        d = tmp_path / f"vllm-{i}"
+        d.mkdir()
+        os.utime(d, (1_000_000 + i, 1_000_000 + i))
+    listing = Path.iterdir
+
+    def racing_iterdir(self: Path):
+        yield from listing(self)
+        shutil.rmtree(self / "vllm-0")  # the other process's prune, after our listing
+
+    monkeypatch.setattr(Path, "iterdir", racing_iterdir)
+    gone = prune_run_dirs(tmp_path, keep=2)
+    monkeypatch.undo()
+    assert {p.name for p in gone} <= {"vllm-0", "vllm-1", "vllm-2"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm-3", "vllm-4"]

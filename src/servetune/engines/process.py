@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -326,13 +327,22 @@ RUN_DIRS_KEPT = 100
 
 def prune_run_dirs(root: Path, keep: int = RUN_DIRS_KEPT) -> list[Path]:
     """Remove all but the `keep` newest engine run dirs (logs, launch files) under `root`:
-    every launch makes one, and a tuning study launches dozens. Returns what was removed."""
+    every launch makes one, and a tuning study launches dozens. Returns what was removed.
+    Another servetune process may prune the same root at the same time, so an entry that
+    vanishes between the listing and its stat is skipped, not an error."""
+    dated: list[tuple[float, Path]] = []
     try:
-        dirs = [d for d in root.iterdir() if d.is_dir()]
+        for d in root.iterdir():
+            try:
+                st = d.stat()
+            except OSError:  # removed by a concurrent prune since the listing
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                dated.append((st.st_mtime, d))
     except OSError:
         return []
-    dirs.sort(key=lambda d: d.stat().st_mtime, reverse=True)
-    gone = dirs[keep:]
+    dated.sort(key=lambda t: t[0], reverse=True)
+    gone = [d for _, d in dated[keep:]]
     for d in gone:
         shutil.rmtree(d, ignore_errors=True)
     return gone
