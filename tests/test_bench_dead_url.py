@@ -4,6 +4,7 @@ flags are refused in one line naming the flag."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from servetune.bench.http import Connection, Pool, Target
 from servetune.bench.reach import check_server
 from servetune.errors import InputError
 from servetune.mock.server import MockConfig, mock_in_thread
@@ -94,6 +96,48 @@ def test_ssh_port_is_not_http() -> None:
     with tcp_server(ssh_banner) as port, pytest.raises(InputError) as e:
         check_server(f"http://127.0.0.1:{port}", timeout_s=3)
     assert f"not an HTTP server at 127.0.0.1:{port} (got an SSH banner" in e.value.one_line()
+
+
+class _Failure:
+    """A response handler that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.failed: tuple[str, str] | None = None
+
+    def on_headers(self, status: int, headers: dict[str, str], now_ns: int) -> None: ...
+
+    def on_body(self, data: bytes, now_ns: int) -> None: ...
+
+    def on_end(self, now_ns: int) -> None: ...
+
+    def on_fail(self, kind: str, detail: str, now_ns: int) -> None:
+        self.failed = (kind, detail)
+
+
+class _Transport:
+    def abort(self) -> None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+
+def test_a_greeting_that_closed_the_connection_before_the_request_is_still_named() -> None:
+    """The banner lands before the request is sent, and its close is delivered before the
+    failure `send` scheduled (a busy host's order, which CI met): still 'SSH banner'."""
+
+    async def order() -> _Failure:
+        conn = Connection(Pool(Target("http://127.0.0.1:2222")))
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        conn.data_received(b"SSH-2.0-OpenSSH_9.6\r\n")  # nobody asked: kept, then closed
+        answer = _Failure()
+        conn.send(b"GET /v1/models HTTP/1.1\r\n\r\n", answer)
+        conn.connection_lost(None)  # the abort's callback, ahead of send's call_soon
+        await asyncio.sleep(0)
+        return answer
+
+    answer = asyncio.run(order())
+    assert answer.failed is not None
+    kind, detail = answer.failed
+    assert kind == "malformed_response" and "got an SSH banner" in detail
 
 
 def test_silent_port_times_out_within_the_bound() -> None:

@@ -166,7 +166,9 @@ class Connection(asyncio.Protocol):
             self.handler = None
             h.on_end(now)
             return
-        if isinstance(exc, ConnectionResetError) or not self.got_bytes:
+        if self.greeting is not None:  # the greeting closed it before send()'s failure ran
+            kind, detail = "malformed_response", not_http(self.greeting, self.pool.target)
+        elif isinstance(exc, ConnectionResetError) or not self.got_bytes:
             at = where(self.pool.target)
             kind, detail = (
                 "connection_reset",
