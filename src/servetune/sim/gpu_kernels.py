@@ -177,13 +177,56 @@ def _log_weights(grid: np.ndarray, x: float) -> tuple[np.ndarray, np.ndarray]:
     return np.array([1.0 - f, f]), np.array([lo, hi])
 
 
+@dataclass(frozen=True)
+class MoeTable:
+    """Measured fused-MoE times on one GPU (data/gpu/moe_<gpu>.json, built by
+    scripts/moe_table_from_aic.py from NVIDIA AIConfigurator's vLLM 0.24.0 measurements):
+    microseconds of one layer's routed experts at each step size, per expert dtype and
+    model shape, under skewed (power-law) routing."""
+
+    source: str
+    engine: str
+    tokens: np.ndarray
+    us: dict[str, dict[str, np.ndarray]]  # dtype -> "HxIxExK/tpN" -> [tokens] microseconds
+
+    def curve_s(
+        self, dtype: str, hidden: int, inter: int, experts: int, top_k: int, tp: int
+    ) -> np.ndarray | None:
+        """Seconds of one layer's routed experts at each measured step size; None where
+        the table has not timed this shape (the caller prices it with the formula)."""
+        us = self.us.get(dtype, {}).get(f"{hidden}x{inter}x{experts}x{top_k}/tp{tp}")
+        return None if us is None else us * 1e-6
+
+
+@lru_cache(maxsize=8)
+def moe_table(gpu: str) -> MoeTable | None:
+    """The measured fused-MoE table of `gpu`, None where none is packaged."""
+    raw = _packaged(f"moe_{gpu}.json")
+    if raw is None:
+        return None
+    return MoeTable(
+        source=raw["source"],
+        engine=raw["engine"],
+        tokens=np.array(raw["tokens"], dtype=float),
+        us={
+            d: {k: np.array(v, dtype=float) for k, v in shapes.items()}
+            for d, shapes in raw["us"].items()
+        },
+    )
+
+
+def _packaged(name: str) -> Any:
+    """A JSON file of data/gpu, None where none is packaged."""
+    path = resources.files("servetune") / "data" / "gpu" / name
+    return json.loads(path.read_text("utf-8")) if path.is_file() else None
+
+
 @lru_cache(maxsize=8)
 def gemm_table(gpu: str) -> GemmTable | None:
     """The measured GEMM table of `gpu`, None where none is packaged."""
-    path = resources.files("servetune") / "data" / "gpu" / f"gemm_{gpu}.json"
-    if not path.is_file():
+    raw = _packaged(f"gemm_{gpu}.json")
+    if raw is None:
         return None
-    raw = json.loads(path.read_text("utf-8"))
     return GemmTable(
         source=raw["source"],
         engine=raw["engine"],

@@ -23,7 +23,10 @@ sequences takes
   achievable matmul rate (MAMF) times the share a model's own shapes and the elementwise
   kernels between the GEMMs leave of it (model_gemm_eff), less the rows padded up to whole
   GEMM tiles. MoE routed experts run as a grouped GEMM: each expert gets tokens x k / E
-  rows, padded on its own to the fused-MoE kernel's tiles (`moe_tile_m`). The weight
+  rows, padded on its own to the fused-MoE kernel's tiles (`moe_tile_m`); on a GPU with a
+  measured fused-MoE table (data/gpu/moe_<gpu>.json: H100 SXM and H200, vLLM 0.24.0's
+  kernels as AIConfigurator timed them) that holds the model's shape, they take the
+  measured time instead (`measured_moe`) and the weight stream the other weights. The weight
   stream's share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`):
   vLLM's FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
 - attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
@@ -51,14 +54,16 @@ from servetune.model.spec import ModelSpec
 from servetune.plan import roofline
 from servetune.plan.kv import kv_heads_per_gpu
 from servetune.plan.memory import MemoryBudget
-from servetune.plan.quant import weight_format
+from servetune.plan.quant import WeightFormat, weight_format
 from servetune.sim.gpu_kernels import (
     GemmTable,
+    MoeTable,
     allreduce_s,
     at_m,
     engine_cpu_figures,
     gemm_table,
     kernel_figures,
+    moe_table,
     tile_efficiency,
 )
 from servetune.sim.steptime import StepModel
@@ -134,6 +139,50 @@ def routed_experts(model: ModelSpec) -> tuple[float, float]:
     layers = model.num_layers - moe.first_dense_layers
     params = layers * moe.experts_per_token * 3 * model.hidden_size * moe.expert_intermediate_size
     return float(params), moe.experts_per_token / moe.num_experts
+
+
+def moe_dtype(fmt: WeightFormat) -> str | None:
+    """The measured MoE table's dtype for experts stored in `fmt` (scripts/
+    moe_table_from_aic.py): GPT-OSS's MXFP4, FP8 (vLLM's Fp8MoEMethod), 16-bit; None for
+    formats the table has not timed (int4, GGUF), which the formula prices."""
+    if fmt.name == "mxfp4":
+        return "mxfp4"
+    if fmt.compute == "fp8":
+        return "fp8"
+    if fmt.compute in ("bf16", "fp16") and fmt.class_bits.get("experts", fmt.body_bits) == 16:
+        return "bf16"
+    return None
+
+
+def measured_moe(
+    model: ModelSpec, fmt: WeightFormat, table: MoeTable | None, tp: int
+) -> tuple[Any, float] | None:
+    """The routed experts of every MoE layer from measured fused-MoE times (callable:
+    tokens -> seconds) and the expert weight bytes one GPU holds (which the formula's
+    weight stream then leaves out); None where the table lacks the model's shape."""
+    moe = model.moe
+    if moe is None or table is None or model.mla is not None:
+        return None
+    dtype = moe_dtype(fmt)
+    inter = moe.expert_intermediate_size
+    curve = (
+        None
+        if dtype is None
+        else table.curve_s(
+            dtype, model.hidden_size, inter, moe.num_experts, moe.experts_per_token, tp
+        )
+    )
+    if curve is None:
+        return None
+    layers = model.num_layers - moe.first_dense_layers
+    bits = fmt.class_bits.get("experts", fmt.body_bits)
+    expert_bytes = layers * moe.num_experts * 3 * model.hidden_size * inter * bits / 8 / tp
+    grid = table.tokens
+
+    def experts_s(tokens: int) -> float:
+        return layers * at_m(grid, curve, max(int(tokens), 1))
+
+    return experts_s, expert_bytes
 
 
 def moe_tile_m(tokens: int, experts: int) -> int:
@@ -226,11 +275,19 @@ def gpu_model(
     if table is not None and dense and gemm_dtype in table.us:
         measured = measured_linear(table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"))
 
+    # routed experts from measured fused-MoE times where the GPU's table has the shape
+    moe_measured = measured_moe(model, fmt, moe_table(hw.name), tp)
+
     @lru_cache(maxsize=8192)
     def linear(tokens: int) -> float:
         t = max(int(tokens), 1)
         if measured is not None:
             return measured(t)
+        if moe_measured is not None:
+            experts_s, expert_bytes = moe_measured
+            read = max(weights - expert_bytes, 0.0) / (bw * hbm_eff)
+            compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
+            return (max(read, compute) + experts_s(t)) * pp
         read = roofline.weight_bytes_read(model, weights, t) / (bw * hbm_eff)
         compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
         if expert_flops_per_token:
@@ -273,5 +330,10 @@ def gpu_model(
         sm.note += (
             f"; GEMMs at {table.engine} kernels' measured times (AIConfigurator's tables, "
             f"data/gpu/gemm_{hw.name}.json)"
+        )
+    if moe_measured is not None:
+        sm.note += (
+            "; routed experts at vLLM 0.24.0's measured fused-MoE times (AIConfigurator's "
+            f"tables, data/gpu/moe_{hw.name}.json)"
         )
     return sm
