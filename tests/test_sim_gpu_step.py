@@ -24,6 +24,7 @@ from servetune.sim.engine import setup, simulate
 from servetune.sim.gpu_kernels import (
     allreduce_s,
     at_m,
+    attn_table,
     by_tp,
     gemm_table,
     kernel_figures,
@@ -97,16 +98,22 @@ def test_the_gemm_table_returns_its_published_points():
 
 
 def test_decode_step_by_hand():
-    """Batch 1, empty context: CPU + layer floor + the measured GEMMs + 2 all-reduces per
-    layer. Figures from data/gpu/kernels.yaml: step 0.8 ms, 6 us/seq, 25 us/layer,
-    all-reduce 4.5 us (vLLM's, measured) + 2 (2-1)/2 x 8192 x 2 B / 360 GB/s at TP2."""
+    """Batch 1, empty context: CPU + layer floor + the measured GEMMs + decode attention's
+    measured floor + 2 all-reduces per layer. Figures from data/gpu/kernels.yaml: step
+    0.8 ms, 6 us/seq, 13 us/layer, all-reduce 4.5 us (vLLM's, measured) + 2 (2-1)/2 x 8192
+    x 2 B / 360 GB/s at TP2; attn_h100-sxm.json: 12.65 us a layer for one sequence of
+    Llama-70B's TP2 shard (32 query heads, 4 KV heads of 128, bf16 KV), then 0.64 ns per
+    KV token (2 KiB a token a layer: 95% of 3.35 TB/s)."""
     su = setup(L70, H100, FP8_TP2)
     cpu = 0.8e-3 + 6e-6
-    floor = 25e-6 * 80
+    floor = 13e-6 * 80
     gemms = _table_linear(1)
     comm = 2 * 80 * (4.5e-6 + 8192 * 2 / 360e9)
-    expected = cpu + floor + gemms + comm
+    attn = 80 * 12.65e-6
+    expected = cpu + floor + gemms + attn + comm
     assert su.step_model.time_s(0, 1, 0, 0, 0) == pytest.approx(expected, rel=1e-9)
+    kv = 80 * 0.64085e-9 * 4096  # a 4096-token context
+    assert su.step_model.time_s(0, 1, 4096, 4096, 0) == pytest.approx(expected + kv, rel=1e-9)
     # ~35 GB of FP8 weights per GPU: streaming them is most of the step
     assert 12e-3 < gemms < 18e-3
     # the decode line (the scheduler's fast path) is the same formula
@@ -123,7 +130,7 @@ def test_prefill_step_by_hand():
     pairs = n * (n + 1) / 2
     attn = pairs * (4 * 80 * 64 * 128 / 2) / (989e12 * 0.60)
     comm = 2 * 80 * (4.5e-6 + n * 8192 * 2 / 360e9)
-    expected = 0.8e-3 + 6e-6 + 25e-6 * 80 + gemm + attn + comm
+    expected = 0.8e-3 + 6e-6 + 13e-6 * 80 + gemm + attn + comm
     got = su.step_model.time_s(n, 0, 0, pairs, 0)
     assert got == pytest.approx(expected, rel=1e-9)
     assert gemm > 0.5 * got  # a 4k prefill is GEMM-bound
@@ -537,3 +544,48 @@ def test_measured_moe_times_carry_gpt_oss_decode_on_hopper(group, tol):
     assert len(runs) >= 40
     errs = [abs(simulate_run(r, "gpu").tpot_err) for r in runs]
     assert float(np.median(errs)) <= tol
+
+
+def test_decode_attention_reads_measured_lines_and_windows_cap_their_layers():
+    """On an H200 decode attention follows vLLM's measured FlashAttention-3 lines
+    (attn_h200.json: fixed + per token, per batch size, interpolated in log batch); on
+    gpt-oss-120b (18 of 36 layers slide over 128 tokens) those layers read at most 128
+    tokens a sequence. Where no line applies (a B200) the KV bytes stream at attn_eff."""
+    table = attn_table("h200")
+    assert table is not None and "aiconfigurator" in table.source
+    raw = json.loads((resources.files("servetune") / "data/gpu/attn_h200.json").read_text("utf-8"))[
+        "lines"
+    ]["bf16"]["64/8/64"]
+    f1, c1 = table.line("bf16", 64, 8, 64, 1)
+    assert (f1 * 1e6, c1 * 1e9) == pytest.approx((raw["fixed_us"][0], raw["per_token_ns"][0]))
+    i8 = raw["batch"].index(8)
+    f8, _ = table.line("bf16", 64, 8, 64, 8)
+    f16, _ = table.line("bf16", 64, 8, 64, 16)
+    f11, _ = table.line("bf16", 64, 8, 64, 11)  # between 8 and 16, linear in log batch
+    w = np.log(11 / 8) / np.log(2)
+    assert f11 == pytest.approx((1 - w) * f8 + w * f16)
+    assert f8 * 1e6 == pytest.approx(raw["fixed_us"][i8])
+    last = raw["batch"][-1]
+    assert table.line("bf16", 64, 8, 64, 2 * last)[0] == pytest.approx(
+        2 * table.line("bf16", 64, 8, 64, last)[0]
+    )  # past the grid: the floor grows with the batch
+    assert table.line("bf16", 64, 8, 63, 1) is None  # a head size it has not timed
+
+    su = setup(get_model("gpt-oss-120b"), get_hardware("h200"), EngineConfig())
+    assert "measured FlashAttention-3 times" in su.step_model.note
+    read = su.step_model.kv_read_s(8)
+    f, c = table.line("bf16", 64, 8, 64, 8)
+    assert (read.fixed_s, read.full_s, read.swa_s, read.window) == pytest.approx(
+        (36 * f, 18 * c, 18 * c, 128)
+    )
+    x = 8 * 4096  # eight sequences of 4096 tokens: windowed layers read 8 x 128
+    assert read.time_s(x, 8) == pytest.approx(36 * f + 18 * c * x + 18 * c * 8 * 128)
+    kv0, kv1 = read.line(8)  # the decode stretch's line: the same past the window
+    assert kv0 + kv1 * x == pytest.approx(read.time_s(x, 8))
+
+    b200 = get_hardware("b200")
+    b200_su = setup(get_model("llama-3.1-8b"), b200, EngineConfig())
+    assert "FlashAttention-3" not in b200_su.step_model.note
+    flat = b200_su.step_model.kv_read_s(8)
+    per_token = 2 * 8 * 128 * 2 / (b200.bandwidth_bytes_s * kernel_figures(b200).attn_eff)
+    assert (flat.fixed_s, flat.full_s, flat.swa_s) == pytest.approx((0.0, 32 * per_token, 0.0))

@@ -35,6 +35,7 @@ class KernelFigures:
     fa_eff: float
     model_gemm_eff: float
     per_layer_s: float
+    attn_floor_s: float  # decode attention's floor a layer where no measured line applies
     allreduce_latency_s: dict[int, float]
     allreduce_busbw_bytes_s: dict[int, float]  # by TP size, as the latency
     rule: str  # "measured (h100-sxm)" or "no measurements: default figures on <gpu>'s peaks"
@@ -101,6 +102,7 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         fa_eff=float(entry["fa_eff"]),
         model_gemm_eff=float(entry["model_gemm_eff"]),
         per_layer_s=float(entry["per_layer_us"]) * 1e-6,
+        attn_floor_s=float(entry.get("attn_floor_us", 0.0)) * 1e-6,
         allreduce_latency_s={int(k): float(v) * 1e-6 for k, v in ar["latency_us"].items()},
         allreduce_busbw_bytes_s={int(k): float(v) * 1e9 for k, v in busbw.items()},
         rule=rule,
@@ -213,6 +215,52 @@ def moe_table(gpu: str) -> MoeTable | None:
             for d, shapes in raw["us"].items()
         },
     )
+
+
+@dataclass(frozen=True)
+class AttnTable:
+    """Measured decode attention on one GPU (data/gpu/attn_<gpu>.json, built by
+    scripts/attention_table_from_aic.py from NVIDIA AIConfigurator's vLLM 0.24.0
+    measurements of its FlashAttention-3 backend): per KV dtype and per-GPU shape, at each
+    measured batch size, one layer's time as fixed + per_token x (KV tokens read)."""
+
+    source: str
+    lines: dict[str, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]
+
+    def line(
+        self, kv_dtype: str, heads: int, kv_heads: int, head_dim: int, batch: int
+    ) -> tuple[float, float] | None:
+        """(fixed, per-token) seconds of one layer's decode attention over `batch`
+        sequences: linear in log batch between measured sizes; past the largest, the fixed
+        part in proportion to the batch (more sequences, more work items); None where the
+        table has not timed the shape."""
+        got = self.lines.get(kv_dtype, {}).get(f"{heads}/{kv_heads}/{head_dim}")
+        if got is None:
+            return None
+        grid, fixed_us, per_token_ns = got
+        w, i = _log_weights(grid, batch)
+        over = max(batch / float(grid[-1]), 1.0)
+        return float(w @ fixed_us[i]) * 1e-6 * over, float(w @ per_token_ns[i]) * 1e-9
+
+
+@lru_cache(maxsize=8)
+def attn_table(gpu: str) -> AttnTable | None:
+    """The measured decode-attention table of `gpu`, None where none is packaged."""
+    raw = _packaged(f"attn_{gpu}.json")
+    if raw is None:
+        return None
+    lines = {
+        kv: {
+            name: (
+                np.array(v["batch"], dtype=float),
+                np.array(v["fixed_us"], dtype=float),
+                np.array(v["per_token_ns"], dtype=float),
+            )
+            for name, v in shapes.items()
+        }
+        for kv, shapes in raw["lines"].items()
+    }
+    return AttnTable(source=raw["source"], lines=lines)
 
 
 def _packaged(name: str) -> Any:

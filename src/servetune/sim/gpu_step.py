@@ -8,7 +8,7 @@ sequences takes
       + per_layer x layers                                 kernel launch gaps and tails
       + max(weight bytes / (BW x hbm_eff[dtype]),           linear layers
             FLOPs / (peak x mamf x model_gemm_eff x tile_eff(tokens)))
-      + max(KV bytes read / (BW x attn_eff), attention FLOPs / (peak16 x fa_eff))
+      + max(KV read(seqs, KV tokens), attention FLOPs / (peak16 x fa_eff))
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
 
 - linear layers, on a GPU with a measured GEMM table (data/gpu/gemm_<gpu>.json: H100 SXM,
@@ -29,7 +29,11 @@ sequences takes
   measured time instead (`measured_moe`) and the weight stream the other weights. The weight
   stream's share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`):
   vLLM's FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
-- attention: decode reads each sequence's KV; a prefill chunk computes n x cached + n (n+1)/2
+- attention: decode reads each sequence's KV (`KvRead`): on a GPU with measured decode
+  lines (data/gpu/attn_<gpu>.json: H100 SXM and H200, vLLM 0.24.0's FlashAttention-3 as
+  AIConfigurator timed it) a floor plus a price per KV token at the step's sequence count,
+  elsewhere the KV bytes at attn_eff of the bandwidth; sliding-window layers read at most
+  their window of each sequence. A prefill chunk computes n x cached + n (n+1)/2
   (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
 - the engine's CPU side and front end (ingress per request, streaming per token, the
   engine-to-client latency) come from the engine's entry in the same file; closed-loop
@@ -54,12 +58,13 @@ from servetune.model.spec import ModelSpec
 from servetune.plan import roofline
 from servetune.plan.kv import kv_heads_per_gpu
 from servetune.plan.memory import MemoryBudget
-from servetune.plan.quant import WeightFormat, weight_format
+from servetune.plan.quant import WeightFormat, kv_dtype_bytes, weight_format
 from servetune.sim.gpu_kernels import (
     GemmTable,
     MoeTable,
     allreduce_s,
     at_m,
+    attn_table,
     engine_cpu_figures,
     gemm_table,
     kernel_figures,
@@ -78,7 +83,8 @@ class GpuStepModel(StepModel):
     cpu_step_s: float = 0.0
     cpu_per_seq_s: float = 0.0
     layers_floor_s: float = 0.0  # launch gaps and kernel tails, per step (per layer x layers)
-    kv_token_s: float = 0.0  # seconds per KV token read by attention
+    # callable(sequences) -> KvRead: decode attention's cost of reading the KV cache
+    kv_read_s: Any = None
     pair_s: float = 0.0  # seconds per causal (query, key) pair computed
     linear_s: Any = None  # callable(tokens) -> seconds of the linear layers
     allreduce_step_s: Any = None  # callable(tokens) -> seconds of the step's all-reduces
@@ -97,7 +103,8 @@ class GpuStepModel(StepModel):
         decoders plus at least one prefilling request when it has prefill tokens."""
         tokens = prefill_tokens + decode_seqs
         seqs = decode_seqs + (1 if prefill_tokens else 0)
-        attn = max(self.kv_token_s * kv_read_tokens, self.pair_s * attn_pairs)
+        n = max(seqs, 1)
+        attn = max(self.kv_read_s(n).time_s(kv_read_tokens, n), self.pair_s * attn_pairs)
         return (
             self.cpu_step_s
             + self.layers_floor_s
@@ -109,8 +116,9 @@ class GpuStepModel(StepModel):
 
     def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:
         """A decode-only step of `batch` sequences against its context sum x:
-        base + max(kv_token_s x, pair_s x), the base holding CPU, linear layers and
-        all-reduces (StepModel.decode_line's form)."""
+        base + max(kv0 + kv1 x, pair_s x), the base holding CPU, linear layers and
+        all-reduces (StepModel.decode_line's form); the KV line takes each sequence's
+        sliding-window layers as full (contexts past the window, `KvRead.line`)."""
         line = self._lines.get(batch)
         if line is None:
             base = (
@@ -120,13 +128,76 @@ class GpuStepModel(StepModel):
                 + self.linear_s(batch)
                 + self.allreduce_step_s(batch)
             )
-            line = (base, 0.0, self.kv_token_s, 0.0, self.pair_s)
+            kv0, kv1 = self.kv_read_s(batch).line(batch)
+            line = (base, kv0, kv1, 0.0, self.pair_s)
             self._lines[batch] = line
         return line
 
     def extra_passes_s(self, sizes: tuple[int, ...]) -> float:
         """vLLM runs a step as one forward pass; llama.cpp's ubatches never reach here."""
         return sum(self.linear_s(t) + self.allreduce_step_s(t) for t in sizes)
+
+
+@dataclass(frozen=True)
+class KvRead:
+    """Decode attention's cost of reading the KV cache in one step, summed over layers:
+    a fixed part (the kernel's floor), a price per KV token read on full-attention layers,
+    and one on sliding-window layers, which read at most `window` tokens a sequence."""
+
+    fixed_s: float
+    full_s: float  # per KV token, over the full-attention layers
+    swa_s: float = 0.0  # per KV token, over the sliding-window layers
+    window: int = 0
+
+    def time_s(self, kv_tokens: float, seqs: int) -> float:
+        """Seconds to read `kv_tokens` (the step's context sum) over `seqs` sequences."""
+        swa = self.swa_s * min(kv_tokens, self.window * seqs) if self.swa_s else 0.0
+        return self.fixed_s + self.full_s * kv_tokens + swa
+
+    def line(self, seqs: int) -> tuple[float, float]:
+        """`time_s` as intercept and slope in the context sum, for contexts past the window
+        (a decode stretch's line, `GpuStepModel.decode_line`)."""
+        return self.fixed_s + self.swa_s * self.window * seqs, self.full_s
+
+
+def kv_reader(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    budget: MemoryBudget,
+    tp: int,
+    pp: int,
+    kv_dtype: str,
+    attn_eff: float,
+    floor_s: float,
+) -> tuple[Any, bool]:
+    """callable(sequences) -> KvRead, and whether it reads measured lines: from the GPU's
+    measured decode-attention lines
+    (data/gpu/attn_<gpu>.json: vLLM 0.24.0's FlashAttention-3 as AIConfigurator timed it)
+    where they hold the model's per-GPU shape, else the KV bytes streamed at `attn_eff` of
+    the HBM bandwidth above `floor_s` a layer. Every layer term times pp, as the rest of
+    the tier."""
+    layers = model.num_layers
+    swa_layers = model.sliding_window_layers if model.sliding_window else 0
+    full_layers = layers - swa_layers
+    window = model.sliding_window or 0
+    table = attn_table(hw.name) if model.mla is None else None
+    heads = model.num_attention_heads // tp
+    shape = (kv_dtype, heads, kv_heads_per_gpu(model, tp), model.head_dim)
+    if table is None or table.line(*shape, 1) is None:
+        per_token = budget.kv_bytes_per_token / layers / (hw.bandwidth_bytes_s * attn_eff)
+        flat = KvRead(
+            layers * floor_s * pp, full_layers * per_token * pp, swa_layers * per_token * pp, window
+        )
+        return (lambda seqs: flat), False
+
+    @lru_cache(maxsize=4096)
+    def read(seqs: int) -> KvRead:
+        fixed, per_token = table.line(*shape, seqs)  # type: ignore[misc]
+        return KvRead(
+            layers * fixed * pp, full_layers * per_token * pp, swa_layers * per_token * pp, window
+        )
+
+    return read, True
 
 
 def routed_experts(model: ModelSpec) -> tuple[float, float]:
@@ -275,6 +346,10 @@ def gpu_model(
     if table is not None and dense and gemm_dtype in table.us:
         measured = measured_linear(table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"))
 
+    kv_dtype = "fp8" if kv_dtype_bytes(cfg.kv_cache_dtype, fmt) == 1 else "bf16"
+    kv_read_s, kv_measured = kv_reader(
+        model, hw, budget, tp, pp, kv_dtype, fig.attn_eff, fig.attn_floor_s
+    )
     # routed experts from measured fused-MoE times where the GPU's table has the shape
     moe_measured = measured_moe(model, fmt, moe_table(hw.name), tp)
 
@@ -307,7 +382,7 @@ def gpu_model(
         cpu_step_s=cpu["step_s"],
         cpu_per_seq_s=cpu["per_seq_s"],
         layers_floor_s=fig.per_layer_s * layers * pp,
-        kv_token_s=budget.kv_bytes_per_token / (bw * fig.attn_eff) * pp,
+        kv_read_s=kv_read_s,
         pair_s=pair_flops / attn16_flops_s * pp,
         linear_s=linear,
         allreduce_step_s=comm,
@@ -330,6 +405,11 @@ def gpu_model(
         sm.note += (
             f"; GEMMs at {table.engine} kernels' measured times (AIConfigurator's tables, "
             f"data/gpu/gemm_{hw.name}.json)"
+        )
+    if kv_measured:
+        sm.note += (
+            "; decode attention at vLLM 0.24.0's measured FlashAttention-3 times "
+            f"(AIConfigurator's tables, data/gpu/attn_{hw.name}.json)"
         )
     if moe_measured is not None:
         sm.note += (
