@@ -550,7 +550,8 @@ def test_decode_attention_reads_measured_lines_and_windows_cap_their_layers():
     """On an H200 decode attention follows vLLM's measured FlashAttention-3 lines
     (attn_h200.json: fixed + per token, per batch size, interpolated in log batch); on
     gpt-oss-120b (18 of 36 layers slide over 128 tokens) those layers read at most 128
-    tokens a sequence. Where no line applies (a B200) the KV bytes stream at attn_eff."""
+    tokens a sequence and compute at most 128 keys a query. Where no line applies (a
+    B200) the KV bytes stream at attn_eff."""
     table = attn_table("h200")
     assert table is not None and "aiconfigurator" in table.source
     raw = json.loads((resources.files("servetune") / "data/gpu/attn_h200.json").read_text("utf-8"))[
@@ -582,6 +583,14 @@ def test_decode_attention_reads_measured_lines_and_windows_cap_their_layers():
     assert read.time_s(x, 8) == pytest.approx(36 * f + 18 * c * x + 18 * c * 8 * 128)
     kv0, kv1 = read.line(8)  # the decode stretch's line: the same past the window
     assert kv0 + kv1 * x == pytest.approx(read.time_s(x, 8))
+    # a 4096-token prompt's causal pairs: windowed layers compute 128 keys a query at most
+    pairs = su.step_model.pairs_cost
+    p = 4 * 64 * 64 / (989e12 * 0.60)  # one layer's (query, key) pair, 16-bit FA
+    assert (pairs.full_s, pairs.swa_s, pairs.window) == pytest.approx((18 * p, 18 * p, 128))
+    n = 4096
+    assert pairs.time_s(n * (n + 1) / 2, n) == pytest.approx(
+        18 * p * n * (n + 1) / 2 + 18 * p * n * 128
+    )
 
     b200 = get_hardware("b200")
     b200_su = setup(get_model("llama-3.1-8b"), b200, EngineConfig())

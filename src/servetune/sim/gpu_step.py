@@ -29,11 +29,12 @@ sequences takes
   measured time instead (`measured_moe`) and the weight stream the other weights. The weight
   stream's share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`):
   vLLM's FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
-- attention: decode reads each sequence's KV (`KvRead`): on a GPU with measured decode
+- attention: decode reads each sequence's KV (`Windowed`): on a GPU with measured decode
   lines (data/gpu/attn_<gpu>.json: H100 SXM and H200, vLLM 0.24.0's FlashAttention-3 as
   AIConfigurator timed it) a floor plus a price per KV token at the step's sequence count,
   elsewhere the KV bytes at attn_eff of the bandwidth; sliding-window layers read at most
-  their window of each sequence. A prefill chunk computes n x cached + n (n+1)/2
+  their window of each sequence, and compute at most their window of keys a query
+  (`Windowed`). A prefill chunk computes n x cached + n (n+1)/2
   (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
 - the engine's CPU side and front end (ingress per request, streaming per token, the
   engine-to-client latency) come from the engine's entry in the same file; closed-loop
@@ -76,6 +77,29 @@ from servetune.sim.steptime import StepModel
 ACT_BYTES = 2  # activations all-reduced in 16 bits (vLLM keeps activations in the model dtype)
 
 
+@dataclass(frozen=True)
+class Windowed:
+    """An attention cost summed over layers, in one quantity of a step: KV tokens read
+    (decode) or (query, key) pairs computed (prefill). A fixed part (the kernel's floor),
+    a price per unit on full-attention layers, and one on sliding-window layers, which
+    count at most `window` per sequence (KV read) or per query token (pairs)."""
+
+    fixed_s: float
+    full_s: float  # per unit, over the full-attention layers
+    swa_s: float = 0.0  # per unit, over the sliding-window layers
+    window: int = 0
+
+    def time_s(self, units: float, rows: int) -> float:
+        """Seconds for `units` (the step's sum) over `rows` sequences or query tokens."""
+        swa = self.swa_s * min(units, self.window * rows) if self.swa_s else 0.0
+        return self.fixed_s + self.full_s * units + swa
+
+    def line(self, rows: int) -> tuple[float, float]:
+        """`time_s` as intercept and slope in the units, for sums past the window (a decode
+        stretch's line, `GpuStepModel.decode_line`)."""
+        return self.fixed_s + self.swa_s * self.window * rows, self.full_s
+
+
 @dataclass
 class GpuStepModel(StepModel):
     """Prices a step from its features (StepModel's interface) with the formula above."""
@@ -83,9 +107,9 @@ class GpuStepModel(StepModel):
     cpu_step_s: float = 0.0
     cpu_per_seq_s: float = 0.0
     layers_floor_s: float = 0.0  # launch gaps and kernel tails, per step (per layer x layers)
-    # callable(sequences) -> KvRead: decode attention's cost of reading the KV cache
+    # callable(sequences) -> Windowed: decode attention's cost of reading the KV cache
     kv_read_s: Any = None
-    pair_s: float = 0.0  # seconds per causal (query, key) pair computed
+    pairs_cost: Windowed = Windowed(0.0, 0.0)  # per causal (query, key) pair computed
     linear_s: Any = None  # callable(tokens) -> seconds of the linear layers
     allreduce_step_s: Any = None  # callable(tokens) -> seconds of the step's all-reduces
 
@@ -104,7 +128,10 @@ class GpuStepModel(StepModel):
         tokens = prefill_tokens + decode_seqs
         seqs = decode_seqs + (1 if prefill_tokens else 0)
         n = max(seqs, 1)
-        attn = max(self.kv_read_s(n).time_s(kv_read_tokens, n), self.pair_s * attn_pairs)
+        attn = max(
+            self.kv_read_s(n).time_s(kv_read_tokens, n),
+            self.pairs_cost.time_s(attn_pairs, max(tokens, 1)),
+        )
         return (
             self.cpu_step_s
             + self.layers_floor_s
@@ -116,9 +143,9 @@ class GpuStepModel(StepModel):
 
     def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:
         """A decode-only step of `batch` sequences against its context sum x:
-        base + max(kv0 + kv1 x, pair_s x), the base holding CPU, linear layers and
+        base + max(kv0 + kv1 x, f0 + f1 x), the base holding CPU, linear layers and
         all-reduces (StepModel.decode_line's form); the KV line takes each sequence's
-        sliding-window layers as full (contexts past the window, `KvRead.line`)."""
+        sliding-window layers as full (contexts past the window, `Windowed.line`)."""
         line = self._lines.get(batch)
         if line is None:
             base = (
@@ -129,7 +156,8 @@ class GpuStepModel(StepModel):
                 + self.allreduce_step_s(batch)
             )
             kv0, kv1 = self.kv_read_s(batch).line(batch)
-            line = (base, kv0, kv1, 0.0, self.pair_s)
+            f0, f1 = self.pairs_cost.line(batch)
+            line = (base, kv0, kv1, f0, f1)
             self._lines[batch] = line
         return line
 
@@ -138,26 +166,11 @@ class GpuStepModel(StepModel):
         return sum(self.linear_s(t) + self.allreduce_step_s(t) for t in sizes)
 
 
-@dataclass(frozen=True)
-class KvRead:
-    """Decode attention's cost of reading the KV cache in one step, summed over layers:
-    a fixed part (the kernel's floor), a price per KV token read on full-attention layers,
-    and one on sliding-window layers, which read at most `window` tokens a sequence."""
-
-    fixed_s: float
-    full_s: float  # per KV token, over the full-attention layers
-    swa_s: float = 0.0  # per KV token, over the sliding-window layers
-    window: int = 0
-
-    def time_s(self, kv_tokens: float, seqs: int) -> float:
-        """Seconds to read `kv_tokens` (the step's context sum) over `seqs` sequences."""
-        swa = self.swa_s * min(kv_tokens, self.window * seqs) if self.swa_s else 0.0
-        return self.fixed_s + self.full_s * kv_tokens + swa
-
-    def line(self, seqs: int) -> tuple[float, float]:
-        """`time_s` as intercept and slope in the context sum, for contexts past the window
-        (a decode stretch's line, `GpuStepModel.decode_line`)."""
-        return self.fixed_s + self.swa_s * self.window * seqs, self.full_s
+def window_layers(model: ModelSpec) -> tuple[int, int, int]:
+    """Full-attention layers, sliding-window layers and the window (the model's config:
+    gpt-oss alternates the two, Gemma 2/3 interleave them, Mistral v0.1 slides on all)."""
+    swa = model.sliding_window_layers if model.sliding_window else 0
+    return model.num_layers - swa, swa, model.sliding_window or 0
 
 
 def kv_reader(
@@ -170,30 +183,28 @@ def kv_reader(
     attn_eff: float,
     floor_s: float,
 ) -> tuple[Any, bool]:
-    """callable(sequences) -> KvRead, and whether it reads measured lines: from the GPU's
+    """callable(sequences) -> Windowed, and whether it reads measured lines: from the GPU's
     measured decode-attention lines
     (data/gpu/attn_<gpu>.json: vLLM 0.24.0's FlashAttention-3 as AIConfigurator timed it)
     where they hold the model's per-GPU shape, else the KV bytes streamed at `attn_eff` of
     the HBM bandwidth above `floor_s` a layer. Every layer term times pp, as the rest of
     the tier."""
     layers = model.num_layers
-    swa_layers = model.sliding_window_layers if model.sliding_window else 0
-    full_layers = layers - swa_layers
-    window = model.sliding_window or 0
+    full_layers, swa_layers, window = window_layers(model)
     table = attn_table(hw.name) if model.mla is None else None
     heads = model.num_attention_heads // tp
     shape = (kv_dtype, heads, kv_heads_per_gpu(model, tp), model.head_dim)
     if table is None or table.line(*shape, 1) is None:
         per_token = budget.kv_bytes_per_token / layers / (hw.bandwidth_bytes_s * attn_eff)
-        flat = KvRead(
+        flat = Windowed(
             layers * floor_s * pp, full_layers * per_token * pp, swa_layers * per_token * pp, window
         )
         return (lambda seqs: flat), False
 
     @lru_cache(maxsize=4096)
-    def read(seqs: int) -> KvRead:
+    def read(seqs: int) -> Windowed:
         fixed, per_token = table.line(*shape, seqs)  # type: ignore[misc]
-        return KvRead(
+        return Windowed(
             layers * fixed * pp, full_layers * per_token * pp, swa_layers * per_token * pp, window
         )
 
@@ -334,7 +345,8 @@ def gpu_model(
     expert_flops_per_token = 2 * expert_params / tp
     attn16_flops_s = hw.peak_flops("bf16") * fig.fa_eff
     heads = model.num_attention_heads
-    pair_flops = 4 * model.num_layers * heads * model.head_dim / tp
+    pair_s = 4 * heads * model.head_dim / tp / attn16_flops_s * pp  # one layer's pair
+    full_layers, swa_layers, window = window_layers(model)
     layers = model.num_layers
 
     # measured GEMM times where the GPU has a table and the model only dense GEMMs in a
@@ -383,7 +395,7 @@ def gpu_model(
         cpu_per_seq_s=cpu["per_seq_s"],
         layers_floor_s=fig.per_layer_s * layers * pp,
         kv_read_s=kv_read_s,
-        pair_s=pair_flops / attn16_flops_s * pp,
+        pairs_cost=Windowed(0.0, full_layers * pair_s, swa_layers * pair_s, window),
         linear_s=linear,
         allreduce_step_s=comm,
         api_overhead_s=cpu["api_overhead_s"],
