@@ -38,6 +38,8 @@ class KernelFigures:
     attn_floor_s: float  # decode attention's floor a layer where no measured line applies
     allreduce_latency_s: dict[int, float]
     allreduce_busbw_bytes_s: dict[int, float]  # by TP size, as the latency
+    # measured all-reduce times by TP size against message bytes (allreduce_<gpu>.json)
+    allreduce_curve: dict[int, tuple[np.ndarray, np.ndarray]] | None
     rule: str  # "measured (h100-sxm)" or "no measurements: default figures on <gpu>'s peaks"
 
     def mamf_for(self, dtype: str) -> float:
@@ -85,6 +87,8 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         )
     entry = {**table["default"], **(own or {})}
     ar = entry["allreduce"]
+    if "measured" in ar:  # vLLM's measured curve: the rule's two figures are not used
+        ar = {**table["default"]["allreduce"], **ar}
     busbw = ar["busbw_gbs"]
     if busbw is None:  # the default rule: 80% of the catalog link
         link = hw.interconnect_gbs if hw.interconnect_gbs > 0 else 16.0
@@ -105,6 +109,7 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         attn_floor_s=float(entry.get("attn_floor_us", 0.0)) * 1e-6,
         allreduce_latency_s={int(k): float(v) * 1e-6 for k, v in ar["latency_us"].items()},
         allreduce_busbw_bytes_s={int(k): float(v) * 1e9 for k, v in busbw.items()},
+        allreduce_curve=allreduce_curve(ar["measured"]) if "measured" in ar else None,
         rule=rule,
     )
 
@@ -117,11 +122,15 @@ def tile_efficiency(tokens: int, tile_m: int) -> float:
 
 
 def allreduce_s(fig: KernelFigures, tp: int, message_bytes: float) -> float:
-    """One all-reduce of `message_bytes` over `tp` GPUs: a latency plus the ring's
-    2 (tp - 1) / tp x bytes over bus bandwidth (nccl-tests' busbw convention), each taken
-    at the largest listed TP size at or below tp."""
+    """One all-reduce of `message_bytes` over `tp` GPUs: vLLM's measured time where the GPU
+    has a curve (log-log between measured sizes, in proportion past the largest), else a
+    latency plus the ring's 2 (tp - 1) / tp x bytes over bus bandwidth (nccl-tests'
+    busbw convention); each at the largest listed TP size at or below tp."""
     if tp <= 1:
         return 0.0
+    if fig.allreduce_curve:
+        sizes, seconds = fig.allreduce_curve[by_tp({k: k for k in fig.allreduce_curve}, tp)]
+        return at_m(sizes, seconds, max(message_bytes, float(sizes[0])))
     lat = by_tp(fig.allreduce_latency_s, tp)
     return lat + 2 * (tp - 1) / tp * message_bytes / by_tp(fig.allreduce_busbw_bytes_s, tp)
 
@@ -261,6 +270,17 @@ def attn_table(gpu: str) -> AttnTable | None:
         for kv, shapes in raw["lines"].items()
     }
     return AttnTable(source=raw["source"], lines=lines)
+
+
+@lru_cache(maxsize=8)
+def allreduce_curve(name: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """vLLM's measured all-reduce in data/gpu/`name` (allreduce_<gpu>.json, built by
+    scripts/allreduce_table_from_aic.py): message bytes and seconds by TP size."""
+    raw = _packaged(name)
+    if raw is None:
+        raise FileNotFoundError(f"data/gpu/{name}, named by kernels.yaml, is not packaged")
+    sizes = np.array(raw["bytes"], dtype=float)
+    return {int(tp): (sizes, np.array(us, dtype=float) * 1e-6) for tp, us in raw["us"].items()}
 
 
 def _packaged(name: str) -> Any:
