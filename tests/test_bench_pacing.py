@@ -61,10 +61,12 @@ def pacing_failures(res) -> tuple[list[str], str]:
 
 def test_poisson_sends_follow_the_schedule() -> None:
     """Achieved within 2% of offered, never early, KS on the sends, small lag. A loaded
-    machine can stall the whole process for tens of ms (the send lag shows it): then the
-    measurement is taken once more, and both tries are reported if that one fails too."""
+    machine can stall the whole process for tens of ms, and the niced suite beside the
+    engine tests for most of a second (the send lag shows it: P99 0.75-0.94 s in one CI
+    run): then the measurement is taken again, up to three tries, all reported if each
+    fails."""
     tries = []
-    for _ in range(2):
+    for _ in range(3):
         # 60 req/s: mean gap 17 ms, so the few ms a busy host's scheduler adds to a send
         # cannot reshape the gap distribution (at 150 req/s it did, on a 2-core host
         # running other work: KS p ~1e-4 with a send lag P99 of 8 ms).
