@@ -15,19 +15,16 @@ Run once, where pandas and pyarrow are installed (they are not servetune depende
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
+from aic_tables import DATA, write_tables
 
 GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm"}
-OUT = Path(__file__).resolve().parent.parent / "src/servetune/data/gpu"
 
 
 def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
-    data = "aic-core/src/aiconfigurator_core/systems/data"
-    path = f"{data}/{gpu_dir}/comm/vllm/0.24.0/custom_allreduce_perf.parquet"
+    path = f"{DATA}/{gpu_dir}/comm/vllm/0.24.0/custom_allreduce_perf.parquet"
     d = pd.read_parquet(checkout / path)
     d = d[d.kernel_source == "vLLM_custom_graph"]
     x = d.pivot_table(index="message_size", columns="num_gpus", values="latency").dropna()
@@ -42,11 +39,7 @@ def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
 
 
 def main() -> None:
-    checkout, commit = Path(sys.argv[1]), sys.argv[2]
-    for name, gpu_dir in GPUS.items():
-        out = OUT / f"allreduce_{name}.json"
-        out.write_text(json.dumps(table(checkout, gpu_dir, commit), separators=(",", ":")))
-        print(out, out.stat().st_size, "bytes")
+    write_tables("allreduce", GPUS, table)
 
 
 if __name__ == "__main__":

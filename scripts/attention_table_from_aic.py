@@ -21,17 +21,15 @@ Run once, where pandas and pyarrow are installed (they are not servetune depende
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
+from aic_tables import DATA, write_tables
 
 GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
 KV = {"bfloat16": "bf16", "fp8": "fp8"}
 CONTEXTS = (256, 32768)  # the contexts the lines are fitted over
-OUT = Path(__file__).resolve().parent.parent / "src/servetune/data/gpu"
 
 
 def line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -44,8 +42,7 @@ def line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
 
 
 def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
-    data = "aic-core/src/aiconfigurator_core/systems/data"
-    path = f"{data}/{gpu_dir}/attention/vllm/0.24.0/generation_attention_perf.parquet"
+    path = f"{DATA}/{gpu_dir}/attention/vllm/0.24.0/generation_attention_perf.parquet"
     d = pd.read_parquet(checkout / path)
     d = d[(d.window_size == 0) & d.kv_cache_dtype.isin(list(KV))]
     d = d.assign(context=d.step + 1)
@@ -91,11 +88,7 @@ def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
 
 
 def main() -> None:
-    checkout, commit = Path(sys.argv[1]), sys.argv[2]
-    for name, gpu_dir in GPUS.items():
-        out = OUT / f"attn_{name}.json"
-        out.write_text(json.dumps(table(checkout, gpu_dir, commit), separators=(",", ":")))
-        print(out, out.stat().st_size, "bytes")
+    write_tables("attn", GPUS, table)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,10 @@ Run once, where pandas and pyarrow are installed (they are not servetune depende
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
+from aic_tables import DATA, write_tables
 
 GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b300": "b300_sxm"}
 KERNELS = {"bf16": "torch.nn.functional.linear", "fp8": "CutlassFP8ScaledMMLinearKernel"}
@@ -27,12 +26,10 @@ KERNELS = {"bf16": "torch.nn.functional.linear", "fp8": "CutlassFP8ScaledMMLinea
 M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 # N, K: the weight shards of the models served (per-GPU shards of 1-8-way TP).
 NK = [256, 512, 1024, 1536, 2048, 3072, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 16384, 51200]
-OUT = Path(__file__).resolve().parent.parent / "src/servetune/data/gpu"
 
 
 def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
-    data = "aic-core/src/aiconfigurator_core/systems/data"
-    path = f"{data}/{gpu_dir}/gemm/vllm/0.24.0/gemm_perf.parquet"
+    path = f"{DATA}/{gpu_dir}/gemm/vllm/0.24.0/gemm_perf.parquet"
     d = pd.read_parquet(checkout / path)
     us: dict[str, list] = {}
     for dtype, kernel in KERNELS.items():
@@ -51,11 +48,7 @@ def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
 
 
 def main() -> None:
-    checkout, commit = Path(sys.argv[1]), sys.argv[2]
-    for name, gpu_dir in GPUS.items():
-        out = OUT / f"gemm_{name}.json"
-        out.write_text(json.dumps(table(checkout, gpu_dir, commit), separators=(",", ":")))
-        print(out, out.stat().st_size, "bytes")
+    write_tables("gemm", GPUS, table)
 
 
 if __name__ == "__main__":

@@ -24,22 +24,19 @@ Run once, where pandas and pyarrow are installed (they are not servetune depende
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
+from aic_tables import DATA, write_tables
 
 GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
 DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8", "w4a16_mxfp4": "mxfp4"}
 SKIP = ("vllm_modelopt", "vllm_compressedtensors")  # other checkpoints' formats
 ROUTING = "power_law_1.2"
-OUT = Path(__file__).resolve().parent.parent / "src/servetune/data/gpu"
 
 
 def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
-    data = "aic-core/src/aiconfigurator_core/systems/data"
-    path = f"{data}/{gpu_dir}/moe/vllm/0.24.0/moe_perf.parquet"
+    path = f"{DATA}/{gpu_dir}/moe/vllm/0.24.0/moe_perf.parquet"
     d = pd.read_parquet(checkout / path)
     d = d[(d.moe_ep_size == 1) & (d.distribution == ROUTING) & d.moe_dtype.isin(list(DTYPES))]
     d = d[~d.kernel_source.str.startswith(SKIP)]
@@ -65,11 +62,7 @@ def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
 
 
 def main() -> None:
-    checkout, commit = Path(sys.argv[1]), sys.argv[2]
-    for name, gpu_dir in GPUS.items():
-        out = OUT / f"moe_{name}.json"
-        out.write_text(json.dumps(table(checkout, gpu_dir, commit), separators=(",", ":")))
-        print(out, out.stat().st_size, "bytes")
+    write_tables("moe", GPUS, table)
 
 
 if __name__ == "__main__":
