@@ -183,30 +183,31 @@ def kv_reader(
     attn_eff: float,
     floor_s: float,
 ) -> tuple[Any, bool]:
-    """callable(sequences) -> Windowed, and whether it reads measured lines: from the GPU's
-    measured decode-attention lines
-    (data/gpu/attn_<gpu>.json: vLLM 0.24.0's FlashAttention-3 as AIConfigurator timed it)
-    where they hold the model's per-GPU shape, else the KV bytes streamed at `attn_eff` of
-    the HBM bandwidth above `floor_s` a layer. Every layer term times pp, as the rest of
-    the tier."""
+    """callable(sequences) -> Windowed, and whether it reads measured lines: the GPU's
+    measured decode-attention lines (data/gpu/attn_<gpu>.json: vLLM 0.24.0's
+    FlashAttention-3 as AIConfigurator timed it) where they hold the model's per-GPU
+    shape, else the KV bytes streamed at `attn_eff` of the HBM bandwidth above `floor_s` a
+    layer. Every layer term times pp, as the rest of the tier."""
     layers = model.num_layers
     full_layers, swa_layers, window = window_layers(model)
     table = attn_table(hw.name) if model.mla is None else None
     heads = model.num_attention_heads // tp
     shape = (kv_dtype, heads, kv_heads_per_gpu(model, tp), model.head_dim)
+
+    def over_layers(fixed: float, per_token: float) -> Windowed:
+        """One layer's floor and price per KV token, summed over the layers."""
+        return Windowed(
+            layers * fixed * pp, full_layers * per_token * pp, swa_layers * per_token * pp, window
+        )
+
     if table is None or table.line(*shape, 1) is None:
         per_token = budget.kv_bytes_per_token / layers / (hw.bandwidth_bytes_s * attn_eff)
-        flat = Windowed(
-            layers * floor_s * pp, full_layers * per_token * pp, swa_layers * per_token * pp, window
-        )
+        flat = over_layers(floor_s, per_token)
         return (lambda seqs: flat), False
 
     @lru_cache(maxsize=4096)
     def read(seqs: int) -> Windowed:
-        fixed, per_token = table.line(*shape, seqs)  # type: ignore[misc]
-        return Windowed(
-            layers * fixed * pp, full_layers * per_token * pp, swa_layers * per_token * pp, window
-        )
+        return over_layers(*table.line(*shape, seqs))  # type: ignore[misc]
 
     return read, True
 
