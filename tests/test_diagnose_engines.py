@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from servetune.diagnose import Diagnosis, diagnose_result, render
+from servetune.diagnose.rules import STEAL
 from servetune.engines.testmodel import VLLM_TEST_CONFIG
 from servetune.measure import EngineSession, Point
 from servetune.results.files import write_result
@@ -120,7 +121,12 @@ def test_vllm_starved_by_a_cpu_hog(vllm_server) -> None:
     tel = {k: round(v, 3) for k, v in d.evidence.tel.items() if k.endswith("_mean")}
     assert d.findings and d.findings[0].key == "host_overloaded", ([x.key for x in d.findings],
                                                                    tel)  # fmt: skip
-    assert d.findings[0].actions[0].knob == "other processes on the host"
+    knobs = [a.knob for a in d.findings[0].actions]
+    # the hogs come first; on a VM whose hypervisor stole >= 5% of the time in the run (CI
+    # saw 8.7%) the move to a dedicated host leads, and the hogs come next
+    steal = d.evidence.tel.get("host_cpu_steal_mean") or 0.0
+    expected = ["host"] if steal >= STEAL else []
+    assert knobs[: len(expected) + 1] == [*expected, "other processes on the host"], (knobs, tel)
 
 
 @pytest.mark.timeout(600)
