@@ -371,13 +371,12 @@ def gpu_model(
         t = max(int(tokens), 1)
         if measured is not None:
             return measured(t)
+        compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
         if moe_measured is not None:
             experts_s, expert_bytes = moe_measured
             read = max(weights - expert_bytes, 0.0) / (bw * hbm_eff)
-            compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
             return (max(read, compute) + experts_s(t)) * pp
         read = roofline.weight_bytes_read(model, weights, t) / (bw * hbm_eff)
-        compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
         if expert_flops_per_token:
             # grouped GEMM: each expert's rows are padded to whole tiles on their own
             per_expert = max(1, round(t * rows_per_expert))
