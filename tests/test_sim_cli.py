@@ -85,6 +85,11 @@ def test_bad_config_is_one_line(tmp_path: Path):
         str(w),
     )
     assert p.returncode == 2 and "max_num_batched_tokens" in p.stderr
+    # a release written as a number (0.10 would read as 0.1) or not as a release
+    for bad, says in (("0.18", "e.g. 0.18.0"), ('"latest"', "such as 0.15.1")):
+        p = cli("simulate", "--set", f"engine_version={bad}", "--workload", str(w))
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert "engine_version" in p.stderr and says in p.stderr
 
 
 def test_validate_one_line_errors(tmp_path: Path):

@@ -26,9 +26,11 @@ from servetune.sim.gpu_kernels import (
     at_m,
     attn_table,
     by_tp,
+    engine_cpu_figures,
     gemm_table,
     kernel_figures,
     moe_table,
+    release_key,
     tile_efficiency,
 )
 from servetune.sim.request import SimRequest
@@ -460,6 +462,41 @@ def test_published_anchor_points(run_id, ttft_tol, tpot_tol):
 def test_the_front_end_carries_the_streams_vllm_carried(run_id):
     e = simulate_run(RUNS[run_id], "gpu")
     assert e.sim_ttft_ms < 1.6 * e.run.ttft_ms, (e.sim_ttft_ms, e.run.ttft_ms)
+
+
+def test_a_release_picks_its_cpu_side_figures():
+    """`engine_version` picks the newest `releases` entry at or below it; none given, or
+    one older than every entry, keeps the base figures (vLLM 0.11's), and the rule says
+    which figures a prediction used."""
+    base, rule = engine_cpu_figures("vllm")
+    assert base["api_overhead_s"] == 0.047
+    assert rule == "CPU side: vllm 0.11's figures (engine_version picks another release's)"
+    for older in ("0.11.2", "0.14.9", "v0.12.0"):
+        assert engine_cpu_figures("vllm", older) == (base, rule)
+    for newer in ("0.15", "0.15.1", "v0.18.0+cu129", "1.0.0rc1"):
+        figures, rule = engine_cpu_figures("vllm", newer)
+        assert figures == {**base, "api_overhead_s": 0.009}
+        assert rule == f"CPU side: vllm >= 0.15's figures (engine_version {newer})"
+    # an engine without release entries keeps its figures at any release
+    assert engine_cpu_figures("sglang", "0.5.23")[0] == engine_cpu_figures("sglang")[0]
+    assert release_key("0.15") == (0, 15, 0) < release_key("0.15.1rc2") == (0, 15, 1)
+    assert release_key("v0.9.2") < release_key("0.10.0")  # numbers, not text
+
+
+def test_the_newer_front_end_by_its_fit_row_and_a_check_row_on_another_gpu():
+    """vLLM 0.15's faster front end was fitted on one B200 run (10%); an H100 run of 0.18
+    at TP8, 4 users, 1k prompts (31.8 ms measured) is a check: within 25% with its release,
+    while the base figures, 38 ms more per request, read it over 60% high."""
+    fit = simulate_run(RUNS["aic-gpt-oss-120b-b200-tp8-1024-1024-c4-v0.15.1"], "gpu")
+    assert fit.run.role == "fit" and abs(fit.ttft_err) <= 10, fit.sim_ttft_ms
+    check = RUNS["aic-gpt-oss-120b-h100-sxm-tp8-1024-1024-c4-v0.18.0"]
+    assert check.role == "check" and check.engine_version == "0.18.0"
+    assert abs(simulate_run(check, "gpu").ttft_err) <= 25
+    base = simulate_run(check.model_copy(update={"engine_version": ""}), "gpu")
+    assert base.ttft_err > 60, base.sim_ttft_ms
+    su = setup(L70, H100, FP8_TP2.with_(engine_version="0.18.0"))
+    assert "CPU side: vllm >= 0.15's figures (engine_version 0.18.0)" in su.step_model.note
+    assert "CPU side: vllm 0.11's figures" in setup(L70, H100, FP8_TP2).step_model.note
 
 
 @pytest.mark.xfail(strict=True, reason="known miss: see docs/fidelity-gpu.md#known-misses")

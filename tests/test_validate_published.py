@@ -39,6 +39,9 @@ def test_dense_hopper_rows_cover_the_held_out_shapes():
             assert "TensorRT-LLM" in r.note and r.role == "check"
 
 
+FITS = {"aic-gpt-oss-120b-b200-tp8-1024-1024-c4-v0.15.1"}
+
+
 def test_aiconfigurator_vllm_runs_leave_the_held_out_set_out():
     """NVIDIA AIConfigurator's measured vLLM runs: every row names its source file and
     commit; none is a vLLM run of Llama-3.1-70B, Qwen3-32B or Llama-3.1-8B on H100 or H200
@@ -48,7 +51,9 @@ def test_aiconfigurator_vllm_runs_leave_the_held_out_set_out():
     held_out = {"llama-3.1-70b", "qwen3-32b", "llama-3.1-8b"}
     for r in aic:
         assert "aiconfigurator/blob/095f58a5" in r.source_url and "silicon_sample" in r.source_url
-        assert r.engine == "vllm" and r.role == "check" and r.ttft_ms and r.tpot_ms
+        assert r.engine == "vllm" and r.ttft_ms and r.tpot_ms
+        # checks, but the one row vLLM 0.15's front-end figure was fitted on (kernels.yaml)
+        assert (r.role == "fit") == (r.id in FITS), r.id
         assert not (r.model in held_out and r.gpu in {"h100-sxm", "h200"})
     # the dense sibling of the held-out set: the same model and FP8 on B200, TP 1-8
     b200 = [r for r in aic if r.model == "llama-3.1-70b" and r.gpu == "b200"]

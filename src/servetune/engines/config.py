@@ -7,11 +7,15 @@ environment and reports knobs it has no equivalent for. Defaults follow vLLM's
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from servetune.errors import refuse_bool
+
+# A release as engines print it: 0.15 or 0.15.1, with any suffix (0.16.0rc1, 0.18.0+cu129).
+RELEASE_PATTERN = r"^v?\d+\.\d+(\.\d+)?([.+-]?[0-9A-Za-z]+)*$"
 
 # The planner's engines (ENGINES: what `plan` prints a command for), then the ones servetune
 # launches, benchmarks and tunes without a planner command of their own (engines.registry).
@@ -63,11 +67,25 @@ class EngineConfig(BaseModel):
     kv_unified: bool = False  # --kv-unified: slots share one KV buffer
     n_gpu_layers: int | None = Field(None, ge=-1)  # -ngl
     extra_args: tuple[str, ...] = ()
+    # The engine release the simulator prices the CPU side of (front end, per step), e.g.
+    # "0.15.1": releases differ there by tens of ms (data/gpu/kernels.yaml `releases`).
+    # Not a flag: a launched engine is the installed one. None: the figures' own release.
+    engine_version: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _no_bool(cls, data: Any) -> Any:
         return refuse_bool(cls.model_fields, data)  # `max_num_seqs: true` is not 1
+
+    @field_validator("engine_version", mode="before")
+    @classmethod
+    def _release_as_text(cls, v: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            # `--set engine_version=0.10` would read as the number 0.1
+            raise ValueError(f"write the release with its patch number, e.g. {v}.0, not {v}")
+        if isinstance(v, str) and not re.match(RELEASE_PATTERN, v):
+            raise ValueError("a release such as 0.15.1 (major.minor[.patch])")
+        return v
 
     @model_validator(mode="after")
     def _check_batching(self) -> EngineConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -62,14 +63,39 @@ def _data() -> dict[str, Any]:
     return parse_yaml(text)
 
 
-def engine_cpu_figures(engine: str) -> dict[str, float]:
-    """The CPU side of `engine` on a GPU box (ingress, per-chunk, per-step seconds)."""
+def release_key(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of a release string such as "v0.15.1rc2" (suffixes dropped):
+    what `releases` entries are ordered by."""
+    parts = re.findall(r"\d+", version.lstrip("v").split("+")[0])[:3]
+    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
+
+
+def engine_cpu_figures(engine: str, version: str | None = None) -> tuple[dict[str, float], str]:
+    """The CPU side of `engine` on a GPU box (ingress, per-chunk, per-step seconds) for its
+    release `version`: the newest `releases` entry at or below it overrides the base
+    figures; no version, or one older than every entry, keeps them. Also returns which
+    figures those are, for the prediction's note."""
     engines = _data()["engines"]
     if engine not in engines:
         raise InputError(
             "tier", f"the gpu tier has no CPU-side figures for {engine}", "use roofline"
         )
-    return dict(engines[engine])
+    entry = dict(engines[engine])
+    releases = entry.pop("releases", None) or []
+    base = entry.pop("base_release", None)
+    figures = {k: float(v) for k, v in entry.items()}
+    used = f"CPU side: {engine}{f' {base}' if base else ''}'s figures"
+    if releases:
+        used += " (engine_version picks another release's)"
+    if version is None:
+        return figures, used
+    at = release_key(version)
+    matching = [r for r in releases if release_key(str(r["since"])) <= at]
+    if not matching:
+        return figures, used
+    newest = max(matching, key=lambda r: release_key(str(r["since"])))
+    figures.update({k: float(v) for k, v in newest.items() if k != "since"})
+    return figures, f"CPU side: {engine} >= {newest['since']}'s figures (engine_version {version})"
 
 
 def kernel_figures(hw: HardwareSpec) -> KernelFigures:

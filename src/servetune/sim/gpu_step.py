@@ -333,7 +333,7 @@ def gpu_model(
     """The `gpu` tier for `model` under `cfg` on `hw`, from the planner's memory budget
     (weights and KV bytes per GPU) and the kernel figures of `hw`."""
     fig = kernel_figures(hw)
-    cpu = engine_cpu_figures(cfg.engine)
+    cpu, cpu_rule = engine_cpu_figures(cfg.engine, cfg.engine_version)
     fmt = weight_format(cfg.dtype, cfg.quantization, model)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     weights = budget.weights_bytes
@@ -428,4 +428,5 @@ def gpu_model(
             "; routed experts at vLLM 0.24.0's measured fused-MoE times (AIConfigurator's "
             f"tables, data/gpu/moe_{hw.name}.json)"
         )
+    sm.note += f"; {cpu_rule}"
     return sm

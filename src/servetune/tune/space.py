@@ -43,7 +43,7 @@ MEMORY_KNOBS = (
     "parallel_slots",
     "max_model_len",
 )
-_NOT_KNOBS = {"engine", "extra_args"}
+_NOT_KNOBS = {"engine", "extra_args", "engine_version"}
 # Combinations a space may hold: every one is checked (EngineConfig + constraints, ~20 us
 # each on this host), so 100,000 is ~2 s before the first trial; 1e6 was ~20 s of silence.
 _MAX_POINTS = 100_000

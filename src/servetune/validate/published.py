@@ -161,6 +161,8 @@ def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> Ru
     knobs: dict[str, object] = {"tensor_parallel_size": run.tp}
     if run.engine == "sglang":  # SGLang's scheduler model; every other row runs vLLM's
         knobs["engine"] = "sglang"
+    if run.engine in ("vllm", "sglang") and run.engine_version:
+        knobs["engine_version"] = run.engine_version  # its release's CPU-side figures
     if run.quantization:
         knobs["quantization"] = run.quantization
     if run.kv_cache_dtype:
