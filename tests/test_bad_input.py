@@ -217,3 +217,19 @@ def test_ranges_are_counted_before_they_are_made() -> None:
         "max_num_seqs": (8, 16, 32, 64, 128),
         "gpu_memory_utilization": (0.8, 0.85, 0.9, 0.95),
     }
+
+
+def test_the_engine_release_is_fixed_for_a_study_never_searched() -> None:
+    """`engine_version` picks the simulator's CPU-side figures (kernels.yaml releases): a
+    study holds it fixed, every trial's config carries it, and neither a search over it
+    nor a value that is no release gets past the space."""
+    space = parse_space(
+        {"knobs": {"max_num_seqs": [16, 64]}, "fixed": {"engine_version": "0.18.0"}}
+    )
+    assert space.baseline_config().engine_version == "0.18.0"
+    assert {space.config(p).engine_version for p in space.points()} == {"0.18.0"}
+    with pytest.raises(InputError, match="put engine_version under space.fixed"):
+        parse_space({"knobs": {"engine_version": ["0.11.0", "0.18.0"]}})
+    with pytest.raises(InputError, match="a release such as 0.15.1") as e:
+        parse_space({"knobs": {"max_num_seqs": [16]}, "fixed": {"engine_version": "latest"}})
+    assert "\n" not in str(e.value)

@@ -44,6 +44,9 @@ MEMORY_KNOBS = (
     "max_model_len",
 )
 _NOT_KNOBS = {"engine", "extra_args", "engine_version"}
+# Settings a study holds fixed and never searches: extra flags (e.g. --load-format dummy)
+# and the engine release the simulator prices (EngineConfig.engine_version).
+_FIXED_ONLY = {"extra_args", "engine_version"}
 # Combinations a space may hold: every one is checked (EngineConfig + constraints, ~20 us
 # each on this host), so 100,000 is ~2 s before the first trial; 1e6 was ~20 s of silence.
 _MAX_POINTS = 100_000
@@ -190,7 +193,7 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
             "fewer values per knob: a range with mult, or a larger step",
         )
     for name in (*fixed, *baseline):
-        if name != "extra_args":  # extra flags are fixed (e.g. --load-format dummy), not knobs
+        if name not in _FIXED_ONLY:
             _check_name(name, "space.fixed" if name in fixed else "space.baseline")
     constraints = data.get("constraints") or []
     if isinstance(constraints, str):
@@ -230,6 +233,8 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 
 def _check_name(name: str, where: str) -> None:
+    if name in _FIXED_ONLY and where == "space.knobs":
+        raise InputError(f"{where}.{name}", "is not searched", f"put {name} under space.fixed")
     if name in _NOT_KNOBS or name not in EngineConfig.model_fields:
         near = closest(name, [k for k in EngineConfig.model_fields if k not in _NOT_KNOBS])
         hint = f"did you mean {', '.join(near)}?" if near else "see EngineConfig's knobs"
