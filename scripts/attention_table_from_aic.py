@@ -3,9 +3,11 @@ from NVIDIA AIConfigurator's published vLLM kernel measurements.
 
 Source: github.com/ai-dynamo/aiconfigurator (Apache-2.0), files
 aic-core/src/aiconfigurator_core/systems/data/<gpu>/attention/vllm/0.24.0/
-generation_attention_perf.parquet: latency (ms) of one layer's decode attention (vLLM's
-FlashAttention-3 backend) for `batch_size` sequences of `step + 1` cached tokens each, per
-query heads, KV heads and head size on one GPU, KV cache in bf16 or fp8.
+generation_attention_perf.parquet: latency (ms) of one layer's decode attention for
+`batch_size` sequences of `step + 1` cached tokens each, per query heads, KV heads and head
+size on one GPU, KV cache in bf16 or fp8, per vLLM kernel (`kernel_source`: FlashAttention-3
+and -4 on Hopper, FlashInfer's TRT-LLM decode and Triton on B200); the faster at each point
+is kept, the kernel a tuned deployment runs, and the file names the kernels.
 
 Carried: for each shape (full attention, no window) and batch size, the line
 `t = fixed + per_token x (batch x context)` through the measured points at contexts of
@@ -27,8 +29,14 @@ import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
 from aic_tables import DATA, write_tables
 
-GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
+GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
 KV = {"bfloat16": "bf16", "fp8": "fp8"}
+KERNELS = {  # kernel_source -> the name a prediction's note gives
+    "vllm_flash_attn_fa3": "FlashAttention-3",
+    "vllm_flash_attn_fa4": "FlashAttention-4",
+    "vllm_flashinfer_trtllmdecode": "FlashInfer TRT-LLM decode",
+    "vllm_triton_attn": "Triton",
+}
 CONTEXTS = (256, 32768)  # the contexts the lines are fitted over
 
 
@@ -76,6 +84,7 @@ def table(checkout: Path, gpu_dir: str, commit: str) -> dict:
         "source": f"github.com/ai-dynamo/aiconfigurator@{commit}, {path}",
         "device": str(d.device.iloc[0]),
         "engine": "vLLM 0.24.0",
+        "kernels": sorted(KERNELS[k] for k in d.kernel_source.unique()),
         "key": "query heads / KV heads / head size, per GPU",
         "contexts": list(CONTEXTS),
         "fit_rel_err": {

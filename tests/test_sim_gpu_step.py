@@ -217,14 +217,28 @@ def test_tile_padding_and_allreduce_rules():
 
 
 def test_blackwell_takes_vllm_measured_allreduce_and_the_default_rule_for_the_rest():
-    """A partial entry (b200: all-reduce only) keeps its own figures, takes the default
-    rule for the rest, and says so."""
+    """A partial entry (b200: all-reduce and decode attention measured) keeps its own
+    figures, takes the default rule for the rest, and says so. Its measured attention
+    lines carry their floor (9.7 us median), so its per-layer time is the default's 25 us
+    less that floor, as on Hopper."""
     b200 = get_hardware("b200")
     fig, default = kernel_figures(b200), kernel_figures(get_hardware("l40s"))
-    assert "b200: allreduce measured" in fig.rule and "the rest default" in fig.rule
+    assert "b200: allreduce, attn_floor_us, per_layer_us measured" in fig.rule
+    assert "the rest default" in fig.rule
     assert allreduce_s(fig, 2, 0.0) == pytest.approx(6.59e-6)  # allreduce_b200.json, 256 B
     assert allreduce_s(fig, 8, 0.0) == pytest.approx(7.42e-6)
-    assert fig.per_layer_s == default.per_layer_s and fig.mamf == default.mamf
+    assert fig.mamf == default.mamf and fig.attn_eff == default.attn_eff
+    assert fig.per_layer_s + fig.attn_floor_s == pytest.approx(default.per_layer_s)
+    table = attn_table("b200")
+    assert table is not None and table.kernels == ("FlashInfer TRT-LLM decode", "Triton")
+    su = setup(L70, b200, FP8_TP2)
+    assert "measured FlashInfer TRT-LLM decode / Triton times" in su.step_model.note
+    f, c = table.line("bf16", 32, 4, 128, 16)  # Llama-3.1-70B's per-GPU shape at TP2
+    read = su.step_model.kv_read_s(16)
+    assert (read.fixed_s, read.full_s) == pytest.approx((80 * f, 80 * c))
+    # a KV token is 4 heads x 128 x K and V x 2 bytes a layer: read at 94% of HBM (the
+    # rule's attn_eff reads 70%)
+    assert 4 * 128 * 2 * 2 / c / b200.bandwidth_bytes_s == pytest.approx(0.94, abs=0.01)
     # no measured GEMM table for B200: its linear layers keep the formula
     assert gemm_table("b200") is None
 
@@ -582,6 +596,9 @@ def test_hopper_prices_routed_experts_from_measured_fused_moe_times():
         # 17% with the measured fused-MoE times (docs/fidelity-gpu.md)
         (("gpt-oss-120b", "h200"), 15),
         (("gpt-oss-120b", "h100-sxm"), 20),
+        # the dense FP8 Llama-3.1-70B on B200 (TP 1-8): 9% with the KV streamed at
+        # attn_eff 0.70, 6% with B200's measured decode attention (about 84% of HBM)
+        (("llama-3.1-70b", "b200"), 8),
     ],
 )
 def test_measured_moe_times_carry_gpt_oss_decode_on_hopper(group, tol):
@@ -594,13 +611,14 @@ def test_measured_moe_times_carry_gpt_oss_decode_on_hopper(group, tol):
 
 
 def test_decode_attention_reads_measured_lines_and_windows_cap_their_layers():
-    """On an H200 decode attention follows vLLM's measured FlashAttention-3 lines
+    """On an H200 decode attention follows vLLM's measured FlashAttention-3/-4 lines
     (attn_h200.json: fixed + per token, per batch size, interpolated in log batch); on
     gpt-oss-120b (18 of 36 layers slide over 128 tokens) those layers read at most 128
     tokens a sequence and compute at most 128 keys a query. Where no line applies (a
-    B200) the KV bytes stream at attn_eff."""
+    A100) the KV bytes stream at attn_eff."""
     table = attn_table("h200")
     assert table is not None and "aiconfigurator" in table.source
+    assert table.kernels == ("FlashAttention-3", "FlashAttention-4")
     raw = json.loads((resources.files("servetune") / "data/gpu/attn_h200.json").read_text("utf-8"))[
         "lines"
     ]["bf16"]["64/8/64"]
@@ -620,7 +638,7 @@ def test_decode_attention_reads_measured_lines_and_windows_cap_their_layers():
     assert table.line("bf16", 64, 8, 63, 1) is None  # a head size it has not timed
 
     su = setup(get_model("gpt-oss-120b"), get_hardware("h200"), EngineConfig())
-    assert "measured FlashAttention-3 times" in su.step_model.note
+    assert "measured FlashAttention-3 / FlashAttention-4 times" in su.step_model.note
     read = su.step_model.kv_read_s(8)
     f, c = table.line("bf16", 64, 8, 64, 8)
     assert (read.fixed_s, read.full_s, read.swa_s, read.window) == pytest.approx(
@@ -639,9 +657,9 @@ def test_decode_attention_reads_measured_lines_and_windows_cap_their_layers():
         18 * p * n * (n + 1) / 2 + 18 * p * n * 128
     )
 
-    b200 = get_hardware("b200")
-    b200_su = setup(get_model("llama-3.1-8b"), b200, EngineConfig())
-    assert "FlashAttention-3" not in b200_su.step_model.note
-    flat = b200_su.step_model.kv_read_s(8)
-    per_token = 2 * 8 * 128 * 2 / (b200.bandwidth_bytes_s * kernel_figures(b200).attn_eff)
+    a100 = get_hardware("a100-80g-sxm")
+    a100_su = setup(get_model("llama-3.1-8b"), a100, EngineConfig())
+    assert "decode attention at" not in a100_su.step_model.note
+    flat = a100_su.step_model.kv_read_s(8)
+    per_token = 2 * 8 * 128 * 2 / (a100.bandwidth_bytes_s * kernel_figures(a100).attn_eff)
     assert (flat.fixed_s, flat.full_s, flat.swa_s) == pytest.approx((0.0, 32 * per_token, 0.0))

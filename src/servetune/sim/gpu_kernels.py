@@ -256,10 +256,12 @@ def moe_table(gpu: str) -> MoeTable | None:
 class AttnTable:
     """Measured decode attention on one GPU (data/gpu/attn_<gpu>.json, built by
     scripts/attention_table_from_aic.py from NVIDIA AIConfigurator's vLLM 0.24.0
-    measurements of its FlashAttention-3 backend): per KV dtype and per-GPU shape, at each
-    measured batch size, one layer's time as fixed + per_token x (KV tokens read)."""
+    measurements of its decode kernels, `kernels`, the faster at each point): per KV dtype
+    and per-GPU shape, at each measured batch size, one layer's time as
+    fixed + per_token x (KV tokens read)."""
 
     source: str
+    kernels: tuple[str, ...]  # the vLLM kernels timed (FlashAttention-3, FlashInfer, ...)
     lines: dict[str, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]
 
     def line(
@@ -295,7 +297,7 @@ def attn_table(gpu: str) -> AttnTable | None:
         }
         for kv, shapes in raw["lines"].items()
     }
-    return AttnTable(source=raw["source"], lines=lines)
+    return AttnTable(source=raw["source"], kernels=tuple(raw["kernels"]), lines=lines)
 
 
 @lru_cache(maxsize=8)

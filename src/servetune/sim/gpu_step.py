@@ -30,8 +30,8 @@ sequences takes
   stream's share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`):
   vLLM's FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
 - attention: decode reads each sequence's KV (`Windowed`): on a GPU with measured decode
-  lines (data/gpu/attn_<gpu>.json: H100 SXM and H200, vLLM 0.24.0's FlashAttention-3 as
-  AIConfigurator timed it) a floor plus a price per KV token at the step's sequence count,
+  lines (data/gpu/attn_<gpu>.json: H100 SXM, H200 and B200, vLLM 0.24.0's kernels as
+  AIConfigurator timed them) a floor plus a price per KV token at the step's sequence count,
   elsewhere the KV bytes at attn_eff of the bandwidth; sliding-window layers read at most
   their window of each sequence, and compute at most their window of keys a query
   (`Windowed`). A prefill chunk computes n x cached + n (n+1)/2
@@ -184,8 +184,8 @@ def kv_reader(
     floor_s: float,
 ) -> tuple[Any, bool]:
     """callable(sequences) -> Windowed, and whether it reads measured lines: the GPU's
-    measured decode-attention lines (data/gpu/attn_<gpu>.json: vLLM 0.24.0's
-    FlashAttention-3 as AIConfigurator timed it) where they hold the model's per-GPU
+    measured decode-attention lines (data/gpu/attn_<gpu>.json: vLLM 0.24.0's kernels as
+    AIConfigurator timed them) where they hold the model's per-GPU
     shape, else the KV bytes streamed at `attn_eff` of the HBM bandwidth above `floor_s` a
     layer. Every layer term times pp, as the rest of the tier."""
     layers = model.num_layers
@@ -418,9 +418,10 @@ def gpu_model(
             f"; GEMMs at {table.engine} kernels' measured times (AIConfigurator's tables, "
             f"data/gpu/gemm_{hw.name}.json)"
         )
-    if kv_measured:
+    attn = attn_table(hw.name)
+    if kv_measured and attn is not None:
         sm.note += (
-            "; decode attention at vLLM 0.24.0's measured FlashAttention-3 times "
+            f"; decode attention at vLLM 0.24.0's measured {' / '.join(attn.kernels)} times "
             f"(AIConfigurator's tables, data/gpu/attn_{hw.name}.json)"
         )
     if moe_measured is not None:
