@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
 from aic_tables import DATA, write_tables
 
-GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
+GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm"}
 KV = {"bfloat16": "bf16", "fp8": "fp8"}
 KERNELS = {  # kernel_source -> the name a prediction's note gives
     "vllm_flash_attn_fa3": "FlashAttention-3",

@@ -239,6 +239,10 @@ def test_blackwell_takes_vllm_measured_allreduce_and_the_default_rule_for_the_re
     # a KV token is 4 heads x 128 x K and V x 2 bytes a layer: read at 94% of HBM (the
     # rule's attn_eff reads 70%)
     assert 4 * 128 * 2 * 2 / c / b200.bandwidth_bytes_s == pytest.approx(0.94, abs=0.01)
+    # B300: the same kernels timed, the same split of the 25 us
+    b300 = kernel_figures(get_hardware("b300"))
+    assert b300.per_layer_s + b300.attn_floor_s == pytest.approx(default.per_layer_s)
+    assert attn_table("b300").kernels == table.kernels  # type: ignore[union-attr]
     # no measured GEMM table for B200: its linear layers keep the formula
     assert gemm_table("b200") is None
 
