@@ -30,7 +30,7 @@ sequences takes
   stream's share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`):
   vLLM's FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
 - attention: decode reads each sequence's KV (`Windowed`): on a GPU with measured decode
-  lines (data/gpu/attn_<gpu>.json: H100 SXM, H200 and B200, vLLM 0.24.0's kernels as
+  lines (data/gpu/attn_<gpu>.json: H100 SXM, H200, B200, B300: vLLM 0.24.0's kernels as
   AIConfigurator timed them) a floor plus a price per KV token at the step's sequence count,
   elsewhere the KV bytes at attn_eff of the bandwidth; sliding-window layers read at most
   their window of each sequence, and compute at most their window of keys a query

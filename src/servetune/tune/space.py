@@ -43,10 +43,10 @@ MEMORY_KNOBS = (
     "parallel_slots",
     "max_model_len",
 )
-_NOT_KNOBS = {"engine", "extra_args", "engine_version"}
 # Settings a study holds fixed and never searches: extra flags (e.g. --load-format dummy)
 # and the engine release the simulator prices (EngineConfig.engine_version).
 _FIXED_ONLY = {"extra_args", "engine_version"}
+_NOT_KNOBS = {"engine"} | _FIXED_ONLY
 # Combinations a space may hold: every one is checked (EngineConfig + constraints, ~20 us
 # each on this host), so 100,000 is ~2 s before the first trial; 1e6 was ~20 s of silence.
 _MAX_POINTS = 100_000
