@@ -5,13 +5,10 @@ flags are refused in one line naming the flag."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from servetune.errors import InputError
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.status import RunStatus
 from servetune.store import Store
+from tcp_servers import tcp_server
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,41 +29,6 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
-
-
-@contextlib.contextmanager
-def tcp_server(on_client: Callable[[socket.socket], None], once: bool = False) -> Iterator[int]:
-    """A local TCP server calling `on_client` for each connection (`once`: for the first
-    only, then it stops listening: a server that dies); yields its port."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-    held: list[socket.socket] = []
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            held.append(conn)
-            on_client(conn)
-            if once:
-                srv.close()
-                return
-
-    th = threading.Thread(target=serve, daemon=True)
-    th.start()
-    try:
-        yield srv.getsockname()[1]
-    finally:
-        stop.set()
-        th.join(2)
-        for c in held:
-            c.close()
-        srv.close()
 
 
 def ssh_banner(conn: socket.socket) -> None:

@@ -23,11 +23,18 @@ pytestmark = [pytest.mark.engine]
 SHORT = ("--passages", "6", "--tasks", "4", "--max-tokens", "32", "--json")
 
 
-def _quality(capsys: pytest.CaptureFixture[str], base: str, cand: str, *extra: str) -> dict:
+def _quality(capsys: pytest.CaptureFixture[str], servers: tuple, *extra: str) -> dict:
+    """`quality` of servers[0] against servers[1]; a failure shows each engine's state and
+    log tail, so a server that died is told apart from a dropped connection."""
+    base, cand = servers
     code, out, err = run_cli(
-        capsys, "quality", "--baseline", base, "--candidate", cand, *SHORT, *extra
+        capsys, "quality", "--baseline", base.url, "--candidate", cand.url, *SHORT, *extra
     )
-    assert code == 0, err
+    logs = "".join(
+        f"\n--- {s.url} {'alive' if s.alive() else 'exited'}:\n" + "\n".join(s.log_tail(15))
+        for s in servers
+    )
+    assert code == 0, err + logs
     return json.loads(out)
 
 
@@ -48,9 +55,9 @@ def test_lower_quant_regresses_and_the_model_against_itself_does_not(
         launch("llamacpp", LLAMACPP_TEST_CONFIG, str(low), device="cpu") as q2,
         launch("llamacpp", LLAMACPP_TEST_CONFIG, str(gemma_gguf), device="cpu") as twin,
     ):
-        base = llamacpp_server.url
-        worse = _quality(capsys, base, q2.url, "--candidate-run", "bench-q2k", "--db", db)
-        same = _quality(capsys, base, twin.url)  # the same model on a second server
+        base = llamacpp_server
+        worse = _quality(capsys, (base, q2), "--candidate-run", "bench-q2k", "--db", db)
+        same = _quality(capsys, (base, twin))  # the same model on a second server
     print("Q4_K_M vs Q2_K:", json.dumps(worse))
     print("Q4_K_M vs itself:", json.dumps(same))
     # The lower quant: perplexity up, its whole interval above the noise floor.

@@ -45,12 +45,24 @@ class Endpoint:
         self._http.close()
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            r = self._http.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise InputError(
-                "--url", f"{self.url} stopped answering ({type(exc).__name__})", "is it up?"
-            ) from None
+        """One scoring request. Every request here is deterministic and changes nothing on
+        the server, so a connection dropped without an answer is retried once on a new one:
+        a kept-alive connection the server closes just as the next request goes out (its
+        idle timeout, or a busy host stretching it) reads as RemoteProtocolError, and
+        nothing measured should be lost to that. A server that died fails the retry too."""
+        for attempt in (1, 2):
+            try:
+                r = self._http.post(path, json=body)
+                break
+            except httpx.HTTPError as exc:
+                dropped = isinstance(exc, httpx.TransportError) and not isinstance(
+                    exc, httpx.TimeoutException
+                )
+                if attempt == 1 and dropped:
+                    continue
+                raise InputError(
+                    "--url", f"{self.url} stopped answering ({type(exc).__name__})", "is it up?"
+                ) from None
         if r.status_code != 200:
             raise InputError("--url", f"{self.url}{path} answered {r.status_code}: {r.text[:200]}")
         return r.json()
