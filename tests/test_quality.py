@@ -14,7 +14,7 @@ from cli_run import run_cli
 from servetune.accept.static import quality as accept_quality
 from servetune.errors import InputError
 from servetune.quality.corpus import load_corpus
-from servetune.quality.endpoint import Endpoint, random_weights
+from servetune.quality.endpoint import random_weights
 from servetune.quality.scoring import (
     agreement,
     first_word,
@@ -26,7 +26,6 @@ from servetune.quality.stored import perf
 from servetune.quality.verdict import FAIL, PASS, UNMEASURED, Perf, judge
 from servetune.store import Store
 from synthetic_runs import synthetic_run
-from tcp_servers import json_response, read_request, tcp_server
 
 
 def _passages(seed: int, shift: float = 0.0, n: int = 12) -> list[list[float]]:
@@ -118,42 +117,6 @@ def test_unreachable_url_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) 
     assert code == 2 and err.count("\n") == 1 and "--baseline" in err and "unreachable" in err
     code, _, err = run_cli(capsys, "quality", "--baseline", "nohost", "--candidate", "x")
     assert code == 2 and "not a URL" in err
-
-
-def test_a_dropped_kept_alive_connection_is_retried_once_and_a_dead_server_is_one_line() -> None:
-    """The server answers the first request on each connection and closes it, unanswered,
-    at the second: what a keep-alive timeout racing the next request looks like (httpx:
-    RemoteProtocolError). Scoring requests are deterministic, so the second goes again on
-    a new connection; a server that drops every request is still one line."""
-    seen: list[int] = []
-
-    def first_only(conn) -> None:
-        if read_request(conn):
-            seen.append(1)
-            conn.sendall(json_response(json.dumps({"tokens": [1, 2, len(seen)]}).encode()))
-        read_request(conn)  # the next request on the kept-alive connection: dropped
-        conn.close()
-
-    with tcp_server(first_only) as port:
-        ep = Endpoint(f"http://127.0.0.1:{port}", "llamacpp", "m", None, timeout_s=10)
-        try:
-            assert ep.tokenize("a") == [1, 2, 1]
-            assert ep.tokenize("b") == [1, 2, 2]  # dropped once, answered on a new one
-        finally:
-            ep.close()
-    assert len(seen) == 2
-
-    def drop_all(conn) -> None:
-        read_request(conn)
-        conn.close()
-
-    with tcp_server(drop_all) as port:
-        ep = Endpoint(f"http://127.0.0.1:{port}", "llamacpp", "m", None, timeout_s=10)
-        with pytest.raises(InputError) as e:
-            ep.tokenize("a")
-        ep.close()
-    line = e.value.one_line()
-    assert "\n" not in line and "stopped answering (RemoteProtocolError)" in line
 
 
 def test_result_goes_to_the_run_and_runs_show(

@@ -21,6 +21,7 @@ import httpx
 
 from servetune.accept.static import WEIGHT_SUFFIXES
 from servetune.errors import InputError
+from servetune.http_retry import post_twice
 
 # The forcing bias: logits of a small LM span tens of nats; +1e4 makes the wanted token the
 # only choice without overflowing float32.
@@ -45,24 +46,14 @@ class Endpoint:
         self._http.close()
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One scoring request. Every request here is deterministic and changes nothing on
-        the server, so a connection dropped without an answer is retried once on a new one:
-        a kept-alive connection the server closes just as the next request goes out (its
-        idle timeout, or a busy host stretching it) reads as RemoteProtocolError, and
-        nothing measured should be lost to that. A server that died fails the retry too."""
-        for attempt in (1, 2):
-            try:
-                r = self._http.post(path, json=body)
-                break
-            except httpx.HTTPError as exc:
-                dropped = isinstance(exc, httpx.TransportError) and not isinstance(
-                    exc, httpx.TimeoutException
-                )
-                if attempt == 1 and dropped:
-                    continue
-                raise InputError(
-                    "--url", f"{self.url} stopped answering ({type(exc).__name__})", "is it up?"
-                ) from None
+        """One scoring request; deterministic and read-only, so a dropped kept-alive
+        connection sends it once more (`post_twice`): nothing measured is lost to that."""
+        try:
+            r = post_twice(self._http, path, body)
+        except httpx.HTTPError as exc:
+            raise InputError(
+                "--url", f"{self.url} stopped answering ({type(exc).__name__})", "is it up?"
+            ) from None
         if r.status_code != 200:
             raise InputError("--url", f"{self.url}{path} answered {r.status_code}: {r.text[:200]}")
         return r.json()

@@ -97,7 +97,9 @@ class ServerTokenizer:
     def _post(self, path: str, body: dict) -> dict:
         if self._model:
             body = {**body, "model": self._model}
-        r = self._http.post(path, json=body)
+        from servetune.http_retry import post_twice
+
+        r = post_twice(self._http, path, body)  # tokenizing is read-only: safe to resend
         r.raise_for_status()
         return r.json()
 
