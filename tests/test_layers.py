@@ -25,7 +25,19 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # knowledge (EngineConfig, each engine's flags and metric names: the planner prints
 # flags, the load client reads metric names); starting engines is the later line.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "units", "paths", "yamlfile", "slo", "status", "aio", "procfs", "lazy"),
+    (
+        "__init__",
+        "errors",
+        "units",
+        "paths",
+        "yamlfile",
+        "slo",
+        "status",
+        "aio",
+        "procfs",
+        "lazy",
+        "http_retry",
+    ),
     ("model", "hardware", "workload", "results", "metrics", "engines"),
     ("plan",),
     ("sim", "bench", "mock", "telemetry"),
