@@ -92,6 +92,17 @@ def sim_as_real(monkeypatch):
     executors._BACKENDS.clear()
 
 
+def test_a_skipped_step_says_the_time_left_or_how_far_the_budget_is_overrun() -> None:
+    """A slow host can overrun the budget before the plan's next step: the note says by
+    how much, never a negative time left (the main job on a busy AVX2 host printed
+    "-258s left")."""
+    what = "threads=1 on the real engine"
+    left = timeplan.skipped_note(what, 40.0, 63.0)
+    assert left == f"time budget: {what} skipped (40s left, a trial takes ~63s)"
+    over = timeplan.skipped_note(what, -258.4, 63.0)
+    assert "-" not in over.split("(")[1] and "258s over" in over and "~63s" in over
+
+
 def test_a_spent_budget_still_verifies_the_whole_top_k_then_repeats(
     tmp_path: Path, sim_as_real
 ) -> None:

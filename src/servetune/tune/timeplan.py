@@ -53,5 +53,12 @@ def cut_note(label: str, share: float, points: int, capacity: float | None) -> s
 
 def skipped_note(what: str, left_s: float, need_s: float) -> str:
     """A step the plan skipped: what, the seconds left (after the finalists' reserve) and
-    what one such step takes."""
+    what one such step takes. A budget already overrun says by how much (a slow host's
+    verified configs each measure one point whatever the clock, `share_s`), not "-258s
+    left"."""
+    if left_s < 0:
+        return (
+            f"time budget: {what} skipped (the budget is spent: {-left_s:.0f}s over, "
+            f"the finalists' repetitions counted; a trial takes ~{need_s:.0f}s)"
+        )
     return f"time budget: {what} skipped ({left_s:.0f}s left, a trial takes ~{need_s:.0f}s)"
