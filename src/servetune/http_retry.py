@@ -1,12 +1,13 @@
 """Requests that may go twice: a dropped kept-alive connection is not the server's answer.
 
 A client keeps a connection open between requests; a server closes it after an idle
-timeout (llama.cpp's server: 5 s, cpp-httplib's default). When that close crosses the next
-request on the wire, the request is lost unanswered and httpx raises RemoteProtocolError
-(or a read/write error): nothing reached the model. For a request that changes nothing on
-the server (tokenize, score a prompt, read a page) the right move is to send it once more
-on a new connection, as `bench` does for its own pool (bench/worker.py). A server that
-really died fails the second try as well, and the caller reports that.
+timeout (cpp-httplib, which llama.cpp's server is built on, defaults to 5 s). When that
+close crosses the next request on the wire, the request is lost unanswered and httpx
+raises RemoteProtocolError (or a read/write error): nothing reached the model. For a
+request that changes nothing on the server (tokenize, score a prompt, read a page) the
+right move is to send it once more on a new connection, as `bench` does for its own pool
+(bench/worker.py). A server that really died fails the second try as well, and the
+caller reports that.
 """
 
 from __future__ import annotations
