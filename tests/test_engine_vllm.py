@@ -81,18 +81,23 @@ def test_effective_settings_are_read_from_the_engine(vllm_server, llama_test_mod
     assert s["version"] == "0.32.0"
     assert s["max_model_len"] == 2048
     assert s["kv_cache_pool"] == "CPU"
-    # 1 GiB / (2 (K,V) x 8 layers x 4 KV heads x 64 head_dim x 2 bytes bf16) = 131,072 tokens.
+    # 1 GiB / (2 (K,V) x 8 layers x 4 KV heads x 64 head_dim x 2 bytes bf16) = 131,072 tokens;
+    # 65,536 in float32 (4 bytes), the test model's dtype on AVX2-only hosts.
     cfg = json.loads((llama_test_model / "config.json").read_text())
-    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
-    assert s["kv_cache_tokens"] == 2**30 // per_token == 131072
+    width = {"bfloat16": 2, "float32": 4}[cfg["torch_dtype"]]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * width
+    assert s["kv_cache_tokens"] == 2**30 // per_token == {2: 131072, 4: 65536}[width]
 
 
 def test_kv_capacity_equals_plan_prediction(vllm_server, llama_test_model: Path) -> None:
-    """The planner's KV capacity for the same model config and KV space is what vLLM got."""
+    """The planner's KV capacity for the same model config, dtype and KV space is what vLLM
+    got (vLLM serves a float32 checkpoint in bf16 unless told --dtype float32, as here on an
+    AVX2-only host, and the planner follows the same rule)."""
     out = subprocess.run(
         [
             sys.executable, "-m", "servetune.cli.app", "plan",
             "--model", str(llama_test_model), "--gpu", "cpu-host",
+            "--dtype", VLLM_TEST_CONFIG.dtype,
             "--kv-cache-space", str(VLLM_TEST_CONFIG.kv_cache_space_gib),
             "--block-size", str(VLLM_TEST_CONFIG.block_size), "--kv-dtype", "auto", "--json",
         ],

@@ -18,8 +18,10 @@ import random
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
@@ -33,11 +35,40 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
+
+def fast_cpu_dtype(cpu_flags: str) -> Literal["bfloat16", "float32"]:
+    """The dtype a CPU with these `/proc/cpuinfo` flags serves the test model fast in.
+
+    vLLM-CPU computes bf16 linears with oneDNN, whose bf16 matmul needs AVX-512 on x86. On
+    an AVX2-only x86 host it logs "Failed to create oneDNN linear, fallback to torch linear"
+    and prefill crawls: a 500-token prompt took 27 s in bf16 and 4.9 s in float32 (2-core
+    AMD EPYC, AVX2 only, vLLM-CPU 0.32.0, measured here; decode 23-31 vs 31-33 tok/s). So
+    x86 without AVX-512 gets float32; every other host keeps bf16, what the engines default
+    to and half the KV bytes. Non-x86 hosts (no `avx` in the flags) keep bf16 too.
+    """
+    flags = set(cpu_flags.split())
+    x86 = any(f.startswith("avx") or f.startswith("sse") for f in flags)
+    return "float32" if x86 and "avx512f" not in flags else "bfloat16"
+
+
+@cache
+def host_model_dtype() -> Literal["bfloat16", "float32"]:
+    """`fast_cpu_dtype` for this host (bf16 where /proc/cpuinfo cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "bfloat16"
+    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))]
+    return fast_cpu_dtype(lines[0].split(":", 1)[1]) if lines else "bfloat16"
+
+
 # The configs tests (tests/conftest.py) and demos serve these models with.
 # vLLM CPU, generated Llama with random weights: 1 GiB KV pool in blocks of 32, eager
-# mode (ready in ~20 s instead of ~60 s).
+# mode (ready in ~20 s instead of ~60 s), in the dtype this host computes fast (the same
+# one `LlamaSpec` writes into config.json, so the planner prices what vLLM serves).
 VLLM_TEST_CONFIG = EngineConfig(
     engine="vllm",
+    dtype=host_model_dtype(),
     kv_cache_space_gib=1,
     block_size=32,
     max_model_len=2048,
@@ -74,7 +105,7 @@ class LlamaSpec:
     intermediate: int = 2816
     vocab_target: int = 8192
     max_position_embeddings: int = 4096
-    dtype: str = "bfloat16"
+    dtype: str = field(default_factory=host_model_dtype)
     seed: int = 0
 
     def key(self) -> str:

@@ -1,0 +1,29 @@
+"""The generated test model: the dtype it is written and served in follows the host's CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from servetune.engines.testmodel import LlamaSpec, fast_cpu_dtype, make_llama_dir
+
+# Flag lines as /proc/cpuinfo prints them (trimmed): this repo's AVX2-only CI host, an
+# AVX-512 Xeon, and an ARM host (whose line is "Features" and names no AVX at all).
+AVX2_EPYC = "fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni"
+AVX512_XEON = "fpu sse sse2 avx avx2 avx512f avx512dq avx512bw avx512_bf16 amx_bf16"
+ARM = "fp asimd evtstrm aes pmull sha1 sha2 crc32 bf16 i8mm"
+
+
+def test_avx2_only_x86_serves_float32_and_others_keep_bf16() -> None:
+    assert fast_cpu_dtype(AVX2_EPYC) == "float32"
+    assert fast_cpu_dtype(AVX512_XEON) == "bfloat16"
+    assert fast_cpu_dtype(ARM) == "bfloat16"
+    assert fast_cpu_dtype(AVX2_EPYC + " avx512f") == "bfloat16"
+
+
+def test_the_spec_dtype_is_what_config_json_says(tmp_path: Path) -> None:
+    """The planner reads config.json's torch_dtype: it must be the dtype vLLM is given."""
+    for dtype in ("float32", "bfloat16"):
+        out = make_llama_dir(tmp_path / dtype, LlamaSpec(dtype=dtype, vocab_target=600))
+        assert json.loads((out / "config.json").read_text())["torch_dtype"] == dtype
+    assert LlamaSpec(dtype="float32").key() != LlamaSpec(dtype="bfloat16").key()
