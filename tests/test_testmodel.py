@@ -27,3 +27,19 @@ def test_the_spec_dtype_is_what_config_json_says(tmp_path: Path) -> None:
         out = make_llama_dir(tmp_path / dtype, LlamaSpec(dtype=dtype, vocab_target=600))
         assert json.loads((out / "config.json").read_text())["torch_dtype"] == dtype
     assert LlamaSpec(dtype="float32").key() != LlamaSpec(dtype="bfloat16").key()
+
+
+def test_engine_launch_serves_a_generated_dir_in_its_own_dtype() -> None:
+    """`servetune engine launch vllm --model <make-model dir>` adds what the tests' config
+    has: random weights, and --dtype float32 for a float32 dir (vLLM's auto would serve it
+    in bf16); a dtype the user set is kept."""
+    from servetune.cli.engine_cmd import generated_model_config
+    from servetune.engines.config import EngineConfig
+
+    cfg, notes = generated_model_config(EngineConfig(), {"dtype": "float32"})
+    assert cfg.dtype == "float32" and cfg.extra_args == ("--load-format", "dummy")
+    assert len(notes) == 2
+    cfg, notes = generated_model_config(EngineConfig(), {"dtype": "bfloat16"})
+    assert cfg.dtype == "auto" and notes == ["adding --load-format dummy (random weights)"]
+    mine = EngineConfig(dtype="bfloat16", extra_args=("--load-format", "dummy"))
+    assert generated_model_config(mine, {"dtype": "float32"}) == (mine, [])

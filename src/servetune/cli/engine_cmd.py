@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from servetune.errors import InputError
+
+if TYPE_CHECKING:
+    from servetune.engines.config import EngineConfig
 
 engine_app = typer.Typer(
     help="Install, launch and inspect real engines (vLLM, SGLang, TGI, TensorRT-LLM, llama.cpp).",
@@ -221,6 +225,22 @@ def command(
             typer.echo(f"# note: {note}")
 
 
+def generated_model_config(cfg: EngineConfig, spec: dict) -> tuple[EngineConfig, list[str]]:
+    """What vLLM needs to serve a `make-model` dir (`spec`: its servetune_spec.json) as
+    the tests do, and a note for each flag added: `--load-format dummy` (the dir has no
+    weights: vLLM fills random ones from config.json), and `--dtype float32` where the dir
+    was written in float32 (vLLM's auto would serve it in bf16, slow on the x86 hosts
+    without AVX-512 that make-model chose float32 for: testmodel.fast_cpu_dtype)."""
+    notes = []
+    if "--load-format" not in cfg.extra_args:
+        cfg = cfg.with_(extra_args=(*cfg.extra_args, "--load-format", "dummy"))
+        notes.append("adding --load-format dummy (random weights)")
+    if cfg.dtype == "auto" and spec.get("dtype") == "float32":
+        cfg = cfg.with_(dtype="float32")
+        notes.append("adding --dtype float32 (its config's dtype)")
+    return cfg, notes
+
+
 @engine_app.command("launch")
 def launch_cmd(
     engine: str = typer.Argument(..., help="vllm, sglang, tgi, trtllm or llamacpp."),
@@ -249,10 +269,10 @@ def launch_cmd(
 
     cfg = parse_sets(engine, sets, extra)
     generated = Path(model) / "servetune_spec.json"
-    if engine == "vllm" and generated.exists() and "--load-format" not in cfg.extra_args:
-        # A `make-model` dir has no weights: vLLM fills random ones from config.json.
-        cfg = cfg.with_(extra_args=(*cfg.extra_args, "--load-format", "dummy"))
-        typer.echo("generated test model: adding --load-format dummy (random weights)", err=True)
+    if engine == "vllm" and generated.exists():
+        cfg, notes = generated_model_config(cfg, json.loads(generated.read_text()))
+        for note in notes:
+            typer.echo(f"generated test model: {note}", err=True)
     weightless = generated.exists() and not any(Path(model).glob("*.safetensors"))
     if engine in ("mlx", "transformers") and weightless:
         raise InputError(
