@@ -29,3 +29,52 @@ def test_the_point_above_the_capacity_names_its_missed_check() -> None:
     ]
     line = binding_slo(_trial(points, capacity=1.0))
     assert line == "at 2 users: P95 TPOT 1,200 ms > 598 (n=6, ~max)", line
+
+
+def _ranked(score: float, ci: dict | None, label: str, cfg: dict) -> TrialResult:
+    t = _trial([PointResult("concurrency", 1.0, True, req_s=score)], capacity=1.0)
+    t.key, t.label, t.config, t.score, t.ci = label, label, cfg, score, ci
+    return t
+
+
+def test_margins_come_from_the_repetitions_and_say_when_noise_holds_them() -> None:
+    """The main job beside a one-core hog: a lucky trial (0.307) whose repetitions came
+    back at 0.163 (CI 0.091 .. 0.235) is not +83% over a 0.167 baseline: the baseline
+    sits inside the interval. A runner-up below the interval is a shown difference."""
+    from servetune.tune.explain import explain
+    from servetune.tune.objective import Objective
+
+    ci = {"n": 3, "mean": 0.163, "low": 0.091, "high": 0.235, "passed": 3}
+    win = _ranked(0.307, ci, "slots4", {"parallel_slots": 4})
+    base = _ranked(0.167, None, "baseline", {"parallel_slots": None})
+    low = _ranked(0.05, None, "slots8", {"parallel_slots": 8})
+    lines = explain(win, [win, base, low], base, Objective(), ["parallel_slots"])
+    assert lines[0].endswith("; its 3 repetitions: 0.163 req/s/GPU (95% CI 0.091 .. 0.235)")
+    ru, vs = lines[1], lines[2]
+    assert ru.startswith("runner-up baseline: 0.167 req/s/GPU (-2% on the winner's repetitions;")
+    assert "not a proven difference on this host" in ru
+    assert vs.startswith("vs the baseline (baseline): 0.167 req/s/GPU (-2% on the winner's")
+    assert "+83%" not in " ".join(lines)
+    # below the interval: the margin stands, with no doubt said
+    lines = explain(win, [win, low], base, Objective(), ["parallel_slots"])
+    assert lines[1].startswith("runner-up slots8: 0.05 req/s/GPU (+226% on the winner's")
+    assert "proven" not in lines[1]
+    # no repetitions (the simulator's ranking): the trials' scores, as before
+    win.ci = None
+    lines = explain(win, [win, base], base, Objective(), ["parallel_slots"])
+    assert "(+84%); differs in parallel_slots" in lines[1], lines[1]
+
+
+def test_a_lower_is_better_objective_reads_its_repetitions_with_the_scores_sign() -> None:
+    """Latency: scores are -P95 TTFT, repetitions keep milliseconds; 300 ms repeated (CI
+    250 .. 350) against a 330 ms baseline is inside; against 500 ms it is 40% better."""
+    from servetune.tune.explain import margin
+    from servetune.tune.objective import Objective
+
+    latency = Objective(kind="latency")
+    win = _ranked(-280.0, {"n": 3, "mean": 300.0, "low": 250.0, "high": 350.0, "passed": 3},
+                  "w", {})  # fmt: skip
+    assert margin(win, _ranked(-330.0, None, "b", {}), latency).startswith("+9% on the")
+    assert "not a proven" in margin(win, _ranked(-330.0, None, "b", {}), latency)
+    far = margin(win, _ranked(-500.0, None, "b", {}), latency)
+    assert far == "+40% on the winner's repetitions", far

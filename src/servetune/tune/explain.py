@@ -137,18 +137,24 @@ def explain(
         line += f" at a capacity of {winner.capacity:.3g} {unit} within the SLO"
         evidence = steady.evidence_text(winner.best.signals) if winner.best else None
         line += f" ({evidence})" if evidence else ""
+    if winner.ci:
+        ci = winner.ci  # the metric's own units, as the finalist line prints them
+        line += (
+            f"; its {ci['n']} repetitions: {objective.show(_figure(winner, objective))} "
+            f"(95% CI {ci['low']:.3g} .. {ci['high']:.3g})"
+        )
     out.append(line)
     if others and score is not None and others[0].score is not None:
         ru = others[0]
         out.append(
-            f"runner-up {ru.label}: {objective.show(ru.score)} ({_pct(score, ru.score)}); "
+            f"runner-up {ru.label}: {objective.show(ru.score)} ({margin(winner, ru, objective)}); "
             f"differs in {', '.join(differing(winner.config, ru.config, knobs)) or 'nothing'}"
         )
     if baseline is not None and baseline.key != winner.key:
         if baseline.status == TrialStatus.OK and baseline.score is not None and score is not None:
             out.append(
                 f"vs the baseline ({baseline.label}): {objective.show(baseline.score)} "
-                f"({_pct(score, baseline.score)}); changed "
+                f"({margin(winner, baseline, objective)}); changed "
                 + (", ".join(differing(winner.config, baseline.config, knobs)) or "nothing")
             )
         else:
@@ -170,6 +176,45 @@ def _pct(a: float, b: float) -> str:
     if b == 0:
         return "n/a"
     return f"{(a - b) / abs(b):+.0%}"
+
+
+def _sign(objective: Objective) -> int:
+    """Scores are higher-is-better; repetitions keep the metric's own sign ($, ms)."""
+    return 1 if objective.kind == "goodput" else -1
+
+
+def _figure(t: TrialResult, objective: Objective) -> float | None:
+    """A config's figure for a margin, as a score: the mean of its repetitions where it was
+    re-run, else its trial's score (one measurement)."""
+    return _sign(objective) * t.ci["mean"] if t.ci else t.score
+
+
+def _interval(t: TrialResult, objective: Objective) -> tuple[float, float]:
+    """The 95% interval of `t`'s repetitions, as scores, low to high."""
+    assert t.ci is not None
+    ends = (_sign(objective) * t.ci["low"], _sign(objective) * t.ci["high"])
+    return min(ends), max(ends)
+
+
+def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str:
+    """The winner's margin over `other`, from repetitions where either has them: on a busy
+    host one trial can sit far from its own repeats (the main job beside a one-core hog:
+    a trial at 0.307 req/s/GPU, its three repetitions 0.163, 95% CI 0.091 .. 0.235, against
+    a baseline trial at 0.167). When `other`'s figure lies inside the winner's 95% interval
+    the gain is not shown on this host, and the line says so instead of a bare percentage."""
+    a, b = _figure(winner, objective), _figure(other, objective)
+    if a is None or b is None:
+        return "n/a"
+    text = _pct(a, b)
+    if winner.ci:
+        text += " on the winner's repetitions"
+        low, high = _interval(winner, objective)
+        if low <= b <= high:
+            text += (
+                "; inside their 95% CI, so not a proven difference on this host "
+                "(a quieter host or more repetitions would settle it)"
+            )
+    return text
 
 
 def explain_shortfall(t: TrialResult, sf: Shortfall, runner_up: TrialResult | None) -> list[str]:
