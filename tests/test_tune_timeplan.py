@@ -119,3 +119,19 @@ def test_a_spent_budget_still_verifies_the_whole_top_k_then_repeats(
     cut = [n for n in tight.notes if "capacity search stopped after 1 load point at" in n]
     assert len(cut) == 4 and not any("stopped" in n for n in free.notes)
     assert {t.label for t in tight.ranked} == {t.label for t in free.ranked}
+
+
+def test_the_baseline_is_repeated_beside_the_finalists(tmp_path: Path, sim_as_real) -> None:
+    """One finalist asked for, two configs re-run: the best trial and the baseline, so the
+    margin over the default rests on repetitions of both; without finalists, none."""
+    knobs = {"max_num_seqs": [2, 4, 8, 16, 32]}
+    space = parse_space({"engine": "vllm", "baseline": {"max_num_seqs": 2}, "knobs": knobs})
+    out = Tuner(replace(_settings(tmp_path, None), space=space)).run()
+    assert out.ranked[0].key != out.baseline.key  # type: ignore[union-attr]
+    repeated = [t for t in out.ranked if t.ci is not None]
+    assert out.baseline is not None and out.baseline.ci is not None
+    assert len(repeated) == 2 and out.ranked[0] in repeated
+    assert all(t.ci["n"] == 2 and len(t.reps) == 2 for t in repeated)  # type: ignore[index]
+    assert out.winner in repeated
+    none = Tuner(replace(_settings(tmp_path, 0.5), finalists=0, repeats=0)).run()
+    assert not any(t.ci for t in none.ranked)

@@ -49,7 +49,7 @@ def tune(
     objective: str | None = typer.Option(None, "--objective", help="goodput, cost, latency."),
     gpu_hour_usd: float | None = typer.Option(None, "--gpu-hour-usd", help="For --objective cost."),
     top_k: int | None = typer.Option(None, "--top-k", help="Hybrid: configs verified for real."),
-    finalists: int | None = typer.Option(None, "--finalists", help="Configs re-run."),
+    finalists: int | None = typer.Option(None, "--finalists", help="Configs re-run, +baseline."),
     repeats: int | None = typer.Option(None, "--repeats", help="Repetitions per finalist."),
     load: str | None = typer.Option(None, "--load", help="concurrency or rate search."),
     max_load: float | None = typer.Option(None, "--max-load", help="Highest load tried."),
