@@ -14,6 +14,7 @@ from servetune.status import RunStatus, TrialStatus
 from servetune.tune.objective import Objective
 from servetune.tune.shortfall import Shortfall, shortfall
 from servetune.tune.space import fmt_value
+from servetune.tune.stats import differ, interval_of
 from servetune.tune.trial import TrialResult
 
 _METRIC = {
@@ -147,13 +148,13 @@ def explain(
     if others and score is not None and others[0].score is not None:
         ru = others[0]
         out.append(
-            f"runner-up {ru.label}: {objective.show(ru.score)} ({margin(winner, ru, objective)}); "
+            f"runner-up {ru.label}: {_shown(ru, objective)} ({margin(winner, ru, objective)}); "
             f"differs in {', '.join(differing(winner.config, ru.config, knobs)) or 'nothing'}"
         )
     if baseline is not None and baseline.key != winner.key:
         if baseline.status == TrialStatus.OK and baseline.score is not None and score is not None:
             out.append(
-                f"vs the baseline ({baseline.label}): {objective.show(baseline.score)} "
+                f"vs the baseline ({baseline.label}): {_shown(baseline, objective)} "
                 f"({margin(winner, baseline, objective)}); changed "
                 + (", ".join(differing(winner.config, baseline.config, knobs)) or "nothing")
             )
@@ -196,24 +197,37 @@ def _interval(t: TrialResult, objective: Objective) -> tuple[float, float]:
     return min(ends), max(ends)
 
 
+def _shown(t: TrialResult, objective: Objective) -> str:
+    """The figure a margin is taken from, said as such."""
+    text = objective.show(_figure(t, objective))
+    return f"{text} over {t.ci['n']} repetitions" if t.ci else text
+
+
 def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str:
     """The winner's margin over `other`, from repetitions where either has them: on a busy
     host one trial can sit far from its own repeats (the main job beside a one-core hog:
     a trial at 0.307 req/s/GPU, its three repetitions 0.163, 95% CI 0.091 .. 0.235, against
-    a baseline trial at 0.167). When `other`'s figure lies inside the winner's 95% interval
-    the gain is not shown on this host, and the line says so instead of a bare percentage."""
+    a baseline trial at 0.167). When the difference is not significant at 95% (`other`'s
+    one trial inside the winner's interval, the one-sample t-test; both repeated: Welch's,
+    `stats.differ`) the line says so instead of a bare percentage."""
     a, b = _figure(winner, objective), _figure(other, objective)
     if a is None or b is None:
         return "n/a"
     text = _pct(a, b)
-    if winner.ci:
+    if not winner.ci:
+        return text
+    if other.ci:
+        text += " on both configs' repetitions"
+        shown = differ(interval_of(winner.ci), interval_of(other.ci))
+    else:
         text += " on the winner's repetitions"
         low, high = _interval(winner, objective)
-        if low <= b <= high:
-            text += (
-                "; inside their 95% CI, so not a proven difference on this host "
-                "(a quieter host or more repetitions would settle it)"
-            )
+        shown = not low <= b <= high
+    if not shown:
+        text += (
+            "; within this host's noise at 95%, not a proven difference "
+            "(a quieter host or more repetitions would settle it)"
+        )
     return text
 
 

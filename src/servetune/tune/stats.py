@@ -72,3 +72,28 @@ def mean_ci(values: Sequence[float]) -> Interval:
     s = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
     h = t975(n - 1) * s / math.sqrt(n)
     return Interval(n, m, m - h, m + h)
+
+
+def interval_of(ci: dict[str, float]) -> Interval:
+    """An `Interval` from its JSON form (a trial's `ci`, which carries other keys too)."""
+    return Interval(int(ci["n"]), ci["mean"], ci["low"], ci["high"])
+
+
+def _var_of_mean(ci: Interval) -> float:
+    """s^2 / n, recovered from the interval: half width = t(0.975, n-1) s / sqrt(n)."""
+    if ci.n < 2:
+        return 0.0
+    return (ci.half_width / t975(ci.n - 1)) ** 2
+
+
+def differ(a: Interval, b: Interval) -> bool:
+    """Whether two repeated measurements differ at 95%, two-sided: Welch's unequal-variance
+    t-test (Welch 1947), t = (mean_a - mean_b) / sqrt(s_a^2/n_a + s_b^2/n_b) against
+    t(0.975, df) with the Welch-Satterthwaite df. A single value (n = 1) is a point."""
+    va, vb = _var_of_mean(a), _var_of_mean(b)
+    se2 = va + vb
+    if se2 == 0.0:
+        return a.mean != b.mean
+    den = sum(v * v / (ci.n - 1) for v, ci in ((va, a), (vb, b)) if ci.n > 1)
+    df = se2 * se2 / den
+    return abs(a.mean - b.mean) / math.sqrt(se2) > t975(max(int(df), 1))
