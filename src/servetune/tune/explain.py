@@ -14,7 +14,7 @@ from servetune.status import RunStatus, TrialStatus
 from servetune.tune.objective import Objective
 from servetune.tune.shortfall import Shortfall, shortfall
 from servetune.tune.space import fmt_value
-from servetune.tune.stats import differ, interval_of
+from servetune.tune.stats import Interval, differ, interval_of
 from servetune.tune.trial import TrialResult
 
 _METRIC = {
@@ -190,13 +190,6 @@ def _figure(t: TrialResult, objective: Objective) -> float | None:
     return _sign(objective) * t.ci["mean"] if t.ci else t.score
 
 
-def _interval(t: TrialResult, objective: Objective) -> tuple[float, float]:
-    """The 95% interval of `t`'s repetitions, as scores, low to high."""
-    assert t.ci is not None
-    ends = (_sign(objective) * t.ci["low"], _sign(objective) * t.ci["high"])
-    return min(ends), max(ends)
-
-
 def _shown(t: TrialResult, objective: Objective) -> str:
     """The figure a margin is taken from, said as such."""
     text = objective.show(_figure(t, objective))
@@ -207,9 +200,9 @@ def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str
     """The winner's margin over `other`, from repetitions where either has them: on a busy
     host one trial can sit far from its own repeats (the main job beside a one-core hog:
     a trial at 0.307 req/s/GPU, its three repetitions 0.163, 95% CI 0.091 .. 0.235, against
-    a baseline trial at 0.167). When the difference is not significant at 95% (`other`'s
-    one trial inside the winner's interval, the one-sample t-test; both repeated: Welch's,
-    `stats.differ`) the line says so instead of a bare percentage."""
+    a baseline trial at 0.167). When the difference is not significant at 95% (Welch's
+    t-test, `stats.differ`; against one trial: that trial inside the winner's interval)
+    the line says so instead of a bare percentage."""
     a, b = _figure(winner, objective), _figure(other, objective)
     if a is None or b is None:
         return "n/a"
@@ -218,12 +211,12 @@ def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str
         return text
     if other.ci:
         text += " on both configs' repetitions"
-        shown = differ(interval_of(winner.ci), interval_of(other.ci))
-    else:
+        theirs = interval_of(other.ci)
+    else:  # one trial: a point, and Welch's test is then the one-sample t-test
         text += " on the winner's repetitions"
-        low, high = _interval(winner, objective)
-        shown = not low <= b <= high
-    if not shown:
+        v = _sign(objective) * b  # back to the metric's own units, as `ci` keeps them
+        theirs = Interval(1, v, v, v)
+    if not differ(interval_of(winner.ci), theirs):
         text += (
             "; within this host's noise at 95%, not a proven difference "
             "(a quieter host or more repetitions would settle it)"

@@ -89,7 +89,8 @@ def _var_of_mean(ci: Interval) -> float:
 def differ(a: Interval, b: Interval) -> bool:
     """Whether two repeated measurements differ at 95%, two-sided: Welch's unequal-variance
     t-test (Welch 1947), t = (mean_a - mean_b) / sqrt(s_a^2/n_a + s_b^2/n_b) against
-    t(0.975, df) with the Welch-Satterthwaite df. A single value (n = 1) is a point."""
+    t(0.975, df) with the Welch-Satterthwaite df. A single value (n = 1) is a point: against
+    one, the test is the one-sample t-test (the point outside the other's 95% interval)."""
     va, vb = _var_of_mean(a), _var_of_mean(b)
     se2 = va + vb
     if se2 == 0.0:

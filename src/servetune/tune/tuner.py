@@ -330,7 +330,8 @@ class Tuner:
         """Time kept back for the finalists' repetitions (a must: the interval)."""
         if self.s.mode == "sim":
             return 0.0
-        # the baseline is re-run beside the finalists (`finalists_of`)
+        # the baseline is re-run beside the finalists (`finalists_of`); kept for it even
+        # when it turns out a finalist itself or misses the SLO: the reserve is a bound
         finalists = self.s.finalists + 1 if self.s.finalists > 0 else 0
         return timeplan.reserve_s(finalists, self.s.repeats, self._point_s())
 
