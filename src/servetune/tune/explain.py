@@ -181,7 +181,7 @@ def _pct(a: float, b: float) -> str:
 
 def _sign(objective: Objective) -> int:
     """Scores are higher-is-better; repetitions keep the metric's own sign ($, ms)."""
-    return 1 if objective.kind == "goodput" else -1
+    return 1 if objective.higher_is_better else -1
 
 
 def _figure(t: TrialResult, objective: Objective) -> float | None:

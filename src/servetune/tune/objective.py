@@ -43,6 +43,12 @@ class Objective:
             raise InputError("--gpu-hour-usd", "must be > 0")
 
     @property
+    def higher_is_better(self) -> bool:
+        """Whether the objective's own metric (what repetitions average: req/s/GPU, $ per
+        1M tokens, P95 TTFT ms) is better higher; scores are that metric, negated if not."""
+        return self.kind == "goodput"
+
+    @property
     def searches_capacity(self) -> bool:
         return self.kind != "latency"
 

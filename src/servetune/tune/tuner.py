@@ -548,7 +548,7 @@ class Tuner:
             out.baseline = next((t for t in out.ranked if t.key == base_key), None)
             if not ok:
                 return self._best_effort(out)
-            out.winner = w = pick_winner(ok, higher_is_better=s.objective.kind == "goodput")
+            out.winner = w = pick_winner(ok, higher_is_better=s.objective.higher_is_better)
             if w.ci and not held_in_repeats(w):
                 self.say(
                     f"[{self.elapsed():6.1f}s] warning: the winner met the SLO in "
