@@ -3,9 +3,12 @@ src/servetune/data/published/gpu_runs.csv and sglang_runs.csv): median |error| o
 TPOT per tier, per role (rows used to set a figure vs rows only checked), per engine (vLLM,
 NIM, NIM on TensorRT-LLM, SGLang) and per model x GPU, with the share of runs within 25%.
 The same figures as `servetune validate --published`; prints, asserts nothing. No engine,
-no GPU: ~15 s on one core. The figures of the day are in docs/fidelity-gpu.md.
+no GPU: ~40 s on one core, replayed over the cores this process may use (`--jobs`).
+`--serial-baseline` also replays them in this process alone and prints the speed-up and
+whether the figures are the same. The figures of the day are in docs/fidelity-gpu.md.
 
-    .venv/bin/python benchmarks/sim_published.py [--per-run] [--csv FILE]
+    .venv/bin/python benchmarks/sim_published.py [--per-run] [--csv FILE] [--jobs N]
+        [--serial-baseline]
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from servetune.procfs import usable_cores
 from servetune.validate import published
 
 
@@ -20,14 +24,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-run", action="store_true", help="Also print every run.")
     ap.add_argument("--csv", help="Runs to compare instead of the packaged set.")
+    ap.add_argument("--jobs", type=int, default=usable_cores(), help="Processes to replay in.")
+    ap.add_argument("--serial-baseline", action="store_true", help="Also time one process.")
     a = ap.parse_args()
+    runs = published.load_runs(a.csv)
     t0 = time.perf_counter()
-    results = published.evaluate(published.load_runs(a.csv))
+    results = published.evaluate(runs, jobs=a.jobs)
+    took = time.perf_counter() - t0
     if a.per_run:
         print(published.format_runs(results))
         print()
     print(published.format_report(results))
-    print(f"({time.perf_counter() - t0:.1f} s)")
+    print(f"({took:.1f} s over {a.jobs} process(es))")
+    if a.serial_baseline:
+        t0 = time.perf_counter()
+        serial = published.evaluate(runs, jobs=1)
+        alone = time.perf_counter() - t0
+        same = "the same figures" if serial == results else "DIFFERENT figures"
+        print(f"one process: {alone:.1f} s; {alone / took:.2f}x faster over {a.jobs}; {same}")
 
 
 if __name__ == "__main__":

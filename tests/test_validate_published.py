@@ -130,6 +130,17 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
     assert "real vLLM forward passes" in out and "[gpu] decode passes (b300)" in out
 
 
+def test_replays_in_processes_give_the_serial_figures_in_the_runs_order():
+    """`evaluate(jobs=2)` spreads the replays over two spawned processes; each replay is
+    pure, so every figure and the order of the runs are the one-process ones."""
+    runs = pub.load_runs()[::60]  # NIM, NIM-TensorRT-LLM, vLLM and SGLang rows
+    assert len({r.engine for r in runs}) >= 2
+    serial = pub.evaluate(runs, pub.TIERS, "median", jobs=1)
+    spread = pub.evaluate(runs, pub.TIERS, "median", jobs=2)
+    assert spread == serial
+    assert [e.run.id for e in spread["gpu"]] == [r.id for r in runs]
+
+
 def test_cli_refuses_bad_combinations(capsys):
     code, _, err = run_cli(capsys, "validate", "--published", "--measure", "p90")
     assert code == 2 and "--measure" in err and "published, median" in err

@@ -1,11 +1,23 @@
-"""Linux /proc/PID/stat, read once for everyone who must tell a live process from a
-recycled pid: the store (is a run's writer alive?) and the engine launcher (which
-processes belong to an engine?). proc(5) numbers the fields from 1: pid, (comm), state,
-ppid, pgrp, ... starttime is field 22, in clock ticks since boot."""
+"""What Linux says about processes, read in one place. /proc/PID/stat, for everyone who
+must tell a live process from a recycled pid: the store (is a run's writer alive?) and the
+engine launcher (which processes belong to an engine?). proc(5) numbers the fields from 1:
+pid, (comm), state, ppid, pgrp, ... starttime is field 22, in clock ticks since boot. And
+the cores this process may run on, for whoever sizes a pool of workers."""
 
 from __future__ import annotations
 
-__all__ = ["stat_fields"]
+import os
+
+__all__ = ["stat_fields", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask: a container's or `taskset`'s
+    limit, not the machine's count); os.cpu_count() where the mask cannot be read."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def stat_fields(pid: int | str) -> list[str] | None:

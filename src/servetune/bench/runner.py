@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import math
 import multiprocessing as mp
-import os
 import secrets
 import time
 from collections import Counter, deque
@@ -34,6 +33,7 @@ from servetune.bench.sessions import SessionConfig, SessionWorker, session_confi
 from servetune.bench.worker import Item, Worker, WorkerConfig, WorkerStats, process_main
 from servetune.metrics.compute import apply_memory_slo, client_warnings, compute_metrics
 from servetune.metrics.turns import apply_turn_slo
+from servetune.procfs import usable_cores
 from servetune.results.files import RecordLog
 from servetune.results.schema import ClientInfo, Load, RequestRecord, RunResult
 from servetune.results.schema import Target as RunTarget
@@ -100,9 +100,7 @@ class BenchInterrupted(Exception):
 
 
 def auto_workers(spec: WorkloadSpec) -> int:
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
+    cores = usable_cores()
     arr = spec.arrival
     if arr.open_loop:
         need = (arr.rate or 1.0) / AUTO_RATE_PER_WORKER

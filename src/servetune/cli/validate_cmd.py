@@ -73,11 +73,20 @@ def validate(
         help="With --published: 'published' reads each run at its source's statistic (a "
         "mean as a mean); 'median' at the simulated median (issue 15's held-out measure).",
     ),
+    jobs: int = typer.Option(
+        None,
+        "--jobs",
+        min=1,
+        help="With --published: processes to replay the runs in (default: the cores "
+        "this process may use).",
+    ),
 ) -> None:
     if published or published_file:
         if runs or live:
             raise InputError("--published", "give --published alone, not with --runs/--live", None)
-        _published(published_file, tier or None, per_run, as_json, measure)
+        from servetune.procfs import usable_cores
+
+        _published(published_file, tier or None, per_run, as_json, measure, jobs or usable_cores())
         return
     from servetune import validate as v
     from servetune.sim.profile import load_profile, load_results, save_profile
@@ -133,7 +142,12 @@ VERDICT_LINES = {
 
 
 def _published(
-    path: str | None, tiers: list[str] | None, per_run: bool, as_json: bool, measure: str
+    path: str | None,
+    tiers: list[str] | None,
+    per_run: bool,
+    as_json: bool,
+    measure: str,
+    jobs: int,
 ) -> None:
     """`validate --published`: every published run simulated under each tier; median
     |error| of TTFT and TPOT per tier, per role (fit / check rows) and per model x GPU."""
@@ -149,7 +163,7 @@ def _published(
         raise InputError(
             "--measure", f"unknown measure {measure!r}", f"use one of {', '.join(pub.MEASURES)}"
         )
-    results = pub.evaluate(pub.load_runs(path), tiers or pub.TIERS, measure)
+    results = pub.evaluate(pub.load_runs(path), tiers or pub.TIERS, measure, jobs)
     # the packaged set also carries real forward passes, checked step by step
     steps = st.evaluate_steps(st.load_steps(), tiers or pub.TIERS) if path is None else {}
     if as_json:

@@ -41,6 +41,7 @@ from pathlib import Path
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
 from servetune.paths import cache_root
+from servetune.procfs import usable_cores
 
 LOCAL_NAMES = ("local", "this-host")
 _COPY_BYTES = 128 * 2**20  # per thread: far beyond any L3 slice
@@ -152,10 +153,7 @@ class HostMeasurement:
 
 def cpu_facts() -> dict[str, object]:
     """Cores this process may use, CPU model, flags and memory (Linux /proc)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     model, flags = "unknown CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

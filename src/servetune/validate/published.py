@@ -248,10 +248,39 @@ def by_key(errors: Iterable[RunError], key: str) -> dict[str, Summary]:
 
 
 def evaluate(
-    runs: Sequence[PublishedRun], tiers: Sequence[str] = TIERS, measure: str = "published"
+    runs: Sequence[PublishedRun],
+    tiers: Sequence[str] = TIERS,
+    measure: str = "published",
+    jobs: int = 1,
 ) -> dict[str, list[RunError]]:
-    """Every run under every tier, read at `measure`."""
-    return {t: [simulate_run(r, t, measure) for r in runs] for t in tiers}
+    """Every run under every tier, read at `measure`, in the runs' order. With `jobs` > 1
+    the replays run in that many processes: each is independent and pure, and the packaged
+    set is ~940 of them at ~40 ms (35 s on one core). Spawned, not forked: the caller may
+    hold threads (a test server, a live view)."""
+    tasks = [(r, t) for t in tiers for r in runs]
+    workers = min(jobs, len(tasks))
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
+            chunk = max(1, len(tasks) // (4 * workers))
+            done = list(
+                pool.map(
+                    simulate_run,
+                    [r for r, _ in tasks],
+                    [t for _, t in tasks],
+                    [measure] * len(tasks),
+                    chunksize=chunk,
+                )
+            )
+    else:
+        done = [simulate_run(r, t, measure) for r, t in tasks]
+    out: dict[str, list[RunError]] = {t: [] for t in tiers}
+    for e in done:
+        out[e.tier].append(e)
+    return out
 
 
 def _pct(v: float | None, signed: bool = False) -> str:
