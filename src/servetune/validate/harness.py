@@ -128,6 +128,7 @@ def run_blocks(
     engine: str = "vllm",
     say: Callable[[str], None] = lambda s: None,
     keep: Callable[[RunResult], None] = lambda r: None,
+    heldout: Sequence[WorkloadSpec] | None = None,
 ) -> list[RunResult]:
     """All real runs of the harness against one engine, as interleaved blocks
     (calibration r0, held-out r0, calibration r1, ...): the host drifts over minutes, and
@@ -136,11 +137,14 @@ def run_blocks(
     the held-out repeats of 16:01-16:04, and every held-out figure came out 20-35% off;
     so the callers calibrate in every block, cal_repeats = repeats). `cal_repeats=0`
     runs the held-out workloads only (a profile is given);
-    `repeats=0` the calibration sweep only. `keep` sees each run as soon as it is done."""
+    `repeats=0` the calibration sweep only. `keep` sees each run as soon as it is done.
+    `heldout` replaces the held-out workloads (`heldout_cases()`): a test runs only those
+    its assertions read."""
+    held = list(heldout_cases() if heldout is None else heldout)
     runs = []
     for rep in range(max(cal_repeats, repeats)):
         cases = calibration_cases() if rep < cal_repeats else []
-        cases += heldout_cases() if rep < repeats else []
+        cases += held if rep < repeats else []
         for case in cases:
             scrape = not is_calibration(case.name)
             res = bench_real(url, served_model, case, engine, scrape=scrape, repeat=rep)
