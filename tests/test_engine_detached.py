@@ -75,8 +75,11 @@ def fake_engines():
             ["bash", "-c", f"{script} wait"], start_new_session=True, stdout=subprocess.DEVNULL
         )
         started.append(proc)
-        # leader + two sleeps in the group, and the `setsid` one outside it
-        assert wait_for(lambda: len(engine_pids(proc.pid, proc.pid)) >= 4)
+        # leader + two sleeps in the group, and the `setsid` one outside it: wait until it
+        # has left (setsid(2) runs a moment after the fork; before, it still counts as in)
+        assert wait_for(
+            lambda: len(engine_pids(proc.pid, proc.pid)) >= 4 and len(group_members(proc.pid)) == 3
+        )
         run_id, workdir = detached.new_run_dir(engine)
         srv = SimpleNamespace(
             engine=engine,
