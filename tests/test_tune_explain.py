@@ -105,3 +105,25 @@ def test_two_repeated_configs_are_compared_by_welchs_test() -> None:
     assert said.startswith("+38% on both configs' repetitions; within this host's noise"), said
     said = margin(_ranked(0.3, ci(tight), "w", {}), b, Objective())
     assert said == "+114% on both configs' repetitions", said
+
+
+def test_the_headline_names_the_load_of_its_score_when_it_is_not_the_capacity() -> None:
+    """The main job on a quiet EPYC host: 1.86 req/s/GPU at 1 user, 1.37 at 2 (still within
+    the SLO, so the capacity is 2). The headline said "1.86 ... at a capacity of 2 users",
+    a figure the capacity's own point did not reach."""
+    from servetune.tune.explain import explain
+    from servetune.tune.objective import Objective
+
+    points = [
+        PointResult("concurrency", 1.0, True, req_s=1.86, completed=6),
+        PointResult("concurrency", 2.0, True, req_s=1.37, completed=6),
+    ]
+    win = _trial(points, capacity=2.0)
+    win.score, win.best = 1.86, points[0]
+    line = explain(win, [win], None, Objective(), [])[0]
+    assert (
+        line == "best goodput per GPU: 1.86 req/s/GPU at 1 users (capacity 2 users within the SLO)"
+    )
+    win.score, win.best = 1.37, points[1]  # the capacity's point is the best one
+    line = explain(win, [win], None, Objective(), [])[0]
+    assert line == "best goodput per GPU: 1.37 req/s/GPU at a capacity of 2 users within the SLO"

@@ -135,7 +135,15 @@ def explain(
     line = f"best {objective.label}: {objective.show(score)}"
     if winner.capacity is not None and objective.searches_capacity:
         unit = "users" if winner.best and winner.best.load_kind == "concurrency" else "req/s"
-        line += f" at a capacity of {winner.capacity:.3g} {unit} within the SLO"
+        cap_at = winner.capacity if winner.capacity_load is None else winner.capacity_load
+        if winner.best and winner.best.load != cap_at:
+            # the score is the best passing point's, which need not be the capacity's
+            # (a host past its sweet spot serves less at its capacity): name both loads
+            line += (
+                f" at {_load(winner.best)} (capacity {winner.capacity:.3g} {unit} within the SLO)"
+            )
+        else:
+            line += f" at a capacity of {winner.capacity:.3g} {unit} within the SLO"
         evidence = steady.evidence_text(winner.best.signals) if winner.best else None
         line += f" ({evidence})" if evidence else ""
     if winner.ci:
