@@ -1,7 +1,8 @@
 """The simulator's GPU tiers against published GPU serving runs (the visible fidelity set,
 src/servetune/data/published/gpu_runs.csv and sglang_runs.csv): median |error| of TTFT and
 TPOT per tier, per role (rows used to set a figure vs rows only checked), per engine (vLLM,
-NIM, NIM on TensorRT-LLM, SGLang) and per model x GPU, with the share of runs within 25%.
+NIM, NIM on TensorRT-LLM, SGLang) and per model x GPU, with the share of runs within 25%;
+then the real forward passes step by step (vLLM's on B300, servetune's own on an H200).
 The same figures as `servetune validate --published`; prints, asserts nothing. No engine,
 no GPU: ~40 s on one core, replayed over the cores this process may use (`--jobs`).
 `--serial-baseline` also replays them in this process alone and prints the speed-up and
@@ -17,7 +18,7 @@ import argparse
 import time
 
 from servetune.procfs import usable_cores
-from servetune.validate import published
+from servetune.validate import published, steps
 
 
 def main() -> None:
@@ -36,6 +37,9 @@ def main() -> None:
         print()
     print(published.format_report(results))
     print(f"({took:.1f} s over {a.jobs} process(es))")
+    if a.csv is None:  # the packaged set's forward passes, step by step (validate.steps)
+        print()
+        print(steps.format_steps(steps.evaluate_steps(steps.load_steps(), published.TIERS)))
     if a.serial_baseline:
         t0 = time.perf_counter()
         serial = published.evaluate(runs, jobs=1)

@@ -127,19 +127,26 @@ class GpuStepModel(StepModel):
         decoders plus at least one prefilling request when it has prefill tokens."""
         tokens = prefill_tokens + decode_seqs
         seqs = decode_seqs + (1 if prefill_tokens else 0)
-        n = max(seqs, 1)
+        return (
+            self.cpu_step_s
+            + self.cpu_per_seq_s * seqs
+            + self.kernels_s(prefill_tokens, decode_seqs, kv_read_tokens, attn_pairs)
+            + self.allreduce_step_s(tokens)
+        )
+
+    def kernels_s(
+        self, prefill_tokens: int, decode_seqs: int, kv_read_tokens: float, attn_pairs: float
+    ) -> float:
+        """One GPU's kernels of a step: `time_s` without the engine's CPU side and the
+        all-reduces, what a forward pass timed on one GPU holds (validate.steps' device
+        rows)."""
+        tokens = prefill_tokens + decode_seqs
+        n = max(decode_seqs + (1 if prefill_tokens else 0), 1)
         attn = max(
             self.kv_read_s(n).time_s(kv_read_tokens, n),
             self.pairs_cost.time_s(attn_pairs, max(tokens, 1)),
         )
-        return (
-            self.cpu_step_s
-            + self.layers_floor_s
-            + self.cpu_per_seq_s * seqs
-            + self.linear_s(tokens)
-            + attn
-            + self.allreduce_step_s(tokens)
-        )
+        return self.layers_floor_s + self.linear_s(tokens) + attn
 
     def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:
         """A decode-only step of `batch` sequences against its context sum x:
