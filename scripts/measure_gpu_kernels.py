@@ -13,12 +13,17 @@ Measured, each as vLLM runs it on a GPU:
 - the launch gap of one kernel replayed from a CUDA graph (what `per_layer_us` carries);
 - HBM copy bandwidth;
 - causal prefill attention (torch SDPA's cuDNN and FlashAttention-2 backends);
-- whole forward passes of one GPU's shard of Llama-3.1-8B (bf16 and FP8, TP 1 and 4):
-  decode, prefill and mixed steps.
+- whole forward passes of one GPU's shard of Llama-3.1-8B (bf16 and FP8, TP 1 and 4),
+  Llama-3.1-70B (FP8, TP 2 and 8) and Qwen3-32B (bf16, TP 2 and 8): decode, prefill and
+  mixed steps;
+- a breakdown of lone prefills (whole, cuDNN attention, no attention, GEMMs alone);
+- one GEMM sustained for 2 ms to 2 s, with the SM clock and power sampled (NVML).
 
 Needs only PyTorch with CUDA (not servetune: the GPU machine has no servetune
-dependencies). Writes one JSON file (parts: kernels, steps; both by default):
-    python scripts/measure_gpu_kernels.py OUT.json [kernels] [steps]
+dependencies). Writes one JSON file (parts: kernels, steps or steps:MODEL:TP:DTYPE,
+breakdown:MODEL:TP:DTYPE, sustained; kernels and steps by default):
+    python scripts/measure_gpu_kernels.py OUT.json [kernels] [steps | steps:llama-3.1-70b:2:fp8 ...]
+        [breakdown:qwen3-32b:2:bf16 ...]
 """
 
 from __future__ import annotations
@@ -41,9 +46,21 @@ MODELS = {
     "qwen3-32b": (5120, 64, 8, 128, 25600),
 }
 TPS = {"llama-3.1-8b": (1, 4), "llama-3.1-70b": (1, 2, 4, 8), "qwen3-32b": (1, 2, 4, 8)}
+# layers, vocabulary; Qwen3 also normalises each query and key head (q_norm, k_norm)
+DEPTH = {"llama-3.1-8b": (32, 128256), "llama-3.1-70b": (80, 128256), "qwen3-32b": (64, 151936)}
 M_ROWS = (1, 8, 32, 128, 512, 2048, 8192)
-# Whole forward passes: the issue's small-model row (Llama-3.1-8B FP8 at TP4) and TP1
-STEP_CONFIGS = (("llama-3.1-8b", 1, "bf16"), ("llama-3.1-8b", 1, "fp8"), ("llama-3.1-8b", 4, "fp8"))
+# Whole forward passes: the issue's small-model row (Llama-3.1-8B FP8 at TP4) and TP1, and
+# the held-out set's larger models on one GPU's shard (`steps` runs them all; `steps:MODEL:
+# TP:DTYPE` one)
+STEP_CONFIGS = (
+    ("llama-3.1-8b", 1, "bf16"),
+    ("llama-3.1-8b", 1, "fp8"),
+    ("llama-3.1-8b", 4, "fp8"),
+    ("llama-3.1-70b", 2, "fp8"),
+    ("llama-3.1-70b", 8, "fp8"),
+    ("qwen3-32b", 2, "bf16"),
+    ("qwen3-32b", 8, "bf16"),
+)
 L2_BYTES = 60 * 2**20  # H100/H200 L2 (50/60 MB); the weights cycled must exceed it
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
@@ -263,7 +280,11 @@ def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 
 def model_steps(
-    model: str = "llama-3.1-8b", tp: int = 1, dtype: str = "bf16", ctx: int = 2048
+    model: str = "llama-3.1-8b",
+    tp: int = 1,
+    dtype: str = "bf16",
+    ctx: int = 2048,
+    breakdown: bool = False,
 ) -> list[dict]:
     """Whole forward passes of one GPU's `tp`-way shard of `model` (random weights; bf16,
     or FP8 weights with per-token activation quantisation in one compiled kernel), as vLLM
@@ -271,10 +292,12 @@ def model_steps(
     steps: decodes of B sequences with `ctx` tokens of KV each (each KV head's query heads
     as its rows), lone causal prefills of T tokens, and mixed steps (a prefill chunk
     beside B decodes, chunked prefill). All-reduces are not run (one GPU). The LM head is
-    timed apart: vLLM computes logits for one token a sequence."""
+    timed apart: vLLM computes logits for one token a sequence. `breakdown`: lone prefills
+    only, whole and without attention or without anything but the GEMMs."""
     h, nq, nkv, d, ffn = MODELS[model]
     nq, nkv, ffn = nq // tp, max(nkv // tp, 1), ffn // tp
-    layers, vocab = 32, 128256
+    layers, vocab = DEPTH[model]
+    qk_norm = model.startswith("qwen3")
     add_rms, rms, rope, silu_mul = (
         torch.compile(f, dynamic=True) for f in (_add_rms, _rms, _rope, _silu_mul)
     )
@@ -295,21 +318,31 @@ def model_steps(
         )
 
     norm = torch.ones(h, device="cuda", dtype=torch.bfloat16)
+    head_norm = torch.ones(d, device="cuda", dtype=torch.bfloat16)
     head = torch.randn(vocab // tp, h, device="cuda", dtype=torch.bfloat16) * 0.02
     group = nq // nkv
     rows: list[dict] = []
     tag = {"model": model, "tp": tp, "dtype": dtype}
 
-    def forward(x: torch.Tensor, attend) -> torch.Tensor:
+    def forward(x: torch.Tensor, attend, gemms_only: bool = False) -> torch.Tensor:
+        """The shard's layers; `gemms_only` leaves out everything but the GEMMs (a
+        breakdown's baseline: the activations pass through unnormalised)."""
         t = x.shape[0]
         cos = torch.ones(t, 1, d // 2, device="cuda")
         sin = torch.zeros(t, 1, d // 2, device="cuda")
         res = torch.zeros_like(x)
         for i, (wqkv, wo, wgu, wd) in enumerate(ws):
+            if gemms_only:
+                qkv = linear(x, wqkv)
+                y = linear(qkv[:, : nq * d].contiguous(), wo)
+                x = linear(linear(y, wgu)[:, :ffn].contiguous(), wd)
+                continue
             y, res = add_rms(x, res, norm)
             q, k, v = linear(y, wqkv).split((nq * d, nkv * d, nkv * d), dim=-1)
-            q = rope(q.view(t, nq, d), cos, sin)
-            k = rope(k.view(t, nkv, d), cos, sin)
+            q, k = q.reshape(t, nq, d), k.reshape(t, nkv, d)
+            if qk_norm:
+                q, k = rms(q, head_norm), rms(k, head_norm)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
             o = attend(i, q, k, v.view(t, nkv, d))
             y, res = add_rms(linear(o.reshape(t, nq * d), wo), res, norm)
             x = linear(silu_mul(linear(y, wgu)), wd)
@@ -325,6 +358,21 @@ def model_steps(
         )
         return o.squeeze(0).transpose(0, 1)
 
+    def cudnn_causal(i, q, k, v):
+        """cuDNN's fused attention (FlashAttention-3 class on Hopper), the KV heads repeated
+        to the query heads (it takes no grouped heads)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0),
+                k.transpose(0, 1).unsqueeze(0),
+                v.transpose(0, 1).unsqueeze(0),
+                is_causal=True,
+            )
+        return o.squeeze(0).transpose(0, 1)
+
     def timed(row: dict, fn, replays: int) -> None:
         try:
             row["us"] = round(graph_time_us(fn, 1, replays=replays), 1)
@@ -332,6 +380,21 @@ def model_steps(
             row["error"] = str(e)[:300]
         rows.append(row)
         print(json.dumps(row), flush=True)
+
+    if breakdown:
+        # lone prefills four ways: whole (with cuDNN's attention too); attention replaced
+        # by its input (the difference is attention in the forward pass); GEMMs alone (the
+        # further difference is the norms, RoPE, SiLU x mul and residual adds between them)
+        for tokens in (512, 2048, 8192):
+            x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
+            for kind, fn in (
+                ("prefill", lambda i, x=x: forward(x, lambda i, q, k, v: causal(q, k, v))),
+                ("prefill_cudnn_attention", lambda i, x=x: forward(x, cudnn_causal)),
+                ("prefill_no_attention", lambda i, x=x: forward(x, lambda i, q, k, v: q)),
+                ("prefill_gemms_only", lambda i, x=x: forward(x, None, gemms_only=True)),
+            ):
+                timed({**tag, "kind": kind, "tokens": tokens}, fn, 3)
+        return rows
 
     for batch, prefill in ((1, 0), (8, 0), (32, 0), (128, 0), (128, 2560), (32, 2048)):
         kc = [
@@ -367,6 +430,58 @@ def model_steps(
     return rows
 
 
+def sustained_gemm() -> list[dict]:
+    """One GEMM replayed back to back for ~2 ms, ~20 ms, ~200 ms and ~2 s of GPU time, with
+    the SM clock and power sampled meanwhile (NVML): whether a long prefill's GEMMs run at
+    the clocks that short timings (the packaged tables') see."""
+    import threading
+
+    import pynvml  # nvidia-ml-py
+
+    pynvml.nvmlInit()
+    dev = pynvml.nvmlDeviceGetHandleByIndex(0)
+    rows = []
+    for n, k, m in ((28672, 4096, 2048), (57344, 8192, 8192)):
+        w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+        def gemm(i: int, x=x, w=w) -> torch.Tensor:
+            return F.linear(x, w[i % 2])
+
+        one_us = graph_time_us(gemm, 4)
+        for target_ms in (2, 20, 200, 2000):
+            calls = max(2, int(target_ms * 1000 / one_us))
+            samples: list[tuple[int, float]] = []
+            stop = threading.Event()
+
+            def sample(samples=samples, stop=stop) -> None:
+                while not stop.is_set():
+                    clock = pynvml.nvmlDeviceGetClockInfo(dev, pynvml.NVML_CLOCK_SM)
+                    watts = pynvml.nvmlDeviceGetPowerUsage(dev) / 1000
+                    samples.append((clock, watts))
+                    time.sleep(0.005)
+
+            # idle first, so every length starts from a cool, boosted GPU
+            torch.cuda.synchronize()
+            time.sleep(1.0)
+            t = threading.Thread(target=sample)
+            t.start()
+            us = graph_time_us(gemm, calls, replays=1)
+            stop.set()
+            t.join()
+            clocks = [c for c, _ in samples] or [0]
+            watts = [p for _, p in samples] or [0.0]
+            row = {
+                "n": n, "k": k, "m": m, "calls": calls, "us_per_call": round(us, 2),
+                "tflops": round(2 * m * n * k / us / 1e6, 1),
+                "sm_mhz_min": min(clocks), "sm_mhz_median": sorted(clocks)[len(clocks) // 2],
+                "watts_max": round(max(watts), 1),
+            }  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     out, parts = sys.argv[1], set(sys.argv[2:]) or {"kernels", "steps"}
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -394,11 +509,17 @@ def main() -> None:
         print(json.dumps(result["launch_gap"]), flush=True)
         result["prefill_attention"] = prefill_attention()
         result["gemm"] = gemm_rows()
+    if "sustained" in parts:
+        result["sustained_gemm"] = sustained_gemm()
+    picked = [p.split(":") for p in parts if p.startswith(("steps:", "breakdown:"))]
+    configs = [(p[1], int(p[2]), p[3], p[0] == "breakdown") for p in picked]
     if "steps" in parts:
+        configs += [(m, t, d, False) for m, t, d in STEP_CONFIGS]
+    if configs:
         result["model_steps"] = []
-        for model, tp, dtype in STEP_CONFIGS:
+        for model, tp, dtype, breakdown in configs:
             try:
-                result["model_steps"] += model_steps(model, tp, dtype)
+                result["model_steps"] += model_steps(model, tp, dtype, breakdown=breakdown)
             except Exception as e:  # the figures above are kept whatever happens here
                 print(f"{model} tp{tp} {dtype}: {e!r}"[:500], flush=True)
             torch.cuda.empty_cache()

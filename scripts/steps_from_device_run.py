@@ -40,7 +40,7 @@ def rows(run: dict) -> list[dict]:
     out = []
     steps = run["model_steps"]
     for s in steps:
-        if s["kind"] == "lm_head" or "us" not in s:
+        if s["kind"] not in ("decode", "prefill", "mixed") or "us" not in s:
             continue
         cfg = (s["model"], s["tp"], s["dtype"])
         heads = {

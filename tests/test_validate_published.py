@@ -122,8 +122,8 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         assert "nim: llama-3.1-70b x h100-sxm" in figs["by_group"]
         assert "nim-trtllm: llama-3.1-70b x h100-sxm" in figs["by_group"]
         # the real forward passes, each with its figures: vLLM's 28 under every tier,
-        # servetune's 27 H200 passes (kernels alone) only where the tier prices them apart
-        assert len(figs["steps"]) == (55 if tier == "gpu" else 28)
+        # servetune's 63 H200 passes (kernels alone) only where the tier prices them apart
+        assert len(figs["steps"]) == (91 if tier == "gpu" else 28)
         assert all(x["sim_ms"] > 0 and x["measured_ms"] > 0 for x in figs["steps"])
     code, out, _ = run_cli(capsys, "validate", "--published", "--tier", "gpu")
     assert code == 0

@@ -25,7 +25,7 @@ DEVICE = [p for p in ALL if p.engine == "torch"]
 
 
 def test_every_row_names_its_source_and_a_known_model_and_gpu():
-    assert len(POINTS) == 28 and len(DEVICE) == 27
+    assert len(POINTS) == 28 and len(DEVICE) == 63
     assert {p.tp for p in POINTS} == {1, 2, 4, 8}
     for p in POINTS:
         assert p.source.startswith("https://github.com/ai-dynamo/aiconfigurator/blob/")
@@ -108,19 +108,28 @@ def test_a_device_row_is_priced_as_the_tiers_kernels_alone():
 
 
 def test_the_gpu_tier_on_the_h200_forward_passes_stays_where_the_docs_say():
-    """docs/fidelity-gpu.md: in bf16 at TP1 every pass within 13% (decode -12..+5%,
-    prefill -5..-7%, mixed -11..-13%); over all 27 rows the tier is faster than the
-    PyTorch stack (median -12%), most where torch's FP8 GEMMs are weakest (FP8 decode at 1-8
-    sequences, -31..-41%)."""
+    """docs/fidelity-gpu.md: over the 63 passes (Llama-3.1-8B bf16/FP8 at TP1/TP4,
+    Llama-3.1-70B FP8 at TP2/TP8, Qwen3-32B bf16 at TP2/TP8) the tier is faster than the
+    PyTorch stack, never slower by more than 5%: decode -18%, prefill -14%, mixed -23%
+    (median). Llama-3.1-8B bf16 at TP1 within 13% on every pass; 128-sequence bf16 decodes
+    within 10% on every model; the widest misses where torch's FP8 GEMMs are weakest (FP8
+    decode at 1-8 sequences, -31..-45%)."""
     errs = evaluate_steps(DEVICE, ["gpu"])["gpu"]
-    assert len(errs) == 27
-    bf16 = [e.err for e in errs if not e.point.quantization]
-    assert len(bf16) == 9 and max(abs(x) for x in bf16) < 15
-    xs = [e.err for e in errs]
-    assert -16 <= statistics.median(xs) <= -8 and statistics.median(abs(x) for x in xs) <= 16
+    assert len(errs) == 63 and max(e.err for e in errs) <= 5
+    for kind, bias in (("decode", -18), ("prefill", -14), ("mixed", -23)):
+        xs = [e.err for e in errs if e.point.kind == kind]
+        assert abs(statistics.median(xs) - bias) <= 3, kind
+    l8 = [e.err for e in errs if e.point.model == "llama-3.1-8b" and not e.point.quantization]
+    assert len(l8) == 9 and max(abs(x) for x in l8) < 15
+    big = [
+        e.err
+        for e in errs
+        if not e.point.quantization and e.point.kind == "decode" and e.point.decode_seqs == 128
+    ]
+    assert len(big) == 3 and max(abs(x) for x in big) < 10
     small_fp8 = [
         e.err
         for e in errs
         if e.point.quantization and e.point.decode_seqs <= 8 and e.point.kind == "decode"
     ]
-    assert len(small_fp8) == 4 and all(-45 < x < -25 for x in small_fp8)
+    assert len(small_fp8) == 8 and all(-46 < x < -25 for x in small_fp8)
