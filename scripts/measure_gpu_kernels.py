@@ -21,7 +21,7 @@ Measured, each as vLLM runs it on a GPU:
 
 Needs only PyTorch with CUDA (not servetune: the GPU machine has no servetune
 dependencies). Writes one JSON file (parts: kernels, steps or steps:MODEL:TP:DTYPE,
-breakdown:MODEL:TP:DTYPE, sustained; kernels and steps by default):
+breakdown:MODEL:TP:DTYPE, sustained, sustained_more; kernels and steps by default):
     python scripts/measure_gpu_kernels.py OUT.json [kernels] [steps | steps:llama-3.1-70b:2:fp8 ...]
         [breakdown:qwen3-32b:2:bf16 ...]
 """
@@ -430,10 +430,22 @@ def model_steps(
     return rows
 
 
-def sustained_gemm() -> list[dict]:
+SUSTAINED = (  # (N, K, M rows, dtype): compute-bound prefill GEMMs, and decode-sized ones
+    (28672, 4096, 2048, "bf16"),
+    (57344, 8192, 8192, "bf16"),
+)
+SUSTAINED_MORE = (
+    (57344, 8192, 8192, "fp8"),
+    (28672, 8192, 2048, "fp8"),
+    (57344, 8192, 128, "bf16"),
+    (57344, 8192, 128, "fp8"),
+)
+
+
+def sustained_gemm(specs=SUSTAINED) -> list[dict]:
     """One GEMM replayed back to back for ~2 ms, ~20 ms, ~200 ms and ~2 s of GPU time, with
     the SM clock and power sampled meanwhile (NVML): whether a long prefill's GEMMs run at
-    the clocks that short timings (the packaged tables') see."""
+    the clocks that short timings (the packaged tables') see. FP8: the scaled GEMM alone."""
     import threading
 
     import pynvml  # nvidia-ml-py
@@ -441,11 +453,20 @@ def sustained_gemm() -> list[dict]:
     pynvml.nvmlInit()
     dev = pynvml.nvmlDeviceGetHandleByIndex(0)
     rows = []
-    for n, k, m in ((28672, 4096, 2048), (57344, 8192, 8192)):
+    for n, k, m, dtype in specs:
         w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        if dtype == "fp8":
+            w = [v.to(torch.float8_e4m3fn) for v in w]
+            x = x.to(torch.float8_e4m3fn)
+        sx = torch.ones(m, 1, device="cuda")
+        sw = torch.ones(1, n, device="cuda")
 
-        def gemm(i: int, x=x, w=w) -> torch.Tensor:
+        def gemm(i: int, x=x, w=w, sx=sx, sw=sw, dtype=dtype) -> torch.Tensor:
+            if dtype == "fp8":
+                return torch._scaled_mm(
+                    x, w[i % 2].t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16
+                )
             return F.linear(x, w[i % 2])
 
         one_us = graph_time_us(gemm, 4)
@@ -472,7 +493,7 @@ def sustained_gemm() -> list[dict]:
             clocks = [c for c, _ in samples] or [0]
             watts = [p for _, p in samples] or [0.0]
             row = {
-                "n": n, "k": k, "m": m, "calls": calls, "us_per_call": round(us, 2),
+                "n": n, "k": k, "m": m, "dtype": dtype, "calls": calls, "us_per_call": round(us, 2),
                 "tflops": round(2 * m * n * k / us / 1e6, 1),
                 "sm_mhz_min": min(clocks), "sm_mhz_median": sorted(clocks)[len(clocks) // 2],
                 "watts_max": round(max(watts), 1),
@@ -511,6 +532,8 @@ def main() -> None:
         result["gemm"] = gemm_rows()
     if "sustained" in parts:
         result["sustained_gemm"] = sustained_gemm()
+    if "sustained_more" in parts:
+        result["sustained_gemm"] = sustained_gemm(SUSTAINED_MORE)
     picked = [p.split(":") for p in parts if p.startswith(("steps:", "breakdown:"))]
     configs = [(p[1], int(p[2]), p[3], p[0] == "breakdown") for p in picked]
     if "steps" in parts:

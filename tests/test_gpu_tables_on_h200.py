@@ -112,15 +112,23 @@ def test_a_graph_replayed_kernel_costs_under_a_microsecond_of_gap():
 
 def test_sustained_gemms_run_at_the_clocks_the_power_limit_leaves():
     """Short timings (the tables', ours above) see the boost clock, 1,980 MHz. Back to
-    back for 200 ms or more, compute-bound bf16 GEMMs draw the H200 to its 700 W limit,
-    the SM clock falls to ~1,455-1,485 MHz, and the GEMMs run at 0.81-0.88 of their short
-    rate (0.83-0.84 after 2 s). Not priced: docs/fidelity-gpu.md says why."""
+    back for 200 ms or more, GEMMs draw the H200 to its 700 W limit and the SM clock falls
+    to ~1,350-1,485 MHz (median). Compute-bound GEMMs (2,048-8,192 rows) then run at
+    0.83-0.85 of their short rate in bf16 and FP8 alike; decode-sized ones (128 rows, the
+    weight stream) lose less, 0.91-0.95. Not priced: docs/fidelity-gpu.md says why."""
     rows = RUN["sustained_gemm"]
-    for shape in {(r["n"], r["k"], r["m"]) for r in rows}:
+    shapes = {(r["n"], r["k"], r["m"], r["dtype"]) for r in rows}
+    assert len(shapes) == 6 and {s[3] for s in shapes} == {"bf16", "fp8"}
+    for shape in shapes:
         runs = sorted(
-            (r for r in rows if (r["n"], r["k"], r["m"]) == shape), key=lambda r: r["calls"]
+            (r for r in rows if (r["n"], r["k"], r["m"], r["dtype"]) == shape),
+            key=lambda r: r["calls"],
         )
         short, longest = runs[0], runs[-1]
         assert short["sm_mhz_median"] == 1980 and longest["sm_mhz_median"] < 1500
         assert longest["watts_max"] >= 690
-        assert 0.80 <= longest["tflops"] / short["tflops"] <= 0.88
+        kept = longest["tflops"] / short["tflops"]
+        if shape[2] >= 2048:
+            assert 0.81 <= kept <= 0.86, shape
+        else:
+            assert 0.90 <= kept <= 0.96, shape
