@@ -143,25 +143,21 @@ def time_gemm(row: dict, w16: list, w8: list, sw: torch.Tensor) -> None:
     def bf16(i: int) -> torch.Tensor:
         return F.linear(x16, w16[i % copies])
 
-    def fp8_noquant(i: int) -> torch.Tensor:
-        return torch._scaled_mm(
-            x8, w8[i % copies].t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16
-        )
-
-    def fp8(i: int) -> torch.Tensor:
-        # vLLM's dynamic per-token activation quantisation, then the scaled GEMM
-        s = x16.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-6) / FP8_MAX
-        xq = (x16.float() / s).to(torch.float8_e4m3fn)
+    def scaled(i: int, xq: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return torch._scaled_mm(
             xq, w8[i % copies].t(), scale_a=s, scale_b=sw, out_dtype=torch.bfloat16
         )
+
+    def fp8_noquant(i: int) -> torch.Tensor:
+        return scaled(i, x8, sx)
+
+    def fp8(i: int) -> torch.Tensor:
+        # vLLM's dynamic per-token activation quantisation as unfused torch ops, then the GEMM
+        return scaled(i, *_quant(x16))
 
     def fp8_fused(i: int) -> torch.Tensor:
         # the same with the quantisation in one compiled kernel, as vLLM's own
-        xq, s = quant_fused(x16)
-        return torch._scaled_mm(
-            xq, w8[i % copies].t(), scale_a=s, scale_b=sw, out_dtype=torch.bfloat16
-        )
+        return scaled(i, *quant_fused(x16))
 
     calls = calls_for(m, row["n"], k)
     variants = (

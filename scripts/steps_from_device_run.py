@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
+
+import numpy as np
+
+from servetune.sim.gpu_kernels import at_m
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "src/servetune/data/published"
 RUN = "h200_device_run.json"
@@ -25,15 +28,10 @@ FIELDS = [
 
 
 def head_us(heads: dict[int, float], rows: int) -> float:
-    """The LM head's time at `rows` rows, linear in log rows between the timed ones."""
+    """The LM head's time at `rows` rows, read between the timed ones as the gpu tier reads
+    its GEMM tables (`gpu_kernels.at_m`: log time against log rows)."""
     ms = sorted(heads)
-    rows = min(max(rows, ms[0]), ms[-1])
-    hi = next(m for m in ms if m >= rows)
-    lo = max(m for m in ms if m <= rows)
-    if hi == lo:
-        return heads[lo]
-    f = (math.log(rows) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return heads[lo] + f * (heads[hi] - heads[lo])
+    return at_m(np.array(ms, dtype=float), np.array([heads[m] for m in ms]), rows)
 
 
 def rows(run: dict) -> list[dict]:
