@@ -21,6 +21,8 @@ RUN = json.loads(
     )
 )
 TABLE = gemm_table("h200")
+# one-row GEMMs of 8192 x 8192 weights and larger: the weight stream alone
+ONE_ROW = [r for r in RUN["gemm"] if r["m"] == 1 and r["n"] * r["k"] >= 8192 * 8192]
 
 
 def _ratios(key: str, dtype: str) -> dict[int, list[float]]:
@@ -64,9 +66,8 @@ def test_the_fp8_table_holds_where_torch_runs_vllms_kind_of_kernel():
         assert statistics.median(ratios[m]) < 0.75, m
     # the weight stream of torch's FP8 GEMM at one row: 1.4-2.7 TB/s of the H200's 4.8
     bw = get_hardware("h200").bandwidth_bytes_s
-    one_row = [r for r in RUN["gemm"] if r["m"] == 1 and r["n"] * r["k"] >= 8192 * 8192]
-    fp8_share = [r["n"] * r["k"] / (r["fp8_noquant_graph_us"] * 1e-6) / bw for r in one_row]
-    bf16_share = [2 * r["n"] * r["k"] / (r["bf16_graph_us"] * 1e-6) / bw for r in one_row]
+    fp8_share = [r["n"] * r["k"] / (r["fp8_noquant_graph_us"] * 1e-6) / bw for r in ONE_ROW]
+    bf16_share = [2 * r["n"] * r["k"] / (r["bf16_graph_us"] * 1e-6) / bw for r in ONE_ROW]
     assert max(fp8_share) < 0.6 and 0.7 < statistics.median(bf16_share) < 0.9
 
 
@@ -74,8 +75,7 @@ def test_hbm_eff_is_what_16_bit_weight_streaming_reaches():
     """hbm_eff 0.80 (an estimate carried from H100): one-row bf16 GEMMs of 8192 x 8192 and
     larger stream at 0.73-0.89 of the H200's 4.8 TB/s, median ~0.81."""
     bw = get_hardware("h200").bandwidth_bytes_s
-    one_row = [r for r in RUN["gemm"] if r["m"] == 1 and r["n"] * r["k"] >= 8192 * 8192]
-    shares = [2 * r["n"] * r["k"] / (r["bf16_graph_us"] * 1e-6) / bw for r in one_row]
+    shares = [2 * r["n"] * r["k"] / (r["bf16_graph_us"] * 1e-6) / bw for r in ONE_ROW]
     assert len(shares) == 11
     assert statistics.median(shares) == pytest.approx(
         kernel_figures(get_hardware("h200")).hbm_eff, abs=0.03
