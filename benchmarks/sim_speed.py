@@ -2,14 +2,15 @@
 end to end, start-up included; <= 200 MB resident at 100,000 requests).
 
 Workload: input 512 / output 256 tokens, vLLM config max_num_seqs 128 (Llama-3.1-8B on one
-H100, roofline tier), all requests at t=0 and Poisson at ~95% of the capacity measured by the
-t=0 run. Each case runs in a fresh process so start-up (imports, catalogs, planner) and peak
-RSS are its own; "end to end" is `simulate()` returning its RunResult with metrics, timed
-from the first servetune import. Children run on one core (the target's condition; BLAS held
-to one thread) with Python's bytecode cache on, as for an installed package: a warm-up child
-writes it first (PYTHONDONTWRITEBYTECODE=1 would make every run recompile servetune's
-modules, ~0.07 s here). Each case runs --repeat times; the median end-to-end run is shown,
-with the range, because this host's speed drifts. Prints figures; asserts nothing.
+H100, the gpu tier by default, --tier roofline for the other), all requests at t=0 and
+Poisson at ~95% of the capacity measured by the t=0 run. Each case runs in a fresh process
+so start-up (imports, catalogs, planner) and peak RSS are its own; "end to end" is
+`simulate()` returning its RunResult with metrics, timed from the first servetune import.
+Children run on one core (the target's condition; BLAS held to one thread) with Python's
+bytecode cache on, as for an installed package: a warm-up child writes it first
+(PYTHONDONTWRITEBYTECODE=1 would make every run recompile servetune's modules, ~0.07 s
+here). Each case runs --repeat times; the median end-to-end run is shown, with the range,
+because this host's speed drifts. Prints figures; asserts nothing.
 
 With --instructions (needs valgrind) each 10,000-request case also runs once under
 callgrind, which counts the instructions the process executed: the same count for the same

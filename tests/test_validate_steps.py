@@ -110,13 +110,14 @@ def test_a_device_row_is_priced_as_the_tiers_kernels_alone():
 def test_the_gpu_tier_on_the_h200_forward_passes_stays_where_the_docs_say():
     """docs/fidelity-gpu.md: over the 63 passes (Llama-3.1-8B bf16/FP8 at TP1/TP4,
     Llama-3.1-70B FP8 at TP2/TP8, Qwen3-32B bf16 at TP2/TP8) the tier is faster than the
-    PyTorch stack, never slower by more than 5%: decode -18%, prefill -14%, mixed -23%
-    (median). Llama-3.1-8B bf16 at TP1 within 13% on every pass; 128-sequence bf16 decodes
+    PyTorch stack, never slower by more than 5%: decode -18%, prefill -14%, mixed -19%
+    (median; -23% before the GEMMs ran at the sustained clock and the LM head at one row
+    a sequence) Llama-3.1-8B bf16 at TP1 within 13% on every pass; 128-sequence bf16 decodes
     within 10% on every model; the widest misses where torch's FP8 GEMMs are weakest (FP8
     decode at 1-8 sequences, -31..-45%)."""
     errs = evaluate_steps(DEVICE, ["gpu"])["gpu"]
     assert len(errs) == 63 and max(e.err for e in errs) <= 5
-    for kind, bias in (("decode", -18), ("prefill", -14), ("mixed", -23)):
+    for kind, bias in (("decode", -18), ("prefill", -14), ("mixed", -19)):
         xs = [e.err for e in errs if e.point.kind == kind]
         assert abs(statistics.median(xs) - bias) <= 3, kind
     l8 = [e.err for e in errs if e.point.model == "llama-3.1-8b" and not e.point.quantization]

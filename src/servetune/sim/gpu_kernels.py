@@ -37,6 +37,8 @@ class KernelFigures:
     model_gemm_eff: float
     per_layer_s: float
     attn_floor_s: float  # decode attention's floor a layer where no measured line applies
+    # share of a GEMM table's best short-burst rate a GEMM keeps at the power limit
+    sustained_gemm: float
     allreduce_latency_s: dict[int, float]
     allreduce_busbw_bytes_s: dict[int, float]  # by TP size, as the latency
     # measured all-reduce times by TP size against message bytes (allreduce_<gpu>.json)
@@ -108,8 +110,9 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         rule = f"kernel figures for {hw.name} from public measurements (data/gpu/kernels.yaml)"
     else:  # a partial entry: its own figures, the default rule for the rest
         rule = (
-            f"kernel figures for {hw.name}: {', '.join(sorted(own))} measured "
-            "(data/gpu/kernels.yaml), the rest default figures on its datasheet peaks"
+            f"kernel figures for {hw.name}: {', '.join(sorted(own))} its own "
+            "(data/gpu/kernels.yaml, each with its source), the rest default figures on its "
+            "datasheet peaks"
         )
     entry = {**table["default"], **(own or {})}
     ar = entry["allreduce"]
@@ -133,6 +136,7 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
         model_gemm_eff=float(entry["model_gemm_eff"]),
         per_layer_s=float(entry["per_layer_us"]) * 1e-6,
         attn_floor_s=float(entry.get("attn_floor_us", 0.0)) * 1e-6,
+        sustained_gemm=float(entry.get("sustained_gemm", 1.0)),
         allreduce_latency_s={int(k): float(v) * 1e-6 for k, v in ar["latency_us"].items()},
         allreduce_busbw_bytes_s={int(k): float(v) * 1e9 for k, v in busbw.items()},
         allreduce_curve=allreduce_curve(ar["measured"]) if "measured" in ar else None,
@@ -193,6 +197,18 @@ class GemmTable:
     def time_s(self, dtype: str, m: int, n: int, k: int) -> float:
         """Seconds of one GEMM of `m` rows (`at_m` over `curve_s`)."""
         return at_m(self.m, self.curve_s(dtype, n, k), m)
+
+
+def power_capped(grid: np.ndarray, seconds: np.ndarray, kept: float) -> np.ndarray:
+    """A GEMM's short-burst times (`seconds` at the rows `grid`) as a GPU held at its power
+    limit runs them: no faster than `kept` of the shape's best measured rate (FLOPs per
+    second; the fastest time per row). Burst timings run at the boost clock; under a
+    sustained load the clock falls and compute-bound GEMMs keep only `kept` of that rate,
+    while weight-streaming ones, far below it, keep their time (measured on an H200:
+    docs/fidelity-gpu.md, "Sustained GEMMs run slower than short timings")."""
+    if kept >= 1.0:
+        return seconds
+    return np.maximum(seconds, grid * float(np.min(seconds / grid)) / kept)
 
 
 def at_m(grid: np.ndarray, seconds: np.ndarray, m: int) -> float:

@@ -7,28 +7,32 @@ sequences takes
     t = cpu_step + cpu_per_seq x seqs                      engine CPU: schedule, prepare, sample
       + per_layer x layers                                 kernel launch gaps and tails
       + max(weight bytes / (BW x hbm_eff[dtype]),           linear layers
-            FLOPs / (peak x mamf x model_gemm_eff x tile_eff(tokens)))
+            FLOPs / (peak x mamf x model_gemm_eff x sustained x tile_eff(tokens)))
       + max(KV read(seqs, KV tokens), attention FLOPs / (peak16 x fa_eff))
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
 
 - linear layers, on a GPU with a measured GEMM table (data/gpu/gemm_<gpu>.json: H100 SXM,
-  H200 and B300, vLLM 0.24.0's kernels as NVIDIA AIConfigurator timed them) and a dense model
-  in bf16/fp16 or fp8: the sum of the measured times of each layer's four GEMMs (fused QKV,
-  output, fused gate-up, down; per-GPU shards) and the LM head at M = tokens, interpolated
-  between measured shapes (`GemmTable.curve_s`, `at_m`), plus the bytes the elementwise
-  kernels between them move (norms, SiLU x mul, RoPE) at the 16-bit HBM share. Elsewhere
-  the formula: weight-streaming bound at small batches, compute bound from a few hundred
-  tokens on; the compute side at the dtype the GEMMs run in (fp8 on Hopper for FP8
-  checkpoints and `quantization=fp8`, plan.quant.weight_format) at the measured maximum
-  achievable matmul rate (MAMF) times the share a model's own shapes and the elementwise
-  kernels between the GEMMs leave of it (model_gemm_eff), less the rows padded up to whole
-  GEMM tiles. MoE routed experts run as a grouped GEMM: each expert gets tokens x k / E
-  rows, padded on its own to the fused-MoE kernel's tiles (`moe_tile_m`); on a GPU with a
-  measured fused-MoE table (data/gpu/moe_<gpu>.json: H100 SXM and H200, vLLM 0.24.0's
-  kernels as AIConfigurator timed them) that holds the model's shape, they take the
-  measured time instead (`measured_moe`) and the weight stream the other weights. The weight
-  stream's share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`):
-  vLLM's FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
+  H200 and B300, vLLM 0.24.0's kernels as NVIDIA AIConfigurator timed them) and a dense
+  model in bf16/fp16 or fp8: the sum of the measured times of each layer's four GEMMs (fused
+  QKV, output, fused gate-up, down; per-GPU shards) and the LM head at M = sequences (vLLM
+  computes logits at one token a sequence, `lm_head_rows`), interpolated between measured
+  shapes (`GemmTable.curve_s`, `at_m`), each no faster than the share of its best measured
+  rate a GPU held at its power limit keeps (`power_capped`, `sustained_gemm`: the tables
+  time bursts at the boost clock), plus the bytes the elementwise kernels between them move
+  (norms, SiLU x mul, RoPE) at the 16-bit HBM share. Elsewhere the formula: weight-streaming
+  bound at small batches, compute bound from a few hundred tokens on; the compute side at
+  the dtype the GEMMs run in (fp8 on Hopper for FP8 checkpoints and `quantization=fp8`,
+  plan.quant.weight_format) at the measured maximum achievable matmul rate (MAMF) times the
+  share a model's own shapes and the elementwise kernels between the GEMMs leave of it
+  (model_gemm_eff) and the sustained clock's share (`sustained_gemm`), less the rows padded
+  up to whole GEMM tiles; the LM head's FLOPs at the step's sequences, the rest at its
+  tokens. MoE routed experts run as a grouped GEMM: each expert gets tokens x k / E rows,
+  padded on its own to the fused-MoE kernel's tiles (`moe_tile_m`); on a GPU with a measured
+  fused-MoE table (data/gpu/moe_<gpu>.json: H100 SXM and H200, vLLM 0.24.0's kernels as
+  AIConfigurator timed them) that holds the model's shape, they take the measured time
+  instead (`measured_moe`) and the weight stream the other weights. The weight stream's
+  share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`): vLLM's
+  FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
 - attention: decode reads each sequence's KV (`Windowed`): on a GPU with measured decode
   lines (data/gpu/attn_<gpu>.json: H100 SXM, H200, B200, B300: vLLM 0.24.0's kernels as
   AIConfigurator timed them) a floor plus a price per KV token at the step's sequence count,
@@ -70,6 +74,7 @@ from servetune.sim.gpu_kernels import (
     gemm_table,
     kernel_figures,
     moe_table,
+    power_capped,
     tile_efficiency,
 )
 from servetune.sim.steptime import StepModel
@@ -110,7 +115,7 @@ class GpuStepModel(StepModel):
     # callable(sequences) -> Windowed: decode attention's cost of reading the KV cache
     kv_read_s: Any = None
     pairs_cost: Windowed = Windowed(0.0, 0.0)  # per causal (query, key) pair computed
-    linear_s: Any = None  # callable(tokens) -> seconds of the linear layers
+    linear_s: Any = None  # callable(tokens, sequences) -> seconds of the linear layers
     allreduce_step_s: Any = None  # callable(tokens) -> seconds of the step's all-reduces
 
     def time_s(
@@ -146,7 +151,7 @@ class GpuStepModel(StepModel):
             self.kv_read_s(n).time_s(kv_read_tokens, n),
             self.pairs_cost.time_s(attn_pairs, max(tokens, 1)),
         )
-        return self.layers_floor_s + self.linear_s(tokens) + attn
+        return self.layers_floor_s + self.linear_s(tokens, n) + attn
 
     def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:
         """A decode-only step of `batch` sequences against its context sum x:
@@ -159,7 +164,7 @@ class GpuStepModel(StepModel):
                 self.cpu_step_s
                 + self.layers_floor_s
                 + self.cpu_per_seq_s * batch
-                + self.linear_s(batch)
+                + self.linear_s(batch, batch)
                 + self.allreduce_step_s(batch)
             )
             kv0, kv1 = self.kv_read_s(batch).line(batch)
@@ -170,7 +175,7 @@ class GpuStepModel(StepModel):
 
     def extra_passes_s(self, sizes: tuple[int, ...]) -> float:
         """vLLM runs a step as one forward pass; llama.cpp's ubatches never reach here."""
-        return sum(self.linear_s(t) + self.allreduce_step_s(t) for t in sizes)
+        return sum(self.linear_s(t, t) + self.allreduce_step_s(t) for t in sizes)
 
 
 def window_layers(model: ModelSpec) -> tuple[int, int, int]:
@@ -245,7 +250,7 @@ def moe_dtype(fmt: WeightFormat) -> str | None:
 
 
 def measured_moe(
-    model: ModelSpec, fmt: WeightFormat, table: MoeTable | None, tp: int
+    model: ModelSpec, fmt: WeightFormat, table: MoeTable | None, tp: int, kept: float = 1.0
 ) -> tuple[Any, float] | None:
     """The routed experts of every MoE layer from measured fused-MoE times (callable:
     tokens -> seconds) and the expert weight bytes one GPU holds (which the formula's
@@ -268,6 +273,7 @@ def measured_moe(
     bits = fmt.class_bits.get("experts", fmt.body_bits)
     expert_bytes = layers * moe.num_experts * 3 * model.hidden_size * inter * bits / 8 / tp
     grid = table.tokens
+    curve = power_capped(grid, curve, kept)
 
     def experts_s(tokens: int) -> float:
         return layers * at_m(grid, curve, max(int(tokens), 1))
@@ -313,25 +319,41 @@ def shard_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
 
 
 def measured_linear(
-    table: GemmTable, model: ModelSpec, dtype: str, tp: int, stream_bytes_s: float
+    table: GemmTable, model: ModelSpec, dtype: str, tp: int, stream_bytes_s: float, kept: float
 ) -> Any:
-    """Linear layers of a dense model from measured GEMM times (callable: tokens ->
-    seconds): every layer's GEMMs at `dtype` plus the 16-bit LM head (vLLM keeps it
-    unquantised), all at M = tokens, as the formula path prices the head; plus the
-    elementwise kernels between them, streamed at `stream_bytes_s` (the table's FP8 times
-    hold the activation quantisation; the fitted per-layer floor holds every kernel's
-    launch)."""
+    """Linear layers of a dense model from measured GEMM times (callable: tokens, sequences
+    -> seconds): every layer's GEMMs at `dtype` at M = tokens, and the 16-bit LM head
+    (vLLM keeps it unquantised) at M = sequences (`lm_head_rows`); each GEMM no faster than
+    `kept` of its best measured rate (`power_capped`: a loaded GPU at its power limit);
+    plus the elementwise kernels between them, streamed at `stream_bytes_s` (the table's
+    FP8 times hold the activation quantisation; the fitted per-layer floor holds every
+    kernel's launch)."""
+    grid = table.m
     head = (max(model.vocab_size // tp, 1), model.hidden_size)
-    # seconds at each measured M, summed once: a step then reads one curve
-    curve = sum(table.curve_s(dtype, n, k) for n, k in layer_gemms(model, tp))
-    curve = model.num_layers * curve + table.curve_s("bf16", *head)
+    # seconds at each measured M, summed once: a step then reads one curve per M
+    body = sum(
+        power_capped(grid, table.curve_s(dtype, n, k), kept) for n, k in layer_gemms(model, tp)
+    )
+    body = model.num_layers * body
+    head_curve = power_capped(grid, table.curve_s("bf16", *head), kept)
     elementwise_s = model.num_layers * elementwise_bytes_per_token(model, tp) / stream_bytes_s
 
-    def linear(tokens: int) -> float:
+    def linear(tokens: int, seqs: int) -> float:
         t = max(int(tokens), 1)
-        return at_m(table.m, curve, t) + t * elementwise_s
+        return (
+            at_m(grid, body, t)
+            + at_m(grid, head_curve, lm_head_rows(t, seqs))
+            + (t * elementwise_s)
+        )
 
     return linear
+
+
+def lm_head_rows(tokens: int, seqs: int) -> int:
+    """Rows the LM head multiplies in a step: one a sequence, not one a token. vLLM
+    computes logits only at each scheduled request's last token (the model runner's
+    `logits_indices`, partial prefill chunks included, their samples discarded)."""
+    return max(min(int(seqs), int(tokens)), 1)
 
 
 def gpu_model(
@@ -346,10 +368,16 @@ def gpu_model(
     weights = budget.weights_bytes
     bw = hw.bandwidth_bytes_s
     hbm_eff = fig.hbm_for(fmt.compute)
-    gemm_flops_s = hw.peak_flops(fmt.compute) * fig.mamf_for(fmt.compute) * fig.model_gemm_eff
+    gemm_flops_s = (
+        hw.peak_flops(fmt.compute)
+        * fig.mamf_for(fmt.compute)
+        * fig.model_gemm_eff
+        * fig.sustained_gemm
+    )
     expert_params, rows_per_expert = routed_experts(model)
     n_experts = model.moe.num_experts if model.moe is not None else 0
     flops_per_token = 2 * (model.params_matmul_active - expert_params) / tp
+    head_flops = 2 * model.vocab_size * model.hidden_size / tp  # per row (`lm_head_rows`)
     expert_flops_per_token = 2 * expert_params / tp
     attn16_flops_s = hw.peak_flops("bf16") * fig.fa_eff
     heads = model.num_attention_heads
@@ -364,21 +392,24 @@ def gpu_model(
     measured = None
     gemm_dtype = "bf16" if fmt.compute == "fp16" else fmt.compute  # the same 16-bit kernels
     if table is not None and dense and gemm_dtype in table.us:
-        measured = measured_linear(table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"))
+        measured = measured_linear(
+            table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"), fig.sustained_gemm
+        )
 
     kv_dtype = "fp8" if kv_dtype_bytes(cfg.kv_cache_dtype, fmt) == 1 else "bf16"
     kv_read_s, kv_measured = kv_reader(
         model, hw, budget, tp, pp, kv_dtype, fig.attn_eff, fig.attn_floor_s
     )
     # routed experts from measured fused-MoE times where the GPU's table has the shape
-    moe_measured = measured_moe(model, fmt, moe_table(hw.name), tp)
+    moe_measured = measured_moe(model, fmt, moe_table(hw.name), tp, fig.sustained_gemm)
 
     @lru_cache(maxsize=8192)
-    def linear(tokens: int) -> float:
+    def linear(tokens: int, seqs: int) -> float:
         t = max(int(tokens), 1)
         if measured is not None:
-            return measured(t)
-        compute = flops_per_token * t / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
+            return measured(t, seqs)
+        flops = flops_per_token * t - head_flops * (t - lm_head_rows(t, seqs))
+        compute = flops / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
         if moe_measured is not None:
             experts_s, expert_bytes = moe_measured
             read = max(weights - expert_bytes, 0.0) / (bw * hbm_eff)
