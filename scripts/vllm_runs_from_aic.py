@@ -80,6 +80,20 @@ def quantization(r: dict) -> str:
     return "fp8" if r["precision"] == "fp8" else ""
 
 
+# Not stated per run, inferred (docs/fidelity-gpu.md, "AIConfigurator's FP8 runs keep an
+# FP8 KV cache"): AIConfigurator's SDK gives FP8 models an FP8 KV cache
+# (aiconfigurator_core/sdk/models/helpers.py, `_infer_quant_modes_from_raw_config`: fp8,
+# fp8_block and nvfp4 set the FMHA and KV-cache modes to FP8; its generator passes that as
+# vLLM's --kv-cache-dtype), and the runs read as an FP8 pool: a 16-bit one could not hold
+# the KV-bound runs that ran without queueing.
+FP8_KV_NOTE = "; FP8 KV cache inferred, not stated (docs/fidelity-gpu.md)"
+
+
+def kv_cache_dtype(r: dict) -> str:
+    """fp8 for the FP8 runs (FP8_KV_NOTE), the engine's default otherwise (blank)."""
+    return "fp8" if r["precision"] == "fp8" else ""
+
+
 def main() -> None:
     with open(sys.argv[1], newline="") as f:
         rows = [r for r in csv.DictReader(f) if kept(r)]
@@ -109,7 +123,7 @@ def main() -> None:
                 "gpu": gpu,
                 "tp": tp,
                 "quantization": quantization(r),
-                "kv_cache_dtype": "",
+                "kv_cache_dtype": kv_cache_dtype(r),
                 "max_model_len": "",
                 "isl": isl,
                 "osl": osl,
@@ -120,7 +134,9 @@ def main() -> None:
                 "stat": "mean",
                 "role": "fit" if fit else "check",
                 "note": f"AIConfigurator id {r['id']}; the statistic is not named in the "
-                "source (taken as the mean)" + (f"; {fit}" if fit else ""),
+                "source (taken as the mean)"
+                + (FP8_KV_NOTE if kv_cache_dtype(r) else "")
+                + (f"; {fit}" if fit else ""),
             }
         )
 

@@ -486,6 +486,10 @@ RUNS = {r.id: r for r in load_runs()}
         ("nim-l33-70b-5000-500-c25", None, 10),
         # TPOT 10%. Its TTFT, +53%, is checked below: NIM's engine is not vLLM.
         ("nim-l33-70b-5000-500-c50", None, 10),
+        # AIConfigurator's FP8 runs keep an FP8 KV cache (inferred): 64 users at 1024/8192
+        # on one B200 fit its pool and do not queue (382 ms, 24.7 ms measured; 17.3 s and
+        # 35.5 ms with a 16-bit pool): 10% on both
+        ("aic-llama-3.1-70b-b200-tp1-1024-8192-c64", 10, 10),
         # queueing for KV blocks (fp8 pool, ~70 sequences of 5.5k tokens): 25% / 12% (TPOT
         # +11% with vLLM's GEMMs at the sustained clock: its 5000-token chunks share the
         # decode steps, and NIM's engine prefills them faster)

@@ -58,6 +58,12 @@ def test_aiconfigurator_vllm_runs_leave_the_held_out_set_out():
     # the dense sibling of the held-out set: the same model and FP8 on B200, TP 1-8
     b200 = [r for r in aic if r.model == "llama-3.1-70b" and r.gpu == "b200"]
     assert {r.tp for r in b200} == {1, 2, 4, 8} and {r.quantization for r in b200} == {"fp8"}
+    # AIConfigurator's FP8 runs keep an FP8 KV cache (inferred, and each note says so); the
+    # rest the engine's default
+    for r in aic:
+        fp8_kv = r.quantization == "fp8"
+        assert (r.kv_cache_dtype == "fp8") == fp8_kv, r.id
+        assert ("FP8 KV cache inferred" in r.note) == fp8_kv, r.id
 
 
 def test_a_mean_is_read_as_a_mean_and_the_held_out_measure_as_a_median():
