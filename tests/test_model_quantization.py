@@ -141,3 +141,56 @@ def test_bad_quantization_config_is_one_line_naming_the_field(quant: object, fie
     with pytest.raises(InputError) as info:
         spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "m", source="config.json")
     assert field in info.value.field and "\n" not in str(info.value)
+
+
+# NVIDIA's ModelOpt FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8 and kin): the config
+# form, and the hf_quant_config.json form with the fields under "quantization"
+MODELOPT_FP8 = {
+    "quant_method": "modelopt",
+    "quant_algo": "FP8",
+    "kv_cache_quant_algo": "FP8",
+    "exclude_modules": ["lm_head"],
+}
+
+
+@pytest.mark.parametrize(
+    "quant",
+    [
+        MODELOPT_FP8,
+        {
+            "quant_method": "modelopt",
+            "quantization": {k: v for k, v in MODELOPT_FP8.items() if k != "quant_method"},
+        },
+    ],
+)
+def test_modelopt_fp8_is_per_tensor_w8a8_and_declares_its_kv_cache(quant: dict) -> None:
+    q = spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "l").quantization
+    assert q is not None and q.method == "modelopt" and q.kv_cache == "fp8"
+    (scheme,) = q.schemes
+    assert (scheme.bits, scheme.kind, scheme.block, scheme.activations) == (8, "float", None, "fp8")
+    assert scheme.classes == LINEAR  # the LM head excluded, as the checkpoint says
+
+
+@pytest.mark.parametrize(
+    ("kv", "declared"),
+    [
+        ({"kv_cache_quant_algo": None}, None),
+        ({"kv_cache_quant_algo": "fp8"}, "fp8"),
+        ({"kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False}}, "fp8"),
+        ({"kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": True}}, None),
+        ({"kv_cache_quant_algo": "NVFP4"}, None),  # vLLM falls back to auto
+    ],
+)
+def test_the_kv_cache_a_modelopt_config_declares_as_vllm_reads_it(
+    kv: dict, declared: str | None
+) -> None:
+    quant = {"quant_method": "modelopt", "quant_algo": "FP8", **kv}
+    q = spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "l").quantization
+    assert q is not None and q.kv_cache == declared
+
+
+def test_modelopt_nvfp4_keeps_its_kv_cache_but_has_no_size_rule() -> None:
+    quant = {"quant_method": "modelopt_fp4", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}
+    q = spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "l").quantization
+    assert q is not None and q.schemes == () and q.kv_cache == "fp8"
+    assert "no size rule" in q.summary

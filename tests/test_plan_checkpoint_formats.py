@@ -125,3 +125,31 @@ def test_plan_output_says_which_format_and_where_from() -> None:
     assert data["fits"] is True
     plain = plan_to_json(run_plan(PlanArgs(model="llama-3.1-8b", gpu="h100-sxm")))
     assert (plain["weight_format"], plain["weight_format_source"]) == ("bf16", "--dtype")
+
+
+def test_a_modelopt_fp8_checkpoint_gets_the_fp8_kv_pool_vllm_gives_it() -> None:
+    """nvidia/*-FP8 checkpoints declare kv_cache_quant_algo FP8, and vLLM's
+    --kv-cache-dtype auto follows it (vllm#29980): the same H100 pool holds twice the tokens
+    of a 16-bit one. An explicit dtype wins; engines that do not read it keep 16 bits."""
+    from servetune.engines.config import EngineConfig
+    from servetune.plan.memory import memory_budget
+
+    cfg = {k: v for k, v in catalog_entry("llama-3.1-8b").items() if not k.startswith("_")}
+    quant = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    m = spec_from_hf_dict({**cfg, "quantization_config": quant}, "nvidia-fp8")
+    h100 = get_hardware("h100-sxm")
+
+    def pool(**knobs: object) -> tuple[int, float]:
+        b = memory_budget(m, h100, EngineConfig(**knobs), 8192)
+        return b.kv_dtype_bytes, b.kv_pool_bytes / b.kv_bytes_per_token
+
+    auto_bytes, auto_tokens = pool()
+    assert auto_bytes == 1
+    assert weight_format("auto", None, m).name == "modelopt"  # FP8 weights, per tensor
+    bf16_bytes, bf16_tokens = pool(kv_cache_dtype="bf16")
+    assert bf16_bytes == 2 and auto_tokens == pytest.approx(2 * bf16_tokens, rel=1e-9)
+    assert pool(engine="sglang")[0] == 2
+    # a 16-bit checkpoint under --quantization fp8 keeps vLLM's 16-bit pool
+    plain = get_model("llama-3.1-8b")
+    assert memory_budget(plain, h100, EngineConfig(quantization="fp8"), 8192).kv_dtype_bytes == 2
+    assert pool(quantization="fp8")[0] == 1  # the checkpoint's declaration still holds

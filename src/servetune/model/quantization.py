@@ -18,6 +18,12 @@ module records what the config states - value bits, scale layout, which tensors 
 - `compressed-tensors` (llm-compressor): each `config_groups` entry names its `targets`
   and its `weights` (num_bits, type, strategy, group_size, block_structure, symmetric);
   `ignore` lists modules left unquantized.
+- `modelopt` (NVIDIA TensorRT Model Optimizer, the `nvidia/*-FP8` checkpoints):
+  `quant_algo` FP8 is per-tensor FP8 e4m3 weights and activations (W8A8), `exclude_modules`
+  left in 16 bits; other algorithms (NVFP4) have no size rule. Its `kv_cache_quant_algo`
+  FP8 (or a static 8-bit float `kv_cache_scheme`) declares an FP8 KV cache, which vLLM
+  follows under `--kv-cache-dtype auto` (vllm#29980; `get_kv_cache_quant_algo_string` in
+  vllm/utils/torch_utils.py). The fields sit in the config or in its `quantization` part.
 
 Every method leaves the token embedding and the MoE routers in 16 bits (vLLM builds
 each MoE gate with `quant_config=None`); the LM head is quantized only where the config
@@ -29,7 +35,7 @@ modelled. An unknown method is kept with no schemes: the planner then asks for -
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -232,15 +238,50 @@ def _ct_scheme(group: dict[str, Any], weights: Any, ignored: list[str], where: s
     )
 
 
+def _modelopt(raw: dict[str, Any], where: str) -> CheckpointQuant:
+    inner = raw.get("quantization")
+    cfg = {**raw, **inner} if isinstance(inner, dict) else raw
+    algo = str(cfg.get("quant_algo") or "").upper()
+    kv = modelopt_kv_cache(cfg)
+    if algo != "FP8":
+        return CheckpointQuant(
+            method=str(raw["quant_method"]),
+            summary=f"modelopt {algo or '(no quant_algo)'} (no size rule in servetune)",
+            kv_cache=kv,
+        )
+    scheme = QuantScheme(
+        classes=_keep(_BLOCK_MATRICES, _names(cfg, "exclude_modules", where)),
+        bits=8,
+        kind="float",
+        scale_bits=32,
+        activations="fp8",
+    )
+    summary = "ModelOpt FP8 e4m3, per-tensor scales" + (", FP8 KV cache" if kv else "")
+    return CheckpointQuant(method="modelopt", schemes=(scheme,), summary=summary, kv_cache=kv)
+
+
+def modelopt_kv_cache(cfg: dict[str, Any]) -> Literal["fp8"] | None:
+    """ "fp8" where a ModelOpt config declares an FP8 KV cache, as vLLM reads it: the string
+    `kv_cache_quant_algo` "FP8", or a `kv_cache_scheme` of static 8-bit floats; None
+    otherwise (vLLM then keeps `auto`: the model's dtype)."""
+    algo = cfg.get("kv_cache_scheme") or cfg.get("kv_cache_quant_algo")
+    if isinstance(algo, dict):
+        static_fp8 = algo.get("dynamic") is False and algo.get("num_bits") == 8
+        return "fp8" if static_fp8 and algo.get("type") == "float" else None
+    return "fp8" if isinstance(algo, str) and algo.lower() == "fp8" else None
+
+
 _PARSERS = {
     "fp8": _fp8,
     "mxfp4": _mxfp4,
     "awq": _awq,
     "gptq": _gptq,
     "compressed-tensors": _compressed_tensors,
+    "modelopt": _modelopt,
+    "modelopt_fp4": _modelopt,  # NVFP4: the KV cache declared, no size rule
 }
 
 
 def supported_methods() -> list[str]:
-    """The `quant_method`s whose sizes servetune computes."""
-    return sorted(_PARSERS)
+    """The `quant_method`s whose sizes servetune computes (modelopt_fp4: its KV cache only)."""
+    return sorted(m for m in _PARSERS if m != "modelopt_fp4")

@@ -86,6 +86,9 @@ class CheckpointQuant(BaseModel):
     method: str  # quant_method as written: fp8, mxfp4, compressed-tensors, awq, gptq, ...
     schemes: tuple[QuantScheme, ...] = ()
     summary: str = ""  # one line for plans: "FP8 e4m3, 128x128 block scales (fp32)"
+    # the KV cache the checkpoint declares (ModelOpt's kv_cache_quant_algo), which vLLM's
+    # --kv-cache-dtype auto follows (plan.quant.resolved_kv_cache_dtype)
+    kv_cache: Literal["fp8"] | None = None
 
 
 class ModelSpec(BaseModel):

@@ -24,6 +24,7 @@ from servetune.plan.quant import (
     WeightFormat,
     format_source,
     kv_dtype_bytes,
+    resolved_kv_cache_dtype,
     weight_format,
     weights_bytes,
 )
@@ -178,7 +179,7 @@ def memory_budget(
     """The per-GPU budget for one replica (TP x PP GPUs) of `model` under `cfg`."""
     overheads = overheads or Overheads()
     fmt = weight_format(cfg.dtype, cfg.quantization, model)
-    kv_bytes = kv_dtype_bytes(cfg.kv_cache_dtype, fmt)
+    kv_bytes = kv_dtype_bytes(resolved_kv_cache_dtype(cfg.kv_cache_dtype, model, cfg.engine), fmt)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     batched = cfg.max_num_batched_tokens or default_batched_tokens(hw, cfg.engine)
     seqs = cfg.max_num_seqs or default_max_num_seqs(hw, cfg.engine)

@@ -277,7 +277,7 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
     if cfg.quantization is None and req.model.quantization is None:  # 16-bit weights
         quant = "fp8" if "fp8" in req.hardware.tflops else "awq"
         steps.append((f"quantize weights ({WEIGHT_FORMATS[quant].note})", {"quantization": quant}))
-    if cfg.kv_cache_dtype not in ("fp8", "int8"):
+    if b.kv_dtype_bytes > 1:  # not already an 8-bit pool (asked for, or the checkpoint's)
         steps.append(("fp8 KV cache", {"kv_cache_dtype": "fp8"}))
     if not cfg.enforce_eager and req.hardware.kind == "gpu":
         steps.append(("drop CUDA graphs (--enforce-eager)", {"enforce_eager": True}))

@@ -151,6 +151,17 @@ def _applicable(fmt: WeightFormat, model: ModelSpec) -> WeightFormat:
     return fmt
 
 
+def resolved_kv_cache_dtype(kv_cache_dtype: str, model: ModelSpec, engine: str) -> str:
+    """The KV cache dtype the engine runs: vLLM resolves `auto` to the KV cache a ModelOpt
+    checkpoint declares (`kv_cache_quant_algo` FP8: vllm#29980, vLLM's
+    `resolve_kv_cache_dtype_string`), so an `nvidia/*-FP8` checkpoint gets an FP8 pool
+    unasked; anything else keeps `kv_cache_dtype`."""
+    declared = model.quantization.kv_cache if model.quantization is not None else None
+    if kv_cache_dtype == "auto" and engine == "vllm" and declared:
+        return declared
+    return kv_cache_dtype
+
+
 def kv_dtype_bytes(kv_cache_dtype: str, weights: WeightFormat) -> int:
     """Bytes per KV element: fp8/int8 = 1; `auto` follows the activation dtype (2 bytes
     for every 16-bit or quantized model, 4 for fp32) as vLLM's `--kv-cache-dtype auto`."""

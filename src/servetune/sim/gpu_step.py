@@ -63,7 +63,7 @@ from servetune.model.spec import ModelSpec
 from servetune.plan import roofline
 from servetune.plan.kv import kv_heads_per_gpu
 from servetune.plan.memory import MemoryBudget
-from servetune.plan.quant import WeightFormat, kv_dtype_bytes, weight_format
+from servetune.plan.quant import WeightFormat, weight_format
 from servetune.sim.gpu_kernels import (
     GemmTable,
     MoeTable,
@@ -396,7 +396,7 @@ def gpu_model(
             table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"), fig.sustained_gemm
         )
 
-    kv_dtype = "fp8" if kv_dtype_bytes(cfg.kv_cache_dtype, fmt) == 1 else "bf16"
+    kv_dtype = "fp8" if budget.kv_dtype_bytes == 1 else "bf16"  # the planner's pool
     kv_read_s, kv_measured = kv_reader(
         model, hw, budget, tp, pp, kv_dtype, fig.attn_eff, fig.attn_floor_s
     )
