@@ -80,18 +80,13 @@ def quantization(r: dict) -> str:
     return "fp8" if r["precision"] == "fp8" else ""
 
 
-# Not stated per run, inferred (docs/fidelity-gpu.md, "AIConfigurator's FP8 runs keep an
-# FP8 KV cache"): AIConfigurator's SDK gives FP8 models an FP8 KV cache
-# (aiconfigurator_core/sdk/models/helpers.py, `_infer_quant_modes_from_raw_config`: fp8,
-# fp8_block and nvfp4 set the FMHA and KV-cache modes to FP8; its generator passes that as
-# vLLM's --kv-cache-dtype), and the runs read as an FP8 pool: a 16-bit one could not hold
-# the KV-bound runs that ran without queueing.
+# An FP8 run's KV cache is FP8 too. Not stated per run, inferred (docs/fidelity-gpu.md,
+# "AIConfigurator's FP8 runs keep an FP8 KV cache"): AIConfigurator's SDK gives FP8 models
+# an FP8 KV cache (aiconfigurator_core/sdk/models/helpers.py,
+# `_infer_quant_modes_from_raw_config`: fp8, fp8_block and nvfp4 set the FMHA and KV-cache
+# modes to FP8; its generator passes that as vLLM's --kv-cache-dtype), and the runs read as
+# an FP8 pool: a 16-bit one could not hold the KV-bound runs that ran without queueing.
 FP8_KV_NOTE = "; FP8 KV cache inferred, not stated (docs/fidelity-gpu.md)"
-
-
-def kv_cache_dtype(r: dict) -> str:
-    """fp8 for the FP8 runs (FP8_KV_NOTE), the engine's default otherwise (blank)."""
-    return "fp8" if r["precision"] == "fp8" else ""
 
 
 def main() -> None:
@@ -123,7 +118,7 @@ def main() -> None:
                 "gpu": gpu,
                 "tp": tp,
                 "quantization": quantization(r),
-                "kv_cache_dtype": kv_cache_dtype(r),
+                "kv_cache_dtype": quantization(r),  # fp8 with the weights (FP8_KV_NOTE)
                 "max_model_len": "",
                 "isl": isl,
                 "osl": osl,
@@ -135,7 +130,7 @@ def main() -> None:
                 "role": "fit" if fit else "check",
                 "note": f"AIConfigurator id {r['id']}; the statistic is not named in the "
                 "source (taken as the mean)"
-                + (FP8_KV_NOTE if kv_cache_dtype(r) else "")
+                + (FP8_KV_NOTE if quantization(r) else "")
                 + (f"; {fit}" if fit else ""),
             }
         )

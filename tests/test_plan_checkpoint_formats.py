@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.hardware.catalog import get_hardware
 from servetune.model.catalog import catalog_entry, get_model
 from servetune.model.hf_config import spec_from_hf_dict
 from servetune.model.spec import QuantScheme
+from servetune.plan.memory import memory_budget
 from servetune.plan.planner import PlanRequest, make_plan
 from servetune.plan.quant import WEIGHT_FORMATS, scheme_bits, weight_format, weights_bytes
 from servetune.plan.service import PlanArgs, plan_to_json, run_plan
@@ -131,9 +133,6 @@ def test_a_modelopt_fp8_checkpoint_gets_the_fp8_kv_pool_vllm_gives_it() -> None:
     """nvidia/*-FP8 checkpoints declare kv_cache_quant_algo FP8, and vLLM's
     --kv-cache-dtype auto follows it (vllm#29980): the same H100 pool holds twice the tokens
     of a 16-bit one. An explicit dtype wins; engines that do not read it keep 16 bits."""
-    from servetune.engines.config import EngineConfig
-    from servetune.plan.memory import memory_budget
-
     cfg = {k: v for k, v in catalog_entry("llama-3.1-8b").items() if not k.startswith("_")}
     quant = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
     m = spec_from_hf_dict({**cfg, "quantization_config": quant}, "nvidia-fp8")
