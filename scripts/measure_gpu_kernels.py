@@ -33,9 +33,11 @@ import math
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Per-GPU linear shards (name, N out, K in) of a model at TP size tp: Megatron-LM
 # column-parallel QKV and gate/up, row-parallel O and down (Shoeybi et al., 2019).
@@ -221,8 +223,6 @@ def copy_bandwidth() -> dict:
 
 
 def prefill_attention() -> list[dict]:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     rows = []
     for heads, kv in ((64, 8), (32, 8), (16, 2), (8, 1), (4, 1)):
         for t in (512, 1024, 2048, 4096, 8192, 16384):
@@ -317,6 +317,7 @@ def model_steps(
     head_norm = torch.ones(d, device="cuda", dtype=torch.bfloat16)
     head = torch.randn(vocab // tp, h, device="cuda", dtype=torch.bfloat16) * 0.02
     group = nq // nkv
+    cudnn = SDPBackend.CUDNN_ATTENTION
     rows: list[dict] = []
     tag = {"model": model, "tp": tp, "dtype": dtype}
 
@@ -344,28 +345,20 @@ def model_steps(
             x = linear(silu_mul(linear(y, wgu)), wd)
         return rms(x + res, norm)
 
-    def causal(q, k, v):
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),
-            k.transpose(0, 1).unsqueeze(0),
-            v.transpose(0, 1).unsqueeze(0),
-            is_causal=True,
-            enable_gqa=True,
-        )
-        return o.squeeze(0).transpose(0, 1)
-
-    def cudnn_causal(i, q, k, v):
-        """cuDNN's fused attention (FlashAttention-3 class on Hopper), the KV heads repeated
-        to the query heads (it takes no grouped heads)."""
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    def causal(q, k, v, backend=None):
+        """Causal attention over one prompt. torch picks the kernel (FlashAttention-2 for
+        grouped heads) unless `backend` names one: cuDNN's fused attention (FlashAttention-3
+        class on Hopper) takes no grouped heads, so the KV heads are repeated to the query
+        heads for it."""
+        if backend is not None:
+            k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
+        with sdpa_kernel(backend) if backend is not None else nullcontext():
             o = F.scaled_dot_product_attention(
                 q.transpose(0, 1).unsqueeze(0),
                 k.transpose(0, 1).unsqueeze(0),
                 v.transpose(0, 1).unsqueeze(0),
                 is_causal=True,
+                enable_gqa=backend is None,
             )
         return o.squeeze(0).transpose(0, 1)
 
@@ -385,7 +378,10 @@ def model_steps(
             x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
             for kind, fn in (
                 ("prefill", lambda i, x=x: forward(x, lambda i, q, k, v: causal(q, k, v))),
-                ("prefill_cudnn_attention", lambda i, x=x: forward(x, cudnn_causal)),
+                (
+                    "prefill_cudnn_attention",
+                    lambda i, x=x: forward(x, lambda i, q, k, v: causal(q, k, v, cudnn)),
+                ),
                 ("prefill_no_attention", lambda i, x=x: forward(x, lambda i, q, k, v: q)),
                 ("prefill_gemms_only", lambda i, x=x: forward(x, None, gemms_only=True)),
             ):

@@ -75,6 +75,63 @@ def test_oom_prints_seed_003s_order() -> None:
     assert f.actions[0].next == 0.9 and f.actions[2].next == 64
 
 
+def test_the_kv_cache_dtype_the_engine_reported_wins_over_the_config() -> None:
+    """vLLM gives a ModelOpt FP8 checkpoint an FP8 pool under kv_cache_dtype=auto and logs
+    it: "fp8 KV cache, x2 blocks" would gain nothing there, so the pool comes next."""
+    ev = Evidence("x", preemptions=12.0, kv_usage_max=0.99, config={"max_num_seqs": 64})
+    first = next(f for f in diagnose(ev) if f.key == "kv_pressure").actions[0]
+    assert (first.knob, first.now, first.next) == ("kv_cache_dtype", "auto", "fp8")
+    assert "x2.0 blocks" in first.why
+    ev.settings = {"kv_cache_dtype": "auto", "dtype": "float32"}  # vLLM-CPU's fp32 test model
+    first = next(f for f in diagnose(ev) if f.key == "kv_pressure").actions[0]
+    assert "x4.0 blocks" in first.why
+    ev.settings = {"kv_cache_dtype": "fp8", "quantization": "modelopt"}
+    f = next(f for f in diagnose(ev) if f.key == "kv_pressure")
+    assert "kv_cache_dtype" not in [a.knob for a in f.actions]
+    assert f.actions[0].knob == "gpu_memory_utilization"
+
+
+def test_the_oom_order_skips_an_fp8_kv_cache_the_engine_already_runs() -> None:
+    ev = Evidence("x", failure={"kind": "oom", "reason": "CUDA out of memory"})
+
+    def fifth() -> tuple[str, object, object]:
+        a = next(f for f in diagnose(ev) if f.key == "oom").actions[4]
+        return a.knob, a.now, a.next
+
+    assert fifth() == ("kv_cache_dtype", "auto", "fp8")
+    ev.settings = {"kv_cache_dtype": "fp8"}  # 16-bit weights: quantise them next
+    assert fifth() == ("quantization", "none", "fp8")
+    ev.settings["quantization"] = "modelopt"  # both already 8-bit: the step has nothing left
+    assert fifth()[0] == "enforce_eager"
+
+
+def test_a_simulated_modelopt_checkpoint_is_not_told_to_take_an_fp8_kv_cache() -> None:
+    """The simulator resolves `auto` as vLLM does and records it with the run: a ModelOpt
+    FP8 Llama-3.1-8B on an H100 at 30% memory preempts, and the pool grows instead."""
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.measure import SimSession
+    from servetune.model.catalog import catalog_entry
+    from servetune.model.hf_config import spec_from_hf_dict
+
+    cfg = {k: v for k, v in catalog_entry("llama-3.1-8b").items() if not k.startswith("_")}
+    quant = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    model = spec_from_hf_dict({**cfg, "quantization_config": quant}, "nvidia-fp8")
+    spec = parse_workload(
+        {"count": 300, "arrival": {"kind": "closed", "concurrency": 128},
+         "input_tokens": {"dist": "fixed", "value": 2000},
+         "output_tokens": {"dist": "fixed", "value": 500}}
+    )  # fmt: skip
+    hw = get_hardware("h100-sxm")
+    session = SimSession(model, hw, EngineConfig(max_num_seqs=128, gpu_memory_utilization=0.3))
+    res = session.measure(Point("kv", spec))
+    assert res.target.settings == {"kv_cache_dtype": "fp8"}
+    assert res.target.sim.preemptions > 0
+    f = next(f for f in diagnose_result(res).findings if f.key == "kv_pressure")
+    assert "kv_cache_dtype" not in [a.knob for a in f.actions]
+    assert f.actions[0].knob == "gpu_memory_utilization"
+
+
 def test_low_gpu_utilisation_first_asks_for_load_when_the_batch_is_not_full() -> None:
     """Synthetic: 30% GPU utilisation with 3 of 64 sequences running."""
     ev = Evidence("x", running_mean=3.0, config={"max_num_seqs": 64})

