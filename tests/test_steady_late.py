@@ -169,6 +169,42 @@ def test_the_tuner_credits_the_proven_load_below_a_point_too_close_to_saturation
     assert fine.capacity == 1 and weak == {}
 
 
+def test_with_nothing_proven_below_the_search_steps_down_until_a_load_is() -> None:
+    """The GPU what-if's max_num_seqs=128 trial: the search's start (38.05 req/s) passed,
+    then overloads showed the engine saturated at 40; nothing below was measured. The
+    search steps down the lattice (x 2^-1/4) to the first load that passes on proven
+    evidence; with no probe left in its budget the capacity stays where it was."""
+    from servetune.tune.capacity import Probe, rate_lattice
+    from servetune.tune.trial import TrialResult, _look_below, _recheck
+
+    lattice = rate_lattice(0.25, 1024)
+    start = lattice.load(lattice.index_of(38.06))
+    assert start == pytest.approx(38.054628)
+
+    def trial() -> TrialResult:
+        pts = [_point(start, True, start), _point(2 * start, False, 40.0)]
+        return TrialResult(key="k", config={}, label="x", backend="sim", status="ok",
+                           points=pts, capacity=start, first_fail=2 * start)  # fmt: skip
+
+    measured: list[float] = []
+
+    def measure(load: float) -> Probe:  # 32 req/s is 80% of 40: settles in ~2 s
+        measured.append(load)
+        return Probe(load, load < 30, 0.0, None)
+
+    t, weak = trial(), {}
+    why = _recheck(t, weak)
+    assert why and "95% of the saturated 40 req/s" in why[0] and weak == {}
+    _look_below(t, weak, why, measure, lattice, max_probes=12)
+    assert measured == [pytest.approx(32.0), pytest.approx(26.908685)]
+    assert t.capacity == pytest.approx(26.908685) and t.first_fail == pytest.approx(32.0)
+    assert list(weak) == [start]
+    # the probe budget spent: nothing measured, the capacity stays where the search left it
+    t, weak, measured = trial(), {}, []
+    _look_below(t, weak, _recheck(t, weak), measure, lattice, max_probes=2)
+    assert measured == [] and t.capacity == start and weak == {}
+
+
 def test_upper_bound_rank_is_the_order_statistic_interval() -> None:
     """The rank whose value lies above the true quantile with the confidence asked,
     against scipy's binomial: P(Bin(n, q) <= k - 1) >= c > P(Bin(n, q) <= k - 2)."""

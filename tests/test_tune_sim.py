@@ -274,8 +274,13 @@ def test_capacity_is_steady_a_run_ten_times_longer_reproduces_it(tmp_path: Path)
         assert st is not None and st.keeps_up and st.queue_flat, (t.label, st)
         assert abs(m.req_s - cap) <= 0.1 * cap, (t.label, cap, m.req_s)
         assert m.goodput_req_s >= 0.9 * cap, (t.label, cap, m.goodput_req_s)
-        # and not an underestimate: the next load up fails in the long run too
+        # and not an underestimate: the next load up fails in the long run too, unless it
+        # passed on evidence too weak to credit (too near the saturation its overloads
+        # showed: steady.settles_in_window), which the note says: a conservative answer
         assert t.first_fail is not None
+        if any(p.load == t.first_fail and p.passed for p in t.points):
+            assert f"{t.first_fail:g} passed but was not credited" in t.capacity_note, t.label
+            continue
         over, _ = long_run(t.cfg, t.first_fail)
         assert not over.slo_pass, (t.label, t.first_fail)
 
