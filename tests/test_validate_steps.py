@@ -99,7 +99,7 @@ def test_a_device_row_is_priced_as_the_tiers_kernels_alone():
     sm = setup(get_model("llama-3.1-8b"), get_hardware("h200"), cfg).step_model
     kv = 128 * 2048
     pairs = kv + chunk_attn_pairs(0, 2560)
-    full = sm.time_s(2560, 128, kv, pairs, 2560.0**2)
+    full = sm.time_s(2560, 128, kv, pairs, chunk_attn_pairs(0, 2560))
     kernels = full - sm.cpu_step_s - sm.cpu_per_seq_s * 129 - sm.allreduce_step_s(2688)
     e = simulate_step(p, "gpu")
     assert e is not None and e.sim_ms == pytest.approx(kernels * 1e3, rel=1e-9)
@@ -110,14 +110,15 @@ def test_a_device_row_is_priced_as_the_tiers_kernels_alone():
 def test_the_gpu_tier_on_the_h200_forward_passes_stays_where_the_docs_say():
     """docs/fidelity-gpu.md: over the 63 passes (Llama-3.1-8B bf16/FP8 at TP1/TP4,
     Llama-3.1-70B FP8 at TP2/TP8, Qwen3-32B bf16 at TP2/TP8) the tier is faster than the
-    PyTorch stack, never slower by more than 5%: decode -18%, prefill -14%, mixed -19%
+    PyTorch stack, never slower by more than 5%: decode -18%, prefill -14%, mixed -16%
     (median; -23% before the GEMMs ran at the sustained clock and the LM head at one row
-    a sequence) Llama-3.1-8B bf16 at TP1 within 13% on every pass; 128-sequence bf16 decodes
+    a sequence, -19% before a hybrid batch's attention was priced as its decodes' plus its
+    chunk's) Llama-3.1-8B bf16 at TP1 within 13% on every pass; 128-sequence bf16 decodes
     within 10% on every model; the widest misses where torch's FP8 GEMMs are weakest (FP8
     decode at 1-8 sequences, -31..-45%)."""
     errs = evaluate_steps(DEVICE, ["gpu"])["gpu"]
     assert len(errs) == 63 and max(e.err for e in errs) <= 5
-    for kind, bias in (("decode", -18), ("prefill", -14), ("mixed", -19)):
+    for kind, bias in (("decode", -18), ("prefill", -14), ("mixed", -16)):
         xs = [e.err for e in errs if e.point.kind == kind]
         assert abs(statistics.median(xs) - bias) <= 3, kind
     l8 = [e.err for e in errs if e.point.model == "llama-3.1-8b" and not e.point.quantization]

@@ -8,7 +8,8 @@ sequences takes
       + per_layer x layers                                 kernel launch gaps and tails
       + max(weight bytes / (BW x hbm_eff[dtype]),           linear layers
             FLOPs / (peak x mamf x model_gemm_eff x sustained x tile_eff(tokens)))
-      + max(KV read(seqs, KV tokens), attention FLOPs / (peak16 x fa_eff))
+      + max(KV read(seqs, KV tokens), attention FLOPs / (peak16 x fa_eff))  one kind of step;
+        a hybrid batch (chunk + decodes): the decodes' max(...) + the chunk's FLOPs term
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
 
 - linear layers, on a GPU with a measured GEMM table (data/gpu/gemm_<gpu>.json: H100 SXM,
@@ -39,7 +40,10 @@ sequences takes
   elsewhere the KV bytes at attn_eff of the bandwidth; sliding-window layers read at most
   their window of each sequence, and compute at most their window of keys a query
   (`Windowed`). A prefill chunk computes n x cached + n (n+1)/2
-  (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV).
+  (query, key) pairs at 4 x layers x heads x head_dim FLOPs each (QK^T and AV). In a
+  hybrid batch the chunk's compute-bound attention follows the decodes' memory-bound one
+  instead of hiding under it: today's kernels do not overlap them (POD-Attention, Kamath
+  et al., ASPLOS 2025, is the kernel that does, 28% faster on average).
 - the engine's CPU side and front end (ingress per request, streaming per token, the
   engine-to-client latency) come from the engine's entry in the same file; closed-loop
   users start at spread phases of their cycle (`sim.phases`, `spread_closed_loop`). The
@@ -135,22 +139,35 @@ class GpuStepModel(StepModel):
         return (
             self.cpu_step_s
             + self.cpu_per_seq_s * seqs
-            + self.kernels_s(prefill_tokens, decode_seqs, kv_read_tokens, attn_pairs)
+            + self.kernels_s(
+                prefill_tokens, decode_seqs, kv_read_tokens, attn_pairs, prefill_sq + cached_pairs
+            )
             + self.allreduce_step_s(tokens)
         )
 
     def kernels_s(
-        self, prefill_tokens: int, decode_seqs: int, kv_read_tokens: float, attn_pairs: float
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        kv_read_tokens: float,
+        attn_pairs: float,
+        chunk_pairs: float = 0.0,
     ) -> float:
         """One GPU's kernels of a step: `time_s` without the engine's CPU side and the
         all-reduces, what a forward pass timed on one GPU holds (validate.steps' device
-        rows)."""
+        rows). `chunk_pairs`: the prefill chunks' share of `attn_pairs`."""
         tokens = prefill_tokens + decode_seqs
         n = max(decode_seqs + (1 if prefill_tokens else 0), 1)
-        attn = max(
-            self.kv_read_s(n).time_s(kv_read_tokens, n),
-            self.pairs_cost.time_s(attn_pairs, max(tokens, 1)),
-        )
+        kv = self.kv_read_s(n).time_s(kv_read_tokens, n)
+        if decode_seqs and prefill_tokens:
+            # A hybrid batch: the decodes' memory-bound attention, then the chunks'
+            # compute-bound one. Today's kernels do not overlap the two (POD-Attention,
+            # Kamath et al., ASPLOS 2025: overlapping them saves 28% of attention time on
+            # average against independently optimised prefill and decode kernels).
+            decode = max(kv, self.pairs_cost.time_s(attn_pairs - chunk_pairs, decode_seqs))
+            attn = decode + self.pairs_cost.time_s(chunk_pairs, prefill_tokens)
+        else:
+            attn = max(kv, self.pairs_cost.time_s(attn_pairs, max(tokens, 1)))
         return self.layers_floor_s + self.linear_s(tokens, n) + attn
 
     def decode_line(self, batch: int) -> tuple[float, float, float, float, float]:

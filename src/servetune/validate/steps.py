@@ -99,11 +99,11 @@ def simulate_step(p: StepPoint, tier: str) -> StepError | None:
     if p.scope == "kernels":
         if not hasattr(sm, "kernels_s"):
             return None
-        seconds = sm.kernels_s(n, b, kv, kv + chunk_attn_pairs(0, n))
+        seconds = sm.kernels_s(n, b, kv, kv + chunk_attn_pairs(0, n), chunk_attn_pairs(0, n))
     elif p.kind == "decode":
         seconds = sm.decode_time_s(b, kv)
     else:
-        seconds = sm.time_s(n, b, kv, kv + chunk_attn_pairs(0, n), float(n) ** 2)
+        seconds = sm.time_s(n, b, kv, kv + chunk_attn_pairs(0, n), chunk_attn_pairs(0, n))
     ms = seconds * 1e3
     return StepError(p, tier, ms, signed_pct(ms, p.measured_ms) or 0.0)
 
