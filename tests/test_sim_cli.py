@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -265,3 +266,37 @@ def test_a_gpu_closed_loop_of_many_users_shows_its_mean_ttft_and_why():
     assert not point({"kind": "closed", "concurrency": PHASE_NOTE_USERS - 1})
     assert not point({"kind": "poisson", "rate": 4})
     assert not point({"kind": "closed", "concurrency": 16}, tier="roofline")
+
+
+def test_a_kv_bound_point_says_so_and_what_moves_it():
+    """64 users of 1,024 + 8,192 tokens hold ~330k tokens of KV on average, over the 230k a
+    Llama-3.1-70B FP8 TP2 pool on H100s holds in 16 bits: the point preempts, and its
+    report says so with diagnose's first KV action (an FP8 KV cache, twice the blocks).
+    With an FP8 pool the first action is a bigger pool; a run that never preempts says
+    nothing."""
+    from servetune.cli.sim_report import sim_point
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+    from servetune.workload.spec import parse_workload
+
+    def kv_lines(users: int, **knobs: object) -> list[str]:
+        spec = parse_workload(
+            {"count": 4 * users, "arrival": {"kind": "closed", "concurrency": users},
+             "input_tokens": {"dist": "fixed", "value": 1024},
+             "output_tokens": {"dist": "fixed", "value": 8192}}
+        )  # fmt: skip
+        cfg = EngineConfig(tensor_parallel_size=2, quantization="fp8", **knobs)
+        res, _ = simulate(get_model("llama-3.1-70b"), get_hardware("h100-sxm"), cfg, spec)
+        lines = sim_point(res)
+        at = next((i for i, x in enumerate(lines) if x.startswith("  KV-bound: ")), None)
+        assert (at is not None) == (res.target.sim.preemptions > 0), lines
+        return [] if at is None else lines[at : at + 2]
+
+    bound, action = kv_lines(64)
+    assert re.search(r"KV usage peaked at 100% with \d+ preemptions", bound), bound
+    assert action.startswith("  try kv_cache_dtype: auto -> fp8  (x2.0 blocks"), action
+    fp8 = kv_lines(64, kv_cache_dtype="fp8")  # twice the pool: a few preemptions still
+    assert fp8 and fp8[1].startswith("  try gpu_memory_utilization: 0.9 -> 0.93"), fp8
+    assert kv_lines(8) == []

@@ -55,6 +55,7 @@ def sim_point(res: RunResult) -> list[str]:
         f"prefix hits {sim.prefix_hit_tokens:,} tok",
     ]
     lines += phase_note(res)
+    lines += kv_note(res)
     if res.workload.get("sessions"):  # multi-turn: follow-up TTFT and hit rates
         from servetune.metrics.turns import session_line
 
@@ -79,6 +80,21 @@ def phase_note(res: RunResult) -> list[str]:
         f"  TTFT mean {mean:,.1f} ms; the median rests on one draw of which users collide",
         "  (over 8 draws at 8-64 users: the median moved 1.5-3.9x, the mean 1.1-2.2x)",
     ]
+
+
+def kv_note(res: RunResult) -> list[str]:
+    """A run that preempted ran its KV pool full: `diagnose`'s KV-pressure finding, its
+    first action (an FP8 KV cache and the blocks it gains, or a bigger pool when the
+    pool already runs 8-bit), so a KV-bound figure says why and what moves it."""
+    if not (res.target.sim and res.target.sim.preemptions):
+        return []
+    from servetune.diagnose.evidence import from_result
+    from servetune.diagnose.rules import kv_pressure
+
+    found = kv_pressure(from_result(res))
+    if found is None or not found.actions:
+        return []
+    return [f"  KV-bound: {found.trigger}", f"  try {found.actions[0].line()}"]
 
 
 def slo_verdict(m: Metrics) -> list[str]:
