@@ -98,7 +98,12 @@ def test_hybrid_calibrates_first_then_prints_sim_vs_real(
     cache = CalibrationCache(tmp_path / "calibration")
     entry = cache.load(cal.key)
     assert entry is not None and len(entry.checks) == 1
-    assert (entry.stale is None) == (cal.check["stale"] is None)
+    # stale when the check missed, or from the start when the fit itself had low
+    # confidence (a busy host's sweep: `Profile.fit_for_use`; seen in CI once)
+    fit_ok = load_profile(cal.entry.profile).fit_for_use
+    assert (entry.stale is None) == (cal.check["stale"] is None and fit_ok), entry.stale
+    if not fit_ok and cal.check["stale"] is None:
+        assert entry.stale == "its fit has low confidence"
 
     # the next study calibrates again when the check marked the profile stale; else it
     # reuses it only if it predicts the baseline measured now (one block of the sweep)
