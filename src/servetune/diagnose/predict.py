@@ -20,6 +20,14 @@ def kv_blocks_factor(cur: str, new: str, dtype: str = "auto") -> float | None:
     return b_cur / b_new if b_new else None
 
 
+def fp8_kv_gain(ev: Evidence) -> tuple[str, float | None]:
+    """The KV cache dtype the engine runs (`Evidence.effective`: what it reported at start,
+    else its config) and how many times the blocks an FP8 KV cache would hold
+    (`kv_blocks_factor`; 1.0 when the pool already runs 8-bit)."""
+    cur = ev.effective("kv_cache_dtype", "auto")
+    return cur, kv_blocks_factor(cur, "fp8", ev.effective("dtype", "auto"))
+
+
 def fits_in_kv(ev: Evidence) -> int | None:
     """Sequences the KV pool holds at P99 input + P99 output tokens each (the pool size in
     tokens as the engine reported it at start: vLLM's "KV cache size: N tokens")."""

@@ -17,7 +17,7 @@ from typing import Any
 from servetune.diagnose.evidence import Evidence
 from servetune.diagnose.predict import (
     fits_in_kv,
-    kv_blocks_factor,
+    fp8_kv_gain,
     queue_free_ttft_ms,
 )
 
@@ -254,8 +254,8 @@ def _fifth_oom_step(ev: Evidence) -> Action | None:
     """Seed 003 §13's 5th OOM step, "KV cache FP8 or weight quantisation": the KV cache first,
     unless the pool already runs 8-bit (as the engine reported it), then the weights; neither
     when both are already quantized."""
-    kv = ev.effective("kv_cache_dtype", "auto")
-    if (kv_blocks_factor(kv, "fp8", ev.effective("dtype", "auto")) or 1.0) > 1.0:
+    kv, factor = fp8_kv_gain(ev)
+    if (factor or 1.0) > 1.0:
         return Action("kv_cache_dtype", kv, "fp8", "5th: or weight quantisation")
     if ev.effective("quantization"):  # quantized weights and an 8-bit pool: nothing left here
         return None
@@ -320,8 +320,7 @@ def kv_pressure(ev: Evidence) -> Finding | None:
     if pre <= 0 and not (kv is not None and kv >= KV_FULL and (ev.waiting_max or 0) > 0):
         return None
     c = ev.config
-    cur = ev.effective("kv_cache_dtype", "auto")
-    factor = kv_blocks_factor(cur, "fp8", ev.effective("dtype", "auto"))
+    cur, factor = fp8_kv_gain(ev)
     trig = f"KV usage peaked at {kv or 0:.0%} with {pre:.0f} preemptions"
     if ev.ttft.get("p99") is not None:
         trig += f"; TTFT P99 {_ms(ev.ttft['p99'])} vs P50 {_ms(ev.ttft.get('p50'))}"
