@@ -36,9 +36,12 @@ TITLE = (
 # AIConfigurator model path -> servetune catalog name, and the quantization servetune runs.
 MODELS = {
     "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
-    "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b-fp8",
     "openai/gpt-oss-120b": "gpt-oss-120b",
 }
+# Checkpoints that ship quantized: the catalog entry carries their quantization_config
+# (Qwen's block-scaled FP8, GPT-OSS's MXFP4), so a run of them names no --quant.
+OWN_FORMAT = ("Qwen/Qwen3-235B-A22B-FP8", "openai/gpt-oss-120b")
 GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300"}
 HELD_OUT_MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Llama-3.1-8B")
 HELD_OUT_GPUS = ("h100_sxm", "h200_sxm")
@@ -76,7 +79,14 @@ FITS = {
 
 
 def quantization(r: dict) -> str:
-    """FP8 where the run quantized to FP8; gpt-oss runs its own MXFP4 checkpoint (blank)."""
+    """FP8 where vLLM quantized a 16-bit checkpoint to FP8 (`--quantization fp8`); blank
+    for a checkpoint that ships its own format (OWN_FORMAT) and for 16-bit runs."""
+    own = r["model_path"] in OWN_FORMAT
+    return "fp8" if r["precision"] == "fp8" and not own else ""
+
+
+def kv_cache_dtype(r: dict) -> str:
+    """FP8 with FP8 weights (FP8_KV_NOTE), else the engine's default."""
     return "fp8" if r["precision"] == "fp8" else ""
 
 
@@ -118,7 +128,7 @@ def main() -> None:
                 "gpu": gpu,
                 "tp": tp,
                 "quantization": quantization(r),
-                "kv_cache_dtype": quantization(r),  # fp8 with the weights (FP8_KV_NOTE)
+                "kv_cache_dtype": kv_cache_dtype(r),
                 "max_model_len": "",
                 "isl": isl,
                 "osl": osl,
@@ -130,7 +140,7 @@ def main() -> None:
                 "role": "fit" if fit else "check",
                 "note": f"AIConfigurator id {r['id']}; the statistic is not named in the "
                 "source (taken as the mean)"
-                + (FP8_KV_NOTE if quantization(r) else "")
+                + (FP8_KV_NOTE if kv_cache_dtype(r) else "")
                 + (f"; {fit}" if fit else ""),
             }
         )

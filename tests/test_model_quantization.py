@@ -42,7 +42,13 @@ def test_gpt_oss_ships_mxfp4_experts(name: str) -> None:
 
 def test_only_the_natively_quantized_catalog_entries_carry_a_format() -> None:
     quantized = {n for n in catalog_names() if get_model(n).quantization is not None}
-    assert quantized == {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b"}
+    qwen_fp8 = {f"qwen3-{s}-fp8" for s in ("8b", "32b", "30b-a3b", "235b-a22b")}
+    assert quantized == {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b", *qwen_fp8}
+    # Qwen's FP8 release: the bf16 model's shape, fine-grained FP8 weights
+    fp8, bf16 = get_model("qwen3-235b-a22b-fp8"), get_model("qwen3-235b-a22b")
+    assert fp8.params_total == bf16.params_total
+    (scheme,) = fp8.quantization.schemes
+    assert (scheme.bits, scheme.block, scheme.activations) == (8, (128, 128), "fp8")
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,38 @@ def test_the_gemm_table_returns_its_published_points():
     assert gemm_table("a100-80g-sxm") is None
 
 
+def test_block_scaled_fp8_checkpoints_run_vllms_block_scaled_gemms():
+    """Qwen's FP8 checkpoints scale each 128 x 128 weight block (quantization_config
+    weight_block_size); vLLM runs them through its block-scaled GEMMs, not the per-token
+    CUTLASS ones that `--quantization fp8` gets. The table's `fp8_block` cell is the faster
+    of AIConfigurator's two measurements of that path on an H200 (scripts/
+    gemm_table_from_aic.py): 4096 x 4096 at M = 16 is vLLM 0.14.0's, replayed from a CUDA
+    graph (35.06 us; 0.24.0's eager figure, 58.8 us, holds the host's launch), at M = 4096
+    0.24.0's DeepGEMM (143.49 us; 0.14.0's kernel took 323.1). At a decode batch the block
+    path costs 3.4x the per-token one (10.32 us); at a prefill 1.06x."""
+    table = gemm_table("h200")
+    assert table is not None and "fp8_block" in table.us
+    assert table.time_s("fp8_block", 16, 4096, 4096) == pytest.approx(35.06e-6, rel=1e-6)
+    assert table.time_s("fp8_block", 4096, 4096, 4096) == pytest.approx(143.49e-6, rel=1e-6)
+    assert table.time_s("fp8", 16, 4096, 4096) == pytest.approx(10.32e-6, rel=1e-6)
+    block = get_model("qwen3-235b-a22b-fp8")
+    fmt = weight_format("auto", None, block)
+    assert fmt.compute == "fp8" and fmt.block_scaled
+    assert not weight_format("auto", "fp8", get_model("qwen3-235b-a22b")).block_scaled
+    assert gpu_step.gemm_kind(fmt, table) == "fp8_block"
+    assert gpu_step.gemm_kind(fmt, gemm_table("b300")) == "fp8"  # no block table there
+    # the same weights, block-scaled or per-tensor: a decode step's linear layers cost more
+    # block-scaled, a prefill chunk's about the same
+    h200, tp2 = get_hardware("h200"), EngineConfig(tensor_parallel_size=2)
+    own = setup(block, h200, tp2).step_model
+    assert "block-scaled FP8 weights at vLLM's block-scaled GEMMs" in own.note
+    online = setup(
+        get_model("qwen3-235b-a22b"), h200, tp2.model_copy(update={"quantization": "fp8"})
+    ).step_model
+    assert own.linear_s(16, 16) > 1.2 * online.linear_s(16, 16)
+    assert own.linear_s(8192, 1) == pytest.approx(online.linear_s(8192, 1), rel=0.15)
+
+
 def test_decode_step_by_hand():
     """Batch 1, empty context: CPU + layer floor + the measured GEMMs + decode attention's
     measured floor + 2 all-reduces per layer. Figures from data/gpu/kernels.yaml: step
@@ -199,8 +231,10 @@ def test_the_lm_head_multiplies_one_row_a_sequence():
 
 def test_the_formula_prices_gemms_where_no_table_is_measured():
     """H100 PCIe has no GEMM table: the formula, FP8 MAMF x the model-shape share (the
-    default rule's 0.73 x 0.80 of its FP8 peak, 4096 rows = 32 whole 128-row tiles). MoE
-    models keep the formula on H100 SXM too (their grouped GEMMs are not in the table)."""
+    default rule's 0.73 x 0.80 of its FP8 peak, 4096 rows = 32 whole 128-row tiles). An
+    MoE model whose routed experts the fused-MoE table has not timed keeps the formula on
+    H100 SXM too (Mixtral 8x7B in int4 AWQ); one whose experts it has timed takes the GEMM
+    table for the rest (Qwen3-30B-A3B in bf16)."""
     pcie = get_hardware("h100-pcie")
     cfg = EngineConfig(tensor_parallel_size=4, quantization="fp8")
     su = setup(L70, pcie, cfg)
@@ -210,8 +244,10 @@ def test_the_formula_prices_gemms_where_no_table_is_measured():
     gemm = flops / (pcie.peak_flops("fp8") * 0.73 * 0.80)
     assert su.step_model.linear_s(4096, 1) == pytest.approx(gemm, rel=1e-9)
     assert "GEMMs at vLLM 0.24.0 kernels" in setup(L70, H100, cfg).step_model.note
+    awq = setup(get_model("mixtral-8x7b"), H100, EngineConfig(quantization="awq"))
+    assert "GEMMs at" not in awq.step_model.note
     moe = setup(get_model("qwen3-30b-a3b"), H100, EngineConfig())
-    assert "GEMMs at" not in moe.step_model.note
+    assert "GEMMs at" in moe.step_model.note and "fused-MoE" in moe.step_model.note
     # fp16 weights run the 16-bit kernels the table measured in bf16
     l8 = get_model("llama-3.1-8b")
     fp16 = setup(l8, H100, EngineConfig(dtype="float16")).step_model
@@ -638,12 +674,20 @@ def test_hopper_prices_routed_experts_from_measured_fused_moe_times():
     assert curve is not None
     assert curve[0] * 1e6 == pytest.approx(60.0, abs=0.05)  # the published point, 1 token
     su = setup(model, hw, EngineConfig())
-    weights = su.evaluation.budget.weights_bytes
-    expert_bytes = 36 * 128 * 3 * 2880 * 2880 * 4.25 / 8  # MXFP4: 4 bits + a scale per 32
-    rest = (weights - expert_bytes) / (hw.bandwidth_bytes_s * kernel_figures(hw).hbm_eff)
+    gemms = gemm_table(hw.name)
+    assert gemms is not None
+    # the rest from the measured GEMM table at M = 8, 16-bit: per layer fused QKV (64 + 2 x
+    # 8 heads of 64 wide, from 2880) and output (4096 -> 2880), the router (2880 -> 128
+    # experts); the LM head (201088 x 2880) at one row a sequence; the elementwise bytes
+    # (two residual-add RMSNorms 8 x 2880, RoPE 2 x (4096 + 512)) at 80% of 4.8 TB/s
+    rest = 36 * sum(
+        gemms.time_s("bf16", 8, n, k) for n, k in ((5120, 2880), (2880, 4096), (128, 2880))
+    )
+    rest += gemms.time_s("bf16", 8, 201088, 2880)
+    rest += 8 * 36 * 2 * (8 * 2880 + 2 * (4096 + 512)) / (hw.bandwidth_bytes_s * 0.80)
     experts = 36 * at_m(table.tokens, curve, 8)
     assert su.step_model.linear_s(8, 8) == pytest.approx(rest + experts, rel=1e-3)
-    assert experts > 0.7 * su.step_model.linear_s(8, 8)  # the experts dominate a decode step
+    assert experts > 0.6 * su.step_model.linear_s(8, 8)  # the experts dominate a decode step
     assert (
         "measured fused-MoE times" in su.step_model.note and "moe_h200.json" in su.step_model.note
     )

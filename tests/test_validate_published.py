@@ -59,11 +59,16 @@ def test_aiconfigurator_vllm_runs_leave_the_held_out_set_out():
     b200 = [r for r in aic if r.model == "llama-3.1-70b" and r.gpu == "b200"]
     assert {r.tp for r in b200} == {1, 2, 4, 8} and {r.quantization for r in b200} == {"fp8"}
     # AIConfigurator's FP8 runs keep an FP8 KV cache (inferred, and each note says so); the
-    # rest the engine's default
+    # rest the engine's default. Qwen's FP8 checkpoint runs as it ships (its catalog entry
+    # carries the block-scaled format), the 16-bit Llama quantized by vLLM (--quantization)
     for r in aic:
-        fp8_kv = r.quantization == "fp8"
+        fp8_kv = r.quantization == "fp8" or r.model == "qwen3-235b-a22b-fp8"
         assert (r.kv_cache_dtype == "fp8") == fp8_kv, r.id
         assert ("FP8 KV cache inferred" in r.note) == fp8_kv, r.id
+    qwen = [r for r in aic if r.source_model == "Qwen/Qwen3-235B-A22B-FP8"]
+    assert len(qwen) == 26 and {(r.model, r.quantization) for r in qwen} == {
+        ("qwen3-235b-a22b-fp8", None)
+    }
 
 
 def test_a_mean_is_read_as_a_mean_and_the_held_out_measure_as_a_median():

@@ -52,6 +52,9 @@ class WeightFormat:
     compute: str  # dtype the matmuls run in (for the FLOP/s peak)
     note: str
     class_bits: dict[str, float] = field(default_factory=dict, hash=False)
+    # W8A8 FP8 with one scale per weight block (DeepSeek-V3, Qwen3-*-FP8): vLLM runs its
+    # block-scaled GEMMs, slower at small batches than the per-tensor ones (sim.gpu_step)
+    block_scaled: bool = False
 
 
 def scheme_bits(scheme: QuantScheme) -> float:
@@ -71,7 +74,10 @@ def scheme_format(name: str, schemes: Iterable[QuantScheme], note: str) -> Weigh
     class_bits = {c: scheme_bits(s) for s in schemes for c in s.classes}
     head_bits = class_bits.pop("lm_head", 16.0)
     compute = next((s.activations for s in schemes if s.activations), "bf16")
-    return WeightFormat(name, 16, 16, head_bits, compute, note, class_bits=class_bits)
+    block = any(s.block and s.activations == "fp8" for s in schemes)
+    return WeightFormat(
+        name, 16, 16, head_bits, compute, note, class_bits=class_bits, block_scaled=block
+    )
 
 
 _Q6K, _Q8 = 6.5625, 8.5

@@ -13,9 +13,11 @@ sequences takes
       + 2 x layers x all-reduce(tokens x hidden x 2 B, tp)  (Megatron-LM: two per layer)
 
 - linear layers, on a GPU with a measured GEMM table (data/gpu/gemm_<gpu>.json: H100 SXM,
-  H200 and B300, vLLM 0.24.0's kernels as NVIDIA AIConfigurator timed them) and a dense
-  model in bf16/fp16 or fp8: the sum of the measured times of each layer's four GEMMs (fused
-  QKV, output, fused gate-up, down; per-GPU shards) and the LM head at M = sequences (vLLM
+  H200 and B300, vLLM 0.24.0's kernels as NVIDIA AIConfigurator timed them; a block-scaled
+  FP8 checkpoint's at vLLM's block-scaled path, `gemm_kind`) and a dense model in bf16/fp16
+  or fp8, or an MoE model whose routed experts are measured (below): the sum of the
+  measured times of each layer's GEMMs (fused QKV, output, fused gate-up, down of a dense
+  or shared-expert MLP, an MoE router; per-GPU shards) and the LM head at M = sequences (vLLM
   computes logits at one token a sequence, `lm_head_rows`), interpolated between measured
   shapes (`GemmTable.curve_s`, `at_m`), each no faster than the share of its best measured
   rate a GPU held at its power limit keeps (`power_capped`, `sustained_gemm`: the tables
@@ -31,7 +33,8 @@ sequences takes
   padded on its own to the fused-MoE kernel's tiles (`moe_tile_m`); on a GPU with a measured
   fused-MoE table (data/gpu/moe_<gpu>.json: H100 SXM and H200, vLLM 0.24.0's kernels as
   AIConfigurator timed them) that holds the model's shape, they take the measured time
-  instead (`measured_moe`) and the weight stream the other weights. The weight stream's
+  instead (`measured_moe`) and the GEMM table (or, without one, the weight stream) the
+  other weights. The weight stream's
   share of the HBM bandwidth is also the GEMMs' dtype's (`KernelFigures.hbm_for`): vLLM's
   FP8 GEMMs quantise their activations first and stream slower than 16-bit ones.
 - attention: decode reads each sequence's KV (`Windowed`): on a GPU with measured decode
@@ -63,6 +66,7 @@ from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.hardware.spec import HardwareSpec
+from servetune.model.params import layer_split
 from servetune.model.spec import ModelSpec
 from servetune.plan import roofline
 from servetune.plan.kv import kv_heads_per_gpu
@@ -306,26 +310,44 @@ def moe_tile_m(tokens: int, experts: int) -> int:
     return 16 if tokens <= experts else 64
 
 
-def layer_gemms(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
-    """(N, K) of the GEMMs one GPU runs per layer of a dense model under `tp`-way tensor
-    parallelism (Megatron-LM's split, as vLLM shards them): fused QKV and gate-up
-    column-parallel, output and down projections row-parallel; KV heads are replicated
-    when there are fewer than GPUs."""
+def layer_gemms(model: ModelSpec, tp: int) -> list[tuple[int, int, int]]:
+    """(layers, N, K) of the GEMMs one GPU runs in the model's linear layers under `tp`-way
+    tensor parallelism (Megatron-LM's split, as vLLM shards them), routed experts left out
+    (`measured_moe` prices them): every layer's fused QKV (column-parallel) and output
+    projection (row-parallel), a dense MLP layer's fused gate-up and down, an MoE layer's
+    shared experts alike; KV heads are replicated when there are fewer than GPUs."""
     q, kv = shard_heads(model, tp)
-    inter = model.intermediate_size // tp
     h = model.hidden_size
-    return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
+    dense_layers, moe_layers = layer_split(model)
+    gemms = [(model.num_layers, q + 2 * kv, h), (model.num_layers, h, q)]
+    for layers, inter in (
+        (dense_layers, model.intermediate_size // tp),
+        (moe_layers, shared_intermediate(model) // tp),
+    ):
+        if layers and inter:
+            gemms += [(layers, 2 * inter, h), (layers, h, inter)]
+    return gemms
+
+
+def shared_intermediate(model: ModelSpec) -> int:
+    """Width of an MoE layer's shared experts together (0 without any)."""
+    moe = model.moe
+    return moe.num_shared_experts * moe.shared_expert_intermediate_size if moe else 0
 
 
 def elementwise_bytes_per_token(model: ModelSpec, tp: int) -> int:
-    """HBM bytes one token moves per layer through the kernels between a dense layer's
-    GEMMs, 16-bit activations (vLLM's llama-style layer): two fused residual-add RMSNorms
-    over the full hidden state (read x and residual, write both: 4 x hidden each), SiLU x
-    mul over the gate-up shard (read 2 x inter, write inter) and rotary embedding in place
-    on the query and key shards (read and write)."""
+    """HBM bytes one token moves over all layers through the kernels between the GEMMs,
+    16-bit activations (vLLM's llama-style layer): two fused residual-add RMSNorms over
+    the full hidden state (read x and residual, write both: 4 x hidden each) and rotary
+    embedding in place on the query and key shards (read and write) in every layer, SiLU x
+    mul over a dense or shared-expert gate-up shard (read 2 x inter, write inter); the
+    routed experts' activation is inside the fused-MoE kernel `measured_moe` times."""
     q, kv = shard_heads(model, tp)
-    inter = model.intermediate_size // tp
-    return 2 * (8 * model.hidden_size + 3 * inter + 2 * (q + kv))
+    dense_layers, moe_layers = layer_split(model)
+    per_layer = 8 * model.hidden_size + 2 * (q + kv)
+    silu = dense_layers * (model.intermediate_size // tp)
+    silu += moe_layers * (shared_intermediate(model) // tp)
+    return 2 * (model.num_layers * per_layer + 3 * silu)
 
 
 def shard_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
@@ -338,8 +360,9 @@ def shard_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
 def measured_linear(
     table: GemmTable, model: ModelSpec, dtype: str, tp: int, stream_bytes_s: float, kept: float
 ) -> Any:
-    """Linear layers of a dense model from measured GEMM times (callable: tokens, sequences
-    -> seconds): every layer's GEMMs at `dtype` at M = tokens, and the 16-bit LM head
+    """Linear layers from measured GEMM times (callable: tokens, sequences -> seconds),
+    routed experts left out: the GEMMs of `layer_gemms` at `dtype` at M = tokens, an MoE
+    layer's router (vLLM keeps it 16-bit and whole on every GPU) and the 16-bit LM head
     (vLLM keeps it unquantised) at M = sequences (`lm_head_rows`); each GEMM no faster than
     `kept` of its best measured rate (`power_capped`: a loaded GPU at its power limit);
     plus the elementwise kernels between them, streamed at `stream_bytes_s` (the table's
@@ -349,11 +372,15 @@ def measured_linear(
     head = (max(model.vocab_size // tp, 1), model.hidden_size)
     # seconds at each measured M, summed once: a step then reads one curve per M
     body = sum(
-        power_capped(grid, table.curve_s(dtype, n, k), kept) for n, k in layer_gemms(model, tp)
+        layers * power_capped(grid, table.curve_s(dtype, n, k), kept)
+        for layers, n, k in layer_gemms(model, tp)
     )
-    body = model.num_layers * body
+    moe_layers = layer_split(model)[1]
+    if model.moe is not None and moe_layers:
+        router = table.curve_s("bf16", model.moe.num_experts, model.hidden_size)
+        body = body + moe_layers * power_capped(grid, router, kept)
     head_curve = power_capped(grid, table.curve_s("bf16", *head), kept)
-    elementwise_s = model.num_layers * elementwise_bytes_per_token(model, tp) / stream_bytes_s
+    elementwise_s = elementwise_bytes_per_token(model, tp) / stream_bytes_s
 
     def linear(tokens: int, seqs: int) -> float:
         t = max(int(tokens), 1)
@@ -364,6 +391,17 @@ def measured_linear(
         )
 
     return linear
+
+
+def gemm_kind(fmt: WeightFormat, table: GemmTable | None) -> str:
+    """The measured table's dtype for GEMMs in `fmt`: 16-bit formats share bf16's kernels;
+    a checkpoint's block-scaled FP8 runs vLLM's block-scaled path (`fp8_block`, where the
+    GPU's table has it, else the per-token FP8 one)."""
+    if fmt.compute == "fp16":
+        return "bf16"
+    if fmt.compute == "fp8" and fmt.block_scaled and table is not None:
+        return "fp8_block" if "fp8_block" in table.us else "fp8"
+    return fmt.compute
 
 
 def lm_head_rows(tokens: int, seqs: int) -> int:
@@ -402,13 +440,16 @@ def gpu_model(
     full_layers, swa_layers, window = window_layers(model)
     layers = model.num_layers
 
-    # measured GEMM times where the GPU has a table and the model only dense GEMMs in a
-    # measured dtype; the formula below (MAMF, tiles, HBM share) everywhere else
+    # routed experts from measured fused-MoE times where the GPU's table has the shape
+    moe_measured = measured_moe(model, fmt, moe_table(hw.name), tp, fig.sustained_gemm)
+    # measured GEMM times where the GPU has a table in the GEMMs' dtype and the model's
+    # routed experts (if any) are measured too; the formula below (MAMF, tiles, HBM share)
+    # everywhere else
     table = gemm_table(hw.name)
-    dense = model.moe is None and model.mla is None
+    gemm_dtype = gemm_kind(fmt, table)
     measured = None
-    gemm_dtype = "bf16" if fmt.compute == "fp16" else fmt.compute  # the same 16-bit kernels
-    if table is not None and dense and gemm_dtype in table.us:
+    priced = model.mla is None and (model.moe is None or moe_measured is not None)
+    if table is not None and priced and gemm_dtype in table.us:
         measured = measured_linear(
             table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"), fig.sustained_gemm
         )
@@ -417,20 +458,18 @@ def gpu_model(
     kv_read_s, kv_measured = kv_reader(
         model, hw, budget, tp, pp, kv_dtype, fig.attn_eff, fig.attn_floor_s
     )
-    # routed experts from measured fused-MoE times where the GPU's table has the shape
-    moe_measured = measured_moe(model, fmt, moe_table(hw.name), tp, fig.sustained_gemm)
 
     @lru_cache(maxsize=8192)
     def linear(tokens: int, seqs: int) -> float:
         t = max(int(tokens), 1)
         if measured is not None:
-            return measured(t, seqs)
+            return measured(t, seqs) + (moe_measured[0](t) if moe_measured else 0.0)
         flops = flops_per_token * t - head_flops * (t - lm_head_rows(t, seqs))
         compute = flops / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
         if moe_measured is not None:
             experts_s, expert_bytes = moe_measured
             read = max(weights - expert_bytes, 0.0) / (bw * hbm_eff)
-            return (max(read, compute) + experts_s(t)) * pp
+            return max(read, compute) * pp + experts_s(t)  # experts_s: all layers
         read = roofline.weight_bytes_read(model, weights, t) / (bw * hbm_eff)
         if expert_flops_per_token:
             # grouped GEMM: each expert's rows are padded to whole tiles on their own
@@ -473,6 +512,8 @@ def gpu_model(
             f"; GEMMs at {table.engine} kernels' measured times (AIConfigurator's tables, "
             f"data/gpu/gemm_{hw.name}.json)"
         )
+        if gemm_dtype == "fp8_block":
+            sm.note += "; block-scaled FP8 weights at vLLM's block-scaled GEMMs"
     attn = attn_table(hw.name)
     if kv_measured and attn is not None:
         sm.note += (
