@@ -688,6 +688,10 @@ def test_hopper_prices_routed_experts_from_measured_fused_moe_times():
     experts = 36 * at_m(table.tokens, curve, 8)
     assert su.step_model.linear_s(8, 8) == pytest.approx(rest + experts, rel=1e-3)
     assert experts > 0.6 * su.step_model.linear_s(8, 8)  # the experts dominate a decode step
+    # two pipeline stages split the layers, not the work: every layer's GEMMs and experts
+    # once (measured_moe's experts_s already sums every layer)
+    pp2 = setup(model, hw, EngineConfig(pipeline_parallel_size=2)).step_model
+    assert pp2.linear_s(8, 8) == pytest.approx(su.step_model.linear_s(8, 8), rel=1e-12)
     assert (
         "measured fused-MoE times" in su.step_model.note and "moe_h200.json" in su.step_model.note
     )
