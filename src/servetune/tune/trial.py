@@ -251,8 +251,10 @@ def _look_below(
     128): 38.05 req/s against a saturated 40 passed a 59 s window (P95 TTFT 264 ms) and
     missed in a run 10x as long (1.2 s)."""
     at = trial.capacity
-    i = lattice.index_of(at or 0.0) - 1
-    if at is None or i < 0 or len(trial.points) >= max_probes:
+    if at is None or len(trial.points) >= max_probes:
+        return
+    i = lattice.index_of(at) - 1
+    if i < 0:
         return
     weak[at] = why
     trial.first_fail, trial.capacity = at, None

@@ -96,14 +96,15 @@ def simulate_step(p: StepPoint, tier: str) -> StepError | None:
     sm = setup(get_model(p.model), get_hardware(p.gpu), EngineConfig(**knobs), tier=tier).step_model
     n, b = p.prefill_tokens, p.decode_seqs
     kv = float(b * p.context_per_seq)
+    chunk = chunk_attn_pairs(0, n)  # the prefill's own pairs, n (n+1)/2, as the scheduler's
     if p.scope == "kernels":
         if not hasattr(sm, "kernels_s"):
             return None
-        seconds = sm.kernels_s(n, b, kv, kv + chunk_attn_pairs(0, n), chunk_attn_pairs(0, n))
+        seconds = sm.kernels_s(n, b, kv, kv + chunk, chunk)
     elif p.kind == "decode":
         seconds = sm.decode_time_s(b, kv)
     else:
-        seconds = sm.time_s(n, b, kv, kv + chunk_attn_pairs(0, n), chunk_attn_pairs(0, n))
+        seconds = sm.time_s(n, b, kv, kv + chunk, chunk)
     ms = seconds * 1e3
     return StepError(p, tier, ms, signed_pct(ms, p.measured_ms) or 0.0)
 
