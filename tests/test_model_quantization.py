@@ -43,12 +43,29 @@ def test_gpt_oss_ships_mxfp4_experts(name: str) -> None:
 def test_only_the_natively_quantized_catalog_entries_carry_a_format() -> None:
     quantized = {n for n in catalog_names() if get_model(n).quantization is not None}
     qwen_fp8 = {f"qwen3-{s}-fp8" for s in ("8b", "32b", "30b-a3b", "235b-a22b")}
-    assert quantized == {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b", *qwen_fp8}
+    nvidia_fp8 = {f"llama-3.1-{s}-fp8" for s in ("8b", "70b", "405b")}
+    assert quantized == {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b", *qwen_fp8, *nvidia_fp8}
     # Qwen's FP8 release: the bf16 model's shape, fine-grained FP8 weights
     fp8, bf16 = get_model("qwen3-235b-a22b-fp8"), get_model("qwen3-235b-a22b")
     assert fp8.params_total == bf16.params_total
     (scheme,) = fp8.quantization.schemes
     assert (scheme.bits, scheme.block, scheme.activations) == (8, (128, 128), "fp8")
+
+
+@pytest.mark.parametrize(("size", "kv"), [("8B", None), ("70B", "fp8"), ("405B", None)])
+def test_nvidia_llama_fp8_releases_resolve_from_their_repo_ids(size: str, kv: str | None) -> None:
+    """NVIDIA's ModelOpt FP8 releases of Llama 3.1: the 16-bit model's shape, per-tensor FP8
+    in the blocks' linear layers, the LM head 16-bit; only the 70B's config declares an FP8
+    KV cache (the copy AIConfigurator keeps), the others leave it null (TensorRT-LLM's guide)."""
+    spec = get_model(f"nvidia/Llama-3.1-{size}-Instruct-FP8")
+    bf16 = get_model(f"llama-3.1-{size.lower()}")
+    assert spec.name == f"llama-3.1-{size.lower()}-fp8"
+    assert spec.params_total == bf16.params_total
+    q = spec.quantization
+    assert q is not None and q.method == "modelopt" and q.kv_cache == kv
+    (scheme,) = q.schemes
+    assert (scheme.bits, scheme.block, scheme.activations) == (8, None, "fp8")
+    assert scheme.classes == LINEAR  # every linear class but the LM head
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,33 @@ def test_block_scaled_fp8_checkpoints_run_vllms_block_scaled_gemms():
     assert own.linear_s(8192, 1) == pytest.approx(online.linear_s(8192, 1), rel=0.15)
 
 
+def test_modelopt_fp8_checkpoints_run_the_per_tensor_fp8_gemms_and_their_kv_cache():
+    """NVIDIA's ModelOpt FP8 Llama releases scale each tensor once: vLLM runs them through
+    the same CUTLASS FP8 GEMMs as `--quantization fp8` on the 16-bit model, so each step
+    costs what that config's does; the 70B's config declares an FP8 KV cache, which vLLM
+    takes under `auto`, so its pool is the one `kv_cache_dtype=fp8` gives."""
+    h200, tp4 = get_hardware("h200"), EngineConfig(tensor_parallel_size=4)
+    online = tp4.model_copy(update={"quantization": "fp8"})
+    for size, kv in (("8b", "auto"), ("70b", "fp8")):
+        own = setup(get_model(f"nvidia/Llama-3.1-{size.upper()}-Instruct-FP8"), h200, tp4)
+        ref = setup(
+            get_model(f"llama-3.1-{size}"),
+            h200,
+            online.model_copy(update={"kv_cache_dtype": kv}),
+        )
+        assert not weight_format("auto", None, get_model(f"llama-3.1-{size}-fp8")).block_scaled
+        for tokens, seqs in ((16, 16), (2048, 1), (8192, 64)):
+            assert own.step_model.linear_s(tokens, seqs) == pytest.approx(
+                ref.step_model.linear_s(tokens, seqs), rel=1e-9
+            )
+        # the same pool to a block or so (the checkpoint's stored scales)
+        assert own.evaluation.kv_capacity_tokens == pytest.approx(
+            ref.evaluation.kv_capacity_tokens, rel=1e-4
+        )
+    bf16_kv = setup(get_model("llama-3.1-70b"), h200, online).evaluation.kv_capacity_tokens
+    assert own.evaluation.kv_capacity_tokens > 1.9 * bf16_kv
+
+
 def test_decode_step_by_hand():
     """Batch 1, empty context: CPU + layer floor + the measured GEMMs + decode attention's
     measured floor + 2 all-reduces per layer. Figures from data/gpu/kernels.yaml: step
