@@ -17,7 +17,7 @@ from servetune.hardware import get_hardware
 from servetune.model import get_model
 from servetune.plan import roofline
 from servetune.plan.planner import evaluate
-from servetune.plan.quant import weight_format
+from servetune.plan.quant import format_source, weight_format
 from servetune.sim import gpu_step, phases
 from servetune.sim.clients import Clients
 from servetune.sim.engine import setup, simulate
@@ -136,6 +136,30 @@ def test_block_scaled_fp8_checkpoints_run_vllms_block_scaled_gemms():
     ).step_model
     assert own.linear_s(16, 16) > 1.2 * online.linear_s(16, 16)
     assert own.linear_s(8192, 1) == pytest.approx(online.linear_s(8192, 1), rel=0.15)
+
+
+def test_asking_a_checkpoint_for_its_own_method_loads_it_as_it_ships():
+    """vLLM keeps a quantized checkpoint's format when --quantization names its method
+    (and takes a ModelOpt FP8 checkpoint as modelopt when asked for fp8): Qwen3-32B-FP8
+    under `--quantization fp8` keeps its block scales and block-scaled GEMMs, where the
+    16-bit Qwen3-32B under the same flag runs per-token FP8; another method on the FP8
+    checkpoint stays a what-if in that method's format."""
+    block, bf16 = get_model("qwen3-32b-fp8"), get_model("qwen3-32b")
+    asked = weight_format("auto", "fp8", block)
+    assert asked == weight_format("auto", None, block) and asked.block_scaled
+    assert format_source("fp8", block) == "checkpoint"
+    assert not weight_format("auto", "fp8", bf16).block_scaled
+    assert format_source("fp8", bf16) == "quantization"
+    assert weight_format("auto", "awq", block).name == "awq"
+    nvidia = get_model("llama-3.1-70b-fp8")
+    assert weight_format("auto", "fp8", nvidia).name == "modelopt"
+    h100, tp2 = get_hardware("h100-sxm"), EngineConfig(tensor_parallel_size=2)
+    fp8 = tp2.model_copy(update={"quantization": "fp8"})
+    shipped = setup(block, h100, tp2).step_model
+    assert setup(block, h100, fp8).step_model.linear_s(8, 8) == pytest.approx(
+        shipped.linear_s(8, 8), rel=1e-12
+    )
+    assert shipped.linear_s(8, 8) > 1.2 * setup(bf16, h100, fp8).step_model.linear_s(8, 8)
 
 
 def test_modelopt_fp8_checkpoints_run_the_per_tensor_fp8_gemms_and_their_kv_cache():

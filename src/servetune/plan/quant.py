@@ -110,7 +110,7 @@ _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float3
 def format_source(quantization: str | None, model: ModelSpec) -> str:
     """Where `weight_format`'s answer comes from: "quantization" (asked for), "checkpoint"
     (config.json's quantization_config) or "dtype"."""
-    if quantization:
+    if quantization and not loads_as_shipped(quantization, model):
         return "quantization"
     return "checkpoint" if model.quantization is not None else "dtype"
 
@@ -120,7 +120,7 @@ def weight_format(dtype: str, quantization: str | None, model: ModelSpec) -> Wei
     scenario) if any, else the checkpoint's own (an engine loads a quantized checkpoint
     as it ships), else the dtype (`auto` = the checkpoint's torch_dtype, as vLLM does,
     except that vLLM serves a float32 checkpoint in 16 bits: bf16)."""
-    if quantization:
+    if quantization and not loads_as_shipped(quantization, model):
         return _applicable(WEIGHT_FORMATS[quantization], model)
     if model.quantization is not None:
         return checkpoint_format(model)
@@ -129,6 +129,19 @@ def weight_format(dtype: str, quantization: str | None, model: ModelSpec) -> Wei
         if _DTYPE_ALIASES.get(dtype, dtype) == "fp32":
             dtype = "bf16"
     return WEIGHT_FORMATS[_DTYPE_ALIASES.get(dtype, dtype)]
+
+
+def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:
+    """Whether asking `quantization` of a quantized checkpoint loads it as it ships. vLLM
+    keeps the checkpoint's format when --quantization names its `quant_method`
+    (`ModelConfig._verify_quantization`), and takes a ModelOpt FP8 checkpoint as `modelopt`
+    when asked for `fp8` (`ModelOptFp8Config.override_quantization_method`). So
+    Qwen3-32B-FP8 under `--quantization fp8` keeps its 128 x 128 block scales and vLLM's
+    block-scaled GEMMs; another method on it is a what-if in that format."""
+    q = model.quantization
+    if q is None or not q.schemes:
+        return False
+    return quantization == q.method or (q.method == "modelopt" and quantization == "fp8")
 
 
 def checkpoint_format(model: ModelSpec) -> WeightFormat:
