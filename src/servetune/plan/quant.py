@@ -139,9 +139,23 @@ def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:
     Qwen3-32B-FP8 under `--quantization fp8` keeps its 128 x 128 block scales and vLLM's
     block-scaled GEMMs; another method on it is a what-if in that format."""
     q = model.quantization
-    if q is None or not q.schemes:
-        return False
-    return quantization == q.method or (q.method == "modelopt" and quantization == "fp8")
+    return q is not None and bool(q.schemes) and _own_method(quantization, q.method)
+
+
+def refused_quantization(quantization: str | None, model: ModelSpec) -> str | None:
+    """The checkpoint's own method when vLLM would refuse `quantization` on it (another
+    method than its config.json's: "Quantization method specified in the model config
+    (X) does not match the quantization method specified in the `quantization` argument
+    (Y)", `ModelConfig._verify_quantization`); None when it starts."""
+    q = model.quantization
+    if not quantization or q is None or _own_method(quantization, q.method):
+        return None
+    return q.method
+
+
+def _own_method(quantization: str, method: str) -> bool:
+    """`quantization` names `method`, or vLLM overrides it to `method` (ModelOpt FP8)."""
+    return quantization == method or (method == "modelopt" and quantization == "fp8")
 
 
 def checkpoint_format(model: ModelSpec) -> WeightFormat:

@@ -24,7 +24,7 @@ from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.metrics.turns import apply_turn_slo
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
-from servetune.plan.quant import resolved_kv_cache_dtype
+from servetune.plan.quant import refused_quantization, resolved_kv_cache_dtype
 from servetune.results.schema import Load, RunResult, SimStats, Target
 from servetune.sim.expected_error import expected_error_note
 from servetune.sim.gpu_step import gpu_model
@@ -146,6 +146,13 @@ def setup(
     if cfg.engine == "sglang":
         sc = radix_sched_config(cfg, ev)  # RadixAttention pool, SGLang's loop (sim.sglang_*)
     elif cfg.engine == "vllm":
+        own = refused_quantization(cfg.quantization, model)
+        if own is not None:
+            raise InputError(
+                "--set quantization",
+                f"vLLM refuses {cfg.quantization} on {model.name}: its config.json ships {own}",
+                "drop quantization to load the checkpoint as it ships",
+            )
         if not ev.fits:
             raise InputError("config", f"the engine would not start: {ev.verdict}", None)
         blocks = ev.kv_blocks - 1  # vLLM v1 reserves one null block (v1/core/block_pool.py)
