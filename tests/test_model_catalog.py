@@ -88,6 +88,27 @@ def test_unknown_repo_id_suggests_by_last_part() -> None:
         get_model("someone/Qwen3-32B-finetune")
 
 
+@pytest.mark.parametrize(
+    ("repo", "base", "method"),
+    [
+        ("RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", "llama-3.1-70b", "fp8"),
+        ("Qwen/Qwen2.5-7B-Instruct-AWQ", "qwen2.5-7b", "awq"),
+        ("Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4", "qwen2.5-72b", "gptq"),
+    ],
+)
+def test_an_unknown_quantized_release_points_at_its_base_in_that_format(
+    repo: str, base: str, method: str
+) -> None:
+    """A third party's quantized release the catalog lacks: the 16-bit base model under
+    --quant in the announced format, not a catalog release of another maker (whose KV cache
+    or scales may differ)."""
+    with pytest.raises(InputError) as info:
+        get_model(repo)
+    msg = str(info.value)
+    assert f"release of {base}? plan {base} with --quant {method}" in msg
+    assert f"--set quantization={method}" in msg and "\n" not in msg
+
+
 def test_missing_json_path() -> None:
     with pytest.raises(InputError, match="no such file"):
         get_model("./does/not/exist/config.json")

@@ -113,6 +113,22 @@ def _unknown(name: str) -> InputError:
     if not hints:
         # An HF repo id's last part often names the model ("meta-llama/Llama-3.1-8B").
         hints = closest(name.rsplit("/", 1)[-1], catalog_names())
+    release = _quantized_release(name)
+    if release is not None:
+        # A third party's quantized release of a catalog model (RedHatAI/...-FP8,
+        # ...-AWQ): its 16-bit base model in that format is the nearest plan.
+        stem, method = release
+        plain = [n for n in catalog_names() if "quantization_config" not in _load_entry(n)]
+        base = closest(stem, plain)
+        if base:
+            article = "a" if method == "gptq" else "an"
+            return InputError(
+                "model",
+                f"unknown model {name!r}",
+                f"{article} {method.upper()} release of {base[0]}? plan {base[0]} with "
+                f"--quant {method} (simulate: --set quantization={method}), or give the "
+                "release's config.json",
+            )
     did_you_mean = f"did you mean {', '.join(hints)}? " if hints else ""
     return InputError(
         "model",
@@ -120,3 +136,14 @@ def _unknown(name: str) -> InputError:
         f"{did_you_mean}give a catalog name (e.g. llama-3.1-8b) "
         "or a path to a config.json or model directory",
     )
+
+
+def _quantized_release(name: str) -> tuple[str, str] | None:
+    """(the name without it, the weight format) where a repo name announces a format
+    servetune knows the size of (`-FP8`, `-AWQ`, `-GPTQ-Int4`, `-INT8`)."""
+    parts = name.rsplit("/", 1)[-1].lower().replace("_", "-").split("-")
+    for method in ("fp8", "awq", "gptq", "int8"):
+        if method in parts:
+            keep = [p for p in parts if p not in (method, "int4", "dynamic", "w8a8", "instruct")]
+            return "-".join(keep), method
+    return None
