@@ -50,6 +50,9 @@ def test_hf_repo_id_resolves_to_catalog() -> None:
     assert get_model("meta-llama/Llama-3.1-8B").name == "llama-3.1-8b"
     assert get_model("meta-llama/Llama-3.1-8B-Instruct").name == "llama-3.1-8b"
     assert get_model("openai/gpt-oss-20b").name == "gpt-oss-20b"
+    # Llama 3.3 70B (instruct only) has 3.1 70B's shapes
+    assert get_model("meta-llama/Llama-3.3-70B-Instruct").name == "llama-3.3-70b"
+    assert get_model("llama-3.3-70b").params_total == get_model("llama-3.1-70b").params_total
 
 
 @pytest.mark.parametrize("name", catalog_names())
