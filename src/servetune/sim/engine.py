@@ -140,19 +140,19 @@ def setup(
         raise InputError("--gpu", "SGLang's scheduler model is of its GPU server", "give a GPU")
     # what the engine refuses at start-up (block size, TP vs heads) is not simulated
     check_config(cfg, device=hw.kind, attention_heads=model.num_attention_heads)
+    own = refused_quantization(cfg.quantization, model)
+    if cfg.engine == "vllm" and own is not None:
+        raise InputError(
+            "--set quantization",
+            f"vLLM refuses {cfg.quantization} on {model.name}: its config.json ships {own}",
+            "drop quantization to load the checkpoint as it ships",
+        )
     default_ev = evaluate(model, hw, cfg)
     ev, capped = start_length(model, hw, cfg, default_ev)
     b = ev.budget
     if cfg.engine == "sglang":
         sc = radix_sched_config(cfg, ev)  # RadixAttention pool, SGLang's loop (sim.sglang_*)
     elif cfg.engine == "vllm":
-        own = refused_quantization(cfg.quantization, model)
-        if own is not None:
-            raise InputError(
-                "--set quantization",
-                f"vLLM refuses {cfg.quantization} on {model.name}: its config.json ships {own}",
-                "drop quantization to load the checkpoint as it ships",
-            )
         if not ev.fits:
             raise InputError("config", f"the engine would not start: {ev.verdict}", None)
         blocks = ev.kv_blocks - 1  # vLLM v1 reserves one null block (v1/core/block_pool.py)
