@@ -1,5 +1,7 @@
-"""Natively quantized checkpoints are planned in their own format (MXFP4, block-wise FP8),
-a user's --quant overrides it, and scenarios that imply a format apply it."""
+"""Natively quantized checkpoints are planned in their own format (MXFP4, block-wise FP8);
+a user's --quant naming their own method keeps it, another is refused as vLLM refuses it,
+--quant stands in for a method servetune cannot size, and scenarios that imply a format
+apply it."""
 
 from __future__ import annotations
 
@@ -103,6 +105,19 @@ def test_unknown_checkpoint_method_asks_for_quant() -> None:
     assert info.value.field == "x: quantization_config.quant_method"
     assert "--quant" in str(info.value)
     assert weight_format("auto", "fp8", m).name == "fp8"  # --quant still plans it
+
+
+def test_plan_refuses_another_method_on_a_quantized_checkpoint_as_vllm_does() -> None:
+    """vLLM refuses --quantization awq on Qwen3-32B-FP8 at start-up; plan says so in one
+    line naming --quant, and keeps the checkpoint's block-scaled FP8 under --quant fp8."""
+    with pytest.raises(InputError) as info:
+        run_plan(PlanArgs(model="qwen3-32b-fp8", gpu="h100-sxm", quant="awq"))
+    assert info.value.field == "--quant" and "ships fp8" in str(info.value)
+    own = run_plan(PlanArgs(model="qwen3-32b-fp8", gpu="h100-sxm", quant="fp8"))
+    shipped = run_plan(PlanArgs(model="qwen3-32b-fp8", gpu="h100-sxm"))
+    assert own.plan.evaluation.budget == shipped.plan.evaluation.budget
+    base = run_plan(PlanArgs(model="qwen3-32b", gpu="h100-sxm", quant="awq"))
+    assert base.plan.evaluation.budget.weight_format == "awq"
 
 
 def test_cpu_edge_scenario_applies_gguf_q4_k_m() -> None:

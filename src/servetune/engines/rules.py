@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
+from servetune.model.quantization import names_checkpoint_method
 
 # Engines that shard attention heads over tensor-parallel ranks (llama.cpp has no TP).
 TP_ENGINES = ("vllm", "sglang", "tgi", "trtllm")
@@ -63,9 +64,32 @@ def check_scheduling_policy(cfg: EngineConfig) -> None:
         )
 
 
-def check_config(cfg: EngineConfig, *, device: str, attention_heads: int | None = None) -> None:
-    """Every start-up rule above that applies (`attention_heads`: the model's, when known)."""
+def check_quantization(cfg: EngineConfig, checkpoint_method: str | None) -> None:
+    """InputError when vLLM or SGLang would refuse `cfg.quantization` on a checkpoint whose
+    config.json ships `checkpoint_method` (`names_checkpoint_method`)."""
+    asked = cfg.quantization
+    if cfg.engine not in ("vllm", "sglang") or not asked or checkpoint_method is None:
+        return
+    if not names_checkpoint_method(asked, checkpoint_method):
+        raise InputError(
+            "quantization",
+            f"{cfg.engine} refuses {asked} on a checkpoint whose config.json ships "
+            f"{checkpoint_method}",
+            "drop it to load the checkpoint as it ships, or plan the 16-bit model with it",
+        )
+
+
+def check_config(
+    cfg: EngineConfig,
+    *,
+    device: str,
+    attention_heads: int | None = None,
+    checkpoint_method: str | None = None,
+) -> None:
+    """Every start-up rule above that applies (`attention_heads`, `checkpoint_method`: the
+    model's, when known)."""
     check_block_size(cfg, device)
     check_scheduling_policy(cfg)
+    check_quantization(cfg, checkpoint_method)
     if attention_heads is not None:
         check_tensor_parallel(cfg, attention_heads)

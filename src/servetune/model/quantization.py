@@ -285,3 +285,13 @@ _PARSERS = {
 def supported_methods() -> list[str]:
     """The `quant_method`s whose sizes servetune computes (modelopt_fp4: its KV cache only)."""
     return sorted(m for m in _PARSERS if m != "modelopt_fp4")
+
+
+def names_checkpoint_method(asked: str, method: str) -> bool:
+    """Whether an engine asked for `asked` loads a checkpoint whose config says `method` as
+    it ships: the same name, or `fp8` on a ModelOpt FP8 checkpoint, which vLLM takes as
+    `modelopt` (`ModelOptFp8Config.override_quantization_method`). Any other name vLLM and
+    SGLang refuse at start-up ("Quantization method specified in the model config (X) does
+    not match the quantization method specified in the `quantization` argument (Y)",
+    `ModelConfig._verify_quantization`)."""
+    return asked == method or (method == "modelopt" and asked == "fp8")

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from servetune.errors import InputError
-from servetune.model.quantization import MXFP4, supported_methods
+from servetune.model.quantization import MXFP4, names_checkpoint_method, supported_methods
 from servetune.model.spec import ModelSpec, QuantScheme
 
 # llama.cpp K-quants pack rows in super-blocks of 256 weights; a tensor whose rows are not
@@ -132,30 +132,21 @@ def weight_format(dtype: str, quantization: str | None, model: ModelSpec) -> Wei
 
 
 def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:
-    """Whether asking `quantization` of a quantized checkpoint loads it as it ships. vLLM
-    keeps the checkpoint's format when --quantization names its `quant_method`
-    (`ModelConfig._verify_quantization`), and takes a ModelOpt FP8 checkpoint as `modelopt`
-    when asked for `fp8` (`ModelOptFp8Config.override_quantization_method`). So
-    Qwen3-32B-FP8 under `--quantization fp8` keeps its 128 x 128 block scales and vLLM's
-    block-scaled GEMMs; another method on it is a what-if in that format."""
+    """Whether asking `quantization` of a quantized checkpoint loads it as it ships
+    (`names_checkpoint_method`): Qwen3-32B-FP8 under `--quantization fp8` keeps its
+    128 x 128 block scales and vLLM's block-scaled GEMMs. Another method on a quantized
+    checkpoint is refused where a config meets the engine's start-up rules
+    (`engines.rules.check_quantization`)."""
     q = model.quantization
-    return q is not None and bool(q.schemes) and _own_method(quantization, q.method)
+    return q is not None and bool(q.schemes) and names_checkpoint_method(quantization, q.method)
 
 
-def refused_quantization(quantization: str | None, model: ModelSpec) -> str | None:
-    """The checkpoint's own method when vLLM would refuse `quantization` on it (another
-    method than its config.json's: "Quantization method specified in the model config
-    (X) does not match the quantization method specified in the `quantization` argument
-    (Y)", `ModelConfig._verify_quantization`); None when it starts."""
+def shipped_method(model: ModelSpec) -> str | None:
+    """The checkpoint's `quant_method` where servetune knows its format, for the engines'
+    start-up rule (`engines.rules.check_quantization`); None for a 16-bit checkpoint and
+    for a method with no size rule, which --quant stands in for."""
     q = model.quantization
-    if not quantization or q is None or _own_method(quantization, q.method):
-        return None
-    return q.method
-
-
-def _own_method(quantization: str, method: str) -> bool:
-    """`quantization` names `method`, or vLLM overrides it to `method` (ModelOpt FP8)."""
-    return quantization == method or (method == "modelopt" and quantization == "fp8")
+    return q.method if q is not None and q.schemes else None
 
 
 def checkpoint_format(model: ModelSpec) -> WeightFormat:

@@ -23,6 +23,7 @@ from servetune.plan import kv as kvmath
 from servetune.plan.memory import Overheads
 from servetune.plan.planner import Evaluation, Plan, PlanRequest, make_plan, scenario_config
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
+from servetune.plan.quant import shipped_method
 from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
 
@@ -158,10 +159,15 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         ) from None
     rule_device = "cpu" if hardware.kind == "cpu" else "gpu"
     try:  # the engine's start-up rules (TP divides the heads, block size), as flags
-        check_config(config, device=rule_device, attention_heads=model.num_attention_heads)
+        check_config(
+            config,
+            device=rule_device,
+            attention_heads=model.num_attention_heads,
+            checkpoint_method=shipped_method(model),
+        )
     except InputError as exc:
-        raise InputError(_flag({"tensor_parallel_size": "tp"}.get(exc.field, exc.field)),
-                         exc.problem, exc.fix) from None  # fmt: skip
+        flag = {"tensor_parallel_size": "tp", "quantization": "quant"}.get(exc.field, exc.field)
+        raise InputError(_flag(flag), exc.problem, exc.fix) from None
     explicit = {k for k, v in knobs.items() if v is not None}
     if args.kv_dtype is None:
         explicit.discard("kv_cache_dtype")

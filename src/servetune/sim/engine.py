@@ -24,7 +24,7 @@ from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.metrics.turns import apply_turn_slo
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
-from servetune.plan.quant import refused_quantization, resolved_kv_cache_dtype
+from servetune.plan.quant import resolved_kv_cache_dtype, shipped_method
 from servetune.results.schema import Load, RunResult, SimStats, Target
 from servetune.sim.expected_error import expected_error_note
 from servetune.sim.gpu_step import gpu_model
@@ -139,14 +139,12 @@ def setup(
     if cfg.engine == "sglang" and hw.kind != "gpu":
         raise InputError("--gpu", "SGLang's scheduler model is of its GPU server", "give a GPU")
     # what the engine refuses at start-up (block size, TP vs heads) is not simulated
-    check_config(cfg, device=hw.kind, attention_heads=model.num_attention_heads)
-    own = refused_quantization(cfg.quantization, model)
-    if cfg.engine == "vllm" and own is not None:
-        raise InputError(
-            "--set quantization",
-            f"vLLM refuses {cfg.quantization} on {model.name}: its config.json ships {own}",
-            "drop quantization to load the checkpoint as it ships",
-        )
+    check_config(
+        cfg,
+        device=hw.kind,
+        attention_heads=model.num_attention_heads,
+        checkpoint_method=shipped_method(model),
+    )
     default_ev = evaluate(model, hw, cfg)
     ev, capped = start_length(model, hw, cfg, default_ev)
     b = ev.budget
