@@ -109,10 +109,6 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 
 def _unknown(name: str) -> InputError:
-    hints = closest(name, catalog_names())
-    if not hints:
-        # An HF repo id's last part often names the model ("meta-llama/Llama-3.1-8B").
-        hints = closest(name.rsplit("/", 1)[-1], catalog_names())
     release = _quantized_release(name)
     if release is not None:
         # A third party's quantized release of a catalog model (RedHatAI/...-FP8,
@@ -129,6 +125,10 @@ def _unknown(name: str) -> InputError:
                 f"--quant {method} (simulate: --set quantization={method}), or give the "
                 "release's config.json",
             )
+    hints = closest(name, catalog_names())
+    if not hints:
+        # An HF repo id's last part often names the model ("meta-llama/Llama-3.1-8B").
+        hints = closest(name.rsplit("/", 1)[-1], catalog_names())
     did_you_mean = f"did you mean {', '.join(hints)}? " if hints else ""
     return InputError(
         "model",

@@ -137,8 +137,8 @@ def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:
     128 x 128 block scales and vLLM's block-scaled GEMMs. Another method on a quantized
     checkpoint is refused where a config meets the engine's start-up rules
     (`engines.rules.check_quantization`)."""
-    q = model.quantization
-    return q is not None and bool(q.schemes) and names_checkpoint_method(quantization, q.method)
+    method = shipped_method(model)
+    return method is not None and names_checkpoint_method(quantization, method)
 
 
 def shipped_method(model: ModelSpec) -> str | None:
