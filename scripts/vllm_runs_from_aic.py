@@ -9,7 +9,8 @@ concurrency), used by that project to check its own predictions. Only figures ar
 Kept: vLLM, aggregated serving (no disaggregation), pipeline 1, no attention data
 parallelism (MoE TP equal to TP) and no expert parallelism (servetune's vLLM model prices
 neither), FP8 or the checkpoint's own format (NVFP4 and INT4 are not priced), models and
-GPUs in servetune's catalogs. One row per configuration (the file lists some twice, from
+GPUs in servetune's catalogs, released vLLM versions (a nightly build names no release whose
+CPU-side figures apply). One row per configuration (the file lists some twice, from
 two collection dates; the first is kept).
 
 Left out on purpose: the same file's vLLM runs of Llama-3.1-70B, Qwen3-32B and Llama-3.1-8B
@@ -38,10 +39,11 @@ MODELS = {
     "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
     "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b-fp8",
     "openai/gpt-oss-120b": "gpt-oss-120b",
+    "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5",
 }
 # Checkpoints that ship quantized: the catalog entry carries their quantization_config
-# (Qwen's block-scaled FP8, GPT-OSS's MXFP4), so a run of them names no --quant.
-OWN_FORMAT = ("Qwen/Qwen3-235B-A22B-FP8", "openai/gpt-oss-120b")
+# (Qwen's and MiniMax's block-scaled FP8, GPT-OSS's MXFP4), so a run of them names no --quant.
+OWN_FORMAT = ("Qwen/Qwen3-235B-A22B-FP8", "openai/gpt-oss-120b", "MiniMaxAI/MiniMax-M2.5")
 GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300"}
 HELD_OUT_MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Llama-3.1-8B")
 HELD_OUT_GPUS = ("h100_sxm", "h200_sxm")
@@ -67,6 +69,7 @@ def kept(r: dict) -> bool:
         and r["moe_ep_size"] in ones
         and r["moe_tp_size"] in (*ones, r["tp_size"])  # else attention ran data-parallel
         and (r["precision"] == "fp8" or r["model_path"] == "openai/gpt-oss-120b")
+        and not r["backend_version"].startswith("nightly")  # no release to take figures from
     )
 
 

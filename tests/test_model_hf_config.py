@@ -129,6 +129,23 @@ def test_qwen3_moe_partial_layers_rejected() -> None:
         spec_from_hf_dict(cfg, "q")
 
 
+def test_minimax_m2() -> None:
+    """MiniMax-M2.5's config.json (Mixtral's MoE keys, every layer MoE), its block-scaled
+    FP8 checkpoint, and its q/k norm over all heads (`qk_norm_type: per_layer`), which
+    only a config that says so (and keeps `use_qk_norm`) gets."""
+    spec = get_model("MiniMaxAI/MiniMax-M2.5")
+    assert spec.name == "minimax-m2.5" and spec.moe is not None
+    assert (spec.moe.num_experts, spec.moe.experts_per_token) == (256, 8)
+    assert spec.moe.expert_intermediate_size == 1536 and spec.moe.first_dense_layers == 0
+    assert (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim) == (48, 8, 128)
+    assert spec.quantization is not None and spec.quantization.method == "fp8"
+    assert spec.qk_norm_across_heads
+    cfg = _strip(catalog_entry("minimax-m2.5"))
+    assert not spec_from_hf_dict({**cfg, "use_qk_norm": False}, "m").qk_norm_across_heads
+    del cfg["qk_norm_type"]
+    assert not spec_from_hf_dict(cfg, "m").qk_norm_across_heads
+
+
 def test_phi3() -> None:
     spec = get_model("phi-3-mini")
     assert spec.architecture == "Phi3ForCausalLM"

@@ -44,7 +44,12 @@ def test_only_the_natively_quantized_catalog_entries_carry_a_format() -> None:
     quantized = {n for n in catalog_names() if get_model(n).quantization is not None}
     qwen_fp8 = {f"qwen3-{s}-fp8" for s in ("8b", "32b", "30b-a3b", "235b-a22b")}
     nvidia_fp8 = {f"llama-3.1-{s}-fp8" for s in ("8b", "70b", "405b")}
-    assert quantized == {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b", *qwen_fp8, *nvidia_fp8}
+    own = {"deepseek-v3", "gpt-oss-20b", "gpt-oss-120b", "minimax-m2.5"}
+    assert quantized == {*own, *qwen_fp8, *nvidia_fp8}
+    # MiniMax ships block-scaled FP8 only; the router gate (`gate`) and lm_head stay 16-bit
+    (scheme,) = get_model("minimax-m2.5").quantization.schemes
+    assert (scheme.bits, scheme.block) == (8, (128, 128))
+    assert "lm_head" not in scheme.classes and "router" not in scheme.classes
     # Qwen's FP8 release: the bf16 model's shape, fine-grained FP8 weights
     fp8, bf16 = get_model("qwen3-235b-a22b-fp8"), get_model("qwen3-235b-a22b")
     assert fp8.params_total == bf16.params_total

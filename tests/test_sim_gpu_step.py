@@ -709,7 +709,8 @@ def test_moe_experts_pad_to_fused_moe_tiles_and_stream_their_weights():
     128-row tiles (which priced it at twice that)."""
     assert (gpu_step.moe_tile_m(128, 128), gpu_step.moe_tile_m(129, 128)) == (16, 64)
     model, hw = get_model("gpt-oss-120b"), get_hardware("b200")
-    assert moe_table(hw.name) is None
+    table = moe_table(hw.name)  # FP8 experts only on Blackwell: MXFP4 keeps the formula
+    assert table is not None and table.curve_s("mxfp4", 2880, 2880, 128, 4, 1) is None
     su = setup(model, hw, EngineConfig())
     weights = su.evaluation.budget.weights_bytes
     fig = kernel_figures(hw)
@@ -753,7 +754,11 @@ def test_hopper_prices_routed_experts_from_measured_fused_moe_times():
     assert (
         "measured fused-MoE times" in su.step_model.note and "moe_h200.json" in su.step_model.note
     )
-    assert table.curve_s("mxfp4", 2880, 2880, 128, 4, 3) is None  # not a TP it timed
+    # TP3 (960 columns of each expert a GPU) was not timed: read between the TP4 (720) and
+    # TP2 (1440) shards of the same shape, a third of the way, linearly in the width
+    tp3 = table.curve_s("mxfp4", 2880, 2880, 128, 4, 3)
+    tp4, tp2 = (table.curve_s("mxfp4", 2880, 2880, 128, 4, tp) for tp in (4, 2))
+    assert tp3 == pytest.approx(tp4 + (tp2 - tp4) / 3, rel=1e-12)
     awq = EngineConfig(quantization="awq")
     mixtral = setup(get_model("mixtral-8x7b"), hw, awq)
     fmt = weight_format("auto", "awq", get_model("mixtral-8x7b"))
@@ -841,3 +846,69 @@ def test_decode_attention_reads_measured_lines_and_windows_cap_their_layers():
     flat = a100_su.step_model.kv_read_s(8)
     per_token = 2 * 8 * 128 * 2 / (a100.bandwidth_bytes_s * kernel_figures(a100).attn_eff)
     assert (flat.fixed_s, flat.full_s, flat.swa_s) == pytest.approx((0.0, 32 * per_token, 0.0))
+
+
+def test_moe_shards_the_table_did_not_time_read_between_timed_widths():
+    """vLLM's tensor-parallel experts split the expert width only, so a GPU's fused-MoE
+    kernel depends on (hidden, inter / tp, experts, top_k). MiniMax-M2.5 (3072 x 1536, 256
+    experts, top 8) at TP8 on an H200 (192 columns a GPU; the table times TP 1-4) reads
+    halfway between the 128- and 256-column shards it timed (3072 x 1024 at TP8 and TP4).
+    A width outside every timed one has no reading (None: the formula prices it)."""
+    table = moe_table("h200")
+    assert table is not None
+    assert table.us["fp8"].get("3072x1536x256x8/tp8") is None
+    at128, at256 = (table.curve_s("fp8", 3072, 1024, 256, 8, tp) for tp in (8, 4))
+    tp8 = table.curve_s("fp8", 3072, 1536, 256, 8, 8)
+    assert tp8 == pytest.approx((at128 + at256) / 2, rel=1e-12)
+    assert table.curve_s("fp8", 3072, 1536, 256, 8, 4) * 1e6 == pytest.approx(
+        table.us["fp8"]["3072x1536x256x8/tp4"]
+    )  # a timed shape is read as timed
+    assert table.curve_s("fp8", 3072, 512, 256, 8, 8) is None  # 64 columns: below the grid
+    assert table.curve_s("fp8", 3072, 1536, 200, 8, 8) is None  # experts it never timed
+    su = setup(
+        get_model("minimax-m2.5"), get_hardware("h200"), EngineConfig(tensor_parallel_size=8)
+    )
+    assert "measured fused-MoE times" in su.step_model.note
+
+
+def test_blackwell_prices_fp8_experts_from_flashinfer_measured_times():
+    """On B200 and B300 the table holds vLLM's block-FP8 MoE kernel (FlashInfer's TRT-LLM
+    one, AIConfigurator's vLLM 0.24.0 measurements, data/gpu/moe_<gpu>.json): MiniMax-M2.5
+    at TP2 takes 62 layers of its measured time for the step's tokens."""
+    for name in ("b200", "b300"):
+        hw = get_hardware(name)
+        table = moe_table(name)
+        assert table is not None and set(table.us) == {"fp8"}
+        assert "aiconfigurator" in table.source and f"{name}_sxm/moe/vllm" in table.source
+        su = setup(get_model("minimax-m2.5"), hw, EngineConfig(tensor_parallel_size=2))
+        assert f"moe_{name}.json" in su.step_model.note
+        curve = table.curve_s("fp8", 3072, 1536, 256, 8, 2)
+        experts = 62 * at_m(table.tokens, curve, 4)
+        assert 0.5 * su.step_model.linear_s(4, 4) < experts < su.step_model.linear_s(4, 4)
+
+
+def test_a_qk_norm_across_heads_all_reduces_its_variance_each_layer():
+    """MiniMax-M2's q/k RMSNorm spans all heads (config `qk_norm_type: per_layer`), so under
+    tensor parallelism vLLM all-reduces each token's q and k variance (two fp32 numbers) in
+    every layer, beside Megatron-LM's two all-reduces of the hidden state: at TP4 on an
+    H200, 62 x allreduce(8 B a token) more than a model whose norm is per head."""
+    mm = get_model("minimax-m2.5")
+    assert mm.qk_norm_across_heads and not get_model("qwen3-235b-a22b").qk_norm_across_heads
+    assert roofline.tp_allreduces(mm) == ((124, 3072, 2), (62, 2, 4))
+    assert roofline.tp_allreduces(L70) == ((160, 8192, 2),)
+    hw = get_hardware("h200")
+    fig = kernel_figures(hw)
+    sm = setup(mm, hw, EngineConfig(tensor_parallel_size=4)).step_model
+    for tokens in (1, 64, 4096):
+        megatron = 124 * allreduce_s(fig, 4, tokens * 3072 * 2)
+        norm = 62 * allreduce_s(fig, 4, tokens * 8)
+        assert sm.allreduce_step_s(tokens) == pytest.approx(megatron + norm, rel=1e-12)
+    # 8 B is below the measured curve's first size: its latency floor, 0.27 ms a step
+    assert allreduce_s(fig, 4, 8) == allreduce_s(fig, 4, 256)
+    assert 0.25e-3 < 62 * allreduce_s(fig, 4, 8) < 0.30e-3
+    assert roofline.comm_s(mm, hw, 1, 64) == 0.0  # one GPU all-reduces nothing
+    # the roofline tier and the planner count the same calls
+    comm = roofline.comm_s(mm, hw, 4, 64)
+    assert comm == pytest.approx(
+        124 * roofline.allreduce_s(hw, 4, 64, 3072) + 62 * roofline.allreduce_s(hw, 4, 64, 2, 4)
+    )

@@ -61,14 +61,29 @@ def test_aiconfigurator_vllm_runs_leave_the_held_out_set_out():
     # AIConfigurator's FP8 runs keep an FP8 KV cache (inferred, and each note says so); the
     # rest the engine's default. Qwen's FP8 checkpoint runs as it ships (its catalog entry
     # carries the block-scaled format), the 16-bit Llama quantized by vLLM (--quantization)
+    own_fp8 = ("qwen3-235b-a22b-fp8", "minimax-m2.5")  # block-scaled FP8 checkpoints
     for r in aic:
-        fp8_kv = r.quantization == "fp8" or r.model == "qwen3-235b-a22b-fp8"
+        fp8_kv = r.quantization == "fp8" or r.model in own_fp8
         assert (r.kv_cache_dtype == "fp8") == fp8_kv, r.id
         assert ("FP8 KV cache inferred" in r.note) == fp8_kv, r.id
     qwen = [r for r in aic if r.source_model == "Qwen/Qwen3-235B-A22B-FP8"]
     assert len(qwen) == 26 and {(r.model, r.quantization) for r in qwen} == {
         ("qwen3-235b-a22b-fp8", None)
     }
+    # MiniMax-M2.5's FP8 runs, tensor-parallel experts only (its expert-parallel and NVFP4
+    # runs are not priced), released vLLM versions only (no nightly builds)
+    minimax = [r for r in aic if r.source_model == "MiniMaxAI/MiniMax-M2.5"]
+    assert len(minimax) == 117 and {r.quantization for r in minimax} == {None}
+    assert {(r.gpu, r.tp) for r in minimax} == {
+        ("h200", 4),
+        ("h200", 8),
+        ("b200", 2),
+        ("b200", 4),
+        ("b300", 1),
+        ("b300", 2),
+        ("b300", 4),
+    }
+    assert {r.engine_version for r in minimax} == {"0.16.0", "0.17.0", "0.18.0", "0.19.0"}
 
 
 def test_a_mean_is_read_as_a_mean_and_the_held_out_measure_as_a_median():

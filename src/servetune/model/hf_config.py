@@ -98,6 +98,15 @@ _FAMILIES: dict[str, _Family] = {
         mla=True,
         required=_MLA_KEYS + _DEEPSEEK_MOE_KEYS,
     ),
+    # MiniMax-M2 (configuration/modeling_minimax_m2.py): every layer MoE, Mixtral's keys,
+    # sigmoid routing with a per-expert score bias, q/k RMSNorm over all heads ("per_layer":
+    # 6,144 + 1,024 weights where the trait counts a head's 2 x 128; a few K of 230 B).
+    "minimax_m2": _Family(
+        "MiniMaxM2ForCausalLM",
+        Traits(qk_norm=True, router_score_bias=True),
+        moe="mixtral",
+        required=_MIXTRAL_KEYS,
+    ),
     "gpt_oss": _Family(
         "GptOssForCausalLM",
         Traits(
@@ -319,6 +328,8 @@ def _build_spec(
             sliding_window_layers=sliding_layers,
             moe=_MOE_BUILDERS[family.moe](flat, source) if family.moe else None,
             mla=mla,
+            qk_norm_across_heads=flat.get("qk_norm_type") == "per_layer"
+            and flat.get("use_qk_norm", True) is not False,
             torch_dtype=str(dtype),
             quantization=checkpoint_quant(flat.get("quantization_config"), source),
         )

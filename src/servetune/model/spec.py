@@ -114,6 +114,10 @@ class ModelSpec(BaseModel):
     sliding_window_layers: int = Field(0, ge=0)
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    # q/k RMSNorm over all heads at once (MiniMax-M2's `qk_norm_type: per_layer`), not per
+    # head: under tensor parallelism each layer all-reduces the norm's variance
+    # (plan.roofline.tp_allreduces).
+    qk_norm_across_heads: bool = False
     torch_dtype: str = "bfloat16"
     # The checkpoint's own quantized format (config.json quantization_config), if any.
     quantization: CheckpointQuant | None = None

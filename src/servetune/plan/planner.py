@@ -222,7 +222,7 @@ def parallel_options(req: PlanRequest) -> list[ParallelOption]:
         for pp in pps:
             cfg = req.config.with_(tensor_parallel_size=tp, pipeline_parallel_size=pp)
             ev = evaluate(model, hw, cfg, req.context, req.overheads)
-            comm = 2 * model.num_layers * roofline.allreduce_s(hw, tp, 1, model.hidden_size)
+            comm = roofline.comm_s(model, hw, tp, 1)
             options.append(
                 ParallelOption(
                     tp=tp,

@@ -60,6 +60,26 @@ def weight_bytes_read(model: ModelSpec, weights_bytes: float, batch: int) -> flo
     return weights_bytes * ((1 - share) + share * touched / moe.num_experts)
 
 
+def tp_allreduces(model: ModelSpec) -> tuple[tuple[int, int, int], ...]:
+    """The all-reduces a forward pass runs under tensor parallelism, as (calls, elements a
+    token, bytes an element): Megatron-LM's two a layer on the hidden state, in 16 bits
+    (after the attention output and the MLP or MoE down projection); a model whose q/k
+    RMSNorm spans all heads adds one a layer of two fp32 numbers a token (vLLM's
+    `MiniMaxText01RMSNormTP.forward_qk` in vllm/model_executor/layers/mamba/linear_attn.py,
+    which models/minimax_m2.py's attention calls, sums each token's q and k variance
+    across the ranks)."""
+    megatron = (2 * model.num_layers, model.hidden_size, 2)
+    if not model.qk_norm_across_heads:
+        return (megatron,)
+    return (megatron, (model.num_layers, 2, 4))
+
+
+def comm_s(model: ModelSpec, hw: HardwareSpec, tp: int, tokens: int) -> float:
+    """Seconds of a `tokens`-token forward pass's all-reduces (`tp_allreduces`), each a
+    ring all-reduce (`allreduce_s`)."""
+    return sum(n * allreduce_s(hw, tp, tokens, w, b) for n, w, b in tp_allreduces(model))
+
+
 def allreduce_s(hw: HardwareSpec, tp: int, tokens: int, hidden: int, act_bytes: int = 2) -> float:
     """Ring all-reduce of a tokens x hidden activation across tp GPUs."""
     if tp <= 1:
@@ -111,11 +131,11 @@ def _step(
     tp: int,
     tokens: int,
 ) -> StepCost:
-    """Bytes and FLOPs -> times, plus the two all-reduces per layer of `tokens` activations."""
+    """Bytes and FLOPs -> times, plus the step's all-reduces (`tp_allreduces`)."""
     return StepCost(
         memory_s=memory_bytes / hw.bandwidth_bytes_s,
         compute_s=flops / hw.peak_flops(compute_dtype),
-        comm_s=2 * model.num_layers * allreduce_s(hw, tp, tokens, model.hidden_size),
+        comm_s=comm_s(model, hw, tp, tokens),
     )
 
 

@@ -246,9 +246,44 @@ class MoeTable:
         self, dtype: str, hidden: int, inter: int, experts: int, top_k: int, tp: int
     ) -> np.ndarray | None:
         """Seconds of one layer's routed experts at each measured step size; None where
-        the table has not timed this shape (the caller prices it with the formula)."""
-        us = self.us.get(dtype, {}).get(f"{hidden}x{inter}x{experts}x{top_k}/tp{tp}")
-        return None if us is None else us * 1e-6
+        the table has not timed this shape (the caller prices it with the formula).
+
+        vLLM's tensor-parallel experts split only the expert intermediate dimension (each
+        GPU holds every expert's `inter / tp` columns of w13 and rows of w2, and runs the
+        same fused kernel on them), so a GPU's kernel is fixed by (hidden, inter / tp,
+        experts, top_k). A TP the table did not time is read from the timed shards of the
+        same hidden size, experts and top-k on either side of its width, linearly in the
+        width (the kernel's two GEMMs grow linearly with it); outside them, None."""
+        shapes = self.us.get(dtype, {})
+        us = shapes.get(f"{hidden}x{inter}x{experts}x{top_k}/tp{tp}")
+        if us is not None:
+            return us * 1e-6
+        widths = self.shard_widths(dtype, hidden, experts, top_k)
+        width = inter / tp
+        below = [w for w in widths if w < width]
+        above = [w for w in widths if w > width]
+        if not below or not above:
+            return None
+        lo, hi = max(below), min(above)
+        f = (width - lo) / (hi - lo)
+        return ((1.0 - f) * widths[lo] + f * widths[hi]) * 1e-6
+
+    def shard_widths(
+        self, dtype: str, hidden: int, experts: int, top_k: int
+    ) -> dict[float, np.ndarray]:
+        """The timed per-GPU expert widths (inter / tp) of one (hidden, experts, top_k),
+        each with its times; the faster where two shapes shard to the same width."""
+        out: dict[float, np.ndarray] = {}
+        prefix = f"{hidden}x"
+        for key, us in self.us.get(dtype, {}).items():
+            if not key.startswith(prefix):
+                continue
+            shape, tp = key.split("/tp")
+            _, inter, e, k = (int(x) for x in shape.split("x"))
+            if (e, k) == (experts, top_k):
+                w = inter / int(tp)
+                out[w] = us if w not in out else np.minimum(out[w], us)
+        return out
 
 
 @lru_cache(maxsize=8)

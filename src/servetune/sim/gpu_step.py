@@ -87,8 +87,6 @@ from servetune.sim.gpu_kernels import (
 )
 from servetune.sim.steptime import StepModel
 
-ACT_BYTES = 2  # activations all-reduced in 16 bits (vLLM keeps activations in the model dtype)
-
 
 @dataclass(frozen=True)
 class Windowed:
@@ -480,8 +478,9 @@ def gpu_model(
 
     @lru_cache(maxsize=8192)
     def comm(tokens: int) -> float:
-        size = max(int(tokens), 1) * model.hidden_size * ACT_BYTES
-        return 2 * layers * allreduce_s(fig, tp, size) * pp
+        t = max(int(tokens), 1)
+        calls = roofline.tp_allreduces(model)
+        return sum(n * allreduce_s(fig, tp, t * width * nbytes) for n, width, nbytes in calls) * pp
 
     sm = GpuStepModel(
         tier="gpu",

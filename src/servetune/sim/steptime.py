@@ -257,7 +257,6 @@ def roofline_model(
         share = min(cfg.threads, hw.cores) / hw.cores
         eta_m, eta_f = eta_m * share, eta_f * share
     bw = hw.bandwidth_bytes_s * eta_m
-    layers = model.num_layers
 
     @lru_cache(maxsize=4096)
     def weights_s(tokens: int) -> float:
@@ -265,8 +264,8 @@ def roofline_model(
 
     @lru_cache(maxsize=4096)
     def comm_s(tokens: int) -> float:
-        # Two all-reduces per layer (Megatron-LM), as roofline.decode_step charges them.
-        return 2 * layers * roofline.allreduce_s(hw, tp, max(int(tokens), 1), model.hidden_size)
+        # the pass's all-reduces (Megatron-LM's two a layer), as roofline.decode_step charges them
+        return roofline.comm_s(model, hw, tp, max(int(tokens), 1))
 
     # PP: a token passes every stage in turn; the planner's bounds multiply by pp too.
     pp = cfg.pipeline_parallel_size
