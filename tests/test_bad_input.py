@@ -118,6 +118,11 @@ ROWS = [
     ("tune --gpus 0", [*TUNE, "--gpus", "0"], "--gpus: "),
     ("tune --gpus 3", [*TUNE, "--gpus", "3"], "--gpus: 3 does not divide"),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
+    (
+        "plan --tp 3, 8 KV heads",
+        ["plan", "--model", "minimax-m2.5", "--gpu", "h200", "--gpus", "3", "--tp", "3"],
+        "--tp: 3 neither divides the model's 8 KV heads nor is a multiple of them",
+    ),
     ("plan --block-size 7", ["plan", "--block-size", "7"], "--block-size: "),
     ("plan cpu --block-size 48", ["plan", "--gpu", "cpu-host", "--block-size", "48"], "of 32"),
     ("space list in list", [*TUNE, "--space", "{nested}"], "space.knobs.max_num_seqs: "),

@@ -7,13 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servetune.engines.config import EngineConfig
+from servetune.engines.rules import tp_splits_heads
+from servetune.errors import InputError
 from servetune.hardware.catalog import get_hardware
 from servetune.model.catalog import get_model
 from servetune.plan import kv as kvmath
 from servetune.plan import roofline
 from servetune.plan.memory import memory_budget, weights_per_gpu_bytes
-from servetune.plan.planner import PlanRequest, evaluate, make_plan
+from servetune.plan.planner import PlanRequest, evaluate, make_plan, tp_candidates
 from servetune.plan.quant import WEIGHT_FORMATS, weight_format, weights_bytes
+from servetune.sim.engine import setup
 from servetune.units import GB, GiB
 
 LLAMA2_7B = get_model("llama-2-7b")
@@ -72,6 +75,26 @@ def test_sliding_window_caps_kv_per_sequence() -> None:
     assert (
         kvmath.kv_bytes_for_sequence(gemma, 2, short) == kvmath.kv_bytes_per_token(gemma, 2) * short
     )
+
+
+def test_tp_must_split_query_and_kv_heads_as_vllm_does() -> None:
+    """vLLM gives each rank heads / TP query heads and KV heads / TP KV heads, or copies one
+    KV head to TP / KV-heads ranks when they are fewer: MiniMax-M2.5's 48 query heads split
+    3 or 6 ways, its 8 KV heads do not, so neither TP is offered (nor Llama-3.2-3B's 3 and
+    6, Qwen2.5-7B's 7); Qwen3-235B's 4 KV heads copy to TP8."""
+    assert not tp_splits_heads(3, 48, 8) and not tp_splits_heads(6, 48, 8)
+    assert tp_splits_heads(8, 64, 4) and tp_splits_heads(16, 64, 8)
+    assert not tp_splits_heads(5, 48, 8)  # 48 query heads do not split 5 ways
+    h200 = get_hardware("h200")
+    assert tp_candidates(get_model("minimax-m2.5"), h200, 8) == [1, 2, 4, 8]
+    assert tp_candidates(get_model("llama-3.2-3b"), h200, 8) == [1, 2, 4, 8]
+    assert tp_candidates(get_model("qwen2.5-7b"), h200, 8) == [1, 2, 4]
+    assert tp_candidates(get_model("qwen3-235b-a22b"), h200, 8) == [1, 2, 4, 8]
+    with pytest.raises(InputError) as err:
+        setup(get_model("qwen2.5-7b"), h200, EngineConfig(tensor_parallel_size=7))
+    assert err.value.field == "tensor_parallel_size"
+    assert "neither divides the model's 4 KV heads" in err.value.problem
+    assert err.value.fix == "use one of 1, 2, 4"
 
 
 def test_tp_replicates_kv_heads_beyond_their_count() -> None:

@@ -39,20 +39,35 @@ def check_block_size(cfg: EngineConfig, device: str) -> None:
     )
 
 
-def check_tensor_parallel(cfg: EngineConfig, attention_heads: int) -> None:
-    """InputError when TP does not divide the attention heads: each rank holds
-    heads / TP of them, and vLLM refuses the rest at start-up (config/model.py,
-    verify_with_parallel_config: "Total number of attention heads ... must be divisible
-    by tensor parallel size")."""
+def tp_splits_heads(tp: int, attention_heads: int, kv_heads: int | None = None) -> bool:
+    """Whether `tp` ranks can split the model's heads as vLLM does: each rank holds
+    heads / TP query heads (config/model.py, verify_with_parallel_config: "Total number of
+    attention heads ... must be divisible by tensor parallel size"), and KV heads / TP of
+    the KV heads, or one KV head copied to TP / KV-heads ranks when there are fewer of them
+    than ranks (QKVParallelLinear: `divide(total_num_kv_heads, tp_size)` or
+    `divide(tp_size, total_num_kv_heads)`, which fails at load otherwise)."""
+    if attention_heads % tp:
+        return False
+    if kv_heads is None:
+        return True
+    return kv_heads % tp == 0 if tp < kv_heads else tp % kv_heads == 0
+
+
+def check_tensor_parallel(
+    cfg: EngineConfig, attention_heads: int, kv_heads: int | None = None
+) -> None:
+    """InputError when TP cannot split the model's heads (`tp_splits_heads`), which vLLM
+    refuses at start-up."""
     tp = cfg.tensor_parallel_size
-    if cfg.engine not in TP_ENGINES or attention_heads % tp == 0:
+    if cfg.engine not in TP_ENGINES or tp_splits_heads(tp, attention_heads, kv_heads):
         return
-    fits = [t for t in range(1, min(attention_heads, 16) + 1) if attention_heads % t == 0]
-    raise InputError(
-        "tensor_parallel_size",
-        f"{tp} does not divide the model's {attention_heads} attention heads",
-        f"use one of {', '.join(map(str, fits))}",
+    fits = [t for t in range(1, 17) if tp_splits_heads(t, attention_heads, kv_heads)]
+    problem = (
+        f"{tp} does not divide the model's {attention_heads} attention heads"
+        if attention_heads % tp
+        else f"{tp} neither divides the model's {kv_heads} KV heads nor is a multiple of them"
     )
+    raise InputError("tensor_parallel_size", problem, f"use one of {', '.join(map(str, fits))}")
 
 
 def check_scheduling_policy(cfg: EngineConfig) -> None:
@@ -84,12 +99,13 @@ def check_config(
     *,
     device: str,
     attention_heads: int | None = None,
+    kv_heads: int | None = None,
     checkpoint_method: str | None = None,
 ) -> None:
-    """Every start-up rule above that applies (`attention_heads`, `checkpoint_method`: the
-    model's, when known)."""
+    """Every start-up rule above that applies (`attention_heads`, `kv_heads`,
+    `checkpoint_method`: the model's, when known)."""
     check_block_size(cfg, device)
     check_scheduling_policy(cfg)
     check_quantization(cfg, checkpoint_method)
     if attention_heads is not None:
-        check_tensor_parallel(cfg, attention_heads)
+        check_tensor_parallel(cfg, attention_heads, kv_heads)

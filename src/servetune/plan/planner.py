@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from servetune.engines.config import EngineConfig
+from servetune.engines.rules import tp_splits_heads
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
@@ -205,9 +206,11 @@ def _verdict(
 
 
 def tp_candidates(model: ModelSpec, hw: HardwareSpec, gpus: int) -> list[int]:
-    """TP sizes that divide the attention heads and stay within one node (seed 003 §6)."""
+    """TP sizes that split the model's heads as vLLM can (`engines.rules.tp_splits_heads`)
+    and stay within one node (seed 003 §6)."""
     limit = min(gpus, hw.devices_per_node)
-    return [t for t in range(1, limit + 1) if model.num_attention_heads % t == 0]
+    heads, kv = model.num_attention_heads, model.num_kv_heads
+    return [t for t in range(1, limit + 1) if tp_splits_heads(t, heads, kv)]
 
 
 def parallel_options(req: PlanRequest) -> list[ParallelOption]:

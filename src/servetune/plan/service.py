@@ -163,6 +163,7 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
             config,
             device=rule_device,
             attention_heads=model.num_attention_heads,
+            kv_heads=model.num_kv_heads,
             checkpoint_method=shipped_method(model),
         )
     except InputError as exc:

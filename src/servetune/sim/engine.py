@@ -143,6 +143,7 @@ def setup(
         cfg,
         device=hw.kind,
         attention_heads=model.num_attention_heads,
+        kv_heads=model.num_kv_heads,
         checkpoint_method=shipped_method(model),
     )
     default_ev = evaluate(model, hw, cfg)
