@@ -117,6 +117,11 @@ ROWS = [
     ("tune --seed -1", [*TUNE, "--seed", "-1"], "--seed: "),
     ("tune --gpus 0", [*TUNE, "--gpus", "0"], "--gpus: "),
     ("tune --gpus 3", [*TUNE, "--gpus", "3"], "--gpus: 3 does not divide"),
+    (
+        "tune --gpus 3, 8 KV heads",
+        [*TUNE[:3], "--model", "minimax-m2.5", "--gpu", "h200", "-q", "--gpus", "3"],
+        "--gpus: 3 neither divides the model's 8 KV heads nor is a multiple of them",
+    ),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     (
         "plan --tp 3, 8 KV heads",

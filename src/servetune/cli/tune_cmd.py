@@ -192,13 +192,15 @@ def build_settings(o: dict[str, Any]) -> Any:
     from servetune.hardware import get_hardware
     from servetune.model import get_model
 
-    heads = get_model(model).num_attention_heads
+    model_spec = get_model(model)
     get_hardware(hardware, o["hardware_file"])
     if o["gpus"] and o["gpus"] > 1:  # every trial would be refused: say it before any runs
         from servetune.engines.rules import check_tensor_parallel
 
         try:
-            check_tensor_parallel(sp.baseline_config(), heads)
+            check_tensor_parallel(
+                sp.baseline_config(), model_spec.num_attention_heads, model_spec.num_kv_heads
+            )
         except InputError as exc:
             raise InputError("--gpus", exc.problem, exc.fix) from None
     sim = real = None

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
-from servetune.model.quantization import names_checkpoint_method
+from servetune.model.quantization import names_checkpoint_method, shipped_method
+from servetune.model.spec import ModelSpec
 
 # Engines that shard attention heads over tensor-parallel ranks (llama.cpp has no TP).
 TP_ENGINES = ("vllm", "sglang", "tgi", "trtllm")
@@ -109,3 +110,15 @@ def check_config(
     check_quantization(cfg, checkpoint_method)
     if attention_heads is not None:
         check_tensor_parallel(cfg, attention_heads, kv_heads)
+
+
+def check_model_config(cfg: EngineConfig, model: ModelSpec, *, device: str) -> None:
+    """`check_config` with `model`'s own facts (its query and KV heads, the method its
+    checkpoint ships in): what the planner and the simulator's setup both check."""
+    check_config(
+        cfg,
+        device=device,
+        attention_heads=model.num_attention_heads,
+        kv_heads=model.num_kv_heads,
+        checkpoint_method=shipped_method(model),
+    )

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from servetune.errors import InputError, from_validation_error
-from servetune.model.spec import CheckpointQuant, QuantScheme, TensorClass
+from servetune.model.spec import CheckpointQuant, ModelSpec, QuantScheme, TensorClass
 
 # The block matrices a weight-only or W8A8 method quantizes when nothing is excluded.
 _BLOCK_MATRICES: tuple[TensorClass, ...] = ("attention", "mlp", "experts", "shared_experts")
@@ -285,6 +285,14 @@ _PARSERS = {
 def supported_methods() -> list[str]:
     """The `quant_method`s whose sizes servetune computes (modelopt_fp4: its KV cache only)."""
     return sorted(m for m in _PARSERS if m != "modelopt_fp4")
+
+
+def shipped_method(model: ModelSpec) -> str | None:
+    """The checkpoint's `quant_method` where servetune knows its format, for the engines'
+    start-up rule (`engines.rules.check_quantization`); None for a 16-bit checkpoint and
+    for a method with no size rule, which --quant stands in for."""
+    q = model.quantization
+    return q.method if q is not None and q.schemes else None
 
 
 def names_checkpoint_method(asked: str, method: str) -> bool:

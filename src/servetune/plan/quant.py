@@ -28,7 +28,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from servetune.errors import InputError
-from servetune.model.quantization import MXFP4, names_checkpoint_method, supported_methods
+from servetune.model.quantization import (
+    MXFP4,
+    names_checkpoint_method,
+    shipped_method,
+    supported_methods,
+)
 from servetune.model.spec import ModelSpec, QuantScheme
 
 # llama.cpp K-quants pack rows in super-blocks of 256 weights; a tensor whose rows are not
@@ -139,14 +144,6 @@ def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:
     (`engines.rules.check_quantization`)."""
     method = shipped_method(model)
     return method is not None and names_checkpoint_method(quantization, method)
-
-
-def shipped_method(model: ModelSpec) -> str | None:
-    """The checkpoint's `quant_method` where servetune knows its format, for the engines'
-    start-up rule (`engines.rules.check_quantization`); None for a 16-bit checkpoint and
-    for a method with no size rule, which --quant stands in for."""
-    q = model.quantization
-    return q.method if q is not None and q.schemes else None
 
 
 def checkpoint_format(model: ModelSpec) -> WeightFormat:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from servetune.engines import launch_command, launch_commands
 from servetune.engines.base import PlannedPool
 from servetune.engines.config import EngineConfig
-from servetune.engines.rules import check_config
+from servetune.engines.rules import check_model_config
 from servetune.errors import InputError, from_validation_error
 from servetune.hardware.catalog import get_hardware
 from servetune.hardware.spec import HardwareSpec
@@ -23,7 +23,6 @@ from servetune.plan import kv as kvmath
 from servetune.plan.memory import Overheads
 from servetune.plan.planner import Evaluation, Plan, PlanRequest, make_plan, scenario_config
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
-from servetune.plan.quant import shipped_method
 from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
 
@@ -159,13 +158,7 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         ) from None
     rule_device = "cpu" if hardware.kind == "cpu" else "gpu"
     try:  # the engine's start-up rules (TP divides the heads, block size), as flags
-        check_config(
-            config,
-            device=rule_device,
-            attention_heads=model.num_attention_heads,
-            kv_heads=model.num_kv_heads,
-            checkpoint_method=shipped_method(model),
-        )
+        check_model_config(config, model, device=rule_device)
     except InputError as exc:
         flag = {"tensor_parallel_size": "tp", "quantization": "quant"}.get(exc.field, exc.field)
         raise InputError(_flag(flag), exc.problem, exc.fix) from None

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from servetune.engines.config import EngineConfig
-from servetune.engines.rules import check_config
+from servetune.engines.rules import check_model_config
 from servetune.engines.support import SIMULATED
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
@@ -24,7 +24,7 @@ from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.metrics.turns import apply_turn_slo
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
-from servetune.plan.quant import resolved_kv_cache_dtype, shipped_method
+from servetune.plan.quant import resolved_kv_cache_dtype
 from servetune.results.schema import Load, RunResult, SimStats, Target
 from servetune.sim.expected_error import expected_error_note
 from servetune.sim.gpu_step import gpu_model
@@ -139,13 +139,7 @@ def setup(
     if cfg.engine == "sglang" and hw.kind != "gpu":
         raise InputError("--gpu", "SGLang's scheduler model is of its GPU server", "give a GPU")
     # what the engine refuses at start-up (block size, TP vs heads) is not simulated
-    check_config(
-        cfg,
-        device=hw.kind,
-        attention_heads=model.num_attention_heads,
-        kv_heads=model.num_kv_heads,
-        checkpoint_method=shipped_method(model),
-    )
+    check_model_config(cfg, model, device=hw.kind)
     default_ev = evaluate(model, hw, cfg)
     ev, capped = start_length(model, hw, cfg, default_ev)
     b = ev.budget
