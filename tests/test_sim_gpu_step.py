@@ -48,6 +48,8 @@ def test_vllm_on_a_gpu_defaults_to_the_gpu_tier_and_says_its_rule():
     assert su.step_model.tier == "gpu"
     assert "kernel figures for h100-sxm from public measurements" in su.step_model.note
     assert "expected |error|" in su.step_model.note
+    # the figures are means; the note says how far a p50 sits from a measured mean
+    assert "as means" in su.step_model.note and "the TTFT p50 reads" in su.step_model.note
     # efficiency factors (or a forced tier) still select the roofline tier
     assert setup(L70, H100, FP8_TP2, efficiency={"mem": 0.7}).step_model.tier == "roofline"
     assert setup(L70, H100, FP8_TP2, tier="roofline").step_model.tier == "roofline"

@@ -151,6 +151,13 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         # servetune's 63 H200 passes (kernels alone) only where the tier prices them apart
         assert len(figs["steps"]) == (91 if tier == "gpu" else 28)
         assert all(x["sim_ms"] > 0 and x["measured_ms"] > 0 for x in figs["steps"])
+    # the p50 offset each prediction quotes: the simulated median against the same means
+    code, out, _ = run_cli(capsys, "validate", "--published", "--measure", "median", "--json")
+    assert code == 0
+    for tier, figs in json.loads(out).items():
+        recorded = expected_errors()[tier]
+        fresh = figs["by_engine"][recorded["engine"]]
+        assert abs(fresh["ttft_bias"] - recorded["ttft_p50_bias"]) <= 0.5
     code, out, _ = run_cli(capsys, "validate", "--published", "--tier", "gpu")
     assert code == 0
     assert "[gpu] all" in out and "[roofline]" not in out and "<=25%" in out
