@@ -118,6 +118,25 @@ def test_summary_maths():
     assert pub.signed_pct(1.0, None) is None
 
 
+def test_vllm_rows_are_summarised_per_load_band_in_load_order():
+    """The bands split the vLLM rows by users (1-8, 9-32, 33-128, 129+), every vLLM row in
+    exactly one, in load order (not as text: "129+" after "33-128"); other engines' rows
+    are left out."""
+    runs = pub.load_runs()
+    by_id = {r.id: r for r in runs}
+    assert by_id["aic-llama-3.1-70b-b200-tp8-1024-1024-c8"].band == "1-8 users"
+    assert by_id["aic-llama-3.1-70b-b200-tp8-1024-1024-c32"].band == "9-32 users"
+    assert by_id["aic-llama-3.1-70b-b200-tp8-1024-1024-c64"].band == "33-128 users"
+    assert by_id["aic-minimax-m2.5-b300-tp4-1024-1024-c512-v0.19.0"].band == "129+ users"
+
+    def e(r):
+        return pub.RunError(r, "gpu", 1.0, 1.0, 0.0, 0.0)
+
+    bands = pub.vllm_bands([e(r) for r in runs])
+    assert list(bands) == ["1-8 users", "9-32 users", "33-128 users", "129+ users"]
+    assert sum(s.runs for s in bands.values()) == sum(r.engine == "vllm" for r in runs)
+
+
 def test_bad_csv_is_a_one_line_error(tmp_path):
     good = (resources.files("servetune") / pub.PACKAGED).read_text("utf-8")
     header, first = good.splitlines()[:2]
@@ -147,6 +166,7 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         assert {"vllm", "nim", "nim-trtllm"} <= set(figs["by_engine"])
         assert "nim: llama-3.1-70b x h100-sxm" in figs["by_group"]
         assert "nim-trtllm: llama-3.1-70b x h100-sxm" in figs["by_group"]
+        assert list(figs["vllm_by_band"])[-1] == "129+ users"
         # the real forward passes, each with its figures: vLLM's 28 under every tier,
         # servetune's 63 H200 passes (kernels alone) only where the tier prices them apart
         assert len(figs["steps"]) == (91 if tier == "gpu" else 28)
@@ -161,6 +181,7 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
     code, out, _ = run_cli(capsys, "validate", "--published", "--tier", "gpu")
     assert code == 0
     assert "[gpu] all" in out and "[roofline]" not in out and "<=25%" in out
+    assert "  vllm rows at 1-8 users" in out
     assert "real forward passes" in out and "[gpu] decode passes (b300)" in out
     assert "[gpu] mixed kernels (h200)" in out
 

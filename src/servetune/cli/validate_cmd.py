@@ -174,6 +174,7 @@ def _published(
                 "by_role": {k: asdict(s) for k, s in pub.by_key(errs, "role").items()},
                 "by_engine": {k: asdict(s) for k, s in pub.by_key(errs, "engine").items()},
                 "by_group": {k: asdict(s) for k, s in pub.by_key(errs, "group").items()},
+                "vllm_by_band": {k: asdict(s) for k, s in pub.vllm_bands(errs).items()},
                 "runs": [
                     {
                         "id": e.run.id,

@@ -37,6 +37,9 @@ TIERS = ("roofline", "gpu")
 # median always (issue 15's held-out measure)
 MEASURES = ("published", "median")
 WITHIN_PCT = 25.0  # the issue's "share of runs within 25%"
+# Upper ends of the load bands `validate --published` reports the vLLM rows in: at 8 users
+# the burst is one step or two; by 128 it is most of a 10-round run's mean TTFT.
+LOAD_BANDS = (8, 32, 128)
 REQUESTS_PER_USER = 10  # the held-out set's measure: 10 x concurrency requests per run
 PACKAGED = "data/published/gpu_runs.csv"
 # The packaged set: vLLM, NIM and TensorRT-LLM runs, SGLang's (each engine its own group),
@@ -79,6 +82,17 @@ class PublishedRun(BaseModel):
         step model only, so each is judged apart."""
         engine = "" if self.engine == "vllm" else f"{self.engine}: "
         return f"{engine}{self.model} x {self.gpu}"
+
+    @property
+    def band(self) -> str:
+        """The run's load, in users (`LOAD_BANDS`): where the first round's burst (every
+        user's first prompt queued at once) weighs on a measured mean, and how much."""
+        low = 1
+        for high in LOAD_BANDS:
+            if self.concurrency <= high:
+                return f"{low}-{high} users"
+            low = high + 1
+        return f"{LOAD_BANDS[-1] + 1}+ users"
 
 
 @dataclass(frozen=True)
@@ -238,13 +252,22 @@ def summarize(errors: Iterable[RunError]) -> Summary:
 
 
 def by_key(errors: Iterable[RunError], key: str) -> dict[str, Summary]:
-    """Summaries per value of `key`: "group" (model x GPU), "role" (fit / check) or
-    "engine" (what produced the published figure)."""
+    """Summaries per value of `key`: "group" (model x GPU), "role" (fit / check), "engine"
+    (what produced the published figure) or "band" (load, in the bands' order)."""
     buckets: dict[str, list[RunError]] = {}
     for e in errors:
         k = getattr(e.run, key)
         buckets.setdefault(k, []).append(e)
-    return {k: summarize(v) for k, v in sorted(buckets.items())}
+    if key == "band":  # by the band's lowest load, not as text ("129+" after "33-128")
+        order = sorted(buckets, key=lambda k: int(k.split()[0].split("-")[0].rstrip("+")))
+    else:
+        order = sorted(buckets)
+    return {k: summarize(buckets[k]) for k in order}
+
+
+def vllm_bands(errors: Iterable[RunError]) -> dict[str, Summary]:
+    """The vLLM rows (what a prediction quotes) per load band."""
+    return by_key((e for e in errors if e.run.engine == "vllm"), "band")
 
 
 def evaluate(
@@ -329,6 +352,8 @@ def format_report(results: dict[str, list[RunError]], measure: str = "published"
             lines.append(summary_line(f"  {k} rows", s))
         for k, s in by_key(errs, "engine").items():
             lines.append(summary_line(f"  {k} rows", s))
+        for k, s in vllm_bands(errs).items():
+            lines.append(summary_line(f"  vllm rows at {k}", s))
         for k, s in by_key(errs, "group").items():
             lines.append(summary_line(f"  {k}", s))
     return "\n".join(lines)
