@@ -128,6 +128,9 @@ def test_vllm_rows_are_summarised_per_load_band_in_load_order():
     assert by_id["aic-llama-3.1-70b-b200-tp8-1024-1024-c32"].band == "9-32 users"
     assert by_id["aic-llama-3.1-70b-b200-tp8-1024-1024-c64"].band == "33-128 users"
     assert by_id["aic-minimax-m2.5-b300-tp4-1024-1024-c512-v0.19.0"].band == "129+ users"
+    edges = {1: "1-8", 8: "1-8", 9: "9-32", 32: "9-32", 33: "33-128", 128: "33-128"}
+    for users, band in {**edges, 129: "129+"}.items():
+        assert runs[0].model_copy(update={"concurrency": users}).band == f"{band} users"
 
     def e(r):
         return pub.RunError(r, "gpu", 1.0, 1.0, 0.0, 0.0)

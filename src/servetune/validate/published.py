@@ -21,6 +21,7 @@ Pure apart from `load_runs` (reads the CSV) and `simulate_run` (runs the simulat
 
 from __future__ import annotations
 
+import bisect
 import csv
 import statistics
 from collections.abc import Iterable, Sequence
@@ -87,12 +88,7 @@ class PublishedRun(BaseModel):
     def band(self) -> str:
         """The run's load, in users (`LOAD_BANDS`): where the first round's burst (every
         user's first prompt queued at once) weighs on a measured mean, and how much."""
-        low = 1
-        for high in LOAD_BANDS:
-            if self.concurrency <= high:
-                return f"{low}-{high} users"
-            low = high + 1
-        return f"{LOAD_BANDS[-1] + 1}+ users"
+        return band_labels()[bisect.bisect_left(LOAD_BANDS, self.concurrency)]
 
 
 @dataclass(frozen=True)
@@ -253,21 +249,25 @@ def summarize(errors: Iterable[RunError]) -> Summary:
 
 def by_key(errors: Iterable[RunError], key: str) -> dict[str, Summary]:
     """Summaries per value of `key`: "group" (model x GPU), "role" (fit / check), "engine"
-    (what produced the published figure) or "band" (load, in the bands' order)."""
+    (what produced the published figure) or "band" (load)."""
     buckets: dict[str, list[RunError]] = {}
     for e in errors:
         k = getattr(e.run, key)
         buckets.setdefault(k, []).append(e)
-    if key == "band":  # by the band's lowest load, not as text ("129+" after "33-128")
-        order = sorted(buckets, key=lambda k: int(k.split()[0].split("-")[0].rstrip("+")))
-    else:
-        order = sorted(buckets)
-    return {k: summarize(buckets[k]) for k in order}
+    return {k: summarize(v) for k, v in sorted(buckets.items())}
+
+
+def band_labels() -> list[str]:
+    """The load bands' names, lightest first: "1-8 users" ... "129+ users"."""
+    lows = (1, *(high + 1 for high in LOAD_BANDS))
+    spans = [f"{low}-{high} users" for low, high in zip(lows, LOAD_BANDS, strict=False)]
+    return [*spans, f"{lows[-1]}+ users"]
 
 
 def vllm_bands(errors: Iterable[RunError]) -> dict[str, Summary]:
-    """The vLLM rows (what a prediction quotes) per load band."""
-    return by_key((e for e in errors if e.run.engine == "vllm"), "band")
+    """The vLLM rows (what a prediction quotes) per load band, lightest first."""
+    bands = by_key((e for e in errors if e.run.engine == "vllm"), "band")
+    return {b: bands[b] for b in band_labels() if b in bands}
 
 
 def evaluate(
