@@ -268,6 +268,38 @@ def test_a_gpu_closed_loop_of_many_users_shows_its_mean_ttft_and_why():
     assert not point({"kind": "closed", "concurrency": 16}, tier="roofline")
 
 
+def test_a_closed_loop_point_quotes_the_expected_error_of_its_own_load_band():
+    """The error grows with load (validate --published, per band): a vLLM closed loop's
+    point quotes its band's recorded figures, 64 users those of 33-128 users, 4 users
+    those of 1-8; an open loop has no users to place and quotes none (the header's
+    all-runs figure stands), nor does an SGLang loop (the bands are vLLM's runs)."""
+    from servetune.cli.sim_report import sim_point
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+    from servetune.sim.expected_error import expected_errors
+    from servetune.workload.spec import parse_workload
+
+    def band_lines(arrival: dict, engine: str = "vllm") -> list[str]:
+        spec = parse_workload({**WL, "count": 80, "arrival": arrival})
+        res, _ = simulate(
+            get_model("qwen3-32b"), get_hardware("h100-sxm"),
+            EngineConfig(engine=engine, tensor_parallel_size=2), spec,
+        )  # fmt: skip
+        return [line for line in sim_point(res) if "expected |error|" in line]
+
+    gpu = expected_errors()["gpu"]["bands"]
+    (line,) = band_lines({"kind": "closed", "concurrency": 64})
+    busy = gpu["33-128 users"]
+    assert f"at 33-128 users: TTFT {busy['ttft_pct']}%, TPOT {busy['tpot_pct']}%" in line
+    assert f"(median of {busy['rows']})" in line
+    (line,) = band_lines({"kind": "closed", "concurrency": 4})
+    assert f"at 1-8 users: TTFT {gpu['1-8 users']['ttft_pct']}%" in line
+    assert not band_lines({"kind": "poisson", "rate": 4})
+    assert not band_lines({"kind": "closed", "concurrency": 64}, engine="sglang")
+
+
 def test_a_kv_bound_point_says_so_and_what_moves_it():
     """64 users of 1,024 + 8,192 tokens hold ~330k tokens of KV on average, over the 230k a
     Llama-3.1-70B FP8 TP2 pool on H100s holds in 16 bits: the point preempts, and its

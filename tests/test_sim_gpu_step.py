@@ -55,6 +55,32 @@ def test_vllm_on_a_gpu_defaults_to_the_gpu_tier_and_says_its_rule():
     assert setup(L70, H100, FP8_TP2, tier="roofline").step_model.tier == "roofline"
 
 
+def test_the_expected_error_note_quotes_the_band_a_loads_users_fall_in():
+    """`expected_error_note(tier, users)`: a closed loop's users pick its load band (the
+    bands `validate --published` prints, edges inclusive), and the note quotes that band's
+    recorded figures; no users quote all runs; a tier the set does not cover says nothing."""
+    from servetune.sim.expected_error import band_of, expected_error_note, expected_errors
+
+    assert [band_of(u) for u in (1, 8, 9, 32, 33, 128, 129, 4096)] == [
+        "1-8 users", "1-8 users", "9-32 users", "9-32 users",
+        "33-128 users", "33-128 users", "129+ users", "129+ users",
+    ]  # fmt: skip
+    for tier in ("gpu", "roofline"):
+        rec = expected_errors()[tier]
+        assert set(rec["bands"]) == {"1-8 users", "9-32 users", "33-128 users", "129+ users"}
+        # the bands split the same vLLM runs the all-runs figure is the median of
+        assert sum(b["rows"] for b in rec["bands"].values()) == rec["rows"]
+        heavy = rec["bands"]["129+ users"]
+        note = expected_error_note(tier, 512)
+        assert note.startswith("expected |error| on published vllm GPU runs at 129+ users: ")
+        assert f"TTFT {heavy['ttft_pct']}%, TPOT {heavy['tpot_pct']}% as means" in note
+        assert f"p50 reads {abs(heavy['ttft_p50_bias'])}% under a measured mean" in note
+        everyone = expected_error_note(tier)
+        assert " at " not in everyone.split(":")[0]
+        assert f"TTFT {rec['ttft_pct']}%, TPOT {rec['tpot_pct']}%" in everyone
+    assert expected_error_note("calibrated", 16) == ""
+
+
 # Llama-3.1-70B's per-GPU GEMMs at TP2 (N, K): fused QKV (64 + 2 x 8 heads x 128 / 2),
 # output, fused gate-up (2 x 28672 / 2), down; and the LM head (128256 / 2 x 8192)
 L70_TP2_GEMMS = [(5120, 8192), (8192, 4096), (28672, 8192), (8192, 14336)]

@@ -170,6 +170,13 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         assert "nim: llama-3.1-70b x h100-sxm" in figs["by_group"]
         assert "nim-trtllm: llama-3.1-70b x h100-sxm" in figs["by_group"]
         assert list(figs["vllm_by_band"])[-1] == "129+ users"
+        # each band's recorded figures (what a closed loop's prediction quotes), likewise
+        assert set(figs["vllm_by_band"]) == set(recorded["bands"])
+        for band, rec in recorded["bands"].items():
+            got = figs["vllm_by_band"][band]
+            assert got["runs"] == rec["rows"]
+            assert abs(got["ttft_med"] - rec["ttft_pct"]) <= 0.5
+            assert abs(got["tpot_med"] - rec["tpot_pct"]) <= 0.5
         # the real forward passes, each with its figures: vLLM's 28 under every tier,
         # servetune's 63 H200 passes (kernels alone) only where the tier prices them apart
         assert len(figs["steps"]) == (91 if tier == "gpu" else 28)
@@ -181,6 +188,8 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         recorded = expected_errors()[tier]
         fresh = figs["by_engine"][recorded["engine"]]
         assert abs(fresh["ttft_bias"] - recorded["ttft_p50_bias"]) <= 0.5
+        for band, rec in recorded["bands"].items():
+            assert abs(figs["vllm_by_band"][band]["ttft_bias"] - rec["ttft_p50_bias"]) <= 0.5
     code, out, _ = run_cli(capsys, "validate", "--published", "--tier", "gpu")
     assert code == 0
     assert "[gpu] all" in out and "[roofline]" not in out and "<=25%" in out

@@ -55,6 +55,7 @@ def sim_point(res: RunResult) -> list[str]:
         f"prefix hits {sim.prefix_hit_tokens:,} tok",
     ]
     lines += phase_note(res)
+    lines += band_error_note(res)
     lines += kv_note(res)
     if res.workload.get("sessions"):  # multi-turn: follow-up TTFT and hit rates
         from servetune.metrics.turns import session_line
@@ -80,6 +81,20 @@ def phase_note(res: RunResult) -> list[str]:
         f"  TTFT mean {mean:,.1f} ms; the median rests on one draw of which users collide",
         "  (over 8 draws at 8-64 users: the median moved 1.5-3.9x, the mean 1.1-2.2x)",
     ]
+
+
+def band_error_note(res: RunResult) -> list[str]:
+    """A vLLM closed loop's expected error at its own load band (`expected_error_note`
+    with its users): the error grows with load, so the header's all-runs figure would
+    undersell it at 129+ users and oversell it at 1-8."""
+    from servetune.sim.expected_error import expected_error_note
+
+    conc, tier = res.load.concurrency, res.target.tier
+    if res.load.kind != "closed" or conc is None or tier is None:
+        return []
+    if res.target.engine not in (None, "vllm"):  # the bands are vLLM's runs
+        return []
+    return [f"  {part}" for part in expected_error_note(tier, conc).split("; ") if part]
 
 
 def kv_note(res: RunResult) -> list[str]:

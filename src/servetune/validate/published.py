@@ -21,7 +21,6 @@ Pure apart from `load_runs` (reads the CSV) and `simulate_run` (runs the simulat
 
 from __future__ import annotations
 
-import bisect
 import csv
 import statistics
 from collections.abc import Iterable, Sequence
@@ -32,15 +31,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servetune.errors import InputError, from_validation_error
+from servetune.sim.expected_error import band_labels, band_of
 
 TIERS = ("roofline", "gpu")
 # "published": the simulated figure at the row's own statistic; "median": the simulated
 # median always (issue 15's held-out measure)
 MEASURES = ("published", "median")
 WITHIN_PCT = 25.0  # the issue's "share of runs within 25%"
-# Upper ends of the load bands `validate --published` reports the vLLM rows in: at 8 users
-# the burst is one step or two; by 128 it is most of a 10-round run's mean TTFT.
-LOAD_BANDS = (8, 32, 128)
 REQUESTS_PER_USER = 10  # the held-out set's measure: 10 x concurrency requests per run
 PACKAGED = "data/published/gpu_runs.csv"
 # The packaged set: vLLM, NIM and TensorRT-LLM runs, SGLang's (each engine its own group),
@@ -86,9 +83,9 @@ class PublishedRun(BaseModel):
 
     @property
     def band(self) -> str:
-        """The run's load, in users (`LOAD_BANDS`): where the first round's burst (every
-        user's first prompt queued at once) weighs on a measured mean, and how much."""
-        return band_labels()[bisect.bisect_left(LOAD_BANDS, self.concurrency)]
+        """The run's load band (`sim.expected_error.band_of`): where the first round's burst
+        (every user's first prompt queued at once) weighs on a measured mean, and how much."""
+        return band_of(self.concurrency)
 
 
 @dataclass(frozen=True)
@@ -255,13 +252,6 @@ def by_key(errors: Iterable[RunError], key: str) -> dict[str, Summary]:
         k = getattr(e.run, key)
         buckets.setdefault(k, []).append(e)
     return {k: summarize(v) for k, v in sorted(buckets.items())}
-
-
-def band_labels() -> list[str]:
-    """The load bands' names, lightest first: "1-8 users" ... "129+ users"."""
-    lows = (1, *(high + 1 for high in LOAD_BANDS))
-    spans = [f"{low}-{high} users" for low, high in zip(lows, LOAD_BANDS, strict=False)]
-    return [*spans, f"{lows[-1]}+ users"]
 
 
 def vllm_bands(errors: Iterable[RunError]) -> dict[str, Summary]:
