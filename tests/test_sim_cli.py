@@ -268,7 +268,7 @@ def test_a_gpu_closed_loop_of_many_users_shows_its_mean_ttft_and_why():
     assert not point({"kind": "closed", "concurrency": 16}, tier="roofline")
 
 
-def test_a_closed_loop_point_quotes_the_expected_error_of_its_own_load_band():
+def test_a_closed_loop_point_quotes_the_expected_error_of_its_own_load_band(tmp_path):
     """The error grows with load (validate --published, per band): a vLLM closed loop's
     point quotes its band's recorded figures, 64 users those of 33-128 users, 4 users
     those of 1-8; an open loop has no users to place and quotes none (the header's
@@ -277,27 +277,51 @@ def test_a_closed_loop_point_quotes_the_expected_error_of_its_own_load_band():
     from servetune.engines.config import EngineConfig
     from servetune.hardware import get_hardware
     from servetune.model import get_model
+    from servetune.results.schema import RunResult
     from servetune.sim.engine import simulate
     from servetune.sim.expected_error import expected_errors
     from servetune.workload.spec import parse_workload
 
-    def band_lines(arrival: dict, engine: str = "vllm") -> list[str]:
+    def run(arrival: dict, engine: str = "vllm") -> RunResult:
         spec = parse_workload({**WL, "count": 80, "arrival": arrival})
-        res, _ = simulate(
+        return simulate(
             get_model("qwen3-32b"), get_hardware("h100-sxm"),
             EngineConfig(engine=engine, tensor_parallel_size=2), spec,
-        )  # fmt: skip
+        )[0]  # fmt: skip
+
+    def band_lines(res: RunResult) -> list[str]:
         return [line for line in sim_point(res) if "expected |error|" in line]
 
     gpu = expected_errors()["gpu"]["bands"]
-    (line,) = band_lines({"kind": "closed", "concurrency": 64})
-    busy = gpu["33-128 users"]
-    assert f"at 33-128 users: TTFT {busy['ttft_pct']}%, TPOT {busy['tpot_pct']}%" in line
-    assert f"(median of {busy['rows']})" in line
-    (line,) = band_lines({"kind": "closed", "concurrency": 4})
+    busy = run({"kind": "closed", "concurrency": 64})
+    (line,) = band_lines(busy)
+    band = gpu["33-128 users"]
+    assert f"at 33-128 users: TTFT {band['ttft_pct']}%, TPOT {band['tpot_pct']}%" in line
+    assert f"(median of {band['rows']})" in line
+    # the stored result carries the same note, and so does --json, with the mean beside
+    # the percentiles (what a benchmark publishes first)
+    assert busy.target.sim is not None and busy.target.sim.expected_error is not None
+    assert busy.target.sim.expected_error.startswith(line.strip())
+    w = tmp_path / "w.yaml"
+    w.write_text(
+        yaml.safe_dump({**WL, "count": 80, "arrival": {"kind": "closed", "concurrency": 64}})
+    )
+    p = cli(
+        "simulate", "--model", "qwen3-32b", "--gpu", "h100-sxm", "--gpus", "2",
+        "--workload", str(w), "--json", "--no-store",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["expected_error"] == busy.target.sim.expected_error
+    assert out["ttft_ms"]["mean"] > out["ttft_ms"]["p50"] > 0 and out["tpot_ms"]["mean"] > 0
+    (line,) = band_lines(run({"kind": "closed", "concurrency": 4}))
     assert f"at 1-8 users: TTFT {gpu['1-8 users']['ttft_pct']}%" in line
-    assert not band_lines({"kind": "poisson", "rate": 4})
-    assert not band_lines({"kind": "closed", "concurrency": 64}, engine="sglang")
+    # an open loop carries the all-runs figure, which the header prints already
+    open_loop = run({"kind": "poisson", "rate": 4})
+    assert not band_lines(open_loop)
+    assert open_loop.target.sim and open_loop.target.sim.expected_error
+    assert " users:" not in open_loop.target.sim.expected_error
+    assert not band_lines(run({"kind": "closed", "concurrency": 64}, engine="sglang"))
 
 
 def test_a_kv_bound_point_says_so_and_what_moves_it():

@@ -84,17 +84,14 @@ def phase_note(res: RunResult) -> list[str]:
 
 
 def band_error_note(res: RunResult) -> list[str]:
-    """A vLLM closed loop's expected error at its own load band (`expected_error_note`
-    with its users): the error grows with load, so the header's all-runs figure would
-    undersell it at 129+ users and oversell it at 1-8."""
-    from servetune.sim.expected_error import expected_error_note
-
-    conc, tier = res.load.concurrency, res.target.tier
-    if res.load.kind != "closed" or conc is None or tier is None:
+    """A vLLM closed loop's expected error at its own load band (`SimStats.expected_error`,
+    `sim.engine.run_expected_error`): the error grows with load, so the header's all-runs
+    figure would undersell it at 129+ users and oversell it at 1-8. Other runs carry the
+    header's figure and print nothing more."""
+    note = res.target.sim.expected_error if res.target.sim else None
+    if not note or res.load.kind != "closed" or res.target.engine != "vllm":
         return []
-    if res.target.engine not in (None, "vllm"):  # the bands are vLLM's runs
-        return []
-    return [f"  {part}" for part in expected_error_note(tier, conc).split("; ") if part]
+    return [f"  {part}" for part in note.split("; ") if part]
 
 
 def kv_note(res: RunResult) -> list[str]:

@@ -240,6 +240,9 @@ class SimStats(StoredPart):
     max_kv_blocks_used: int = 0
     wall_s: float = 0.0
     phases_s: dict[str, float] = Field(default_factory=dict)
+    # the tier's track record at this run's load (sim.expected_error): what its figures
+    # may be off by, so a stored or piped prediction carries it too
+    expected_error: str | None = None
 
 
 class TuneFailure(StoredPart):

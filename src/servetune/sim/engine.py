@@ -244,6 +244,14 @@ def setup(
     return SimSetup(evaluation=ev, sched=sc, step_model=sm, capped_max_model_len=capped)
 
 
+def run_expected_error(tier: str, engine: str, spec: WorkloadSpec) -> str:
+    """The tier's expected error for a run of `spec`: a vLLM closed loop's at its users'
+    load band (the error grows with load), anything else the all-runs figure."""
+    arrival = spec.arrival
+    closed = arrival.kind == "closed" and engine == "vllm"
+    return expected_error_note(tier, arrival.concurrency if closed else None)
+
+
 def check_fits_capped(setup_: SimSetup, cols: RequestColumns) -> None:
     """A capped max_model_len (`start_length`) still has to hold the workload's longest
     request (prompt + output); otherwise no vLLM on this config serves it: refuse."""
@@ -528,6 +536,7 @@ def simulate(
                 max_kv_blocks_used=st.max_blocks_used,
                 wall_s=time.perf_counter() - clock[0],
                 phases_s=phases,
+                expected_error=run_expected_error(su.step_model.tier, cfg.engine, spec) or None,
             ),
         ),
         workload=spec.model_dump(mode="json"),
