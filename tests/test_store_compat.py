@@ -177,8 +177,10 @@ def _parts(info: RunInfo) -> dict[str, Any]:
 def _fixed(paths: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
     """Key paths less the free-form dicts whose keys vary by run: a sim trial's figures and
     the settings an engine reported (a simulated run records the KV cache dtype it resolved
-    since stop 39; older ones have none)."""
-    return {p for p in paths if p[:2] != ("tune", "trial") and p[0] != "settings"}
+    since stop 39; older ones have none), and the expected error a simulated run states
+    (since stop 44; optional, older runs have none)."""
+    free_or_new = {("tune", "trial"), ("sim", "expected_error")}
+    return {p for p in paths if p[:2] not in free_or_new and p[0] != "settings"}
 
 
 def _same_keys(old: RunInfo, new: RunInfo) -> None:
