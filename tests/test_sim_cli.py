@@ -322,6 +322,11 @@ def test_a_closed_loop_point_quotes_the_expected_error_of_its_own_load_band(tmp_
     assert open_loop.target.sim and open_loop.target.sim.expected_error
     assert " users:" not in open_loop.target.sim.expected_error
     assert not band_lines(run({"kind": "closed", "concurrency": 64}, engine="sglang"))
+    # the track record is of GPU runs: a CPU host's prediction quotes none
+    spec = parse_workload({**WL, "count": 8, "arrival": {"kind": "closed", "concurrency": 4}})
+    cpu, _ = simulate(get_model("llama-3.2-1b"), get_hardware("cpu-host"), EngineConfig(), spec)
+    assert cpu.target.sim is not None and cpu.target.sim.expected_error is None
+    assert not band_lines(cpu)
 
 
 def test_a_kv_bound_point_says_so_and_what_moves_it():

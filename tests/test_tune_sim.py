@@ -102,6 +102,11 @@ def test_bayes_reaches_the_grid_optimum_with_a_third_of_the_trials(tmp_path: Pat
     bayes = Tuner(s).run()
     assert len(bayes.ranked) <= 0.3 * grid_trials
     assert bayes.winner.score >= 0.95 * best, (bayes.winner.label, grid.winner.label)
+    # a simulated winner says its figures are predictions, and what its tier may miss by
+    # (an open loop: the tier's all-runs figure, as `simulate` quotes it)
+    (said,) = [n for n in bayes.notes if n.startswith("the winner's figures are simulated")]
+    assert said.startswith("the winner's figures are simulated (gpu tier): expected |error|")
+    assert "GPU runs: TTFT" in said
     # everything is in the store, one run per simulated trial
     from servetune.store import Store
 

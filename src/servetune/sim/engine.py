@@ -239,14 +239,19 @@ def setup(
         if cfg.engine == "sglang"
         else ""
     )
-    notes = (sm.note, expected_error_note(sm.tier), cap_note, engine_note)
+    # the track record is of GPU runs: a CPU host's prediction quotes none
+    track = expected_error_note(sm.tier) if hw.kind == "gpu" else ""
+    notes = (sm.note, track, cap_note, engine_note)
     sm.note = "; ".join(x for x in notes if x)
     return SimSetup(evaluation=ev, sched=sc, step_model=sm, capped_max_model_len=capped)
 
 
-def run_expected_error(tier: str, engine: str, spec: WorkloadSpec) -> str:
-    """The tier's expected error for a run of `spec`: a vLLM closed loop's at its users'
-    load band (the error grows with load), anything else the all-runs figure."""
+def run_expected_error(tier: str, engine: str, hw: HardwareSpec, spec: WorkloadSpec) -> str:
+    """The tier's expected error for a run of `spec` on `hw`: a vLLM closed loop's at its
+    users' load band (the error grows with load), any other GPU run the all-runs figure; a
+    CPU host none (the figures are GPU runs')."""
+    if hw.kind != "gpu":
+        return ""
     arrival = spec.arrival
     closed = arrival.kind == "closed" and engine == "vllm"
     return expected_error_note(tier, arrival.concurrency if closed else None)
@@ -536,7 +541,7 @@ def simulate(
                 max_kv_blocks_used=st.max_blocks_used,
                 wall_s=time.perf_counter() - clock[0],
                 phases_s=phases,
-                expected_error=run_expected_error(su.step_model.tier, cfg.engine, spec) or None,
+                expected_error=run_expected_error(su.step_model.tier, cfg.engine, hw, spec) or None,
             ),
         ),
         workload=spec.model_dump(mode="json"),

@@ -688,11 +688,24 @@ class Tuner:
         (a sweet-spot probe, a point above the capacity)."""
         point = out.shortfall.point if out.shortfall is not None else w.best
         run_id = self._run_at(w.key, point) if point is not None else None
+        if run_id and w.backend == "sim":
+            self._prediction_note(run_id)
         if run_id and out.slo_met:
             self.store.conclude(run_id, "keep", f"tune winner: {out.explanation[0]}")
         elif run_id:  # seed 003 §16 "next": carried on, not proven within the SLO
             note = "; ".join(out.explanation[:2])
             self.store.conclude(run_id, "next", f"tune best effort, no config met the SLO: {note}")
+
+    def _prediction_note(self, run_id: str) -> None:
+        """A simulated winner's figures are predictions: say which tier made them and what
+        that tier is expected to miss by (the run's `SimStats.expected_error`), as
+        `simulate` does, so a capacity read off them is not taken as measured."""
+        res = self.store.load_result(run_id)
+        sim = res.target.sim
+        if sim is not None and sim.expected_error:
+            self.notes.append(
+                f"the winner's figures are simulated ({res.target.tier} tier): {sim.expected_error}"
+            )
 
     def _run_at(self, key: str, point: PointResult) -> str | None:
         """The stored run of one of config `key`'s points: its own (real points), else the
