@@ -39,7 +39,7 @@ from servetune.sim.steptime import StepModel, calibrated_model, roofline_model
 from servetune.slo import SLO
 from servetune.workload.materialize import Request, RequestColumns, materialize, materialize_columns
 from servetune.workload.session_plan import SessionPlan, plan_sessions
-from servetune.workload.spec import WorkloadSpec
+from servetune.workload.spec import Arrival, WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, WordTokenizer
 
 NS = 1_000_000_000
@@ -239,22 +239,23 @@ def setup(
         if cfg.engine == "sglang"
         else ""
     )
-    # the track record is of GPU runs: a CPU host's prediction quotes none
-    track = expected_error_note(sm.tier) if hw.kind == "gpu" else ""
-    notes = (sm.note, track, cap_note, engine_note)
+    notes = (sm.note, run_expected_error(sm.tier, cfg.engine, hw), cap_note, engine_note)
     sm.note = "; ".join(x for x in notes if x)
     return SimSetup(evaluation=ev, sched=sc, step_model=sm, capped_max_model_len=capped)
 
 
-def run_expected_error(tier: str, engine: str, hw: HardwareSpec, spec: WorkloadSpec) -> str:
-    """The tier's expected error for a run of `spec` on `hw`: a vLLM closed loop's at its
-    users' load band (the error grows with load), any other GPU run the all-runs figure; a
-    CPU host none (the figures are GPU runs')."""
+def run_expected_error(
+    tier: str, engine: str, hw: HardwareSpec, arrival: Arrival | None = None
+) -> str:
+    """The tier's expected error on `hw` (the setup's note), or for a run under `arrival`:
+    a vLLM closed loop's at its users' load band (the error grows with load), any other
+    the all-runs figure; a CPU host none (the figures are GPU runs')."""
     if hw.kind != "gpu":
         return ""
-    arrival = spec.arrival
-    closed = arrival.kind == "closed" and engine == "vllm"
-    return expected_error_note(tier, arrival.concurrency if closed else None)
+    users = None
+    if arrival is not None and arrival.kind == "closed" and engine == "vllm":
+        users = arrival.concurrency
+    return expected_error_note(tier, users)
 
 
 def check_fits_capped(setup_: SimSetup, cols: RequestColumns) -> None:
@@ -541,7 +542,8 @@ def simulate(
                 max_kv_blocks_used=st.max_blocks_used,
                 wall_s=time.perf_counter() - clock[0],
                 phases_s=phases,
-                expected_error=run_expected_error(su.step_model.tier, cfg.engine, hw, spec) or None,
+                expected_error=run_expected_error(su.step_model.tier, cfg.engine, hw, spec.arrival)
+                or None,
             ),
         ),
         workload=spec.model_dump(mode="json"),
