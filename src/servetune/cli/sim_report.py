@@ -88,8 +88,10 @@ def band_error_note(res: RunResult) -> list[str]:
     `sim.engine.run_expected_error`): the error grows with load, so the header's all-runs
     figure would undersell it at 129+ users and oversell it at 1-8. Other runs carry the
     header's figure and print nothing more."""
+    from servetune.sim.expected_error import band_users
+
     note = res.target.sim.expected_error if res.target.sim else None
-    if not note or res.load.kind != "closed" or res.target.engine != "vllm":
+    if not note or band_users(res.target.engine, res.load.kind, res.load.concurrency) is None:
         return []
     return [f"  {part}" for part in note.split("; ") if part]
 

@@ -26,7 +26,7 @@ from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
 from servetune.plan.quant import resolved_kv_cache_dtype
 from servetune.results.schema import Load, RunResult, SimStats, Target
-from servetune.sim.expected_error import expected_error_note
+from servetune.sim.expected_error import band_users, expected_error_note
 from servetune.sim.gpu_step import gpu_model
 from servetune.sim.policies import prompt_breaks
 from servetune.sim.profile import Profile
@@ -252,10 +252,9 @@ def run_expected_error(
     the all-runs figure; a CPU host none (the figures are GPU runs')."""
     if hw.kind != "gpu":
         return ""
-    users = None
-    if arrival is not None and arrival.kind == "closed" and engine == "vllm":
-        users = arrival.concurrency
-    return expected_error_note(tier, users)
+    if arrival is None:
+        return expected_error_note(tier)
+    return expected_error_note(tier, band_users(engine, arrival.kind, arrival.concurrency))
 
 
 def check_fits_capped(setup_: SimSetup, cols: RequestColumns) -> None:

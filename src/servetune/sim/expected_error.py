@@ -31,6 +31,12 @@ def band_of(users: int) -> str:
     return band_labels()[bisect.bisect_left(LOAD_BANDS, users)]
 
 
+def band_users(engine: str | None, kind: str | None, concurrency: int | None) -> int | None:
+    """The users whose load band a run quotes: a vLLM closed loop's (the bands are vLLM's
+    runs), None for any other run, which quotes the all-runs figure."""
+    return concurrency if engine == "vllm" and kind == "closed" else None
+
+
 @lru_cache(maxsize=1)
 def expected_errors() -> dict[str, dict[str, Any]]:
     """tier -> {ttft_pct, tpot_pct, ttft_p50_bias, rows, engine, bands: {band: {...}}}."""
@@ -50,9 +56,10 @@ def expected_error_note(tier: str, users: int | None = None) -> str:
     if not e:
         return ""
     where = ""
-    if users is not None and band_of(users) in e.get("bands", {}):
-        where = f" at {band_of(users)}"
-        e = e["bands"][band_of(users)] | {"engine": e["engine"]}
+    band = band_of(users) if users is not None else None
+    if band in e.get("bands", {}):
+        where = f" at {band}"
+        e = e["bands"][band] | {"engine": e["engine"]}
     note = (
         f"expected |error| on published {e['engine']} GPU runs{where}: "
         f"TTFT {e['ttft_pct']:.0f}%, TPOT {e['tpot_pct']:.0f}% as means "
