@@ -101,6 +101,44 @@ def test_a_mean_is_read_as_a_mean_and_the_held_out_measure_as_a_median():
     assert pub.simulate_run(row, "gpu") == pub.simulate_run(row, "gpu", "median")
 
 
+def test_vllm_blog_rows_follow_its_lines_and_the_tier_reads_llama_8b_on_h100():
+    """vLLM's FP8 KV-cache post (2026-04-22) fits one user's ITL on one H100 as a line in
+    the prompt length; its rows are that line at 1k, 32k and 125k, so the three of a line
+    are collinear. The gpu tier reads Llama-3.1-8B there (a held-out model) within 15% at
+    one user, with an FP8 KV cache cutting the per-token slope about as the post measured
+    (54% of bf16's), and the post's 8-user 20k/2k runs within 15% on TTFT and TPOT."""
+    runs = {r.id: r for r in pub.load_runs() if r.id.startswith("vllmblog-")}
+    assert len(runs) == 28 and all(r.role == "check" and r.engine == "vllm" for r in runs.values())
+    lines = {}
+    for r in runs.values():
+        if r.concurrency == 1:
+            assert r.stat == "derived" and r.ttft_ms is None and r.osl == 128
+            lines.setdefault(r.id.rsplit("-", 1)[0], []).append(r)
+    assert len(lines) == 8
+    slopes = {}
+    for key, rows in lines.items():
+        a, b, c = sorted(rows, key=lambda r: r.isl)
+        s1 = (b.tpot_ms - a.tpot_ms) / (b.isl - a.isl)
+        s2 = (c.tpot_ms - a.tpot_ms) / (c.isl - a.isl)
+        assert s1 == pytest.approx(s2, rel=0.02), key
+        slopes[key] = s2
+    sim_slopes = {}
+    for kv in ("bf16kv", "fp8kv"):
+        key = f"vllmblog-llama-3.1-8b-h100-sxm-{kv}-c1"
+        errs = [pub.simulate_run(r, "gpu") for r in sorted(lines[key], key=lambda r: r.isl)]
+        assert all(abs(e.tpot_err) < 15 for e in errs), [e.tpot_err for e in errs]
+        sim_slopes[kv] = (errs[-1].sim_tpot_ms - errs[0].sim_tpot_ms) / (125_000 - 1024)
+    real_ratio = (
+        slopes["vllmblog-llama-3.1-8b-h100-sxm-fp8kv-c1"]
+        / slopes["vllmblog-llama-3.1-8b-h100-sxm-bf16kv-c1"]
+    )
+    assert real_ratio == pytest.approx(0.54, abs=0.01)
+    assert sim_slopes["fp8kv"] / sim_slopes["bf16kv"] == pytest.approx(real_ratio, abs=0.1)
+    for kv in ("bf16kv", "fp8kv"):
+        e = pub.simulate_run(runs[f"vllmblog-llama-3.1-8b-h100-sxm-{kv}-c8-20k-2k"], "gpu")
+        assert abs(e.ttft_err) < 15 and abs(e.tpot_err) < 15, (kv, e.ttft_err, e.tpot_err)
+
+
 def test_summary_maths():
     run = pub.load_runs()[0]
 

@@ -46,7 +46,7 @@ def expected_errors() -> dict[str, dict[str, Any]]:
 
 def expected_error_note(tier: str, users: int | None = None) -> str:
     """`expected |error| on published vllm GPU runs: TTFT 20%, TPOT 11% as means (median of
-    423); the TTFT p50 reads 41% under a measured mean ...`, or '' for a tier the set does
+    451); the TTFT p50 reads 41% under a measured mean ...`, or '' for a tier the set does
     not cover (the calibrated tier is judged by `validate`). With `users` (a closed loop),
     the figures of its load band ("... runs at 33-128 users: TTFT 25%, ..."), since the
     error grows with load. The figures are means against measured means; the p50 offset
