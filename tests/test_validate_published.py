@@ -163,7 +163,7 @@ def test_summary_maths():
     assert pub.signed_pct(1.0, None) is None
 
 
-def test_vllm_rows_are_summarised_per_load_band_in_load_order():
+def test_vllm_rows_are_summarised_per_load_band_in_load_order_and_per_architecture():
     """The bands split the vLLM rows by users (1-8, 9-32, 33-128, 129+), every vLLM row in
     exactly one, in load order (not as text: "129+" after "33-128"); other engines' rows
     are left out."""
@@ -183,6 +183,12 @@ def test_vllm_rows_are_summarised_per_load_band_in_load_order():
     bands = pub.vllm_bands([e(r) for r in runs])
     assert list(bands) == ["1-8 users", "9-32 users", "33-128 users", "129+ users"]
     assert sum(s.runs for s in bands.values()) == sum(r.engine == "vllm" for r in runs)
+    # and per architecture: the held-out set's dense models apart from MoE ones
+    kinds = pub.vllm_architectures([e(r) for r in runs])
+    assert list(kinds) == ["dense models", "MoE models"]
+    assert sum(s.runs for s in kinds.values()) == sum(r.engine == "vllm" for r in runs)
+    assert by_id["aic-llama-3.1-70b-b200-tp8-1024-1024-c8"].architecture == "dense models"
+    assert by_id["aic-minimax-m2.5-b300-tp4-1024-1024-c512-v0.19.0"].architecture == "MoE models"
 
 
 def test_bad_csv_is_a_one_line_error(tmp_path):
@@ -215,6 +221,9 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         assert "nim: llama-3.1-70b x h100-sxm" in figs["by_group"]
         assert "nim-trtllm: llama-3.1-70b x h100-sxm" in figs["by_group"]
         assert list(figs["vllm_by_band"])[-1] == "129+ users"
+        kinds = figs["vllm_by_architecture"]
+        assert list(kinds) == ["dense models", "MoE models"]
+        assert sum(k["runs"] for k in kinds.values()) == fresh["runs"]
         # each band's recorded figures (what a closed loop's prediction quotes), likewise
         assert set(figs["vllm_by_band"]) == set(recorded["bands"])
         for band, rec in recorded["bands"].items():

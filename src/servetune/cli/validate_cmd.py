@@ -175,6 +175,9 @@ def _published(
                 "by_engine": {k: asdict(s) for k, s in pub.by_key(errs, "engine").items()},
                 "by_group": {k: asdict(s) for k, s in pub.by_key(errs, "group").items()},
                 "vllm_by_band": {k: asdict(s) for k, s in pub.vllm_bands(errs).items()},
+                "vllm_by_architecture": {
+                    k: asdict(s) for k, s in pub.vllm_architectures(errs).items()
+                },
                 "runs": [
                     {
                         "id": e.run.id,

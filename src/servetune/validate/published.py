@@ -29,6 +29,7 @@ import csv
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -90,6 +91,24 @@ class PublishedRun(BaseModel):
         """The run's load band (`sim.expected_error.band_of`): where the first round's burst
         (every user's first prompt queued at once) weighs on a measured mean, and how much."""
         return band_of(self.concurrency)
+
+    @property
+    def architecture(self) -> str:
+        """The catalog model's kind, "dense models" or "MoE models": the held-out set is
+        dense, and a MoE model's steps run kernels (fused experts, routing) a dense one never
+        does, so the two are judged apart as well as together."""
+        return ARCHITECTURES[is_moe(self.model)]
+
+
+ARCHITECTURES = ("dense models", "MoE models")  # indexed by is_moe
+
+
+@cache
+def is_moe(model: str) -> bool:
+    """Whether the catalog model routes tokens to experts (cached: a run asks per row)."""
+    from servetune.model import get_model
+
+    return get_model(model).is_moe
 
 
 @dataclass(frozen=True)
@@ -260,10 +279,20 @@ def by_key(errors: Iterable[RunError], key: str) -> dict[str, Summary]:
     return {k: summarize(v) for k, v in sorted(buckets.items())}
 
 
+def vllm_by(errors: Iterable[RunError], key: str, order: Sequence[str]) -> dict[str, Summary]:
+    """The vLLM rows (what a prediction quotes) per value of `key`, in `order`."""
+    split = by_key((e for e in errors if e.run.engine == "vllm"), key)
+    return {k: split[k] for k in order if k in split}
+
+
 def vllm_bands(errors: Iterable[RunError]) -> dict[str, Summary]:
-    """The vLLM rows (what a prediction quotes) per load band, lightest first."""
-    bands = by_key((e for e in errors if e.run.engine == "vllm"), "band")
-    return {b: bands[b] for b in band_labels() if b in bands}
+    """The vLLM rows per load band, lightest first."""
+    return vllm_by(errors, "band", band_labels())
+
+
+def vllm_architectures(errors: Iterable[RunError]) -> dict[str, Summary]:
+    """The vLLM rows of dense models (the held-out set's kind) and of MoE models."""
+    return vllm_by(errors, "architecture", ARCHITECTURES)
 
 
 def evaluate(
@@ -350,6 +379,8 @@ def format_report(results: dict[str, list[RunError]], measure: str = "published"
             lines.append(summary_line(f"  {k} rows", s))
         for k, s in vllm_bands(errs).items():
             lines.append(summary_line(f"  vllm rows at {k}", s))
+        for k, s in vllm_architectures(errs).items():
+            lines.append(summary_line(f"  vllm rows, {k}", s))
         for k, s in by_key(errs, "group").items():
             lines.append(summary_line(f"  {k}", s))
     return "\n".join(lines)
