@@ -1,8 +1,9 @@
 """The simulator's GPU tiers against published GPU serving runs (the visible fidelity set,
 src/servetune/data/published/gpu_runs.csv, sglang_runs.csv and aic_vllm_runs.csv): median
 |error| of TTFT and TPOT per tier, per role (rows used to set a figure vs rows only checked),
-per engine (vLLM, NIM, NIM on TensorRT-LLM, SGLang) and per model x GPU, with the share of
-runs within 25%;
+per engine (vLLM, NIM, NIM on TensorRT-LLM, SGLang), the vLLM rows per load band and per
+dense or MoE model (the held-out set is dense), and per model x GPU, with the share of runs
+within 25%;
 then the real forward passes step by step (vLLM's on B300, servetune's own on an H200).
 The same figures as `servetune validate --published`; prints, asserts nothing. No engine,
 no GPU: ~40 s on one core, replayed over the cores this process may use (`--jobs`).
