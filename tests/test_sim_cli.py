@@ -268,6 +268,36 @@ def test_a_gpu_closed_loop_of_many_users_shows_its_mean_ttft_and_why():
     assert not point({"kind": "closed", "concurrency": 16}, tier="roofline")
 
 
+def test_a_point_prints_the_itl_median_beside_the_tpot_median():
+    """`vllm bench serve` and GuideLLM print a Median ITL (over every gap between tokens);
+    each point prints it beside the TPOT median (over requests), from the same run. Long
+    prompts arriving while others decode stall those decodes: each TPOT holds the stalls,
+    the ITL median leaves them out, so it reads lower; a lone user has no stalls."""
+    from servetune.cli.sim_report import sim_point
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+    from servetune.workload.spec import parse_workload
+
+    def point(users: int) -> tuple[float, float, str]:
+        wl = {**WL, "count": 10 * users, "arrival": {"kind": "closed", "concurrency": users}}
+        wl["input_tokens"] = {"dist": "fixed", "value": 8192}
+        wl["output_tokens"] = {"dist": "fixed", "value": 256}
+        res, _ = simulate(
+            get_model("llama-3.1-8b"), get_hardware("h100-sxm"), EngineConfig(),
+            parse_workload(wl),
+        )  # fmt: skip
+        line = next(x for x in sim_point(res) if "TPOT p50/p95" in x)
+        return res.metrics.tpot_ms.p50, res.metrics.itl_ms.p50, line
+
+    tpot, itl, line = point(16)
+    assert f"ITL p50 {itl:,.1f} ms" in line
+    assert itl < 0.95 * tpot  # 16 users' 8k prompts stall the decodes
+    tpot, itl, line = point(1)
+    assert f"ITL p50 {itl:,.1f} ms" in line and abs(itl - tpot) < 0.02 * tpot
+
+
 def test_a_closed_loop_point_quotes_the_expected_error_of_its_own_load_band(tmp_path):
     """The error grows with load (validate --published, per band): a vLLM closed loop's
     point quotes its band's recorded figures, 64 users those of 33-128 users, 4 users

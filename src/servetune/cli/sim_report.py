@@ -47,10 +47,14 @@ def sim_point(res: RunResult) -> list[str]:
         return "/".join("-" if v is None else f"{v:,.1f}" for v in values)
 
     t, p = m.ttft_ms, m.tpot_ms
+    # the median over every gap between tokens, as `vllm bench serve` and GuideLLM print it:
+    # it leaves out the gaps a prefill stalls, which each request's TPOT holds
+    itl = f", ITL p50 {ms(m.itl_ms.p50)} ms" if m.itl_ms.p50 is not None else ""
     lines = [
         f"{load_label(res)}: {m.output_tok_s:,.0f} out tok/s, {m.req_s:.2f} req/s, "
         f"{m.completed} completed  [{res.target.tier}, {sim.wall_s:.2f} s]",
-        f"  TTFT p50/p95/p99 {ms(t.p50, t.p95, t.p99)} ms, TPOT p50/p95 {ms(p.p50, p.p95)} ms",
+        f"  TTFT p50/p95/p99 {ms(t.p50, t.p95, t.p99)} ms, TPOT p50/p95 {ms(p.p50, p.p95)} ms"
+        + itl,
         f"  preemptions {sim.preemptions}, rejected {sim.rejected}, "
         f"prefix hits {sim.prefix_hit_tokens:,} tok",
     ]
