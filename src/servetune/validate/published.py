@@ -29,7 +29,6 @@ import csv
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -97,18 +96,12 @@ class PublishedRun(BaseModel):
         """The catalog model's kind, "dense models" or "MoE models": the held-out set is
         dense, and a MoE model's steps run kernels (fused experts, routing) a dense one never
         does, so the two are judged apart as well as together."""
-        return ARCHITECTURES[is_moe(self.model)]
+        from servetune.model import get_model  # the catalog caches its specs
+
+        return ARCHITECTURES[get_model(self.model).is_moe]
 
 
-ARCHITECTURES = ("dense models", "MoE models")  # indexed by is_moe
-
-
-@cache
-def is_moe(model: str) -> bool:
-    """Whether the catalog model routes tokens to experts (cached: a run asks per row)."""
-    from servetune.model import get_model
-
-    return get_model(model).is_moe
+ARCHITECTURES = ("dense models", "MoE models")  # indexed by ModelSpec.is_moe
 
 
 @dataclass(frozen=True)
