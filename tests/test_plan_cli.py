@@ -44,6 +44,50 @@ def test_default_plan_renders_tables() -> None:
         assert heading in out.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "overheads", "free"),
+    [
+        # vLLM sizing its own pool: the CUDA context predates its memory snapshot and sits in
+        # the (1 - utilization) headroom, so the overheads row must not claim it
+        (
+            (),
+            "fixed overheads (workspace, graphs) ",
+            "left free (1 - utilization), CUDA context in it",
+        ),
+        (
+            ("--gpus", "2", "--tp", "2"),
+            "fixed overheads (workspace, graphs, NCCL) ",
+            "left free (1 - utilization), CUDA context in it",
+        ),
+        # an explicit KV size leaves no headroom: every term is taken from the budget
+        (
+            ("--kv-cache-space", "2"),
+            "fixed overheads (context, workspace, graphs) ",
+            "left free (1 - gpu_memory_utilization) ",
+        ),
+    ],
+)
+def test_the_overheads_row_names_the_terms_it_holds(
+    args: tuple[str, ...], overheads: str, free: str
+) -> None:
+    out = run_plan("--model", "llama-3.1-8b", "--gpu", "l4", "--scenario", "chat", *args)
+    assert out.returncode == 0, out.stderr
+    assert overheads in out.stdout
+    assert free in out.stdout
+
+
+def test_launch_notes_reach_the_plan_output() -> None:
+    """llama.cpp's slots share a pool too small to give each max_model_len: the plan says so
+    beside the command, in text and JSON, not only `engine command`."""
+    args = ("--model", "llama-3.1-8b", "--gpu", "l4", "--scenario", "chat")
+    text = run_plan(*args)
+    assert text.returncode == 0, text.stderr
+    assert "note: kv_unified: the planned pool of 32,144 tokens split over 64 slots" in text.stdout
+    data = json.loads(run_plan(*args, "--json").stdout)
+    assert "--kv-unified" in data["launch"]["llamacpp"]
+    assert any(n.startswith("kv_unified:") for n in data["launch_notes"]["llamacpp"])
+
+
 def test_json_contract() -> None:
     out = run_plan(
         "--model",
@@ -95,6 +139,11 @@ def test_does_not_fit_exits_2_with_one_line_naming_the_term() -> None:
     assert "DOES NOT FIT" in out.stdout
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: weights")
+    # no launch command for a config that cannot start (llama.cpp's read -c 524288)
+    assert "Launch commands: none while it does not fit" in out.stdout
+    assert "llama-server" not in out.stdout and "api_server" not in out.stdout
+    data = json.loads(run_plan("--model", "llama-3.1-70b", "--gpu", "l4", "--json").stdout)
+    assert data["fits"] is False and data["launch"] == {} and data["launch_notes"] == {}
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,9 @@ def plan(
     model: str = typer.Option(
         DEFAULT_MODEL, "--model", "-m", help="Catalog name or path to a HF config.json / model dir."
     ),
-    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", "-g", help="Accelerator name (see --list-gpus)."),
+    gpu: str = typer.Option(
+        DEFAULT_GPU, "--gpu", "-g", help="Accelerator name (`servetune gpus` lists them)."
+    ),
     gpus: int = typer.Option(1, "--gpus", help="GPUs available (TP x PP x DP)."),
     scenario: str = typer.Option(
         DEFAULT_SCENARIO,

@@ -61,13 +61,19 @@ class Overheads(BaseModel):
         leaves no headroom, and other engines count everything: every term."""
         if hw.kind == "cpu":
             return 0.0  # no device context; the host runtime's memory is outside the pool
-        headroom = cfg.engine == "vllm" and cfg.kv_cache_space_gib is None
+        headroom = context_in_headroom(cfg)
         gib = self.cublas_workspace_gib + (0.0 if headroom else self.cuda_context_gib)
         if not cfg.enforce_eager:
             gib += self.cuda_graphs_gib
         if cfg.world_size > 1:
             gib += self.nccl_gib
         return gib * GiB
+
+
+def context_in_headroom(cfg: EngineConfig) -> bool:
+    """Whether the CUDA context is left in vLLM's (1 - utilization) headroom rather than
+    taken from the pool's budget (`Overheads.total_bytes` says why)."""
+    return cfg.engine == "vllm" and cfg.kv_cache_space_gib is None
 
 
 def _large_defaults(hw: HardwareSpec, engine: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from servetune.plan.memory import context_in_headroom
 from servetune.plan.service import PlanResult
 from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
@@ -12,6 +13,23 @@ from servetune.units import GiB
 
 def _gib(value: float) -> str:
     return f"{value / GiB:,.2f}"
+
+
+def _overheads_label(result: PlanResult) -> str:
+    """Name the terms the fixed-overheads row holds: they depend on the engine, the host and
+    whether vLLM's headroom takes the CUDA context (`Overheads.total_bytes`)."""
+    cfg = result.plan.evaluation.config
+    if result.hardware.kind == "cpu":
+        return "fixed overheads (none on a CPU host)"
+    if cfg.engine == "sglang":
+        return "taken before start-up (CUDA context, NCCL)"
+    terms = [] if context_in_headroom(cfg) else ["context"]
+    terms.append("workspace")
+    if not cfg.enforce_eager:
+        terms.append("graphs")
+    if cfg.world_size > 1:
+        terms.append("NCCL")
+    return f"fixed overheads ({', '.join(terms)})"
 
 
 def render_plan(result: PlanResult, console: Console | None = None) -> None:
@@ -38,6 +56,7 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     mem.add_column("GiB", justify="right")
     mem.add_column("% of device", justify="right")
     sglang = cfg.engine == "sglang"  # its terms: plan.sglang_pool
+    headroom = hw.kind == "gpu" and context_in_headroom(cfg)
     rows = [
         ("weights", b.weights_bytes),
         (
@@ -46,14 +65,14 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
             else "activation peak (prefill of max_num_batched_tokens)",
             b.activation_bytes,
         ),
-        (
-            "taken before start-up (CUDA context, NCCL)"
-            if sglang
-            else "fixed overheads (context, workspace, graphs, NCCL)",
-            b.overhead_bytes,
-        ),
+        (_overheads_label(result), b.overhead_bytes),
         ("KV cache pool", max(b.kv_pool_bytes, 0.0)),
-        ("left free (1 - gpu_memory_utilization)", max(b.free_after_kv_bytes, 0.0)),
+        (
+            "left free (1 - utilization), CUDA context in it"
+            if headroom
+            else "left free (1 - gpu_memory_utilization)",
+            max(b.free_after_kv_bytes, 0.0),
+        ),
     ]
     for name, value in rows:
         mem.add_row(name, _gib(value), f"{100 * value / b.device_bytes:.1f}%")
@@ -130,7 +149,11 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     console.print(fx)
 
     console.print(f"[bold]Engine:[/] {result.engine} — {result.engine_reason}")
+    if not result.launch:
+        console.print("Launch commands: none while it does not fit (a fix above first)")
     for name, spec in result.launch.items():
         console.print(f"[bold]{name}[/]: {spec.shell()}", soft_wrap=True, highlight=False)
         if spec.unsupported:
             console.print(f"  [yellow]no equivalent flag:[/] {', '.join(spec.unsupported)}")
+        for note in spec.notes:
+            console.print(f"  [dim]note:[/] {note}", soft_wrap=True, highlight=False)

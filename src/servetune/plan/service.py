@@ -216,10 +216,12 @@ def run_plan(args: PlanArgs) -> PlanResult:
     engine, reason = recommend_engine(req.hardware, default_scenario)
     cfg = plan.evaluation.config
     device = "cpu" if req.hardware.kind == "cpu" else "gpu"
-    pool = planned_pool(plan.evaluation)
-    launch = launch_commands(cfg, serving_reference(args.model), device=device, pool=pool)
-    gguf = gguf_reference(args.model, plan.evaluation.budget.weight_format)
-    launch["llamacpp"] = launch_command("llamacpp", cfg, gguf, device=device, pool=pool)
+    launch: dict[str, Any] = {}
+    if plan.evaluation.fits:  # a command for a config that cannot start would mislead
+        pool = planned_pool(plan.evaluation)
+        launch = launch_commands(cfg, serving_reference(args.model), device=device, pool=pool)
+        gguf = gguf_reference(args.model, plan.evaluation.budget.weight_format)
+        launch["llamacpp"] = launch_command("llamacpp", cfg, gguf, device=device, pool=pool)
     origin = weight_format_origin(
         plan.evaluation.budget.weight_format_source, args.quant is not None, plan.scenario
     )
@@ -284,5 +286,6 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
         "launch_unsupported": {
             name: list(spec.unsupported) for name, spec in result.launch.items()
         },
+        "launch_notes": {name: list(spec.notes) for name, spec in result.launch.items()},
         "gib": {"weights": b.weights_bytes / GiB, "kv_pool": b.kv_pool_bytes / GiB},
     }
