@@ -92,6 +92,15 @@ def test_cli_best_effort_is_exit_0_with_headline_and_launch_command(tmp_path: Pa
     assert any(
         x.startswith("  - binding SLO: ") and "P95 TTFT" in x and "x the target" in x for x in lines
     )
+    # a ratio is how far a check missed: a met check (the steady-state rule's achieved share,
+    # a flat queue) says "met", never a ratio that reads like a miss ("0.07x the target")
+    first = lines.index("how far it missed (value vs target at its closest load):") + 2
+    missed = lines[first : lines.index(next(x for x in lines if "- bottleneck:" in x))]
+    for x in missed:
+        met = " <= " in x or " >= " in x
+        assert x.endswith("(met)") if met else "x the target" in x, x
+    assert any(x.endswith("(met)") for x in missed)
+    assert not any("-0.000" in x for x in lines)
     j = _cli("--slo", "slo.yaml", "--json", cwd=tmp_path)
     assert j.returncode == 0, j.stderr
     out = json.loads(j.stdout)

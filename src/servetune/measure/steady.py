@@ -467,7 +467,8 @@ def check_text(c: dict[str, Any]) -> str:
         return f"steady state: achieved {got:.0%} of offered {'>=' if ok else '<'} {1 - t:.0%}"
     if v is None:
         return "steady state: queue trend not measured (too few requests)"
-    return f"steady state: TTFT {v:+.3f} s per s of run {'<=' if ok else '>'} {t:g}"
+    slope = round(v, 3) + 0.0  # a slope of -0.00001 reads +0.000, not -0.000
+    return f"steady state: TTFT {slope:+.3f} s per s of run {'<=' if ok else '>'} {t:g}"
 
 
 def evidence_text(signals: dict[str, Any]) -> str | None:

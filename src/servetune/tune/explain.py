@@ -234,14 +234,19 @@ def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str
 
 def explain_shortfall(t: TrialResult, sf: Shortfall, runner_up: TrialResult | None) -> list[str]:
     """Why the best-effort config is the closest to the SLO: the check that binds, every
-    check as value vs target (ratio), the bottleneck, and the next closest config."""
+    check as value vs target (a missed one with its ratio, a met one marked so), the
+    bottleneck, and the next closest config."""
     out = [f"closest to the SLO at {_load(sf.point)} (no config met it)"]
     b = sf.binding
     if b is not None:
         out.append(f"binding SLO: {check_with_n(b, sf.point)} ({_ratio(b)})")
     elif not sf.point.passed:
         out.append(f"binding: the run at {_load(sf.point)} did not complete")
-    out += [f"{check_with_n(c, sf.point)} ({_ratio(c)})" for c in sf.checks if c != b]
+    out += [
+        f"{check_with_n(c, sf.point)} ({_ratio(c) if not c.get('ok') else 'met'})"
+        for c in sf.checks
+        if c != b
+    ]
     out.append("bottleneck: " + bottleneck(t))
     if runner_up is not None:
         ru = shortfall(runner_up)
