@@ -67,9 +67,11 @@ def accept(
     from servetune.accept import Acceptance, AcceptSettings, ProbeFailed, Sizes
     from servetune.accept import inputs as ai
     from servetune.measure import server_software
+    from servetune.results.files import check_outputs
     from servetune.store import software_info
 
     ai.check_engine(engine)
+    check_outputs({"--output": output, "--html": html_out}, {})  # before the live checks
     if pools not in (None, "shared", "split"):
         raise InputError("--pools", f"expected shared or split, got {pools!r}")
     if config and from_study:

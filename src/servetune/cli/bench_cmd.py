@@ -159,9 +159,12 @@ def bench(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.engines.registry import ADAPTERS, exports_metrics
     from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
+    from servetune.metrics import window_note
+    from servetune.results.files import check_outputs
     from servetune.status import RunStatus
     from servetune.telemetry import telemetry_options
 
+    check_outputs({"--output": output, "--csv": csv_path}, {})  # before the run
     if rate and concurrency:
         raise InputError("--rate", "give --rate or --concurrency, not both", None)
     check_ranges(
@@ -214,6 +217,8 @@ def bench(
             err.print(f"[bold red]CLIENT BOTTLENECK ({p.label}):[/] {w}")
         if res.status != RunStatus.COMPLETED:
             err.print(f"[bold red]{p.label}: {res.status}[/] {res.stop_reason or ''}")
+        if (note := window_note(res.metrics)) is not None:
+            err.print(f"[yellow]note ({p.label}):[/] {note}", highlight=False)
 
     live = live_view(err, url, engine) if not as_json else None  # off when piped
     try:

@@ -29,8 +29,10 @@ def report(
 ) -> None:
     """Write the report and say what was drawn and what was not (and why)."""
     from servetune.report import build_report
+    from servetune.results.files import check_outputs
     from servetune.store import Store
 
+    check_outputs({"--output": output}, {"--images": images})
     with Store.open(db, create=False) as store:
         out = build_report(
             store, refs, output, title=title, images=images, image_format=image_format

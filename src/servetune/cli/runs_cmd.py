@@ -366,8 +366,10 @@ def export(
     db: str | None = _DB,
 ) -> None:
     """Write runs out: one row per run (or per request), or JSON that `runs import` reads."""
+    from servetune.results.files import check_outputs
     from servetune.store.transfer import export as do_export
 
+    check_outputs({"--output": output}, {})
     with _open(db) as store:
         ids = store.resolve(refs) if refs else [i.id for i in store.list_runs()]
         n = do_export(store, ids, output, fmt_, records=records)

@@ -98,15 +98,13 @@ def simulate(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.cli.sim_report import print_lines, sim_header, sim_point
     from servetune.measure import Hooks, ResultFiles, SimulateSettings, SweepLoads, run_simulate
-    from servetune.results.files import check_writable
+    from servetune.results.files import check_outputs
     from servetune.store.writer import STORE_OFF
 
     check_ranges({"--count": count, "--duration": duration})
     if gpus < 1:
         raise InputError("--gpus", f"{gpus} is not allowed", "give the GPUs of one replica, >= 1")
-    for path, flag in ((output, "--output"), (trace_path, "--trace")):
-        if path is not None:
-            check_writable(path, flag)  # before the run, not after it
+    check_outputs({"--output": output, "--trace": trace_path}, {})  # before the run
     cfg = parse_sets(engine, sets)
     if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
         cfg = cfg.with_(tensor_parallel_size=gpus)
@@ -205,6 +203,7 @@ def calibrate(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.hardware import get_hardware
     from servetune.model import get_model
+    from servetune.results.files import check_outputs
     from servetune.sim.calibrate import fit_profile
     from servetune.sim.profile import load_results, save_profile
 
@@ -212,12 +211,14 @@ def calibrate(
         raise InputError(
             "calibrate", "give exactly one source", "result files, --url or --from-store"
         )
+    keep_in = runs_dir or output.with_name(output.stem + "-runs")
+    # before the sweep or the fit: neither is lost to a bad path
+    check_outputs({"--output": output}, {"--runs-dir": keep_in if url else None})
     m, hw = get_model(model), get_hardware(gpu)
     if url:
         from servetune.bench.reach import check_server
 
         check_server(url)  # fail fast with the cause, as bench does
-        keep_in = runs_dir or output.with_name(output.stem + "-runs")
         runs = _sweep(url, served_model, repeats, keep_in, engine)
         known = [None]
     elif results:

@@ -77,8 +77,10 @@ def tune(
 ) -> None:
     """Rank configs (simulator and/or real engine), verify, re-run finalists, step back
     from the OOM edge, explain, record (see docs/tune.md)."""
+    from servetune.results.files import check_outputs
     from servetune.tune.tuner import NothingMeasured, Tuner
 
+    check_outputs({"--report": report}, {})  # before the study, not after it
     settings = build_settings(locals())
     say = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     head = (

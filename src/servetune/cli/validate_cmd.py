@@ -89,10 +89,12 @@ def validate(
         _published(published_file, tier or None, per_run, as_json, measure, jobs or usable_cores())
         return
     from servetune import validate as v
+    from servetune.results.files import check_outputs
     from servetune.sim.profile import load_profile, load_results, save_profile
 
     if bool(runs) == bool(live):
         raise InputError("validate", "give exactly one of --runs DIR, --live and --published", None)
+    check_outputs({"--profile-out": profile_out}, {})  # before the fit or the live runs
     v.check_harness_engine(engine)
     prof = load_profile(profile) if profile else None
     files = _run_files(runs) if runs else []

@@ -64,6 +64,27 @@ def check_writable(path: Path, field: str) -> None:
         raise InputError(field, f"folder {path.parent} does not exist", "create it first")
 
 
+def check_folder(path: Path, field: str) -> None:
+    """The same check for an output folder: an existing file there, or a missing parent
+    (a typo would otherwise create folders far from where the user looks), is refused
+    before anything runs; the folder itself is made when written."""
+    if path.exists() and not path.is_dir():
+        raise InputError(field, f"{path} is a file, not a folder", "give a folder name")
+    if not path.parent.is_dir():
+        raise InputError(field, f"folder {path.parent} does not exist", "create it first")
+
+
+def check_outputs(files: dict[str, Path | str | None], folders: dict[str, Path | None]) -> None:
+    """Every output path a command was given, checked before it measures anything
+    (`{flag: path}`; None: not given)."""
+    for field, path in files.items():
+        if path is not None:
+            check_writable(Path(path), field)
+    for field, folder in folders.items():
+        if folder is not None:
+            check_folder(folder, field)
+
+
 def load_result(path: str | Path, field: str = "FILE") -> RunResult:
     """A result file read back; an unreadable or foreign file is one InputError naming
     `field` (the option that gave the path)."""
