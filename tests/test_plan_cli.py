@@ -88,6 +88,13 @@ def test_launch_notes_reach_the_plan_output() -> None:
     assert any(n.startswith("kv_unified:") for n in data["launch_notes"]["llamacpp"])
 
 
+def test_a_huge_gpu_count_plans_at_once() -> None:
+    """Pipeline stages are tried up to one layer each, not up to --gpus (which hung)."""
+    out = run_plan("--gpus", "99999999999")
+    assert out.returncode == 0, out.stderr
+    assert "FITS" in out.stdout
+
+
 def test_json_contract() -> None:
     out = run_plan(
         "--model",
@@ -161,6 +168,8 @@ def test_does_not_fit_exits_2_with_one_line_naming_the_term() -> None:
         (["--overhead", "cuda_graphs_gib"], "--overhead"),
         (["--overhead", "nope=1"], "--overhead"),
         (["--model", "/no/such/config.json"], "config"),
+        (["--pp", "3"], "--pp"),  # was ignored without --tp
+        (["--pp", "1000", "--tp", "1", "--gpus", "1000"], "--pp"),  # 32 layers, 1000 stages
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:

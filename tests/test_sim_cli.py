@@ -391,3 +391,24 @@ def test_a_kv_bound_point_says_so_and_what_moves_it():
     fp8 = kv_lines(64, kv_cache_dtype="fp8")  # twice the pool: a few preemptions still
     assert fp8 and fp8[1].startswith("  try gpu_memory_utilization: 0.9 -> 0.93"), fp8
     assert kv_lines(8) == []
+
+
+def test_a_run_too_short_for_a_rate_says_why_it_reads_0_req_s():
+    """5 requests of the chat example at 2 req/s: none finishes between the first and the
+    last send (the measurement window), so req/s is 0 by the metric's definition, and the
+    point says so instead of printing a bare 0.00."""
+    chat = str(Path(__file__).resolve().parents[1] / "examples" / "workloads" / "chat.yaml")
+    p = cli("simulate", "-w", chat, "--count", "5", "--no-store")
+    assert p.returncode == 0, p.stderr
+    assert "0.00 req/s, 5 completed" in p.stdout
+    assert "0 req/s: none of the 5 completed requests finished between the first" in p.stdout
+    longer = cli("simulate", "-w", chat, "--count", "60", "--no-store")
+    assert "0 req/s: none" not in longer.stdout and "60 completed" in longer.stdout
+
+
+def test_more_pipeline_stages_than_layers_is_refused():
+    p = cli("simulate", "--count", "4", "--no-store", "--set", "pipeline_parallel_size=100")
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        "error: pipeline_parallel_size: 100 stages for the model's 32 layers (use at most 32)"
+    )

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from servetune.bench.progress import load_label
+from servetune.metrics import window_note
 from servetune.results.schema import Metrics, RunResult, SimStats, SLOCheck
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ def sim_point(res: RunResult) -> list[str]:
         f"  preemptions {sim.preemptions}, rejected {sim.rejected}, "
         f"prefix hits {sim.prefix_hit_tokens:,} tok",
     ]
+    if (note := window_note(m)) is not None:
+        lines.append(f"  {note}")
     lines += phase_note(res)
     lines += band_error_note(res)
     lines += kv_note(res)

@@ -71,6 +71,18 @@ def check_tensor_parallel(
     raise InputError("tensor_parallel_size", problem, f"use one of {', '.join(map(str, fits))}")
 
 
+def check_pipeline_parallel(cfg: EngineConfig, layers: int) -> None:
+    """InputError when there are more pipeline stages than decoder layers: each stage holds
+    at least one (vLLM's `get_pp_indices` splits the layers over the stages)."""
+    pp = cfg.pipeline_parallel_size
+    if pp > layers:
+        raise InputError(
+            "pipeline_parallel_size",
+            f"{pp} stages for the model's {layers} layers",
+            f"use at most {layers}",
+        )
+
+
 def check_scheduling_policy(cfg: EngineConfig) -> None:
     """InputError for `lpm` off SGLang: longest-prefix-match ordering is SGLang's
     (--schedule-policy lpm); vLLM's --scheduling-policy takes fcfs or priority."""
@@ -102,14 +114,17 @@ def check_config(
     attention_heads: int | None = None,
     kv_heads: int | None = None,
     checkpoint_method: str | None = None,
+    layers: int | None = None,
 ) -> None:
     """Every start-up rule above that applies (`attention_heads`, `kv_heads`,
-    `checkpoint_method`: the model's, when known)."""
+    `checkpoint_method`, `layers`: the model's, when known)."""
     check_block_size(cfg, device)
     check_scheduling_policy(cfg)
     check_quantization(cfg, checkpoint_method)
     if attention_heads is not None:
         check_tensor_parallel(cfg, attention_heads, kv_heads)
+    if layers is not None:
+        check_pipeline_parallel(cfg, layers)
 
 
 def check_model_config(cfg: EngineConfig, model: ModelSpec, *, device: str) -> None:
@@ -121,4 +136,5 @@ def check_model_config(cfg: EngineConfig, model: ModelSpec, *, device: str) -> N
         attention_heads=model.num_attention_heads,
         kv_heads=model.num_kv_heads,
         checkpoint_method=shipped_method(model),
+        layers=model.num_layers,
     )

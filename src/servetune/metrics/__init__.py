@@ -1,6 +1,11 @@
 """Pure metric functions over raw request records (the contract: docs/metrics.md)."""
 
-from servetune.metrics.compute import client_warnings, compute_metrics, measurement_window
+from servetune.metrics.compute import (
+    client_warnings,
+    compute_metrics,
+    measurement_window,
+    window_note,
+)
 from servetune.metrics.stats import ks_exponential, summarize
 
 __all__ = [
@@ -9,4 +14,5 @@ __all__ = [
     "ks_exponential",
     "measurement_window",
     "summarize",
+    "window_note",
 ]

@@ -524,6 +524,19 @@ def apply_memory_slo(m: Metrics, slo: SLO | None, kv_usage_peak: float | None) -
     m.slo_pass = all(c.ok for c in m.slo_checks)
 
 
+def window_note(m: Metrics) -> str | None:
+    """Why a run that completed requests shows 0 req/s: `req_s` counts completions inside
+    the measurement window (first to last send), and in a run of a few requests none may
+    finish before the last one is sent."""
+    if m.req_s > 0 or m.completed == 0:
+        return None
+    return (
+        f"0 req/s: none of the {m.completed} completed requests finished between the first "
+        "and last send (the measurement window, docs/metrics.md); too few for a rate: raise "
+        "--count"
+    )
+
+
 def client_warnings(
     m: Metrics, *, open_loop: bool, cpu_util: float, lag_p99_limit_ms: float = 10.0
 ) -> list[str]:

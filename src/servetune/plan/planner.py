@@ -221,7 +221,7 @@ def parallel_options(req: PlanRequest) -> list[ParallelOption]:
     for tp in tp_candidates(model, hw, req.gpus):
         pps = [1]
         if tp == min(req.gpus, hw.devices_per_node) and req.gpus > hw.devices_per_node:
-            pps = [p for p in range(2, req.gpus // tp + 1) if model.num_layers >= p]
+            pps = list(range(2, min(req.gpus // tp, model.num_layers) + 1))  # a layer a stage
         for pp in pps:
             cfg = req.config.with_(tensor_parallel_size=tp, pipeline_parallel_size=pp)
             ev = evaluate(model, hw, cfg, req.context, req.overheads)
@@ -246,10 +246,11 @@ def choose_parallelism(req: PlanRequest, options: list[ParallelOption]) -> Engin
     if req.tp_given:
         tp, pp = req.config.tensor_parallel_size, req.config.pipeline_parallel_size
         if tp * pp > req.gpus:
+            flag = "--tp" if tp > 1 or pp == 1 else "--pp"
             raise InputError(
-                "--tp",
+                flag,
                 f"tp x pp = {tp * pp} needs more than the {req.gpus} GPUs given",
-                "raise --gpus or lower --tp",
+                f"raise --gpus or lower {flag}",
             )
     else:
         fitting = [o for o in options if o.fits]

@@ -160,7 +160,8 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
     try:  # the engine's start-up rules (TP divides the heads, block size), as flags
         check_model_config(config, model, device=rule_device)
     except InputError as exc:
-        flag = {"tensor_parallel_size": "tp", "quantization": "quant"}.get(exc.field, exc.field)
+        flag = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp",
+                "quantization": "quant"}.get(exc.field, exc.field)  # fmt: skip
         raise InputError(_flag(flag), exc.problem, exc.fix) from None
     explicit = {k for k, v in knobs.items() if v is not None}
     if args.kv_dtype is None:
@@ -174,7 +175,7 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         hardware=hardware,
         gpus=args.gpus,
         config=config,
-        tp_given=args.tp is not None,
+        tp_given=args.tp is not None or args.pp > 1,  # either fixes the parallelism
         avg_context=args.avg_context,
         input_tokens=args.input_len or (scenario.input_tokens if scenario else 1024),
         output_tokens=args.output_len or (scenario.output_tokens if scenario else 256),
