@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 WL = {
@@ -412,3 +413,19 @@ def test_more_pipeline_stages_than_layers_is_refused():
     assert p.stderr.strip() == (
         "error: pipeline_parallel_size: 100 stages for the model's 32 layers (use at most 32)"
     )
+
+
+@pytest.mark.parametrize(
+    ("knob", "line"),
+    [
+        # the knob set is named, not vLLM's default it collides with
+        ("max_num_seqs=99999999999", "error: max_num_seqs: 99,999,999,999 is above max_num_bat"),
+        ("max_num_batched_tokens=8", "error: max_num_batched_tokens: 8 is below max_num_seqs"),
+        # a knob of --set is named as a knob, not as plan's --max-model-len flag
+        ("max_model_len=999999999", "error: max_model_len: 999999999 exceeds llama-3.1-8b's"),
+    ],
+)
+def test_a_knob_vllm_refuses_is_named_as_set(knob: str, line: str):
+    p = cli("simulate", "--count", "4", "--no-store", "--set", knob)
+    assert p.returncode == 2
+    assert p.stderr.startswith(line) and len(p.stderr.strip().splitlines()) == 1, p.stderr

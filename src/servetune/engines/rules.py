@@ -6,6 +6,8 @@ exit 2 instead of a run that silently predicts or measures something else.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.model.quantization import names_checkpoint_method, shipped_method
@@ -81,6 +83,29 @@ def check_pipeline_parallel(cfg: EngineConfig, layers: int) -> None:
             f"{pp} stages for the model's {layers} layers",
             f"use at most {layers}",
         )
+
+
+def check_batch_limits(
+    cfg: EngineConfig, seqs: int, batched: int, given: Collection[str] | None = None
+) -> None:
+    """InputError when vLLM's token budget per step is below its sequence cap, which its
+    SchedulerConfig refuses at start-up. `seqs` and `batched` are the values in force;
+    the knob named is the one the user set (`given`; by default the ones `cfg` sets)."""
+    if cfg.engine != "vllm" or batched >= seqs:
+        return
+    knobs = ("max_num_seqs", "max_num_batched_tokens")
+    given = {k for k in knobs if getattr(cfg, k) is not None} if given is None else set(given)
+    if "max_num_seqs" in given and "max_num_batched_tokens" not in given:
+        raise InputError(
+            "max_num_seqs",
+            f"{seqs:,} is above max_num_batched_tokens {batched:,}",
+            f"use at most {batched:,}, or raise max_num_batched_tokens with it",
+        )
+    raise InputError(
+        "max_num_batched_tokens",
+        f"{batched:,} is below max_num_seqs {seqs:,}",
+        "vLLM requires max_num_batched_tokens >= max_num_seqs",
+    )
 
 
 def check_scheduling_policy(cfg: EngineConfig) -> None:

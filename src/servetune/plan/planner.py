@@ -112,7 +112,7 @@ def resolve_max_model_len(model: ModelSpec, cfg: EngineConfig) -> int:
     length = cfg.max_model_len or model.max_position_embeddings
     if length > model.max_position_embeddings:
         raise InputError(
-            "--max-model-len",
+            "max_model_len",
             f"{length} exceeds {model.name}'s max_position_embeddings "
             f"({model.max_position_embeddings})",
             f"use at most {model.max_position_embeddings}",
@@ -150,6 +150,17 @@ def evaluate(
     concurrency = min(kv_seqs, budget.max_num_seqs)
     limited_by = "kv_cache" if kv_seqs < budget.max_num_seqs else "max_num_seqs"
     breaking, verdict = _verdict(budget, capacity, max_len, hw)
+    if breaking == "max_model_len" and capacity == 0 and budget.kv_pool_bytes > 0:
+        # the pool has room, but not for one block: the block size is what to change
+        one = block * budget.kv_effective_bytes_per_token / GiB
+        breaking, verdict = (
+            "block_size",
+            (
+                f"one block of {block:,} tokens takes {one:,.2f} GiB, more than the "
+                f"{budget.kv_pool_bytes / GiB:.2f} GiB KV pool: lower block_size "
+                "(vLLM's default 16)"
+            ),
+        )
     if breaking == "max_model_len" and cfg.engine == "sglang":
         # SGLang starts anyway and refuses longer requests (max_req_input_len caps both).
         breaking = None

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from servetune.engines import launch_command, launch_commands
 from servetune.engines.base import PlannedPool
 from servetune.engines.config import EngineConfig
-from servetune.engines.rules import check_model_config
+from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.errors import InputError, from_validation_error
 from servetune.hardware.catalog import get_hardware
 from servetune.hardware.spec import HardwareSpec
@@ -82,6 +82,20 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+_KNOB_FLAGS = {
+    "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
+    "quantization": "quant",
+}
+
+
+def _as_flag(exc: InputError) -> InputError:
+    """An engine rule's error on a knob, under the `plan` flag that sets it."""
+    if exc.field not in EngineConfig.model_fields:
+        return exc
+    return InputError(_flag(_KNOB_FLAGS.get(exc.field, exc.field)), exc.problem, exc.fix)
+
+
 def _positive(name: str, value: float | None) -> None:
     if value is not None and not 0 < value < math.inf:  # also refuses nan and inf
         raise InputError(_flag(name), f"must be a finite number > 0 (got {value})")
@@ -96,6 +110,12 @@ def parse_overheads(items: list[str]) -> Overheads:
             raise InputError(
                 "--overhead",
                 f"{item!r} is not name=GiB",
+                f"names: {', '.join(Overheads.model_fields)}",
+            )
+        if key.strip() not in Overheads.model_fields:
+            raise InputError(
+                "--overhead",
+                f"unknown name {key.strip()!r}",
                 f"names: {', '.join(Overheads.model_fields)}",
             )
         try:
@@ -160,9 +180,7 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
     try:  # the engine's start-up rules (TP divides the heads, block size), as flags
         check_model_config(config, model, device=rule_device)
     except InputError as exc:
-        flag = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp",
-                "quantization": "quant"}.get(exc.field, exc.field)  # fmt: skip
-        raise InputError(_flag(flag), exc.problem, exc.fix) from None
+        raise _as_flag(exc) from None
     explicit = {k for k, v in knobs.items() if v is not None}
     if args.kv_dtype is None:
         explicit.discard("kv_cache_dtype")
@@ -212,7 +230,14 @@ def planned_pool(ev: Evaluation) -> PlannedPool:
 
 def run_plan(args: PlanArgs) -> PlanResult:
     req, scenario = build_request(args)
-    plan = make_plan(req)
+    given = [k for k in ("max_num_seqs", "max_num_batched_tokens") if getattr(args, k)]
+    try:
+        plan = make_plan(req)
+        b = plan.evaluation.budget
+        # vLLM's start-up rule on the values in force (the scenario's, vLLM's defaults)
+        check_batch_limits(plan.evaluation.config, b.max_num_seqs, b.max_num_batched_tokens, given)
+    except InputError as exc:
+        raise _as_flag(exc) from None
     default_scenario = scenario or get_scenario("chat")
     engine, reason = recommend_engine(req.hardware, default_scenario)
     cfg = plan.evaluation.config

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from servetune.engines.config import EngineConfig
-from servetune.engines.rules import check_model_config
+from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.engines.support import SIMULATED
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
@@ -154,13 +154,7 @@ def setup(
         if blocks <= 0:
             raise InputError("config", "the KV pool holds no blocks", "give the KV cache memory")
         seqs, batched = b.max_num_seqs, b.max_num_batched_tokens
-        if batched < seqs:
-            # vLLM's SchedulerConfig refuses this combination at start-up.
-            raise InputError(
-                "--set max_num_batched_tokens",
-                f"{batched} is below max_num_seqs {seqs}",
-                "vLLM requires max_num_batched_tokens >= max_num_seqs",
-            )
+        check_batch_limits(cfg, seqs, batched)
         if not cfg.enable_chunked_prefill and batched < ev.max_model_len:
             raise InputError(
                 "--set max_num_batched_tokens",
