@@ -81,6 +81,7 @@ SIM = ["simulate", "--no-store"]
 TUNE = ["tune", "--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "-q"]
 
 # (case, argv with {file} names, what the one line names)
+CAL = ["calibrate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-o", "p.json"]
 ROWS = [
     ("workload binary", [*SIM, "-w", "{bin}"], "--workload: "),
     ("profile binary", [*SIM, "-w", "{ok}", "--profile", "{bin}"], "--profile: "),
@@ -133,6 +134,18 @@ ROWS = [
     ("space list in list", [*TUNE, "--space", "{nested}"], "space.knobs.max_num_seqs: "),
     ("--rate ''", [*SIM, "-w", "{ok}", "--rate", ""], "--rate: "),
     ("tune --max-load below 0.25", [*TUNE, "--max-load", "1e-308"], "--max-load: "),
+    # calibrate checks the engine and its start-up rules before a sweep or a fit
+    ("calibrate --engine bogus", [*CAL, "--engine", "bogus", "{ok}"], "engine: unknown engine"),
+    (
+        "calibrate tp 3",
+        [*CAL, "--set", "tensor_parallel_size=3", "{ok}"],
+        "tensor_parallel_size: 3",
+    ),
+    # a filter no run can match is refused, not an empty listing
+    ("runs list --status bogus", ["runs", "list", "--status", "bogus"], "--status: unknown value"),
+    ("runs list --backend x", ["runs", "list", "--backend", "x"], "--backend: unknown value 'x'"),
+    # a path given to diagnose is a path: a missing file is said so, not "no run or study"
+    ("diagnose missing file", ["diagnose", "/nonexistent/r.json"], "RUN: no such file: /nonex"),
 ]
 
 

@@ -72,6 +72,11 @@ def list_runs(
     db: str | None = _DB,
 ) -> None:
     """Runs in the store, oldest first, with their headline figures."""
+    from servetune.status import RunStatus
+
+    # a filter no run can match would list nothing and look like an empty store
+    _one_of("--status", status, [s.value for s in RunStatus])
+    _one_of("--backend", backend, ["real", "sim"])
     with _open(db) as store:
         if studies:
             rows = store.studies()
@@ -355,6 +360,11 @@ def conclude(
         for rid in ids:
             store.conclude(rid, verdict, note)
     typer.echo(f"{verdict}: {', '.join(ids)}")
+
+
+def _one_of(flag: str, value: str | None, allowed: list[str]) -> None:
+    if value is not None and value not in allowed:
+        raise InputError(flag, f"unknown value {value!r}", f"one of {', '.join(allowed)}")
 
 
 @runs_app.command("export")

@@ -201,6 +201,8 @@ def calibrate(
     by replaying those runs when the engine's knobs are known (--set, the stored runs' own
     config, or the sweep's)."""
     from servetune.cli.engine_cmd import parse_sets
+    from servetune.engines.registry import adapter
+    from servetune.engines.rules import check_model_config
     from servetune.hardware import get_hardware
     from servetune.model import get_model
     from servetune.results.files import check_outputs
@@ -215,6 +217,9 @@ def calibrate(
     # before the sweep or the fit: neither is lost to a bad path
     check_outputs({"--output": output}, {"--runs-dir": keep_in if url else None})
     m, hw = get_model(model), get_hardware(gpu)
+    adapter(engine)  # an unknown engine is refused in one line, not fitted under its name
+    if sets:  # the engine's start-up rules, before a sweep or a fit (as simulate checks)
+        check_model_config(parse_sets(engine, sets), m, device=hw.kind)
     if url:
         from servetune.bench.reach import check_server
 

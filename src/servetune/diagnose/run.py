@@ -64,6 +64,10 @@ def load_run(ref: str, db: str | None = None) -> tuple[RunResult, str]:
         from servetune.results.files import load_result
 
         return load_result(ref, "RUN"), ref
+    if Path(ref).is_dir():
+        raise InputError("RUN", f"{ref} is a folder", "give a result file or a run id")
+    if "/" in ref or ref.endswith(".json"):  # a path, not a run id: say the file is missing
+        raise InputError("RUN", f"no such file: {ref}", "give a result file or a run id")
     from servetune.store import Store
 
     with Store.open(db, create=False) as store:

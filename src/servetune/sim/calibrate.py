@@ -224,8 +224,8 @@ def fit_profile(
     y = np.concatenate(ys) if ys else np.empty(0)
     if len(y) < len(FEATURES) * 4:
         raise InputError(
-            "calibrate",
-            f"only {len(y)} inter-token gaps in the results",
+            "runs",  # calibrate's result files or stored runs, validate's --runs
+            f"only {len(y)} inter-token gaps in the measured runs",
             "give streamed runs with output_tokens >= 2 and more requests",
         )
     coef, se, r2, rel, dropped = fit_coefficients(x, y)
