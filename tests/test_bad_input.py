@@ -144,6 +144,10 @@ ROWS = [
     # a filter no run can match is refused, not an empty listing
     ("runs list --status bogus", ["runs", "list", "--status", "bogus"], "--status: unknown value"),
     ("runs list --backend x", ["runs", "list", "--backend", "x"], "--backend: unknown value 'x'"),
+    # an empty id, study or tag (an unset shell variable) names nothing
+    ("runs show ''", ["runs", "show", ""], "'ref': an empty value names nothing"),
+    ("runs delete '' -y", ["runs", "delete", "", "-y"], "'refs': an empty value names nothing"),
+    ("runs tag last ''", ["runs", "tag", "last", ""], "'tags': an empty value names nothing"),
     # a path given to diagnose is a path: a missing file is said so, not "no run or study"
     ("diagnose missing file", ["diagnose", "/nonexistent/r.json"], "RUN: no such file: /nonex"),
 ]

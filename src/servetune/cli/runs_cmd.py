@@ -29,6 +29,15 @@ _DB = typer.Option(None, "--db", help=DB_HELP)
 _JSON = typer.Option(False, "--json", help="Machine-readable output.")
 
 
+def _no_blank(value: Any) -> Any:
+    """An empty run id, study or tag (an unset shell variable) names nothing: refused, not
+    read as a study of no runs or stored as a tag."""
+    items = [value] if isinstance(value, str) else list(value or [])
+    if any(not str(v).strip() for v in items):
+        raise typer.BadParameter("an empty value names nothing (give a run id, study or tag)")
+    return value
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(runs_app, name="runs")
 
@@ -216,7 +225,9 @@ def _table(headers: list[str], rows: list[list[Any]], title: str) -> None:
 
 @runs_app.command("show")
 def show(
-    ref: str = typer.Argument(..., help="Run id (or a unique prefix, or `last`)."),
+    ref: str = typer.Argument(
+        ..., help="Run id (or a unique prefix, or `last`).", callback=_no_blank
+    ),
     as_json: bool = _JSON,
     db: str | None = _DB,
 ) -> None:
@@ -258,7 +269,9 @@ def _metrics(store: Store, info: RunInfo) -> dict[str, Any]:
 
 @runs_app.command("compare")
 def compare(
-    refs: list[str] = typer.Argument(..., help="Two or more runs (ids, studies, A,B,C)."),
+    refs: list[str] = typer.Argument(
+        ..., help="Two or more runs (ids, studies, A,B,C).", callback=_no_blank
+    ),
     all_knobs: bool = typer.Option(False, "--all", help="Also list what does not differ."),
     as_json: bool = _JSON,
     db: str | None = _DB,
@@ -335,8 +348,10 @@ def _print_comparison(comp: Comparison, all_knobs: bool) -> None:
 
 @runs_app.command("tag")
 def tag(
-    ref: str = typer.Argument(..., help="Run id, study or A,B,C."),
-    tags: list[str] = typer.Argument(..., help="Tags to add (or remove with --remove)."),
+    ref: str = typer.Argument(..., help="Run id, study or A,B,C.", callback=_no_blank),
+    tags: list[str] = typer.Argument(
+        ..., help="Tags to add (or remove with --remove).", callback=_no_blank
+    ),
     remove: bool = typer.Option(False, "--remove", help="Remove these tags instead."),
     db: str | None = _DB,
 ) -> None:
@@ -349,7 +364,7 @@ def tag(
 
 @runs_app.command("conclude")
 def conclude(
-    ref: str = typer.Argument(..., help="Run id."),
+    ref: str = typer.Argument(..., help="Run id.", callback=_no_blank),
     verdict: str = typer.Argument(..., help="keep, drop or next (take to the next round)."),
     note: str | None = typer.Option(None, "--note", help="Why."),
     db: str | None = _DB,
@@ -369,7 +384,9 @@ def _one_of(flag: str, value: str | None, allowed: list[str]) -> None:
 
 @runs_app.command("export")
 def export(
-    refs: list[str] = typer.Argument(None, help="Runs or studies (default: all runs)."),
+    refs: list[str] = typer.Argument(
+        None, help="Runs or studies (default: all runs).", callback=_no_blank
+    ),
     fmt_: str = typer.Option("csv", "--format", "-f", help="csv, json or parquet."),
     output: Path = typer.Option(..., "--output", "-o", help="File to write."),
     records: bool = typer.Option(False, "--records", help="csv/parquet: one row per request."),
@@ -402,7 +419,7 @@ def import_(
 
 @runs_app.command("delete")
 def delete(
-    refs: list[str] = typer.Argument(..., help="Runs or studies."),
+    refs: list[str] = typer.Argument(..., help="Runs or studies.", callback=_no_blank),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
     db: str | None = _DB,
 ) -> None:
