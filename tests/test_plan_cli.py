@@ -171,6 +171,8 @@ def test_does_not_fit_exits_2_with_one_line_naming_the_term() -> None:
         (["--pp", "3"], "--pp"),  # was ignored without --tp
         (["--pp", "1000", "--tp", "1", "--gpus", "1000"], "--pp"),  # 32 layers, 1000 stages
         (["--overhead", "foo=1"], "names: cuda_context_gib, cublas_workspace_gib"),
+        (["--quant", ""], "--quant: is empty"),  # was ignored
+        (["--scenario", ""], "--scenario: is empty"),  # was read as none
         # vLLM's start-up rule max_num_batched_tokens >= max_num_seqs, the knob given named
         (["--max-num-batched-tokens", "1"], "--max-num-batched-tokens: 1 is below"),
         (["--max-num-seqs", "99999999999"], "--max-num-seqs: 99,999,999,999 is above"),

@@ -145,6 +145,10 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         "gpu_memory_utilization",
     ):
         _positive(name, getattr(args, name))
+    for name in ("model", "gpu", "quant", "kv_dtype", "scenario", "engine", "dtype"):
+        if getattr(args, name, None) is not None and not str(getattr(args, name)).strip():
+            # an unset shell variable: never silently "none" or the default
+            raise InputError(_flag(name), "is empty", "give a value or leave the flag out")
     if args.dtype.lower() not in _DTYPES:
         raise InputError("--dtype", f"unknown dtype {args.dtype!r}", f"use {', '.join(_DTYPES)}")
     model = get_model(args.model)
