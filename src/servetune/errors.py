@@ -6,6 +6,7 @@ line on stderr (never a traceback).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -56,9 +57,14 @@ def from_validation_error(
     sep = " " if prefix.startswith("--") else "."  # `--set max_num_seqs`, `workload.count`
     field = flag or (f"{prefix}{sep}{loc}" if prefix and loc else (prefix or loc or "input"))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    msg = _ENUM_REPR.sub(r"\1", msg)  # allowed values as the user writes them
     value = first.get("input")
     shown = "" if value is None or isinstance(value, dict) else f" (got {_short(value)})"
     return InputError(field, f"{msg}{shown}")
+
+
+# pydantic names a Literal of enum members by their reprs: `<RunStatus.COMPLETED: 'completed'>`
+_ENUM_REPR = re.compile(r"<\w+\.\w+: ('[^']*')>")
 
 
 def _short(value: object, limit: int = 60) -> str:

@@ -50,10 +50,14 @@ def export_cmd(
     ),
 ) -> None:
     """Write prometheus-rules.yaml, grafana-dashboard.json, keda-scaledobject.yaml, hpa.yaml."""
+    from pathlib import Path
+
     from servetune.monitor import export, from_description
     from servetune.monitor import from_study as study_deployment
+    from servetune.results.files import check_folder
     from servetune.slo import load_slo
 
+    check_folder(Path(out), "--out")  # before the study is read or a file written
     lo, hi = _replicas(replicas)
     kw = {
         "slo": load_slo(slo) if slo else None,

@@ -414,7 +414,10 @@ def import_(
     with _open(db, create=True) as store:
         for f in files:
             for rid, what in store.import_file(f, study=study, tags=tags):
-                typer.echo(f"{rid}: {what}")
+                done, _, warning = what.partition("; warning: ")
+                typer.echo(f"{rid}: {done}")
+                if warning:  # what was left out (a cut-off last line), where warnings go
+                    typer.echo(f"warning: {rid}: {warning}", err=True)
 
 
 @runs_app.command("delete")

@@ -12,7 +12,10 @@ error_event, disconnect.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import math
+import os
 import random
 import socket
 import struct
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servetune.aio import install_fast_loop, loop_in_thread, raise_fd_limit
+from servetune.errors import InputError
 from servetune.workload.tokenizer import WordTokenizer
 
 FAULTS = (
@@ -430,14 +434,49 @@ def mock_in_thread(cfg: MockConfig | None = None) -> Iterator[MockServer]:
         yield running
 
 
+def check_options(cfg: MockConfig, port: int) -> None:
+    """The `mock-server` flags, refused in one line before anything listens: a negative or
+    NaN delay, no tokens per chunk (a stream that never ends), a fault probability outside
+    0..1, or a port the OS would silently take modulo 65536."""
+    delays = (("--ttft-ms", cfg.ttft_ms), ("--itl-ms", cfg.itl_ms))
+    for flag, ms in (*delays, ("--jitter-ms", cfg.ttft_jitter_ms)):
+        if not (math.isfinite(ms) and ms >= 0):
+            raise InputError(flag, f"{ms} is not allowed", "give milliseconds >= 0")
+    counts = (("--tokens-per-chunk", cfg.tokens_per_chunk), ("--output-tokens", cfg.output_tokens))
+    for flag, n in counts:
+        if n is not None and n < 1:
+            raise InputError(flag, f"{n} is not allowed", "give a token count >= 1")
+    for name, p in cfg.faults.items():
+        if not 0 <= p <= 1:  # NaN fails too
+            raise InputError("--fault", f"{name}={p}: a probability is 0..1", "e.g. stall=0.05")
+    if sum(cfg.faults.values()) > 1:
+        raise InputError("--fault", "the probabilities add up to more than 1", "lower them")
+    if not 1 <= port <= 65535:
+        raise InputError("--port", f"{port} is not a TCP port", "give 1-65535")
+
+
 def serve_forever(cfg: MockConfig, host: str, port: int) -> None:
     """Blocking: run the mock until interrupted (the `servetune mock-server` command)."""
+    check_options(cfg, port)
     raise_fd_limit()
     install_fast_loop()
 
     async def main() -> None:
         srv = MockServer(cfg)
-        p = await srv.start(host, port)
+        try:
+            p = await srv.start(host, port)
+        except socket.gaierror as exc:  # an OSError too: caught first
+            fix = "give an IP address or a name that resolves"
+            raise InputError("--host", f"cannot resolve {host!r}: {exc.strerror}", fix) from None
+        except OSError as exc:  # the port taken (or privileged), or another machine's address
+            if exc.errno == errno.EADDRNOTAVAIL:
+                fix = "give one of its own, e.g. 127.0.0.1 or 0.0.0.0"
+                raise InputError(
+                    "--host", f"{host} is not an address of this machine", fix
+                ) from None
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            fix = "pick a free port"
+            raise InputError("--port", f"cannot listen on port {port}: {why}", fix) from None
         print(f"mock server listening on http://{host}:{p}", flush=True)
         await asyncio.Event().wait()
 

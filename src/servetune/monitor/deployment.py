@@ -47,6 +47,7 @@ class Deployment:
 
     def __post_init__(self) -> None:
         adapter(self.engine)  # an unknown engine is an InputError naming the choices
+        check_names(self.name, self.namespace, self.job)
         if self.queue_target <= 0:
             raise InputError("--queue-target", f"{self.queue_target} must be > 0")
         if self.kv_threshold is not None and not 0 < self.kv_threshold <= 1:
@@ -59,6 +60,32 @@ class Deployment:
                 f"min {self.min_replicas} / max {self.max_replicas}",
                 "give MIN:MAX with 1 <= MIN <= MAX, e.g. 1:4",
             )
+
+
+# Kubernetes' DNS-1123 label, what a namespace and a Deployment's name must be
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def check_names(name: str, namespace: str, job: str) -> None:
+    """The names the manifests and queries carry, checked before anything is written:
+    Kubernetes refuses a name or namespace that is not a DNS-1123 label, and a job with a
+    quote, backslash or newline would end the PromQL string `{job="..."}` early."""
+    for flag, value in (("--name", name), ("--namespace", namespace)):
+        if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+            raise InputError(
+                flag,
+                f"{value!r} is not a Kubernetes name",
+                "use 1-63 lowercase letters, digits and '-', starting and ending with a "
+                "letter or digit",
+            )
+    if not job:  # `job=""` matches no scraped series: every panel and rule would be empty
+        raise InputError("--job", "is empty", "give the Prometheus scrape job of the replicas")
+    if any(c in job for c in '"\\\n'):
+        raise InputError(
+            "--job",
+            f"{job!r} cannot be a PromQL label value",
+            "give the scrape job's name without quotes, backslashes or line breaks",
+        )
 
 
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
@@ -156,6 +183,10 @@ def from_study(study: str, db: str | None = None, **kw: Any) -> Deployment:
 def from_description(engine: str, **kw: Any) -> Deployment:
     """A deployment described by hand: the limits must be given (no defaults stand in for
     a measurement)."""
+    try:  # a misspelt engine first: which limits must be given depends on it
+        adapter(engine)
+    except InputError as e:
+        raise InputError("--engine", e.problem, e.fix) from None
     if kw.get("queue_target") is None:
         raise InputError(
             "--queue-target",

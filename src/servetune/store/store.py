@@ -562,7 +562,8 @@ class Store:
     ) -> list[tuple[str, str]]:
         """Import a RunResult JSON (bench's output), a list of them, a `runs export
         --format json` file, or a bench JSONL record log. Returns (run id, what happened);
-        runs already in the store are skipped, never duplicated."""
+        runs already in the store are skipped, never duplicated. A record log's cut-off last
+        line (a killed bench) is skipped, with a warning in what happened."""
         out: list[tuple[str, str]] = []
         for item in read_import(Path(path)):
             rid = item.meta.id or item.result.id
@@ -579,7 +580,7 @@ class Store:
                 self.conclude(rid, item.conclusion, item.conclusion_note)
             if item.quality:
                 self.set_quality(rid, item.quality)
-            out.append((rid, "imported"))
+            out.append((rid, f"imported; {item.warning}" if item.warning else "imported"))
         return out
 
     def _exists(self, run_id: str) -> bool:

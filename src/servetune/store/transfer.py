@@ -10,18 +10,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from servetune.errors import InputError, from_validation_error
 from servetune.metrics.compute import compute_metrics
 from servetune.metrics.table import csv_row
-from servetune.results.schema import RequestRecord, RunResult, Target
+from servetune.results.schema import RequestRecord, RunResult
 from servetune.status import RunStatus
-from servetune.store.meta import RunMeta
+from servetune.store.meta import VERDICTS, RunMeta
 from servetune.store.runinfo import RunInfo
 from servetune.store.timestamps import utc_now
+from servetune.yamlfile import read_text
 
 if TYPE_CHECKING:  # the Store imports this module to read import files
     from servetune.store.store import Store
@@ -38,11 +39,16 @@ class ImportItem:
     conclusion: str | None = None
     conclusion_note: str | None = None
     quality: dict[str, Any] | None = None
+    warning: str | None = None  # what was left out, said beside "imported"
 
 
-def _result(obj: Any, where: str) -> RunResult:
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validate(model: type[M], obj: Any, where: str) -> M:
+    """`model.model_validate(obj)`, its failure one InputError under `where`."""
     try:
-        return RunResult.model_validate(obj)
+        return model.model_validate(obj)
     except ValidationError as exc:
         raise from_validation_error(exc, where) from exc
 
@@ -52,7 +58,7 @@ def read_import(path: Path) -> Iterator[ImportItem]:
     file raises before anything is written)."""
     if not path.is_file():
         raise InputError("FILE", f"no such file: {path}")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, "FILE")  # unreadable or binary: one line
     first = text.lstrip()[:1]
     if first not in ("{", "["):
         raise InputError("FILE", f"{path.name} is not JSON or JSONL", "give a bench result file")
@@ -65,60 +71,114 @@ def read_import(path: Path) -> Iterator[ImportItem]:
     return iter(items)
 
 
+def _kind(value: Any) -> str:
+    """What a JSON value is, for an error: `a string`, `null`."""
+    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    kinds |= {list: "a list", dict: "an object", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _from_export(name: str, doc: dict[str, Any]) -> Iterator[ImportItem]:
+    """A `runs export --format json` file; each part checked before it is used, so a
+    hand-edited or foreign file is one line naming the part, never a traceback."""
+    fix = "give a file `servetune runs export --format json` wrote"
+    version = doc["servetune_export"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise InputError(
+            f"{name}.servetune_export", f"is {_kind(version)}, not a format number", fix
+        )
+    if version > EXPORT_FORMAT:
+        raise InputError("FILE", f"{name} is a newer export format", "upgrade servetune")
+    runs = doc.get("runs", [])
+    if not isinstance(runs, list):
+        raise InputError(f"{name}.runs", f"is {_kind(runs)}, not a list of runs", fix)
+    for i, run in enumerate(runs):
+        where = f"{name}.runs[{i}]"
+        if not isinstance(run, dict):
+            raise InputError(where, f"is {_kind(run)}, not a run", fix)
+        if "result" not in run:
+            raise InputError(f"{where}.result", "is missing", fix)
+        conclusion, quality = run.get("conclusion"), run.get("quality")
+        if conclusion is not None and conclusion not in VERDICTS:
+            raise InputError(
+                f"{where}.conclusion", f"{conclusion!r} is not one of {', '.join(VERDICTS)}"
+            )
+        if quality is not None and not isinstance(quality, dict):
+            raise InputError(f"{where}.quality", f"is {_kind(quality)}, not an object", fix)
+        yield ImportItem(
+            _validate(RunResult, run["result"], f"{where}.result"),
+            _validate(RunMeta, run.get("meta") or {}, f"{where}.meta"),
+            conclusion,
+            run.get("conclusion_note"),
+            quality,
+        )
+
+
 def _from_json(path: Path, obj: Any) -> Iterator[ImportItem]:
     name = path.name
     if isinstance(obj, dict) and "servetune_export" in obj:
-        if obj["servetune_export"] > EXPORT_FORMAT:
-            raise InputError("FILE", f"{name} is a newer export format", "upgrade servetune")
-        for i, run in enumerate(obj.get("runs", [])):
-            try:
-                meta = RunMeta.model_validate(run.get("meta") or {})
-            except ValidationError as exc:
-                raise from_validation_error(exc, f"{name}.runs[{i}].meta") from exc
-            yield ImportItem(
-                _result(run["result"], f"{name}.runs[{i}].result"),
-                meta,
-                run.get("conclusion"),
-                run.get("conclusion_note"),
-                run.get("quality"),
-            )
+        yield from _from_export(name, obj)
         return
     runs = obj if isinstance(obj, list) else [obj]
     for i, run in enumerate(runs):
         if not isinstance(run, dict) or "id" not in run or "records" not in run:
             raise InputError("FILE", f"{name}: entry {i} is not a servetune run result")
-        yield ImportItem(_result(run, name), RunMeta())
+        yield ImportItem(_validate(RunResult, run, name), RunMeta())
+
+
+def _jsonl_rows(name: str, text: str) -> tuple[list[tuple[int, Any]], int | None]:
+    """The parsed lines of a JSONL file with their line numbers (blank lines skipped), and
+    the number of a last line that is cut off (None: none is). A bench killed mid-write
+    leaves its last record half-written: the records before it were measured and are
+    kept. A bad line anywhere else is an error naming it."""
+    lines = [(n, ln) for n, ln in enumerate(text.splitlines(), start=1) if ln.strip()]
+    rows: list[tuple[int, Any]] = []
+    for n, line in lines:
+        try:
+            rows.append((n, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            if rows and n == lines[-1][0]:
+                return rows, n
+            fix = (
+                f"only the last line may be cut off, as a killed bench leaves it: "
+                f"repair or delete line {n}"
+                if rows
+                else "give a bench result file or record log"
+            )
+            problem = f"{name}: line {n} is not JSON ({exc.msg}, column {exc.colno})"
+            raise InputError("FILE", problem, fix) from None
+    return rows, None
 
 
 def _from_jsonl(path: Path, text: str) -> ImportItem:
     """bench's record log: a {"run": {...}} header, then one raw record per line. It has
     no final result, so metrics are computed here and the run is marked interrupted."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    try:
-        rows = [json.loads(ln) for ln in lines]
-    except json.JSONDecodeError as exc:
-        raise InputError("FILE", f"{path.name}: line {exc.lineno} is not JSON") from exc
-    head = rows[0].get("run") if rows and isinstance(rows[0], dict) else None
-    if not isinstance(head, dict) or "id" not in head:
+    rows, cut = _jsonl_rows(path.name, text)
+    head = rows[0][1].get("run") if isinstance(rows[0][1], dict) else None
+    if not isinstance(head, dict) or not isinstance(head.get("id"), str):
         raise InputError("FILE", f"{path.name} is not a bench record log (no run header)")
-    records: list[RequestRecord] = []
-    for i, row in enumerate(rows[1:], start=2):
-        try:
-            records.append(RequestRecord.model_validate(row))
-        except ValidationError as exc:
-            raise from_validation_error(exc, f"{path.name}:{i}") from exc
+    records = [_validate(RequestRecord, row, f"{path.name}:{n}") for n, row in rows[1:]]
     records.sort(key=lambda r: (r.send_ns, r.index))
-    result = RunResult(
-        id=head["id"],
-        created_utc=str(head.get("created_utc") or _created_from_id(head["id"])),
-        target=Target(url=head["url"]) if head.get("url") else Target(),
-        load=head.get("load") or {},
-        status=RunStatus.INTERRUPTED,
-        stop_reason=f"imported from the record log {path.name} (no final result)",
-        records=records,
-        metrics=compute_metrics(records),
-    )
-    return ImportItem(result, RunMeta(load=result.load))
+    stop = f"imported from the record log {path.name} (no final result)"
+    warning = None
+    if cut is not None:
+        warning = (
+            f"warning: the last line ({cut}) of {path.name} was cut off (a killed bench "
+            f"leaves one) and skipped: {len(records)} records imported"
+        )
+        stop += f"; its cut-off last line {cut} skipped"
+    run = {
+        "id": head["id"],
+        "created_utc": str(head.get("created_utc") or _created_from_id(head["id"])),
+        "target": {"url": head["url"]} if head.get("url") else {},
+        "load": head.get("load") or {},
+        "status": RunStatus.INTERRUPTED,
+        "stop_reason": stop,
+        "records": records,
+        "metrics": compute_metrics(records),
+    }
+    result = _validate(RunResult, run, f"{path.name}:{rows[0][0]}.run")  # the header's values
+    return ImportItem(result, RunMeta(load=result.load), warning=warning)
 
 
 def _created_from_id(run_id: str) -> str:

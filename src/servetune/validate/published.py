@@ -31,11 +31,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servetune.errors import InputError, from_validation_error
 from servetune.sim.expected_error import band_labels, band_of
+from servetune.workload.spec import MAX_REQUESTS, MAX_TOKENS
+from servetune.yamlfile import read_text
+
+if TYPE_CHECKING:
+    from servetune.engines.config import EngineConfig
+    from servetune.workload.spec import WorkloadSpec
 
 TIERS = ("roofline", "gpu")
 # "published": the simulated figure at the row's own statistic; "median": the simulated
@@ -47,6 +54,10 @@ PACKAGED = "data/published/gpu_runs.csv"
 # The packaged set: vLLM, NIM and TensorRT-LLM runs, SGLang's (each engine its own group),
 # and NVIDIA AIConfigurator's measured vLLM runs (scripts/vllm_runs_from_aic.py).
 PACKAGED_FILES = ("gpu_runs.csv", "sglang_runs.csv", "aic_vllm_runs.csv")
+# What produced a published figure besides servetune's engines: NVIDIA NIM, whose backend
+# is not stated (`nim`) or is TensorRT-LLM (`nim-trtllm`). Every engine but SGLang is
+# replayed with vLLM's scheduler model.
+NIM_ENGINES = ("nim", "nim-trtllm")
 
 
 class PublishedRun(BaseModel):
@@ -67,10 +78,11 @@ class PublishedRun(BaseModel):
     quantization: str | None = None
     kv_cache_dtype: str | None = None
     max_model_len: int | None = Field(None, ge=1)
-    isl: int = Field(ge=1)
-    osl: int = Field(ge=2)
-    concurrency: int = Field(ge=1)
-    requests: int | None = Field(None, ge=1)  # None: 10 x concurrency, the held-out measure
+    isl: int = Field(ge=1, le=MAX_TOKENS)
+    osl: int = Field(ge=2, le=MAX_TOKENS)
+    concurrency: int = Field(ge=1, le=MAX_REQUESTS)
+    # None: 10 x concurrency, the held-out measure
+    requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)
     ttft_ms: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
     stat: str = Field(pattern="^(mean|window-mean|median|median-itl|derived)$")
@@ -147,39 +159,79 @@ def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
     p = Path(path)
     if not p.is_file():
         raise InputError("--published-file", f"{path} is not a file", None)
-    return parse_runs(p.read_text("utf-8"), str(path))
+    return parse_runs(read_text(p, "--published-file"), str(path))
 
 
 def parse_runs(text: str, where: str) -> list[PublishedRun]:
-    """The runs of one CSV's text (`where` names it in errors)."""
+    """The runs of one CSV's text (`where` names it in errors), each checked as it will be
+    replayed (`check_run`) and its id unique: a bad row is an error naming its line and
+    column, never a row left out or counted twice."""
     rows = list(csv.DictReader(text.splitlines()))
     if not rows:
         raise InputError("--published-file", f"{where} has no rows", "give a CSV with a header")
-    out = []
+    out: list[PublishedRun] = []
+    lines: dict[str, int] = {}  # id -> the line that gave it
     for n, raw in enumerate(rows, start=2):
         data = {k: (v if v != "" else None) for k, v in raw.items() if k is not None}
         for k in ("engine_version", "note"):
             data[k] = data.get(k) or ""
+        row = f"{where} line {n}"
         try:
-            out.append(PublishedRun(**data))
+            run = PublishedRun(**data)
         except ValidationError as e:
-            raise from_validation_error(e, f"{where} line {n}") from None
+            raise from_validation_error(e, row) from None
+        if run.id in lines:
+            raise InputError(
+                f"{row}.id",
+                f"{run.id!r} is also line {lines[run.id]}'s",
+                "give each run its own id",
+            )
+        lines[run.id] = n
+        check_run(run, row)
+        out.append(run)
     return out
 
 
-def signed_pct(sim: float, real: float | None) -> float | None:
-    """(sim - real) / real x 100, None when the source gives no figure."""
-    return None if real is None else (sim - real) / real * 100.0
-
-
-def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> RunError:
-    """Replay `run` under `tier`: closed loop, fixed lengths, vLLM defaults otherwise; read
-    at `measure` (MEASURES)."""
-    from servetune.engines.config import EngineConfig
+def check_run(run: PublishedRun, row: str) -> None:
+    """What replaying `run` needs, checked when its file is read (`row` names it): a known
+    engine, model and GPU, a figure to compare, an engine config and a workload that
+    validate. Found later, a bad row would be a traceback from a worker process, or a
+    refusal counted as the simulator's miss."""
+    from servetune.engines.config import ENGINES
     from servetune.hardware import get_hardware
     from servetune.model import get_model
-    from servetune.sim.engine import simulate
-    from servetune.validate.cases import closed_workload, fixed_tokens
+
+    engines = (*ENGINES, *NIM_ENGINES)
+    if run.engine not in engines:
+        raise InputError(
+            f"{row}.engine", f"unknown engine {run.engine!r}", f"use one of {', '.join(engines)}"
+        )
+    if run.ttft_ms is None and run.tpot_ms is None:
+        raise InputError(
+            f"{row}.ttft_ms", "the row gives neither ttft_ms nor tpot_ms", "give either, in ms"
+        )
+    try:
+        get_model(run.model)
+    except InputError as e:
+        raise InputError(f"{row}.model", e.problem, e.fix) from None
+    try:
+        get_hardware(run.gpu)
+    except InputError as e:  # its fix names --hardware-file, which --published lacks
+        raise InputError(f"{row}.gpu", e.problem, "use a name `servetune gpus` lists") from None
+    try:
+        engine_config(run)
+    except ValidationError as e:
+        raise from_validation_error(e, row, {"tensor_parallel_size": f"{row}.tp"}) from None
+    try:
+        workload(run)
+    except ValidationError as e:  # the default count, 10 x concurrency, can be too many
+        raise from_validation_error(e, row, {"count": f"{row}.requests"}) from None
+
+
+def engine_config(run: PublishedRun) -> EngineConfig:
+    """The engine `run` is replayed on: vLLM's defaults with the row's TP, quantization,
+    KV dtype and context; SGLang's scheduler for SGLang rows."""
+    from servetune.engines.config import EngineConfig
 
     knobs: dict[str, object] = {"tensor_parallel_size": run.tp}
     if run.engine == "sglang":  # SGLang's scheduler model; every other row runs vLLM's
@@ -192,16 +244,38 @@ def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> Ru
         knobs["kv_cache_dtype"] = run.kv_cache_dtype
     if run.max_model_len:
         knobs["max_model_len"] = run.max_model_len
-    cfg = EngineConfig(**knobs)
-    spec = closed_workload(
+    return EngineConfig(**knobs)
+
+
+def workload(run: PublishedRun) -> WorkloadSpec:
+    """`run` as a closed loop: `concurrency` users sending `requests` (default 10 x
+    concurrency) requests of exactly its lengths."""
+    from servetune.validate.cases import closed_workload, fixed_tokens
+
+    return closed_workload(
         run.id,
         run.concurrency,
         run.requests or REQUESTS_PER_USER * run.concurrency,
         fixed_tokens(run.isl),
         fixed_tokens(run.osl),
     )
+
+
+def signed_pct(sim: float, real: float | None) -> float | None:
+    """(sim - real) / real x 100, None when the source gives no figure."""
+    return None if real is None else (sim - real) / real * 100.0
+
+
+def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> RunError:
+    """Replay `run` under `tier`: closed loop, fixed lengths, vLLM defaults otherwise; read
+    at `measure` (MEASURES)."""
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import simulate
+
+    model, gpu = get_model(run.model), get_hardware(run.gpu)  # both checked by `check_run`
     try:
-        res, _ = simulate(get_model(run.model), get_hardware(run.gpu), cfg, spec, tier=tier)
+        res, _ = simulate(model, gpu, engine_config(run), workload(run), tier=tier)
     except InputError as e:  # the real engine ran: a refusal is a miss, shown apart
         return RunError(run, tier, None, None, None, None, refused=str(e))
     ttft, tpot = res.metrics.ttft_ms, res.metrics.tpot_ms
