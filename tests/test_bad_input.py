@@ -42,7 +42,15 @@ def files(tmp_path: Path) -> dict[str, str]:
     binary = tmp_path / "bin.dat"
     binary.write_bytes(b"\x8c\x00\xff\xfe binary \x80")
     t = tmp_path
+    trace = t / "trace.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 64, "output_length": 8, "hash_ids": [1]}\n'
+        '{"timestamp": 500, "input_length": 64, "output_length": 8, "hash_ids": [2]}\n'
+    )
     return {
+        "trace_wl": _file(
+            t, "tw.yaml", {"trace": {"path": str(trace)}, "arrival": {"kind": "trace"}}
+        ),
         "bin": str(binary),
         "ok": _workload(t),
         "dataset_bin": _file(
@@ -144,6 +152,8 @@ ROWS = [
     # a filter no run can match is refused, not an empty listing
     ("runs list --status bogus", ["runs", "list", "--status", "bogus"], "--status: unknown value"),
     ("runs list --backend x", ["runs", "list", "--backend", "x"], "--backend: unknown value 'x'"),
+    # the tuner searches users or rates; a trace sets its own send times
+    ("tune a trace workload", [*TUNE, "--workload", "{trace_wl}"], "--workload: a trace replays"),
     # an empty id, study or tag (an unset shell variable) names nothing
     ("runs show ''", ["runs", "show", ""], "'ref': an empty value names nothing"),
     ("runs delete '' -y", ["runs", "delete", "", "-y"], "'refs': an empty value names nothing"),

@@ -323,3 +323,16 @@ def test_a_local_tokenizer_is_used_only_where_the_server_agrees(
     assert isinstance(
         engine_tokenizer("llamacpp", "http://127.0.0.1:9", "m.gguf"), tk.ServerTokenizer
     )
+
+
+def test_a_trace_out_of_order_starts_at_its_earliest_send(tmp_path) -> None:
+    """Lines out of time order: the earliest timestamp is t = 0, so no request is due
+    before the run starts (it read the first line's, giving a negative send time)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"timestamp": 100, "input_length": 16, "output_length": 4, "hash_ids": [1]}\n'
+        '{"timestamp": 0, "input_length": 16, "output_length": 4, "hash_ids": [2]}\n'
+    )
+    spec = parse_workload({"trace": {"path": str(trace)}, "arrival": {"kind": "trace"}})
+    reqs = materialize(spec, WordTokenizer())
+    assert sorted(r.arrival_s for r in reqs) == [0.0, 0.1]

@@ -2,35 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from servetune.units import GB, TFLOP, GiB
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8", "fp4", "int4"]
 
+# Upper bounds, far above any device made (the catalog's largest: 268 GiB, 8,000 GB/s,
+# 13,125 TFLOP/s; a Cerebras wafer's on-chip SRAM: 21 PB/s). Beyond them a figure is a
+# typo, and an infinite or 1e300 one overflows the byte counts or makes a step take 0 s.
+MAX_MEMORY_GIB = 1e6
+MAX_GBS = 1e9
+MAX_TFLOPS = 1e8
+# The largest NVLink domain is 576 GPUs; planning walks every count up to this one.
+MAX_DEVICES_PER_NODE = 10_000
+
 
 class HardwareSpec(BaseModel):
     """Per-device figures from the vendor datasheet (dense, not sparse, TFLOP/s)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     name: str  # catalog key, e.g. "h100-sxm"
     display_name: str
     vendor: str
     kind: Literal["gpu", "cpu"] = "gpu"
-    memory_gib: PositiveFloat  # usable device memory, GiB (2**30)
-    memory_bandwidth_gbs: PositiveFloat  # GB/s (1e9), datasheet peak
-    tflops: dict[Dtype, PositiveFloat]  # dense peak per dtype
-    devices_per_node: PositiveInt = 8
+    memory_gib: float = Field(gt=0, le=MAX_MEMORY_GIB)  # usable device memory, GiB (2**30)
+    memory_bandwidth_gbs: float = Field(gt=0, le=MAX_GBS)  # GB/s (1e9), datasheet peak
+    tflops: dict[Dtype, Annotated[float, Field(gt=0, le=MAX_TFLOPS)]]  # dense peak per dtype
+    devices_per_node: int = Field(8, ge=1, le=MAX_DEVICES_PER_NODE)
     # CPU hosts: the cores the figures above are for (an engine's thread count uses a share)
     cores: PositiveInt | None = None
     interconnect: Literal["nvlink", "pcie", "infinity-fabric", "none"] = "pcie"
     # Per-device, one direction, GB/s: what a ring all-reduce can push.
-    interconnect_gbs: float = Field(0.0, ge=0)
+    interconnect_gbs: float = Field(0.0, ge=0, le=MAX_GBS)
     # Between nodes (per device, one direction), for pipeline parallelism.
-    node_interconnect_gbs: float = Field(50.0, ge=0)
+    node_interconnect_gbs: float = Field(50.0, ge=0, le=MAX_GBS)
     source: str = Field(..., min_length=1)  # datasheet the figures come from
 
     @property

@@ -318,7 +318,7 @@ def _build_spec(
             num_layers=layers,
             hidden_size=hidden,
             num_attention_heads=heads,
-            num_kv_heads=_opt_int(flat, "num_key_value_heads", source, heads),
+            num_kv_heads=_kv_heads(flat, heads, source),
             head_dim=head_dim,
             vocab_size=get("vocab_size"),
             intermediate_size=get("intermediate_size"),
@@ -345,6 +345,21 @@ def _default_head_dim(hidden: int, heads: int, source: str) -> int:
             "add head_dim to the config",
         )
     return hidden // heads
+
+
+def _kv_heads(flat: dict[str, Any], heads: int, source: str) -> int:
+    """num_key_value_heads (default: heads). Grouped-query attention repeats each KV head
+    for heads / kv_heads query heads (transformers' `repeat_kv`), so it must divide the
+    heads, and so be no more of them: any other count is a typo no engine can run, and
+    would size a KV cache for a model that does not exist."""
+    kv = _opt_int(flat, "num_key_value_heads", source, heads) or heads
+    if heads % kv:
+        raise InputError(
+            f"{source}: num_key_value_heads",
+            f"{kv} does not divide num_attention_heads {heads}",
+            "give a divisor of num_attention_heads: each KV head serves a whole group of them",
+        )
+    return kv
 
 
 def _sliding(

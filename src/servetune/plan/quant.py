@@ -133,7 +133,14 @@ def weight_format(dtype: str, quantization: str | None, model: ModelSpec) -> Wei
         dtype = model.torch_dtype
         if _DTYPE_ALIASES.get(dtype, dtype) == "fp32":
             dtype = "bf16"
-    return WEIGHT_FORMATS[_DTYPE_ALIASES.get(dtype, dtype)]
+    fmt = WEIGHT_FORMATS.get(_DTYPE_ALIASES.get(dtype, dtype))
+    if fmt is None:  # a config.json's torch_dtype: an explicit dtype is checked where given
+        raise InputError(
+            f"{model.name}: torch_dtype",
+            f"{dtype!r} is not a dtype servetune can size (known: {', '.join(_DTYPE_ALIASES)})",
+            "override it with --dtype bfloat16, or simulate's --set dtype=bfloat16",
+        )
+    return fmt
 
 
 def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:

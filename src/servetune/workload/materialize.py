@@ -7,7 +7,6 @@ Everything is drawn from numpy generators seeded by the spec's seed.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,10 +15,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from servetune.errors import InputError
+from servetune.workload.sources import read_dataset, read_trace
 from servetune.workload.spec import (
     MAX_TOKENS,
-    Dataset,
     Empirical,
     Fixed,
     LengthDist,
@@ -30,7 +28,6 @@ from servetune.workload.spec import (
     WorkloadSpec,
 )
 from servetune.workload.tokenizer import Tokenizer, safe_token_pieces
-from servetune.yamlfile import read_text
 
 # Closed-loop runs bounded only by duration draw their requests from a pool this big,
 # cycling through it (the record's `index` shows which pool entry was sent).
@@ -77,13 +74,25 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.nda
     return np.clip(np.rint(x), dist.min, hi).astype(np.int64)
 
 
+def probabilities(weights: Sequence[float]) -> np.ndarray:
+    """`weights` (finite, >= 0, not all 0) scaled to sum to 1. Where their sum overflows
+    (two weights of 1e308: w / inf is all zeros), scaled by the largest first; otherwise
+    divided as before, so a seed draws the same requests as it always has."""
+    w = np.asarray(weights, dtype=float)
+    total = w.sum()
+    if not np.isfinite(total):
+        w = w / w.max()
+        total = w.sum()
+    return w / total
+
+
 def _sample_empirical(dist: Empirical, n: int, rng: np.random.Generator) -> np.ndarray:
     if dist.values is not None:
-        w = np.asarray(dist.weights if dist.weights is not None else [1.0] * len(dist.values))
-        return rng.choice(np.asarray(dist.values, dtype=float), size=n, p=w / w.sum())
+        w = dist.weights if dist.weights is not None else [1.0] * len(dist.values)
+        return rng.choice(np.asarray(dist.values, dtype=float), size=n, p=probabilities(w))
+    assert dist.bin_edges is not None and dist.counts is not None
     edges = np.asarray(dist.bin_edges, dtype=float)
-    counts = np.asarray(dist.counts, dtype=float)
-    b = rng.choice(len(counts), size=n, p=counts / counts.sum())
+    b = rng.choice(len(dist.counts), size=n, p=probabilities(dist.counts))
     return rng.uniform(edges[b], edges[b + 1])
 
 
@@ -196,8 +205,7 @@ def materialize(
 
     offsets, n = _offsets(spec, rng_arrival, pool_size)
 
-    weights = np.asarray([s.weight for s in spec.mix])
-    which = rng_mix.choice(len(spec.mix), size=n, p=weights / weights.sum())
+    which = rng_mix.choice(len(spec.mix), size=n, p=probabilities([s.weight for s in spec.mix]))
     out: list[Request | None] = [None] * n
     for k, sub in enumerate(spec.mix):
         idx = np.flatnonzero(which == k)
@@ -325,8 +333,7 @@ def materialize_columns(spec: WorkloadSpec) -> RequestColumns | None:
     seq = np.random.SeedSequence(spec.seed)
     rng_arrival, rng_mix, rng_len, _ = (np.random.default_rng(s) for s in seq.spawn(4))
     offsets, n = _offsets(spec, rng_arrival, None)
-    weights = np.asarray([s.weight for s in spec.mix])
-    which = rng_mix.choice(len(spec.mix), size=n, p=weights / weights.sum())
+    which = rng_mix.choice(len(spec.mix), size=n, p=probabilities([s.weight for s in spec.mix]))
     prompt = np.zeros(n, dtype=np.int64)
     outs = np.zeros(n, dtype=np.int64)
     groups = np.full(n, -1, dtype=np.int64)
@@ -371,54 +378,36 @@ def _offsets(
     return offsets, len(offsets)
 
 
-def _read_dataset(ds: Dataset) -> list[dict[str, Any]]:
-    raw = read_text(ds.path, "workload.dataset.path")
-    try:
-        if ds.format == "sharegpt":
-            rows = []
-            for item in json.loads(raw):
-                conv = item.get("conversations") or item.get("conversation") or []
-                if len(conv) >= 2 and conv[0].get("value"):
-                    rows.append({"prompt": conv[0]["value"], "reply": conv[1].get("value", "")})
-            return rows
-        return [json.loads(line) for line in raw.splitlines() if line.strip()]
-    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
-        raise InputError("workload.dataset", f"{ds.path} is not valid {ds.format}: {exc}") from exc
-
-
 def _from_dataset(
     sub: SubWorkload, n: int, maker: PromptMaker, rng: np.random.Generator
 ) -> list[Request]:
     assert sub.dataset is not None
-    rows = [r for r in _read_dataset(sub.dataset) if isinstance(r, dict)]
-    rows = [r for r in rows if r.get("prompt") or r.get("messages")]
-    if not rows:
-        raise InputError("workload.dataset", f"{sub.dataset.path} holds no prompts")
+    rows = read_dataset(sub.dataset)
     order = rng.permutation(len(rows)) if sub.dataset.shuffle else np.arange(len(rows))
     outs = sample_lengths(sub.output_tokens, n, rng) if sub.output_tokens is not None else None
     tok = maker.tok
     reqs = []
     for i in range(n):
         row = rows[int(order[i % len(rows)])]
-        messages = row.get("messages")
+        messages = row.messages
         if messages:
             prompt_tokens = sum(len(tok.encode(str(m.get("content", "")))) for m in messages)
         else:
-            prompt_tokens = len(tok.encode(row["prompt"]))
+            prompt_tokens = len(tok.encode(row.prompt or ""))
         if outs is not None:
             out = int(outs[i])
-        elif row.get("output_tokens") is not None:
-            out = int(row["output_tokens"])
-        elif row.get("reply"):
-            out = max(1, len(tok.encode(row["reply"])))
+        elif row.output_tokens is not None:
+            out = row.output_tokens
+        elif row.reply:
+            out = max(1, len(tok.encode(row.reply)))
         else:
             out = None
         reqs.append(
             Request(
                 index=0,
                 sub=sub.name,
-                prompt=None if messages else row["prompt"],
-                messages=messages or None,
+                prompt=None if messages else row.prompt,
+                messages=messages,
                 prompt_tokens=prompt_tokens,
                 output_tokens=out,
                 priority=sub.priority,
@@ -431,52 +420,31 @@ def _from_trace(spec: WorkloadSpec, maker: PromptMaker) -> list[Request]:
     """Mooncake-style trace: equal hash ids -> identical token blocks -> shared prefixes."""
     tr = spec.trace
     assert tr is not None
-    try:
-        lines = [
-            json.loads(x)
-            for x in read_text(tr.path, "workload.trace.path").splitlines()
-            if x.strip()
-        ]
-    except json.JSONDecodeError as exc:
-        raise InputError("workload.trace", f"{tr.path}: bad JSON line ({exc.msg})") from exc
+    rows = read_trace(tr.path)
     if spec.count is not None:
-        lines = lines[: spec.count]
-    if not lines:
-        raise InputError("workload.trace", f"{tr.path} holds no requests")
+        rows = rows[: spec.count]
     blocks: dict[int, list[int]] = {}
-    t0 = float(lines[0].get("timestamp", 0))
+    t0 = min(r.timestamp_ms for r in rows)  # the first send, were the lines out of order
     priority = spec.mix[0].priority if spec.mix else None
     reqs = []
-    for i, row in enumerate(lines):
-        try:
-            n_in = int(row["input_length"])
-            n_out = int(row["output_length"])
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise InputError(
-                f"workload.trace line {i + 1}", f"needs input_length, output_length ({exc})"
-            ) from exc
-        if not (0 <= n_in <= MAX_TOKENS and 0 <= n_out <= MAX_TOKENS):
-            raise InputError(
-                f"workload.trace line {i + 1}",
-                f"lengths {n_in}, {n_out} are outside 0 .. {MAX_TOKENS:,} tokens",
-            )
+    for i, row in enumerate(rows):
         ids: list[int] = []
-        for h in row.get("hash_ids", []):
+        for h in row.hash_ids:
             if h not in blocks:
-                blocks[h] = maker.ids(tr.block_tokens, np.random.default_rng([spec.seed, int(h)]))
+                blocks[h] = maker.ids(tr.block_tokens, np.random.default_rng([spec.seed, h]))
             ids.extend(blocks[h])
-        text, count = maker.text(ids, max(1, n_in))
-        ts = (float(row.get("timestamp", 0)) - t0) / 1000.0 / tr.time_scale
+        text, count = maker.text(ids, max(1, row.input_length))
+        ts = (row.timestamp_ms - t0) / 1000.0 / tr.time_scale
         reqs.append(
             Request(
                 index=i,
                 sub="trace",
                 prompt=text,
                 prompt_tokens=count,
-                output_tokens=max(1, n_out),
+                output_tokens=row.output_length,
                 arrival_s=ts if spec.arrival.kind == "trace" else None,
                 priority=priority,
-                prefix_group=int(row["hash_ids"][0]) if row.get("hash_ids") else None,
+                prefix_group=row.hash_ids[0] if row.hash_ids else None,
             )
         )
     if spec.arrival.kind != "trace" and spec.arrival.open_loop:

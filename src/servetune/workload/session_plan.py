@@ -24,6 +24,7 @@ from servetune.workload.sessions import (
     Seconds,
     SessionDataset,
 )
+from servetune.workload.sources import read_trace
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, WordTokenizer
 
@@ -203,20 +204,10 @@ def trace_sessions(ds: SessionDataset) -> list[list[Turn]]:
     is that session's next turn: its prompt holds that prompt and more. New tokens: its
     input minus the previous input and output (at least 1); delay: the gap between the
     two sends (the trace has no answer times: an upper bound of the think time)."""
-    try:
-        rows = [json.loads(ln) for ln in ds.path.read_text().splitlines() if ln.strip()]
-        rows = [(float(r.get("timestamp", 0)), int(r["input_length"]), int(r["output_length"]),
-                 tuple(r.get("hash_ids") or ())) for r in rows]  # fmt: skip
-    except OSError as exc:
-        raise InputError(
-            "workload.sessions.dataset.path", f"cannot read {ds.path}: {exc.strerror}"
-        ) from exc
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InputError(
-            "workload.sessions.dataset",
-            f"{ds.path} is not a Mooncake trace ({exc})",
-            "each line needs timestamp, input_length, output_length, hash_ids",
-        ) from exc
+    rows = [
+        (r.timestamp_ms, r.input_length, r.output_length, r.hash_ids)
+        for r in read_trace(ds.path, "workload.sessions.dataset")
+    ]
     sessions: list[list[Turn]] = []
     last: dict[tuple[int, ...], tuple[int, float, int, int]] = {}  # hashes -> session, t, in, out
     for t, n_in, n_out, hashes in sorted(rows, key=lambda r: r[0]):
@@ -225,16 +216,14 @@ def trace_sessions(ds: SessionDataset) -> list[list[Turn]]:
             None,
         )
         if prev is None:
-            sessions.append([Turn(max(1, n_in), max(1, n_out))])
+            sessions.append([Turn(max(1, n_in), n_out)])
             k = len(sessions) - 1
         else:
             k, t0, p_in, p_out = prev
             new = max(1, n_in - p_in - p_out)
-            sessions[k].append(Turn(new, max(1, n_out), max(0.0, (t - t0) / 1000.0)))
+            sessions[k].append(Turn(new, n_out, max(0.0, (t - t0) / 1000.0)))
         if hashes:
             last[hashes] = (k, t, n_in, n_out)
-    if not sessions:
-        raise InputError("workload.sessions.dataset", f"{ds.path} holds no requests")
     return sessions
 
 

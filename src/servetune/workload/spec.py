@@ -308,7 +308,11 @@ class WorkloadSpec(_Strict):
                 arrival["kind"] = "poisson"
         elif concurrency is not None:
             if arrival["kind"] == "trace" or math.isinf(concurrency):
-                raise ValueError("concurrency sweeps need a non-trace workload")
+                raise InputError(
+                    "--workload",
+                    "a trace replays its own send times, so it cannot be run at a number of users",
+                    "give a workload with a generated arrival (poisson, gamma or closed)",
+                )
             arrival["kind"] = "closed"
             arrival["rate"] = None  # a closed loop offers no rate: the users set the pace
         if concurrency is not None:
@@ -344,7 +348,15 @@ def parse_workload(data: Any, base_dir: Path | None = None, swept: bool = False)
         spec = WorkloadSpec.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc, "workload") from None
-    return _resolve_paths(spec, base_dir) if base_dir is not None else spec
+    if base_dir is None:
+        return spec
+    # A workload file: its dataset and trace are read (every line checked) now, before a
+    # run starts. A dict's (a preset's, a stored run's) are checked when a run reads them.
+    from servetune.workload.sources import check_files  # it imports this module
+
+    spec = _resolve_paths(spec, base_dir)
+    check_files(spec)
+    return spec
 
 
 def _resolve_paths(spec: WorkloadSpec, base: Path) -> WorkloadSpec:

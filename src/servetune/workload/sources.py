@@ -1,0 +1,277 @@
+"""A workload's dataset and trace files, read into checked rows.
+
+Why apart from `materialize`: the same file is read when the workload is loaded (so a
+missing file or a bad line is refused before anything runs, docs/errors.md) and again when
+the requests are built, and a Mooncake trace feeds both plain replay and sessions. Every
+value is checked here, once, and a bad one is one `InputError` naming the line and the key
+(`workload.trace line 2.timestamp`) and the file to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from servetune.errors import InputError
+from servetune.workload.sessions import Conversation
+from servetune.workload.spec import MAX_TOKENS, Dataset
+from servetune.yamlfile import read_text
+
+if TYPE_CHECKING:
+    from servetune.workload.spec import WorkloadSpec
+
+TRACE = "workload.trace"
+DATASET = "workload.dataset"
+_TRACE_LINE = "each line is one JSON object with input_length, output_length, timestamp, hash_ids"
+_DATASET_LINE = "each line is one JSON object with prompt (text) or messages, and output_tokens"
+_SHAREGPT_ITEM = 'each item holds conversations: [{"from": "human", "value": "..."}, ...]'
+# numpy seeds a trace block from its hash id, and a prefix group is an int64
+_MAX_HASH_ID = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One request of a Mooncake-style trace."""
+
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    """One prompt of a dataset: text or chat messages, and its output length if given."""
+
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    output_tokens: int | None
+    reply: str | None  # ShareGPT: the first answer, whose token count is the output length
+
+
+@dataclass(frozen=True)
+class _At:
+    """Where a value sits (`workload.trace line 3` of `path`), for its one-line error."""
+
+    label: str
+    path: Path
+
+    def error(self, key: str | None, problem: str, rule: str) -> InputError:
+        field = f"{self.label}.{key}" if key else self.label
+        return InputError(field, problem, f"{rule}; fix it in {self.path}")
+
+
+def check_files(spec: WorkloadSpec) -> None:
+    """Read every dataset and trace `spec` names, so that a missing file or a bad line is
+    refused when the workload is loaded, not after the run has started (the rows are
+    cached for the run's own read)."""
+    if spec.trace is not None:
+        read_trace(spec.trace.path)
+    for sub in spec.mix:
+        if sub.dataset is not None:
+            read_dataset(sub.dataset)
+    ds = spec.sessions.dataset if isinstance(spec.sessions, Conversation) else None
+    if ds is not None and ds.format == "mooncake":
+        read_trace(ds.path, "workload.sessions.dataset")
+
+
+def read_trace(path: Path, label: str = TRACE) -> tuple[TraceRow, ...]:
+    """The requests of a trace file (one JSON object a line), every value checked."""
+    return cast("tuple[TraceRow, ...]", _cached(Path(path), "mooncake", label))
+
+
+def read_dataset(ds: Dataset, label: str = DATASET) -> tuple[DatasetRow, ...]:
+    """The prompts of a dataset file; rows with neither prompt nor messages are skipped."""
+    return cast("tuple[DatasetRow, ...]", _cached(Path(ds.path), ds.format, label))
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _cached(path: Path, fmt: str, label: str) -> tuple[TraceRow | DatasetRow, ...]:
+    """Parse each version of a file once (it is read at load time and again per run)."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return _parse(path, fmt, label)  # raises read_text's one-line error
+    return _parse_version(path, fmt, label, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _parse_version(
+    path: Path, fmt: str, label: str, _mtime_ns: int, _size: int
+) -> tuple[TraceRow | DatasetRow, ...]:
+    return _parse(path, fmt, label)
+
+
+def _parse(path: Path, fmt: str, label: str) -> tuple[TraceRow | DatasetRow, ...]:
+    text = read_text(path, f"{label}.path")
+    rows: list[TraceRow | DatasetRow]
+    if fmt == "mooncake":
+        rows = [_trace_row(row, at) for at, row in _json_lines(text, label, path, _TRACE_LINE)]
+        if not rows:
+            raise InputError(label, f"{path} holds no requests", _TRACE_LINE)
+        return tuple(rows)
+    if fmt == "sharegpt":
+        rows = _sharegpt_rows(_json(text, _At(label, path), _SHAREGPT_ITEM), label, path)
+    else:
+        lines = _json_lines(text, label, path, _DATASET_LINE)
+        rows = [r for at, row in lines if (r := _dataset_row(row, at)) is not None]
+    if not rows:
+        raise InputError(label, f"{path} holds no prompts", _DATASET_LINE)
+    return tuple(rows)
+
+
+def _json(text: str, at: _At, rule: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise at.error(None, f"is not valid JSON ({exc.msg})", rule) from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number, [[[[...]]]]
+        raise at.error(None, f"is not valid JSON ({exc})", rule) from None
+
+
+def _json_lines(text: str, label: str, path: Path, rule: str) -> list[tuple[_At, Any]]:
+    """(where, value) of each non-blank line. Split on newlines only: `splitlines` also
+    splits on U+2028, which a JSON string may hold."""
+    out = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            at = _At(f"{label} line {n}", path)
+            out.append((at, _json(line, at, rule)))
+    return out
+
+
+def _trace_row(row: Any, at: _At) -> TraceRow:
+    if not isinstance(row, dict):
+        raise at.error(None, f"is a JSON {_kind(row)}, not an object", _TRACE_LINE)
+    for key in ("input_length", "output_length"):
+        if row.get(key) is None:
+            raise at.error(key, "is missing", _TRACE_LINE)
+    ids = row.get("hash_ids")
+    ids = [] if ids is None else ids
+    if not isinstance(ids, list) or not all(_is_int(h) and 0 <= h <= _MAX_HASH_ID for h in ids):
+        raise at.error(
+            "hash_ids",
+            f"{_shown(ids)} is not a list of block ids",
+            "give a list of integers >= 0, one per block of block_tokens prompt tokens",
+        )
+    return TraceRow(
+        timestamp_ms=_timestamp(row, at),
+        input_length=_tokens(row, "input_length", at, minimum=0) or 0,
+        output_length=_tokens(row, "output_length", at, minimum=1) or 1,
+        hash_ids=tuple(ids),
+    )
+
+
+def _dataset_row(row: Any, at: _At) -> DatasetRow | None:
+    if not isinstance(row, dict):
+        raise at.error(None, f"is a JSON {_kind(row)}, not an object", _DATASET_LINE)
+    messages = row.get("messages")
+    if messages is not None and (
+        not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)
+    ):
+        raise at.error(
+            "messages",
+            f"{_shown(messages)} is not a list of messages",
+            'give a list of objects such as {"role": "user", "content": "..."}',
+        )
+    prompt = _text(row, "prompt", at)
+    if not prompt and not messages:
+        return None
+    return DatasetRow(
+        prompt=prompt,
+        messages=messages or None,
+        output_tokens=_tokens(row, "output_tokens", at, minimum=1),
+        reply=_text(row, "reply", at),
+    )
+
+
+def _sharegpt_rows(data: Any, label: str, path: Path) -> list[TraceRow | DatasetRow]:
+    """The first human turn of each conversation as the prompt, the reply after it as
+    the output (the practice of vLLM's and SGLang's benchmarks)."""
+    if not isinstance(data, list):
+        raise _At(label, path).error(None, f"is a JSON {_kind(data)}, not a list", _SHAREGPT_ITEM)
+    rows: list[TraceRow | DatasetRow] = []
+    for k, item in enumerate(data):
+        at = _At(f"{label} item {k}", path)
+        if not isinstance(item, dict):
+            raise at.error(None, f"is a JSON {_kind(item)}, not an object", _SHAREGPT_ITEM)
+        key = "conversations" if "conversations" in item else "conversation"
+        conv = item.get(key) or []
+        if not isinstance(conv, list) or not all(isinstance(m, dict) for m in conv):
+            raise at.error(key, f"{_shown(conv)} is not a list of messages", _SHAREGPT_ITEM)
+        if len(conv) >= 2 and conv[0].get("value"):
+            prompt = _text(conv[0], "value", _At(f"{at.label}.{key}.0", path))
+            reply = _text(conv[1], "value", _At(f"{at.label}.{key}.1", path))
+            rows.append(DatasetRow(prompt=prompt, messages=None, output_tokens=None, reply=reply))
+    return rows
+
+
+def _text(row: dict[str, Any], key: str, at: _At) -> str | None:
+    value = row.get(key)
+    if value is not None and not isinstance(value, str):
+        raise at.error(key, f"{_shown(value)} is not text", "give a JSON string")
+    return value
+
+
+def _tokens(row: dict[str, Any], key: str, at: _At, minimum: int) -> int | None:
+    """A token count from `minimum` to MAX_TOKENS, None when absent. A larger one is a
+    typo (and wraps numpy's int64 past 9e18); 5.0 is 5, 10.5 is refused, not rounded."""
+    value = row.get(key)
+    if value is None:
+        return None
+    rule = f"give a whole number of tokens from {minimum} to {MAX_TOKENS:,}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise at.error(key, f"{_shown(value)} is not a number", rule)
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise at.error(key, f"{_shown(value)} is not a whole number", rule)
+    if value < 0:
+        raise at.error(key, f"{_shown(value)} is negative", rule)
+    if value < minimum:
+        raise at.error(key, f"{_shown(value)} is below {minimum}", rule)
+    if value > MAX_TOKENS:
+        raise at.error(key, f"{_shown(value)} is over {MAX_TOKENS:,} tokens", rule)
+    return int(value)
+
+
+def _timestamp(row: dict[str, Any], at: _At) -> float:
+    """The send time in ms (0 when absent): a finite number."""
+    value = row.get("timestamp", 0)
+    rule = "give the send time in milliseconds, a finite number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise at.error("timestamp", f"{_shown(value)} is not a number", rule)
+    try:
+        ms = float(value)
+    except OverflowError:  # an integer of 400 digits
+        ms = math.inf
+    if not math.isfinite(ms):
+        raise at.error("timestamp", f"{_shown(value)} is not finite", rule)
+    return ms
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: object) -> str:
+    """The JSON name of a value's type."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "number" if isinstance(value, (int, float)) else "null"
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """`value` as JSON writes it (what the user sees in the file), cut to `limit`."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
