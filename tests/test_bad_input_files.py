@@ -250,3 +250,31 @@ def test_a_missing_dataset_is_refused_before_the_run_starts(
     assert line.startswith("error: workload.dataset.path: cannot read "), line
     assert "nowhere.jsonl" in line
     assert res.stdout == ""  # not after the simulator's preamble
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("prompt_tokens", -5, "requests.0.prompt_tokens: Input should be greater than or equal"),
+        ("output_tokens", 10**12, "requests.0.output_tokens: Input should be less than or equal"),
+    ],
+)
+def test_a_replayed_file_with_impossible_lengths_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, key: str, value: int, needle: str
+) -> None:
+    """A replayed bench file's requests are bounded as a workload's lengths are: -5 used to
+    simulate (and 1e12 printed numpy cast warnings and 0 req/s)."""
+    run = tmp_path / "run.json"
+    chat = str(Path(__file__).resolve().parents[1] / "examples" / "workloads" / "chat.yaml")
+    code, _, err = run_cli(
+        capsys, "simulate", "-w", chat, "--count", "4", "--no-store", "-o", str(run)
+    )
+    assert code == 0, err
+    data = json.loads(run.read_text())
+    data["requests"] = [{"index": 0, "sub": "main", "prompt_tokens": 16, "output_tokens": 4}]
+    data["requests"][0][key] = value
+    run.write_text(json.dumps(data))
+    code, out, err = run_cli(capsys, "simulate", "--replay", str(run), "--no-store")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and out == "", err
+    assert lines[0].startswith("error: --replay: ") and needle in lines[0]

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from servetune.errors import InputError, from_validation_error
 from servetune.measure.session import Point
 from servetune.measure.steady import SteadyRule
-from servetune.workload.spec import WorkloadSpec
+from servetune.workload.spec import TRACE_USERS, WorkloadSpec
 
 # The workload fields a sweep's flags set (`WorkloadSpec.with_load`), for error messages.
 _FLAGS = {
@@ -76,7 +76,12 @@ def load_spec(
     if kind == "concurrency":
         c = int(load)
         count = max(workload.count or 0, per_user * c) or None
-        return workload.with_load(concurrency=c, count=count)
+        try:
+            return workload.with_load(concurrency=c, count=count)
+        except ValueError:  # a trace: the tuner's users cannot set its send times
+            raise InputError(
+                "--workload", TRACE_USERS, "give a generated arrival: poisson, gamma or closed"
+            ) from None
     return steady.sized(workload, load)
 
 

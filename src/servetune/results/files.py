@@ -11,7 +11,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from servetune.errors import InputError
+from servetune.errors import InputError, from_validation_error
 from servetune.results.schema import RunResult
 from servetune.yamlfile import read_text
 
@@ -93,4 +93,5 @@ def load_result(path: str | Path, field: str = "FILE") -> RunResult:
     try:
         return RunResult.model_validate_json(text)
     except ValidationError as exc:
-        raise InputError(field, f"{p} is not a RunResult: {exc.errors()[0]['msg']}") from None
+        err = from_validation_error(exc)  # where in the file, and what is wrong there
+        raise InputError(field, f"{p} is not a RunResult: {err.field}: {err.problem}") from None

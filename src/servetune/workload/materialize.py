@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.workload.sources import read_dataset, read_trace
 from servetune.workload.spec import (
@@ -44,9 +44,10 @@ class Request(BaseModel):
     sub: str
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
-    prompt_tokens: int
-    output_tokens: int | None
-    arrival_s: float | None = None
+    # bounded as a workload's lengths are: a replayed file's -5 or 1e12 is refused on load
+    prompt_tokens: int = Field(ge=0, le=MAX_TOKENS)
+    output_tokens: int | None = Field(ge=0, le=MAX_TOKENS)
+    arrival_s: float | None = Field(None, allow_inf_nan=False)
     priority: int | None = None
     prefix_group: int | None = None
 

@@ -237,6 +237,10 @@ class Sampling(_Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
 
+# Why a trace cannot be swept by users (with_load's ValueError, said to the user as such)
+TRACE_USERS = "a trace replays its own send times, so it cannot be run at a number of users"
+
+
 class WorkloadSpec(_Strict):
     name: str = "workload"
     seed: int = Field(0, ge=0, description="numpy seeds are non-negative.")
@@ -308,11 +312,7 @@ class WorkloadSpec(_Strict):
                 arrival["kind"] = "poisson"
         elif concurrency is not None:
             if arrival["kind"] == "trace" or math.isinf(concurrency):
-                raise InputError(
-                    "--workload",
-                    "a trace replays its own send times, so it cannot be run at a number of users",
-                    "give a workload with a generated arrival (poisson, gamma or closed)",
-                )
+                raise ValueError(TRACE_USERS)
             arrival["kind"] = "closed"
             arrival["rate"] = None  # a closed loop offers no rate: the users set the pace
         if concurrency is not None:
