@@ -23,55 +23,47 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+# case: (command line, the flag its one-line error names)
 CASES = {
-    "accept --html": ["accept", "--url", DEAD, "--engine", "vllm", "--html", "{dir}"],
-    "accept -o": ["accept", "--url", DEAD, "--engine", "vllm", "-o", "{missing}"],
-    "bench --csv": ["bench", "--url", DEAD, "--csv", "{dir}", "--no-store"],
-    "bench -o": ["bench", "--url", DEAD, "-o", "{missing}", "--no-store"],
-    "calibrate --url -o": [
-        "calibrate",
-        "-m",
-        "llama-3.1-8b",
-        "-g",
-        "cpu-host",
-        "-o",
-        "{dir}",
-        "--url",
-        DEAD,
-    ],  # fmt: skip
-    "calibrate --runs-dir": [
-        "calibrate",
-        "-m",
-        "llama-3.1-8b",
-        "-g",
-        "cpu-host",
-        "-o",
-        "p.json",
-        "--url",
-        DEAD,
+    "accept --html": (["accept", "--url", DEAD, "--engine", "vllm", "--html", "{dir}"], "--html"),
+    "accept -o": (["accept", "--url", DEAD, "--engine", "vllm", "-o", "{missing}"], "--output"),
+    "bench --csv": (["bench", "--url", DEAD, "--csv", "{dir}", "--no-store"], "--csv"),
+    "bench -o": (["bench", "--url", DEAD, "-o", "{missing}", "--no-store"], "--output"),
+    "calibrate --url -o": (
+        ["calibrate", "-m", "llama-3.1-8b", "-g", "cpu-host", "-o", "{dir}", "--url", DEAD],
+        "--output",
+    ),  # fmt: skip
+    "calibrate --runs-dir": (
+        [
+            "calibrate",
+            "-m",
+            "llama-3.1-8b",
+            "-g",
+            "cpu-host",
+            "-o",
+            "p.json",
+            "--url",
+            DEAD,
+            "--runs-dir",
+            "{file}",
+        ],
         "--runs-dir",
-        "{file}",
-    ],  # fmt: skip
-    "validate --profile-out": ["validate", "--runs", "{dir}", "--profile-out", "{missing}"],
-    "runs export -o": ["runs", "export", "-o", "{dir}"],
-    "report -o": ["report", "last", "-o", "{dir}"],
-    "report --images": ["report", "last", "-o", "r.html", "--images", "{file}"],
-    "tune --report": ["tune", "--backend", "sim", "--trials", "1", "--report", "{dir}"],
-    "simulate --trace": ["simulate", "--count", "4", "--no-store", "--trace", "{missing}"],
-}
-FLAG = {
-    "accept --html": "--html",
-    "accept -o": "--output",
-    "bench --csv": "--csv",
-    "bench -o": "--output",
-    "calibrate --url -o": "--output",
-    "calibrate --runs-dir": "--runs-dir",
-    "validate --profile-out": "--profile-out",
-    "runs export -o": "--output",
-    "report -o": "--output",
-    "report --images": "--images",
-    "tune --report": "--report",
-    "simulate --trace": "--trace",
+    ),  # fmt: skip
+    "validate --profile-out": (
+        ["validate", "--runs", "{dir}", "--profile-out", "{missing}"],
+        "--profile-out",
+    ),  # fmt: skip
+    "runs export -o": (["runs", "export", "-o", "{dir}"], "--output"),
+    "report -o": (["report", "last", "-o", "{dir}"], "--output"),
+    "report --images": (["report", "last", "-o", "r.html", "--images", "{file}"], "--images"),
+    "tune --report": (
+        ["tune", "--backend", "sim", "--trials", "1", "--report", "{dir}"],
+        "--report",
+    ),  # fmt: skip
+    "simulate --trace": (
+        ["simulate", "--count", "4", "--no-store", "--trace", "{missing}"],
+        "--trace",
+    ),  # fmt: skip
 }
 
 
@@ -84,11 +76,12 @@ def test_a_bad_output_path_is_refused_before_anything_runs(case: str, tmp_path: 
         "file": str(tmp_path / "a-file.txt"),
         "missing": str(tmp_path / "no-such-folder" / "x.json"),
     }
-    args = [a.format(**paths) for a in CASES[case]]
+    line, flag = CASES[case]
+    args = [a.format(**paths) for a in line]
     db = tmp_path / "st.db"
     out = _cli(*args, *(["--db", str(db)] if args[0] in ("runs", "report") else []), cwd=tmp_path)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2, out.stderr
-    assert len(lines) == 1 and lines[0].startswith(f"error: {FLAG[case]}: "), out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}: "), out.stderr
     assert "folder" in lines[0] and "Traceback" not in out.stderr
     assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "out").exists()
