@@ -114,12 +114,6 @@ IN_PROCESS = [
     ),
     ("trace hash_ids 'x'", _trace({**LINE, "hash_ids": "x"}), SIM_W, "line 1.hash_ids: "),
     ("trace line a list", _trace(LINE, [1, 2]), SIM_W, "workload.trace line 2: is a JSON list"),
-    (
-        "trace output 0",
-        _trace({**LINE, "output_length": 0}),
-        SIM_W,
-        "line 1.output_length: 0 is below 1",
-    ),
     ("dataset prompt 12345", _dataset({"prompt": 12345}), SIM_W, "line 1.prompt: "),
     ("dataset prompt a list", _dataset({"prompt": ["a", "b"]}), SIM_W, "line 1.prompt: "),
     ("dataset messages 'hello'", _dataset({"messages": "hello"}), SIM_W, "line 1.messages: "),

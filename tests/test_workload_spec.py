@@ -336,3 +336,15 @@ def test_a_trace_out_of_order_starts_at_its_earliest_send(tmp_path) -> None:
     spec = parse_workload({"trace": {"path": str(trace)}, "arrival": {"kind": "trace"}})
     reqs = materialize(spec, WordTokenizer())
     assert sorted(r.arrival_s for r in reqs) == [0.0, 0.1]
+
+
+def test_a_prefill_only_trace_line_is_served_one_token(tmp_path) -> None:
+    """`output_length: 0` (traces of KV-cache studies hold such lines) is kept and asks for
+    one token, the least a server's max_tokens takes; a negative one is refused."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 16, "output_length": 0}\n')
+    spec = parse_workload({"trace": {"path": str(trace)}, "arrival": {"kind": "trace"}})
+    assert [r.output_tokens for r in materialize(spec, WordTokenizer())] == [1]
+    trace.write_text('{"timestamp": 0, "input_length": 16, "output_length": -1}\n')
+    with pytest.raises(InputError, match=r"line 1\.output_length: -1 is negative"):
+        materialize(spec, WordTokenizer())  # the file changed: read again

@@ -163,7 +163,9 @@ def _trace_row(row: Any, at: _At) -> TraceRow:
     return TraceRow(
         timestamp_ms=_timestamp(row, at),
         input_length=_tokens(row, "input_length", at, minimum=0) or 0,
-        output_length=_tokens(row, "output_length", at, minimum=1) or 1,
+        # 0 is a prefill-only request (traces of KV-cache studies hold them): served as
+        # one token, the least an OpenAI server's max_tokens asks for
+        output_length=max(1, _tokens(row, "output_length", at, minimum=0) or 0),
         hash_ids=tuple(ids),
     )
 
