@@ -411,10 +411,12 @@ def import_(
     db: str | None = _DB,
 ) -> None:
     """Import result files from earlier runs (or another store's export)."""
+    from servetune.store.transfer import WARNED
+
     with _open(db, create=True) as store:
         for f in files:
             for rid, what in store.import_file(f, study=study, tags=tags):
-                done, _, warning = what.partition("; warning: ")
+                done, _, warning = what.partition(WARNED)
                 typer.echo(f"{rid}: {done}")
                 if warning:  # what was left out (a cut-off last line), where warnings go
                     typer.echo(f"warning: {rid}: {warning}", err=True)

@@ -55,7 +55,7 @@ from servetune.store.meta import (
 from servetune.store.models import Blob, RecordChunk, Run, RunBlob, RunTag, Study
 from servetune.store.runinfo import RunInfo, run_info
 from servetune.store.timestamps import utc_now, utc_text
-from servetune.store.transfer import read_import
+from servetune.store.transfer import WARNED, read_import
 from servetune.telemetry import summarize
 from servetune.workload.materialize import Request
 
@@ -580,7 +580,7 @@ class Store:
                 self.conclude(rid, item.conclusion, item.conclusion_note)
             if item.quality:
                 self.set_quality(rid, item.quality)
-            out.append((rid, f"imported; {item.warning}" if item.warning else "imported"))
+            out.append((rid, f"imported{WARNED}{item.warning}" if item.warning else "imported"))
         return out
 
     def _exists(self, run_id: str) -> bool:

@@ -39,7 +39,12 @@ class ImportItem:
     conclusion: str | None = None
     conclusion_note: str | None = None
     quality: dict[str, Any] | None = None
-    warning: str | None = None  # what was left out, said beside "imported"
+    warning: str | None = None  # what was left out, said beside "imported" after WARNED
+
+
+# Joins a warning to what `Store.import_file` says happened (`imported; warning: ...`): the
+# CLI splits on it to send the warning where warnings go.
+WARNED = "; warning: "
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -163,7 +168,7 @@ def _from_jsonl(path: Path, text: str) -> ImportItem:
     warning = None
     if cut is not None:
         warning = (
-            f"warning: the last line ({cut}) of {path.name} was cut off (a killed bench "
+            f"the last line ({cut}) of {path.name} was cut off (a killed bench "
             f"leaves one) and skipped: {len(records)} records imported"
         )
         stop += f"; its cut-off last line {cut} skipped"
