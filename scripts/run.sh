@@ -93,8 +93,10 @@ case "${1:-}" in
     # cores busy (95% + 64% + 12% of a core, measured), so no core is spare either: at once,
     # one fresh clone took 28.3 min and another 36.6 min with the rest's accept test starved
     # (715 s) and its vLLM launch past its 240 s; one after the other, 28.9 min.
-    timed="engine and not untimed"
-    rest="not engine or untimed"
+    # `paced` tests start no engine but time the client's own sends: niced beside a vLLM
+    # launch one was starved for 1.7 s (send lag P99), so they run with the timed part.
+    timed="(engine and not untimed) or paced"
+    rest="(not engine or untimed) and not paced"
     cores=$(nproc 2>/dev/null || echo 2)
     busy=$("$VENV/bin/python" -c 'import psutil; print(round(psutil.cpu_percent(interval=2) * psutil.cpu_count() / 100, 2))')
     dtype=$("$VENV/bin/python" -c 'from servetune.engines.testmodel import host_model_dtype as d; print(d())')
@@ -117,7 +119,7 @@ case "${1:-}" in
         run_pytest -m "$rest" -n "$workers"
       ) >"$fast_log" 2>&1 &
       fast_pid=$!
-      echo "== pytest: timed engine tests, one at a time"
+      echo "== pytest: timed engine tests and paced tests, one at a time"
       run_pytest -m "$timed" || second=$?
       wait "$fast_pid" || first=$?
       echo "== pytest: tests without engines and untimed engine tests (ran beside the timed ones)"
@@ -125,7 +127,7 @@ case "${1:-}" in
       rm -f "$fast_log"
     else
       echo "== host: $busy of $cores cores busy before the suite, no spare core ($why): the two parts run one after the other"
-      echo "== pytest: timed engine tests, one at a time"
+      echo "== pytest: timed engine tests and paced tests, one at a time"
       run_pytest -m "$timed" || second=$?
       echo "== pytest: tests without engines and untimed engine tests ($cores workers)"
       run_pytest -m "$rest" -n "$cores" || first=$?

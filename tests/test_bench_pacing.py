@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from servetune.bench.runner import BenchOptions, run_point
 from servetune.metrics.stats import ks_exponential
@@ -59,6 +60,7 @@ def pacing_failures(res) -> tuple[list[str], str]:
     return failures, summary
 
 
+@pytest.mark.paced
 def test_poisson_sends_follow_the_schedule() -> None:
     """Achieved within 2% of offered, never early, KS on the sends, small lag. A loaded
     machine can stall the whole process for tens of ms, and the niced suite beside the
