@@ -31,8 +31,11 @@ def register(app: typer.Typer) -> None:
     app.add_typer(engine_app, name="engine")
 
 
-def parse_sets(engine: str, sets: list[str], extra: str | None = None):  # -> EngineConfig
-    """`key=value` pairs (JSON values, else strings) -> a validated EngineConfig."""
+def parse_sets(
+    engine: str, sets: list[str], extra: str | None = None, *, lacking_ok: bool = False
+):  # -> EngineConfig
+    """`key=value` pairs (JSON values, else strings) -> a validated EngineConfig. A knob
+    the engine has no flag for is refused unless `lacking_ok` (`engine command` lists them)."""
     from servetune.engines.config import EngineConfig
     from servetune.engines.registry import adapter
     from servetune.errors import closest, from_validation_error
@@ -56,9 +59,26 @@ def parse_sets(engine: str, sets: list[str], extra: str | None = None):  # -> En
     if extra:
         data["extra_args"] = tuple(shlex.split(extra)) + tuple(data.get("extra_args") or ())
     try:
-        return EngineConfig.model_validate(data)
+        cfg = EngineConfig.model_validate(data)
     except Exception as exc:  # pydantic.ValidationError
         raise from_validation_error(exc, "--set") from None
+    if not lacking_ok:
+        _check_engine_has_flags(engine, cfg, [k for k in data if k not in ("engine", "extra_args")])
+    return cfg
+
+
+def _check_engine_has_flags(engine: str, cfg, names: list[str]) -> None:
+    """A knob set for an engine with no flag for it (llama.cpp's parallel_slots on vLLM)
+    would be recorded, or simulated, as a config the engine cannot run: refused, naming
+    the engine's reason (the same LaunchSpec.unsupported the tuner's space check reads)."""
+    from servetune.engines.registry import launch_command
+
+    spec = launch_command(engine, cfg, "model")
+    bad = [n for n in names if n in spec.unsupported]
+    if bad:
+        why = next((n for n in spec.notes if n.startswith(f"{bad[0]}:")), "")
+        detail = f": {why.partition(': ')[2]}" if why else ""
+        raise InputError(f"--set {bad[0]}", f"{engine} has no flag for it{detail}", "drop it")
 
 
 @engine_app.command("list")
@@ -214,7 +234,7 @@ def command(
         raise InputError("--device", f"unknown device {device!r}", "gpu or cpu")
     names = list(ENGINES) if engine == "all" else [engine]
     for name in names:
-        cfg = parse_sets(name, sets, extra)
+        cfg = parse_sets(name, sets, extra, lacking_ok=True)
         spec = launch_command(name, cfg, model, host=host, port=port, device=device)  # type: ignore[arg-type]
         if len(names) > 1:
             typer.echo(f"# {name}")
