@@ -111,6 +111,8 @@ ROWS = [
     ("block_size 7", [*SIM, "-w", "{ok}", "--set", "block_size=7"], "block_size: "),
     ("tp 3", [*SIM, "-w", "{ok}", "--set", "tensor_parallel_size=3"], "tensor_parallel_size: "),
     ("--rate inf", [*SIM, "-w", "{ok}", "--rate", "inf"], "--rate: "),
+    ("--rate 1,,2", [*SIM, "-w", "{ok}", "--rate", "1,,2"], "--rate: '1,,2' has an empty item"),
+    ("--concurrency 4,", [*SIM, "-w", "{ok}", "--concurrency", "4,"], "--concurrency: '4,' has"),
     ("output length 0", [*SIM, "-w", "{out0}"], "workload.mix.0.output_tokens"),
     ("count: true", [*SIM, "-w", "{count_true}"], "count must be a number"),
     ("input 1e29", [*SIM, "-w", "{huge_in}"], "workload.mix.0.input_tokens.fixed.value: "),

@@ -35,8 +35,11 @@ def numbers(value: str | None, flag: str, cast: type) -> tuple:
     empty value, `--rate ""`, is refused below: it is not "not given")."""
     if value is None:
         return ()
+    items = value.split(",")
+    if value.strip() and any(not v.strip() for v in items):  # 1,,2: a value lost in typing
+        raise InputError(flag, f"{value!r} has an empty item", "e.g. 1,2,4")
     try:
-        out = [cast(v) for v in value.split(",") if v.strip()]
+        out = [cast(v) for v in items if v.strip()]
     except ValueError:
         raise InputError(
             flag, f"{value!r} is not a comma-separated list of numbers", "e.g. 1,2,4"
