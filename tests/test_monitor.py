@@ -114,6 +114,25 @@ def test_alerts_carry_the_seed_thresholds_and_the_slo() -> None:
     assert alerts["ServetuneSLOTPOTP95"]["expr"].endswith("> 0.04")
 
 
+@pytest.mark.parametrize(
+    ("engine", "family"),
+    [
+        ("vllm", "vllm:request_time_per_output_token_seconds"),
+        ("sglang", "sglang:request_time_per_output_token_seconds"),
+        ("tgi", "tgi_request_mean_time_per_token_duration"),
+    ],
+)
+def test_the_tpot_slo_rule_reads_the_per_request_tpot_not_the_token_gaps(
+    engine: str, family: str
+) -> None:
+    """The SLO's P95 TPOT is over requests' mean TPOTs; a P95 over every token gap (the ITL
+    histogram) runs far above it (TPOT P95 22 ms vs ITL P95 39 ms at a tuned point)."""
+    d = from_description(engine, queue_target=2, kv_threshold=0.8, slo=SLO)
+    records = {r["record"]: r["expr"] for r in documents(d)["rules"]["groups"][0]["rules"]}
+    assert f"{family}_bucket" in records["servetune:tpot_seconds:p95"]
+    assert "inter_token" not in records["servetune:tpot_seconds:p95"]
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_manifests_and_dashboard_pass_their_published_schemas(engine: str) -> None:
     kv = None if engine == "llamacpp" else 0.8

@@ -164,8 +164,12 @@ def _family(name: str) -> str:
 def check_metrics(cli: EngineCli, adapter: ModuleType) -> list[str]:
     """Every canonical-map entry of `adapter` (METRICS, HISTOGRAMS) whose source name the
     engine does not export, or exports as another kind: canonical `*_total` names must be
-    counters, other METRICS gauges, HISTOGRAMS histograms."""
+    counters, other METRICS gauges, HISTOGRAMS histograms. The name must be the one
+    exported: the scrape parser takes a counter with or without `_total`, but PromQL
+    (monitor's rules) matches it exactly, and an exporter that adds no suffix (TGI) left
+    a rule that never had data."""
     kinds = {_family(name): kind for name, kind in cli.metrics.items()}
+    exported = {_family(name): name for name in cli.metrics}
     problems: list[str] = []
     wanted = [
         (canon, src, "counter" if canon.endswith("_total") else "gauge")
@@ -177,4 +181,6 @@ def check_metrics(cli: EngineCli, adapter: ModuleType) -> list[str]:
             problems.append(f"{canon}: {src} is not a {cli.engine} {cli.version} metric")
         elif got != want:
             problems.append(f"{canon}: {src} is a {got} in {cli.engine}, not a {want}")
+        elif src not in cli.metrics:
+            problems.append(f"{canon}: {cli.engine} exports {src} as {exported[_family(src)]}")
     return problems

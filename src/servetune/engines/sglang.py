@@ -42,6 +42,7 @@ METRICS: dict[str, str] = {
 HISTOGRAMS: dict[str, str] = {
     "ttft_seconds": "sglang:time_to_first_token_seconds",
     "itl_seconds": "sglang:inter_token_latency_seconds",
+    "tpot_seconds": "sglang:request_time_per_output_token_seconds",  # per request, as vLLM's
     "queue_time_seconds": "sglang:queue_time_seconds",
     "e2e_seconds": "sglang:e2e_request_latency_seconds",
 }

@@ -30,7 +30,7 @@ METRICS: dict[str, str] = {
     "requests_waiting": "tgi_queue_size",
     "kv_cache_capacity_tokens": "tgi_batch_max_total_tokens",
     "kv_cache_used_tokens": "tgi_batch_current_max_tokens",
-    "requests_finished_total": "tgi_request_success_total",
+    "requests_finished_total": "tgi_request_success",  # TGI adds no _total (tgi.json)
 }
 HISTOGRAMS: dict[str, str] = {
     "queue_time_seconds": "tgi_request_queue_duration",

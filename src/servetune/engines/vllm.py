@@ -51,6 +51,9 @@ METRICS: dict[str, str] = {
 HISTOGRAMS: dict[str, str] = {
     "ttft_seconds": "vllm:time_to_first_token_seconds",
     "itl_seconds": "vllm:inter_token_latency_seconds",
+    # per request, decode time / (tokens - 1): the SLO's TPOT (vLLM PR #24015, v0.11+);
+    # the ITL histogram above is per token gap, whose P95 runs far above the TPOT's
+    "tpot_seconds": "vllm:request_time_per_output_token_seconds",
     "queue_time_seconds": "vllm:request_queue_time_seconds",
     "e2e_seconds": "vllm:e2e_request_latency_seconds",
     "prefill_time_seconds": "vllm:request_prefill_time_seconds",
