@@ -163,6 +163,30 @@ def test_bad_runs_and_threshold_fail_before_any_scoring(
     assert code == 2 and "--threshold" in err
 
 
+def test_runs_at_other_loads_are_refused_before_any_scoring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same build at twice the users shows more throughput: that is the load's, so
+    §2's throughput check needs both runs at one load (and one workload)."""
+    db = str(tmp_path / "q.db")
+    with Store.open(db) as s:
+        for conc, run_id in ((1, "bench-c1"), (2, "bench-c2"), (2, "bench-c2b")):
+            res, meta = synthetic_run(conc, seed=1, n_requests=20)
+            res.id = meta.id = run_id
+            s.save_result(res, meta)
+    urls = ("--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9")
+    runs = ("--baseline-run", "bench-c1", "--candidate-run", "bench-c2", "--db", db)
+    code, _, err = run_cli(capsys, "quality", *urls, *runs)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--candidate-run: measured at c=2, the baseline run at c=1" in err
+    same = ("--baseline-run", "bench-c2", "--candidate-run", "bench-c2b", "--db", db)
+    code, _, err = run_cli(capsys, "quality", *urls, *same)
+    assert code == 2 and "unreachable" in err  # comparable runs: on to the endpoints
+    for gain in ("-0.9", "nan"):
+        code, _, err = run_cli(capsys, "quality", *urls, "--min-gain", gain)
+        assert code == 2 and err.startswith("error: --min-gain"), err
+
+
 def test_result_table_judges_against_the_measured_noise_floor() -> None:
     from servetune.quality.endpoint import Endpoint
     from servetune.quality.run import QualityResult, Scores, Settings

@@ -49,6 +49,8 @@ def quality(
 
     if not 0 <= threshold < 10:
         raise InputError("--threshold", f"{threshold} is not a relative increase", "e.g. 0.05")
+    if not 0 <= min_gain < 10:
+        raise InputError("--min-gain", f"{min_gain} is not a relative rise", "e.g. 0.15")
     if baseline_run and not candidate_run:
         raise InputError("--baseline-run", "needs --candidate-run too", "give both runs")
     text = load_corpus(corpus).limit(passages, tasks)
@@ -56,12 +58,13 @@ def quality(
     # The runs are checked before the endpoints are scored (minutes), so a wrong id fails now.
     perfs, run_id = None, None
     if candidate_run:
-        from servetune.quality.stored import perf, resolve_one
+        from servetune.quality.stored import check_comparable, perf, resolve_one
         from servetune.store import Store
 
         with Store.open(db, create=False) as store:
             run_id = resolve_one(store, candidate_run, "--candidate-run")
             if baseline_run:
+                check_comparable(store, baseline_run, candidate_run)
                 perfs = (
                     perf(store, baseline_run, "--baseline-run"),
                     perf(store, candidate_run, "--candidate-run"),

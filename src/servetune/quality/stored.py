@@ -15,6 +15,35 @@ def resolve_one(store: Store, ref: str, flag: str) -> str:
     return ids[0]
 
 
+# What may differ between the two runs' workloads: the load is compared on its own, the
+# rest (names, seeds, how many requests) does not change what a token costs.
+_FREE = ("arrival", "count", "duration_s", "warmup_s", "cooldown_s", "seed", "name")
+
+
+def check_comparable(store: Store, baseline: str, candidate: str) -> None:
+    """§2 compares the builds' throughput, P99 and errors: only runs of the same workload
+    at the same load say which build carries more. A candidate measured at twice the
+    concurrency shows +90% throughput that is the load's, not the build's."""
+    b = store.get(resolve_one(store, baseline, "--baseline-run"))
+    c = store.get(resolve_one(store, candidate, "--candidate-run"))
+    if b.load_label() != c.load_label():
+        raise InputError(
+            "--candidate-run",
+            f"measured at {c.load_label()}, the baseline run at {b.load_label()}",
+            "bench both builds at one load (a saturating one, e.g. --concurrency 64)",
+        )
+    bw, cw = (
+        {k: v for k, v in (r.part("workload") or {}).items() if k not in _FREE} for r in (b, c)
+    )
+    if bw and cw and bw != cw:
+        differ = sorted(k for k in bw.keys() | cw.keys() if bw.get(k) != cw.get(k))
+        raise InputError(
+            "--candidate-run",
+            f"its workload differs from the baseline run's ({', '.join(differ)})",
+            "bench both builds with one workload file",
+        )
+
+
 def perf(store: Store, ref: str, flag: str) -> Perf:
     """What §2's rule reads from the run (metrics computed from the records for a run
     that never finished)."""
