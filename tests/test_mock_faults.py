@@ -55,6 +55,24 @@ def test_fault_is_classified(fault: str, expected: str) -> None:
     assert res.metrics.error_rate == 1.0
 
 
+def test_the_idle_limit_fires_before_a_longer_ttft_limit() -> None:
+    """A stream stalled after its first chunk ends at the idle limit (0.3 s), not at the
+    TTFT limit the timer was first armed for (10 s: before the fix every stall ran to it)."""
+    slow_ttft = Timeouts(connect_s=2.0, ttft_s=10.0, idle_s=0.3, total_s=30.0)
+    spec = parse_workload(
+        {"count": 2, "arrival": {"kind": "closed", "concurrency": 2},
+         "input_tokens": {"dist": "fixed", "value": 8},
+         "output_tokens": {"dist": "fixed", "value": 10}}
+    )  # fmt: skip
+    with mock_in_thread(MockConfig(faults={"stall": 1.0})) as srv:
+        o = BenchOptions(url=f"http://127.0.0.1:{srv.port}", timeouts=slow_ttft, workers=1)
+        res = run_point(spec, materialize(spec, WordTokenizer()), o)
+    assert res.metrics.errors_by_class == {"idle_timeout": 2}
+    for r in res.records:
+        last = r.chunk_ns[-1] if r.chunk_ns else r.send_ns
+        assert (r.end_ns - last) / 1e9 < 3.0, (r.end_ns - last) / 1e9  # 0.3 s + a busy host
+
+
 def test_mixed_faults_counted_and_good_requests_measured() -> None:
     res, srv = run(MockConfig(faults={"http_500": 0.2, "truncate": 0.2}, seed=1), count=60, users=4)
     m = res.metrics

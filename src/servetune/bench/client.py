@@ -279,6 +279,13 @@ class RequestState:
     def on_headers(self, status: int, headers: dict[str, str], now_ns: int) -> None:
         self.http_status = status
         self.last_event_ns = now_ns
+        # The idle limit starts here and may fall before the TTFT deadline the timer was
+        # armed for: re-armed now, else a stream stalled after its first chunk ran to the
+        # TTFT limit (idle 1 s, TTFT 10 s: aborted 10 s in). Later deadlines only move
+        # later, so the lazy re-arm in _on_timer covers them.
+        if self._timer is not None:
+            self._timer.cancel()
+            self._arm()
         if status != 200 or not self.stream:
             self._body = bytearray()
         elif "text/event-stream" not in headers.get("content-type", "text/event-stream"):
