@@ -196,6 +196,18 @@ def test_with_load_switches_mode() -> None:
     assert capped.arrival.kind == "poisson" and capped.arrival.concurrency == 2
 
 
+def test_duration_alone_replaces_the_files_count() -> None:
+    """`--duration 3` on a file of `count: 200` runs 3 s, not 200 requests (the count ended
+    the arrivals first); given both, both stay, and --count alone keeps the file's."""
+    spec = parse_workload({**BASE, "count": 200, "arrival": {"kind": "constant", "rate": 20}})
+    timed = spec.with_load(duration_s=3.0)
+    assert timed.count is None and timed.duration_s == 3.0
+    assert abs(len(materialize(timed, WordTokenizer())) - 60) <= 1  # 20 req/s x 3 s, not 200
+    both = spec.with_load(count=10, duration_s=3.0)
+    assert (both.count, both.duration_s) == (10, 3.0)
+    assert spec.with_load(rate=5).count == 200
+
+
 def test_a_swept_workload_file_needs_no_load_of_its_own(tmp_path) -> None:
     """`--rate`/`--concurrency` set the load, so the file may leave arrival out entirely."""
     from servetune.errors import InputError

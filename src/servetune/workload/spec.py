@@ -323,6 +323,8 @@ class WorkloadSpec(_Strict):
             data["count"] = count
         if duration_s is not None:
             data["duration_s"] = duration_s
+            if count is None:  # --duration alone sizes the run: the file's count would end it
+                data["count"] = None  # first (count wins in materialize), as if not given
         return WorkloadSpec.model_validate(data)
 
 
