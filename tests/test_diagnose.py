@@ -173,6 +173,20 @@ def test_client_bottleneck_needs_the_schedule_missed_not_just_a_busy_loop() -> N
     assert "client_bottleneck" not in keys(ev)
 
 
+def test_a_lag_from_the_users_own_cap_names_the_cap_not_the_workers() -> None:
+    """--rate 20 --max-concurrency 2: the sends wait for the cap (client queue P99 5.2 s of
+    a 5.2 s lag), the client's CPU is idle: more workers would change nothing."""
+    ev = Evidence("x", offered_req_s=20.0, sent_req_s=5.0, send_lag_p99_ms=5228.0)
+    ev.achieved_req_s, ev.ttft, ev.client_cpu_util = 5.0, {"p50": 60.0}, 0.03
+    ev.client_queue_p99_ms, ev.client_cap = 5200.0, 2
+    f = diagnose(ev)[0]
+    assert f.key == "client_cap" and f.actions[0].knob == "bench --max-concurrency"
+    assert "client queue P99 5200 ms" in f.trigger
+    # a client out of CPU behind the same cap is still the sender's problem
+    ev.client_cpu_util = 0.97
+    assert diagnose(ev)[0].key == "client_bottleneck"
+
+
 def test_long_short_mix_splits_between_the_classes() -> None:
     ev = Evidence("x")
     ev.e2e = {"mean": 1080.0, "p50": 186.0, "p99": 5070.0}

@@ -32,6 +32,8 @@ class Evidence:
     achieved_req_s: float = 0.0
     sent_req_s: float = 0.0
     send_lag_p99_ms: float | None = None
+    client_queue_p99_ms: float | None = None  # waits for the client's own in-flight cap
+    client_cap: int | None = None  # an open loop's --max-concurrency
     client_cpu_util: float = 0.0
     concurrency: int | None = None
     max_in_flight: int = 0
@@ -123,6 +125,8 @@ def from_result(res: RunResult, source: str | None = None) -> Evidence:
         achieved_req_s=m.req_s,
         sent_req_s=m.sent_req_s,
         send_lag_p99_ms=m.send_lag_ms.p99,
+        client_queue_p99_ms=m.queue_ms.p99,
+        client_cap=res.load.concurrency if res.load.kind != "closed" else None,
         client_cpu_util=res.client.cpu_util,
         concurrency=res.load.concurrency if res.load.kind == "closed" else None,
         max_in_flight=m.max_in_flight,

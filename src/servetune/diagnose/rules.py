@@ -117,6 +117,24 @@ def client_limited(ev: Evidence) -> Finding | None:
         why.append(f"client CPU {ev.client_cpu_util:.0%} of its cores")
     if not why:
         return None
+    cap, queued = ev.client_cap, ev.client_queue_p99_ms or 0.0
+    if cap and ev.client_cpu_util <= CLIENT_CPU and lag is not None and queued >= 0.5 * lag:
+        # The wait is the in-flight cap the user set, not a slow sender: more workers
+        # would change nothing (bench.md: the cap's wait shows as queue time and lag).
+        return Finding(
+            "client_cap",
+            "client",
+            f"The client's own cap of {cap} requests in flight held the load back",
+            "DESIGN.md metric contract (offered vs achieved, send lag, client queue)",
+            "; ".join(why) + f"; client queue P99 {queued:.0f} ms behind the cap; achieved "
+            f"{ev.achieved_req_s:.2f} req/s",
+            100.0,
+            [
+                Action(
+                    "bench --max-concurrency", str(cap), "higher, or none", "let the rate through"
+                )
+            ],
+        )
     workers_next = "2x the workers (or a second client host)"
     return Finding(
         "client_bottleneck",
