@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servetune.metrics import client_warnings, compute_metrics, measurement_window
+from servetune.metrics import client_warnings, compute_metrics, measurement_window, window_note
 from servetune.metrics.compute import itl_samples_ms, max_in_flight, request_latencies_ms
 from servetune.results.schema import RequestRecord
 from servetune.slo import parse_slo
@@ -91,18 +91,120 @@ def test_goodput_counts_errors_as_misses_and_excludes_cancellations() -> None:
 
 
 def test_window_excludes_warmup_and_drain() -> None:
-    # sends every 100 ms from 0 to 2000 ms, each request lasts 500 ms (one chunk per 100 ms)
-    rs = [rec(t, [t + 100 * k for k in range(1, 6)], index=t // 100) for t in range(0, 2001, 100)]
+    # an open loop (a schedule): sends every 100 ms from 0 to 2000 ms, each request lasts
+    # 500 ms (one chunk per 100 ms)
+    rs = [
+        rec(t, [t + 100 * k for k in range(1, 6)], index=t // 100, scheduled_ns=t * MS)
+        for t in range(0, 2001, 100)
+    ]
     start, end, fell_back = measurement_window(rs, warmup_s=0.5, cooldown_s=0.5)
     assert (start, end, fell_back) == (500 * MS, 1500 * MS, False)
     m = compute_metrics(rs, warmup_s=0.5, cooldown_s=0.5)
     assert m.window_s == pytest.approx(1.0)
-    assert m.measured == 11  # sends at 500..1500 inclusive
-    assert m.sent_req_s == pytest.approx(11.0)
-    assert m.output_tok_s == pytest.approx(55.0)  # 11 instants x 5 chunks inside [0.5, 1.5] s
-    assert m.req_s == pytest.approx(11.0)  # last chunks at 500..1500 ms
+    assert m.measured == 11  # sends at 500..1500 inclusive: latency samples
+    assert m.sent_req_s == pytest.approx(10.0)  # a send every 100 ms: [0.5, 1.5) holds 10
+    # rates count in the window moved by the median latency (500 ms): [1.0, 2.0) s holds
+    # 10 instants x 5 chunks (one of each request in flight), and 10 last chunks
+    assert m.completion_shift_s == pytest.approx(0.5)
+    assert m.output_tok_s == pytest.approx(50.0)
+    assert m.req_s == pytest.approx(10.0)
     whole = compute_metrics(rs)
     assert whole.window_end_ns == 2000 * MS  # the drain after the last send is excluded
+
+
+def open_loop(n: int, gap_ms: float, e2e_ms: float, tokens: int = 10) -> list[RequestRecord]:
+    """n requests sent on schedule every gap_ms, each streaming `tokens` evenly to e2e_ms."""
+    step = e2e_ms / tokens
+    return [
+        rec(
+            i * gap_ms,
+            [i * gap_ms + step * (k + 1) for k in range(tokens)],
+            index=i,
+            scheduled_ns=int(i * gap_ms * MS),
+            usage_completion_tokens=tokens,
+        )
+        for i in range(n)
+    ]
+
+
+def test_an_open_loop_rate_has_no_ramp_up_deficit() -> None:
+    """10 req/s kept up with at 2 s a request: nothing finishes in the first 2 s, so the
+    sends' window (9.9 s) held 79 completions, 8.0 req/s; moved by the median latency it
+    holds the window's own arrivals' completions, the rate served."""
+    for n in (100, 30):
+        m = compute_metrics(open_loop(n, 100, 2000))
+        assert m.completion_shift_s == pytest.approx(2.0)
+        assert m.req_s == pytest.approx(10.0, rel=0.001)
+        assert m.output_tok_s == pytest.approx(100.0, rel=0.001)
+        assert m.offered_req_s == pytest.approx(10.0) and m.sent_req_s == pytest.approx(10.0)
+
+
+def test_one_straggler_does_not_stretch_the_window_to_the_whole_run() -> None:
+    """One request of 100 stalls into a 60 s idle timeout: the run's last end is 65 s, but
+    the window stays the sends' 9.9 s (before: the whole run, every rate ~6x low)."""
+    rs = open_loop(100, 100, 250)
+    stalled = rs[50]
+    rs[50] = stalled.model_copy(
+        update={"status": "error", "error": "idle_timeout", "end_ns": stalled.send_ns + 60_000 * MS}
+    )
+    m = compute_metrics(rs, slo=parse_slo({"ttft_ms": {"p95": 200}}))
+    assert not m.window_whole_run and m.window_s == pytest.approx(9.9)
+    assert m.req_s == pytest.approx(99 / 9.9, rel=0.02)
+    assert m.goodput_req_s == pytest.approx(m.req_s)
+
+
+def test_quick_refusals_do_not_make_a_tiny_window_look_long() -> None:
+    """4 users behind a 3-slot front: 9 refusals in 5 ms, 3 answers at 60 ms. The sends'
+    5 ms is tiny next to a served request's 60 ms: the whole run is the window (counted
+    as a 5 ms window it held no completion, 0 req/s, and accept's stages ran at 0.07/s)."""
+    ok = [rec(0.7 + 0.01 * i, [20, 60], index=i) for i in range(3)]
+    refused = [
+        rec(0.7 + 0.55 * i, [], index=3 + i, status="error", error="http_429",
+            end_ns=int((0.9 + 0.55 * i) * MS))
+        for i in range(9)
+    ]  # fmt: skip
+    m = compute_metrics([*ok, *refused])
+    assert m.window_whole_run and m.req_s == pytest.approx(3 / 0.0593, rel=0.01)
+
+
+def test_a_closed_loop_counts_whole_rounds_unmoved() -> None:
+    """4 users, 3 rounds of 300 ms: each send follows a completion, so the window (first to
+    last send) ends on one and holds two rounds, 4 / 0.3 s. A window moved by the latency
+    would count parts of three rounds."""
+    rs = [
+        rec(r * 300.01, [r * 300.01 + 150, r * 300.01 + 300], index=r * 4 + u)
+        for r in range(3)
+        for u in range(4)
+    ]
+    m = compute_metrics(rs)
+    assert m.completion_shift_s == 0.0 and m.offered_req_s is None
+    assert m.req_s == pytest.approx(4 / 0.3, rel=0.001)
+
+
+def test_a_client_that_falls_behind_shows_sent_below_offered() -> None:
+    """Scheduled 10/s, sent at 5/s: offered comes from the schedule's own window, so the
+    client's shortfall shows (counted inside the sends' window, offered read 5/s too)."""
+    rs = [rec(i * 200, [i * 200 + 50], index=i, scheduled_ns=i * 100 * MS) for i in range(100)]
+    m = compute_metrics(rs)
+    assert m.offered_req_s == pytest.approx(10.0) and m.sent_req_s == pytest.approx(5.0)
+    warns = client_warnings(m, open_loop=True, cpu_util=0.1, lag_p99_limit_ms=1e9)
+    assert warns == ["sent 5.0 req/s < 98% of offered 10.0 req/s"]
+
+
+def test_a_run_with_no_completion_in_its_window_says_why_it_reads_0_req_s() -> None:
+    """Two requests 1 s apart, finishing after 10 ms and 990 ms: the window moved by their
+    median latency (500 ms), [0.5, 1.5) s, holds neither end."""
+    rs = [
+        rec(0, [10], index=0, scheduled_ns=0),
+        rec(1000, [1990], index=1, scheduled_ns=1000 * MS),
+    ]
+    m = compute_metrics(rs)
+    assert m.req_s == 0.0 and m.completed == 2 and not m.window_whole_run
+    assert window_note(m) == (
+        "0 req/s: none of the 2 completed requests finished inside the measurement window "
+        "(docs/metrics.md); too few for a rate: raise --count"
+    )
+    assert window_note(compute_metrics(open_loop(30, 100, 500))) is None
 
 
 def test_send_lag_queue_and_client_warnings() -> None:
@@ -129,8 +231,39 @@ def test_max_in_flight_and_empty() -> None:
     assert compute_metrics([]).measured == 0
 
 
-def test_non_stream_has_no_tpot_or_itl() -> None:
+def test_non_stream_has_no_token_timing_and_its_checks_say_why() -> None:
+    """Not streamed, the first token comes with the last: a TTFT would be the E2E."""
     r = rec(0, [100], tokens=[50], usage_completion_tokens=50)
-    m = compute_metrics([r], stream=False)
-    assert m.ttft_ms.p50 == m.e2e_ms.p50 == 100.0
+    slo = parse_slo({"ttft_ms": {"p50": 800}, "tpot_ms": {"p50": 40}, "e2e_ms": {"p50": 500}})
+    m = compute_metrics([r], stream=False, slo=slo)
+    assert m.e2e_ms.p50 == 100.0 and m.ttft_ms.count == 0
     assert m.tpot_ms.count == 0 and m.itl_ms.count == 0
+    checks = {c.metric: c for c in m.slo_checks}
+    for metric in ("ttft_ms", "tpot_ms"):
+        assert not checks[metric].ok
+        assert checks[metric].note == "not measurable: the requests were not streamed"
+    assert checks["e2e_ms"].ok and "not measurable" not in (checks["e2e_ms"].note or "")
+
+
+def test_one_token_outputs_leave_tpot_undefined_not_missed() -> None:
+    """Every output one token: no request has a TPOT, so goodput counts them met; the TPOT
+    check agrees (before: failed on a missing value while attainment read 100%)."""
+    rs = [rec(i * 100, [i * 100 + 20], index=i, scheduled_ns=i * 100 * MS) for i in range(30)]
+    slo = parse_slo({"ttft_ms": {"p95": 500}, "tpot_ms": {"p95": 50}})
+    m = compute_metrics(rs, slo=slo)
+    tpot = next(c for c in m.slo_checks if c.metric == "tpot_ms")
+    assert tpot.ok and tpot.value is None and "TPOT is undefined" in (tpot.note or "")
+    assert m.slo_pass and m.slo_attainment == 1.0
+
+
+def test_a_percentile_of_too_few_requests_says_it_rests_on_the_largest() -> None:
+    """5 TTFTs against a P95 target: type-7 P95 740 ms passes 800 ms while 1 of 5 is 900;
+    the check keeps its value and verdict and says what it rests on."""
+    rs = [rec(i * 1000, [i * 1000 + t], index=i) for i, t in enumerate([100] * 4 + [900])]
+    m = compute_metrics(rs, slo=parse_slo({"ttft_ms": {"p50": 800, "p95": 800}}))
+    p50, p95 = m.slo_checks
+    assert p50.note is None
+    assert p95.ok and p95.value == pytest.approx(740.0)
+    assert p95.note == (
+        "a sample of 5 is too few for P95 (20 needed): it rests on the largest values (max 900 ms)"
+    )

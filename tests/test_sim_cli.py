@@ -394,17 +394,17 @@ def test_a_kv_bound_point_says_so_and_what_moves_it():
     assert kv_lines(8) == []
 
 
-def test_a_run_too_short_for_a_rate_says_why_it_reads_0_req_s():
+def test_a_short_run_at_a_rate_reads_the_rate_served():
     """5 requests of the chat example at 2 req/s: none finishes between the first and the
-    last send (the measurement window), so req/s is 0 by the metric's definition, and the
-    point says so instead of printing a bare 0.00."""
+    last send, so counted in the sends' window req/s read 0.00; in the window moved by the
+    median latency it reads about the rate (docs/metrics.md), with no 0 req/s note."""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "workloads" / "chat.yaml")
-    p = cli("simulate", "-w", chat, "--count", "5", "--no-store")
+    p = cli("simulate", "-w", chat, "--count", "5", "--no-store", "--json")
     assert p.returncode == 0, p.stderr
-    assert "0.00 req/s, 5 completed" in p.stdout
-    assert "0 req/s: none of the 5 completed requests finished between the first" in p.stdout
-    longer = cli("simulate", "-w", chat, "--count", "60", "--no-store")
-    assert "0 req/s: none" not in longer.stdout and "60 completed" in longer.stdout
+    point = json.loads(p.stdout)
+    assert point["completed"] == 5 and 1.0 < point["req_s"] < 4.0, point["req_s"]
+    text = cli("simulate", "-w", chat, "--count", "5", "--no-store").stdout
+    assert "5 completed" in text and "0 req/s: none" not in text
 
 
 def test_more_pipeline_stages_than_layers_is_refused():

@@ -134,7 +134,8 @@ def slo_verdict(m: Metrics) -> list[str]:
         return [head]
     missed = sum(not c.ok for c in m.slo_checks)
     more = f" ({missed} of {len(m.slo_checks)} checks missed)" if missed > 1 else ""
-    return [head, f"binding {check_text(bind.model_dump())}{more}"]
+    why = f": {bind.note}" if bind.note else ""
+    return [head, f"binding {check_text(bind.model_dump())}{more}{why}"]
 
 
 def binding_check(checks: list[SLOCheck]) -> SLOCheck | None:

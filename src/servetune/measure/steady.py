@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from servetune.metrics.compute import NS_PER_S, RecordColumns, record_columns
+from servetune.metrics.compute import RecordColumns, record_columns
 from servetune.metrics.pct import QUANTILES, upper_bound_rank
 from servetune.metrics.stats import summarize
 from servetune.results.schema import RunResult, SLOCheck
@@ -240,32 +240,28 @@ def judge(res: RunResult, spec: WorkloadSpec, rule: SteadyRule) -> Steady | None
     """The steady-state evidence of a run of `spec` over its measurement window (None
     for a closed loop, or a run without records).
 
-    Offered: arrivals scheduled in the window per second (sends, when the records carry
-    no schedule). Achieved: completions per second in the window shifted by the median
-    latency - a request sent at t ends about one latency later, so in steady state the
-    shifted window holds the completions of the window's own arrivals, however short the
-    warm-up was next to the latency; a queue that grows still completes only at the
-    service rate. Queue slope: `queue_slope`."""
+    Offered and achieved are the run's own metrics (metrics.compute): arrivals scheduled
+    per second over the schedule's window (sends, when the records carry no schedule), and
+    completions per second in the window moved by the median latency
+    (`completion_shift_ns`), which holds the completions of the window's own arrivals
+    however short the warm-up was next to the latency, while a queue that grows still
+    completes only at the service rate. Queue slope: `queue_slope`."""
     if not spec.arrival.open_loop or not len(res.records):
         return None
     m = res.metrics
     c = record_columns(res.records)
     start, end = m.window_start_ns, m.window_end_ns
-    window_ns = max(end - start, 1)
     sent = (c.send >= start) & (c.send <= end)
     done = (c.n_chunks > 0) & c.status_is(RequestStatus.OK)
-    latency = c.last - c.send
-    lag = int(np.median(latency[sent & done])) if (sent & done).any() else 0
-    shifted = done & (c.last >= start + lag) & (c.last <= end + lag)
     if c.scheduled_has.any():
         arrivals = int((c.scheduled_has & (c.scheduled >= start) & (c.scheduled <= end)).sum())
     else:
         arrivals = int(sent.sum())
     return Steady(
-        offered_req_s=arrivals / window_ns * NS_PER_S,
-        achieved_req_s=int(shifted.sum()) / window_ns * NS_PER_S,
+        offered_req_s=m.offered_req_s if m.offered_req_s is not None else m.sent_req_s,
+        achieved_req_s=m.req_s,
         queue_slope=queue_slope(c, sent & done),
-        latency_s=lag / NS_PER_S,
+        latency_s=m.completion_shift_s,
         arrivals=arrivals,
         window_s=m.window_s,
         warmup_s=spec.warmup_s,

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from servetune.metrics.buffering import buffered_mask, run_is_buffered
+from servetune.metrics.pct import fmt_ms, is_max_only, min_samples
 from servetune.metrics.stats import summarize, summarize_weighted
 from servetune.results.schema import Dist, Metrics, RequestRecord, SLOCheck
 from servetune.slo import SLO
@@ -110,14 +111,6 @@ class ChunkSource(Protocol):
         counts None means one sample per value, in record order."""
         ...
 
-    def tokens_inside(self, start: int, end: int) -> np.ndarray:
-        """Per record: chunk tokens that arrived inside [start, end] (float)."""
-        ...
-
-    def token_totals(self) -> np.ndarray:
-        """Per record: the sum of its chunks' tokens (float)."""
-        ...
-
 
 @dataclass
 class FlatChunks:
@@ -156,14 +149,6 @@ class FlatChunks:
         g = np.diff(self.ns)[same] / NS_PER_MS
         k = np.maximum(self.tok[1:][same], 1)
         return (g, None), (np.repeat(g / k, k), None)
-
-    def tokens_inside(self, start: int, end: int) -> np.ndarray:
-        inside = (self.ns >= start) & (self.ns <= end)
-        w = np.where(inside, self.tok, 0).astype(float)
-        return np.bincount(self._owner(), weights=w, minlength=len(self.lens))
-
-    def token_totals(self) -> np.ndarray:
-        return np.bincount(self._owner(), weights=self.tok.astype(float), minlength=len(self.lens))
 
 
 @dataclass
@@ -264,19 +249,60 @@ def record_columns(records: Sequence[RequestRecord]) -> RecordColumns:
 
 
 def _window(c: RecordColumns, warmup_s: float, cooldown_s: float) -> tuple[int, int, bool]:
-    """measurement_window on columns (see its docstring)."""
+    """measurement_window on columns (see its docstring). "Tiny" is judged against the
+    sends' span plus the median latency, not the last end: one request that stalls into a
+    60 s timeout must not turn a 10 s run's window into 65 s and every rate 6x low."""
     first = int(c.send.min())
     last_send = int(c.send.max())
     start = first + int(warmup_s * NS_PER_S)
     end = last_send - int(cooldown_s * NS_PER_S)
-    last_end = int(np.where(c.n_chunks > 0, np.maximum(c.end, c.last), c.end).max())
+    ends = np.where(c.n_chunks > 0, np.maximum(c.end, c.last), c.end)
+    # the typical latency of a served request: quick refusals (a shedder's 429s, 1 ms) do
+    # not shrink it (behind a 3-slot front, 4 users' 9 refusals in 5 ms and 3 answers at
+    # 60 ms: the 5 ms of sends is tiny next to 60 ms, and counted as a window, 0 req/s)
+    done = (c.n_chunks > 0) & c.status_is(RequestStatus.OK)
+    latency = (ends - c.send)[done] if done.any() else ends - c.send
+    typical = last_send - first + int(np.median(latency))
     if (
         end - start > 0
         and bool(((c.send >= start) & (c.send <= end)).any())
-        and (warmup_s > 0 or cooldown_s > 0 or end - start >= 0.5 * (last_end - first))
+        and (warmup_s > 0 or cooldown_s > 0 or end - start >= 0.5 * typical)
     ):
         return start, end, False
-    return first, last_end, True
+    return first, int(ends.max()), True
+
+
+def completion_shift_ns(c: RecordColumns, sent: np.ndarray) -> int:
+    """The median latency (send -> last content chunk) of the `ok` requests in `sent`: an
+    open loop's window that counts completions (and their tokens) is the sends' window
+    moved this much later. A request sent at t ends about one latency later, so in steady
+    state the moved window holds the completions of the window's own arrivals, with no
+    ramp-up deficit (nothing finishes in the first latency after the first send: counted
+    unmoved, 10 req/s of 2 s requests over 10 s read 8.1 req/s); a queue that grows still
+    completes only at the service rate (Little's law; the steady-state check's reading)."""
+    done = sent & (c.n_chunks > 0) & c.status_is(RequestStatus.OK)
+    return int(np.median(c.last[done] - c.send[done])) if done.any() else 0
+
+
+def _rate(times: np.ndarray, lo: int, hi: int) -> float | None:
+    """Events per second in [lo, hi), half-open so that a window whose edges are events
+    themselves (first and last send) counts N - 1 gaps, not N (10 sends 1 s apart: 1.0/s,
+    not 1.11/s)."""
+    if hi <= lo:
+        return None
+    return int(((times >= lo) & (times < hi)).sum()) / ((hi - lo) / NS_PER_S)
+
+
+def _offered(c: RecordColumns, warmup_s: float, cooldown_s: float) -> float | None:
+    """Scheduled arrivals per second over the schedule's own window (first scheduled +
+    warm-up to last scheduled - cool-down), so a client that falls behind shows as sent <
+    offered: counted inside the sends' window, a schedule of 10/s sent at 5/s read 5/s."""
+    if not c.scheduled_has.any():
+        return None
+    sched = c.scheduled[c.scheduled_has]
+    lo = int(sched.min()) + int(warmup_s * NS_PER_S)
+    hi = int(sched.max()) - int(cooldown_s * NS_PER_S)
+    return _rate(sched, lo, hi)
 
 
 def _max_in_flight(send: np.ndarray, end: np.ndarray) -> int:
@@ -327,9 +353,19 @@ def compute_metrics(
     if not len(records):  # type: ignore[arg-type]
         return Metrics()
     c = record_columns(records)  # type: ignore[arg-type]
-    start, end, _ = _window(c, warmup_s, cooldown_s)
+    start, end, whole_run = _window(c, warmup_s, cooldown_s)
     window_s = max((end - start) / NS_PER_S, 1e-9)
     measured = (c.send >= start) & (c.send <= end)
+    # Only an open loop's window is moved: a closed loop sends as its requests finish, so
+    # its last send is a completion and the unmoved window counts whole rounds (moved, a
+    # 12-request run of 4 users counted ~3 rounds' completions in 2 rounds' time, +37%).
+    # The whole-run window already holds the drain: nothing to move. Counts are over
+    # [lo, hi): the moved window half-open, as `_rate`; an unmoved one keeps its last
+    # event (a closed loop's last send is when a request finished, the whole run's last
+    # end is one).
+    open_loop = bool(c.scheduled_has[measured].all())
+    shift = completion_shift_ns(c, measured) if open_loop and not whole_run else 0
+    lo, hi = start + shift, end + shift + (0 if shift else 1)
     ok = measured & c.status_is(RequestStatus.OK)
     failed = measured & c.status_is(RequestStatus.ERROR)
     cancelled = int((measured & c.status_is(RequestStatus.CANCELLED)).sum())
@@ -356,31 +392,31 @@ def compute_metrics(
     lag = (c.send[lag_sel] - c.scheduled[lag_sel]) / NS_PER_MS
 
     has_chunks = c.n_chunks > 0
-    # Tokens inside the window per request, scaled to usage's total when the chunks
-    # counted fewer (multi-token chunks without per-chunk usage); summed in record order.
-    totals = c.chunks.token_totals()
-    inside = c.chunks.tokens_inside(start, end)
-    safe = np.where(totals > 0, totals, 1.0)
-    share = np.where(has_chunks & (totals > 0), inside * (c.output_tokens / safe), 0.0)
-    out_tokens = sum(share.tolist())
-    in_tokens = int(c.input_tokens[measured & has_chunks].sum())
     # Completions are counted by when they finish (steady-state throughput), whatever
-    # their send time; latency samples are taken from requests sent in the window.
-    finishing = has_chunks & (c.last >= start) & (c.last <= end)
+    # their send time, in the window moved by the median latency (completion_shift_ns);
+    # latency samples are taken from requests sent in the window. Tokens are those of the
+    # requests that finish in it (any status: a failed or cancelled request's partial
+    # output was produced too), so token and request rates read the same requests: tokens
+    # counted where they arrive still had the ramp-up's deficit (a stream's tokens come
+    # over its whole latency, so no one window shift removes it: 10 req/s of 2 s streams
+    # read 8% low), and an input token rate counted by send read a queue's backlog as
+    # served.
+    finishing = has_chunks & (c.last >= lo) & (c.last < hi)
+    out_tokens = int(c.output_tokens[finishing].sum())
+    in_tokens = int(c.input_tokens[finishing].sum())
     done_in_window = int((finishing & c.status_is(RequestStatus.OK)).sum())
     errors_by_class: dict[str, int] = {}
     for i in np.flatnonzero(failed).tolist():
         key = c.errors[i] or "unknown"
         errors_by_class[key] = errors_by_class.get(key, 0) + 1
-    offered = None
-    if c.scheduled_has.any():
-        s_in = c.scheduled_has & (c.scheduled >= start) & (c.scheduled <= end)
-        offered = int(s_in.sum()) / window_s
+    sent_rate = _rate(c.send, start, end) if not whole_run else None
 
     m = Metrics(
         window_start_ns=start,
         window_end_ns=end,
         window_s=window_s,
+        window_whole_run=whole_run,
+        completion_shift_s=shift / NS_PER_S,
         measured=n_measured,
         completed=int(ok.sum()),
         failed=n_failed,
@@ -388,7 +424,8 @@ def compute_metrics(
         aborted=aborted,
         error_rate=n_failed / attempted if attempted else 0.0,
         errors_by_class=dict(sorted(errors_by_class.items())),
-        ttft_ms=Dist() if buffered else summarize(lat.ttft),
+        # not streamed: the first token comes with the last, so a "TTFT" would be the E2E
+        ttft_ms=Dist() if buffered or not stream else summarize(lat.ttft),
         first_event_ms=summarize(first_event),
         tpot_ms=tpot,
         itl_ms=_summ(pooled),
@@ -397,12 +434,12 @@ def compute_metrics(
         send_lag_ms=summarize(lag),
         queue_ms=summarize(c.queue[measured] / NS_PER_MS),
         input_tokens=in_tokens,
-        output_tokens=int(round(out_tokens)),
+        output_tokens=out_tokens,
         output_tok_s=out_tokens / window_s,
         total_tok_s=(out_tokens + in_tokens) / window_s,
         req_s=done_in_window / window_s,
-        offered_req_s=offered,
-        sent_req_s=n_measured / window_s,
+        offered_req_s=_offered(c, warmup_s, cooldown_s),
+        sent_req_s=n_measured / window_s if sent_rate is None else sent_rate,
         max_in_flight=_max_in_flight(c.send, c.end),
         stream_buffered=buffered,
         stream_buffered_requests=int(held.sum()) if stream else 0,
@@ -413,7 +450,7 @@ def compute_metrics(
     m.token_count_mismatched = int((diffs > 0).sum())
     m.token_count_max_abs_diff = int(diffs.max()) if len(diffs) else 0
     if slo is not None:
-        _apply_slo(m, c, measured, finishing, slo, attempted)
+        _apply_slo(m, c, measured, finishing, slo, attempted, stream)
     return m
 
 
@@ -463,6 +500,7 @@ def _apply_slo(
     finishing: np.ndarray,
     slo: SLO,
     attempted: int,
+    stream: bool,
 ) -> None:
     meets = _meets(c, slo.per_request())
     m.goodput_req_s = int((meets & finishing).sum()) / m.window_s
@@ -474,18 +512,11 @@ def _apply_slo(
         if targets is None:
             continue
         dist = getattr(m, metric)
-        unmeasurable = m.stream_buffered and metric != "e2e_ms"
         for stat, target in targets.items():
             v = getattr(dist, stat)
+            ok, note = _judge(m, metric, dist, stat, v is not None and v <= target, stream)
             checks.append(
-                SLOCheck(
-                    metric=metric,
-                    stat=stat,
-                    target=target,
-                    value=v,
-                    ok=v is not None and v <= target,
-                    note="not measurable: the server buffered the stream" if unmeasurable else None,
-                )
+                SLOCheck(metric=metric, stat=stat, target=target, value=v, ok=ok, note=note)
             )
     if slo.error_rate is not None:
         ok = m.error_rate <= slo.error_rate
@@ -496,6 +527,28 @@ def _apply_slo(
         )
     m.slo_checks = checks
     m.slo_pass = all(c.ok for c in checks)
+
+
+def _judge(
+    m: Metrics, metric: str, dist: Dist, stat: str, ok: bool, stream: bool
+) -> tuple[bool, str | None]:
+    """One percentile check's verdict and why it reads as it does. Token timing that was
+    not measured fails (nothing proves the target); a TPOT no request has (every output one
+    token) is undefined, not missed, as in goodput's per-request rule; a percentile of too
+    few requests (metrics.pct) keeps its value and says it rests on the largest ones."""
+    if metric != "e2e_ms" and not stream:
+        return ok, "not measurable: the requests were not streamed"
+    if metric != "e2e_ms" and m.stream_buffered:
+        return ok, "not measurable: the server buffered the stream"
+    if metric == "tpot_ms" and dist.count == 0 and m.completed:
+        return True, "no request had 2+ output tokens: TPOT is undefined (not a miss)"
+    if is_max_only(stat, dist.count) and dist.max is not None:
+        need = min_samples(stat)
+        return ok, (
+            f"a sample of {dist.count} is too few for {stat.upper()} ({need} needed): it "
+            f"rests on the largest values (max {fmt_ms(dist.max)} ms)"
+        )
+    return ok, None
 
 
 def apply_memory_slo(m: Metrics, slo: SLO | None, kv_usage_peak: float | None) -> None:
@@ -526,14 +579,13 @@ def apply_memory_slo(m: Metrics, slo: SLO | None, kv_usage_peak: float | None) -
 
 def window_note(m: Metrics) -> str | None:
     """Why a run that completed requests shows 0 req/s: `req_s` counts completions inside
-    the measurement window (first to last send), and in a run of a few requests none may
-    finish before the last one is sent."""
+    the measurement window (first to last send, an open loop's moved by the median
+    latency), and in a run of a few requests none may finish inside it."""
     if m.req_s > 0 or m.completed == 0:
         return None
     return (
-        f"0 req/s: none of the {m.completed} completed requests finished between the first "
-        "and last send (the measurement window, docs/metrics.md); too few for a rate: raise "
-        "--count"
+        f"0 req/s: none of the {m.completed} completed requests finished inside the "
+        "measurement window (docs/metrics.md); too few for a rate: raise --count"
     )
 
 

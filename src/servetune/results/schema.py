@@ -134,6 +134,16 @@ class Metrics(BaseModel):
     window_start_ns: int = 0
     window_end_ns: int = 0
     window_s: float = 0.0
+    window_whole_run: bool = Field(
+        False,
+        description="The window was too short (a handful of requests): the whole "
+        "run, first send to last end, was measured instead.",
+    )
+    completion_shift_s: float = Field(
+        0.0,
+        description="Completions and arriving tokens are counted in the window moved "
+        "this much later (the median latency): no ramp-up deficit in the rates.",
+    )
     measured: int = Field(0, description="Requests sent inside the window (the denominator).")
     completed: int = 0
     failed: int = 0

@@ -80,15 +80,6 @@ class RangedChunks:
         no burst for `buffering` to excuse a late read in (and no expansion of the ranges)."""
         return np.zeros(self.n, dtype=np.int64)
 
-    def tokens_inside(self, start: int, end: int) -> np.ndarray:
-        lo = np.searchsorted(self.times, start, side="left")
-        hi = np.searchsorted(self.times, end, side="right")
-        inside = np.maximum(np.minimum(self.b, hi) - np.maximum(self.a, lo), 0)
-        return np.bincount(self.rec, weights=inside, minlength=self.n)
-
-    def token_totals(self) -> np.ndarray:
-        return self.lens().astype(float)
-
 
 class SimRecords(Sequence[RequestRecord]):
     """Columns of one simulated run's records, in (send, index) order; indexing builds a
