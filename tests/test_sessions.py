@@ -13,7 +13,8 @@ from servetune.bench.runner import BenchOptions, run_point
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.hardware.catalog import get_hardware
-from servetune.metrics.turns import session_metrics
+from servetune.metrics.compute import compute_metrics
+from servetune.metrics.turns import in_class, session_metrics
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.model.catalog import get_model
 from servetune.sim.engine import simulate
@@ -217,6 +218,22 @@ def test_sim_slo_judges_the_chosen_turns() -> None:
                       EngineConfig(engine="vllm"), parse_workload(wl),
                       slo=SLO.model_validate({"ttft_ms": {"p95": 10_000}}))  # fmt: skip
     assert res.metrics.slo_checks and res.metrics.slo_checks[0].metric == "followup.ttft_ms"
+
+
+def test_a_turn_class_slo_keeps_the_runs_window_rules() -> None:
+    """The follow-ups' own verdict is computed over the run's window: with a cool-down,
+    the class's goodput equals the class's metrics computed with that cool-down (before,
+    the cool-down and `stream` were dropped for the class)."""
+    wl = chat(count=8, users=8, user_tokens={"dist": "fixed", "value": 3000}, slo_turns="followup")
+    spec = parse_workload({**wl, "cooldown_s": 2.0})
+    slo = SLO.model_validate({"ttft_ms": {"p95": 10_000}})
+    res, _ = simulate(get_model("llama-3.1-8b"), get_hardware("h100-sxm"),
+                      EngineConfig(engine="vllm"), spec, slo=slo)  # fmt: skip
+    part = [r for r in res.records if in_class(r.sub, "followup")]
+    want = compute_metrics(part, cooldown_s=2.0, slo=slo)
+    unwindowed = compute_metrics(part, slo=slo)
+    assert res.metrics.goodput_req_s == pytest.approx(want.goodput_req_s)
+    assert want.goodput_req_s != pytest.approx(unwindowed.goodput_req_s)
 
 
 # --- bench's session driver -------------------------------------------------------------

@@ -465,8 +465,8 @@ def run_point(
         slo=slo,
         stream=spec.stream,
     )
-    if spec.sessions is not None and slo is not None:
-        apply_turn_slo(metrics, records, slo, spec.sessions.slo_turns, warmup_s=spec.warmup_s)
+    if slo is not None:
+        apply_turn_slo(metrics, records, slo, spec)
     apply_memory_slo(metrics, slo, server.peak("kv_cache_usage") if server else None)
     worker_cpu = sum(s.cpu_s for s in stats) if len(cfgs) > 1 else 0.0
     cpu_s = parent_cpu + worker_cpu

@@ -181,20 +181,18 @@ def _engine_cache(
 
 
 def apply_turn_slo(
-    m: Metrics,
-    records: Sequence[RequestRecord],
-    slo: SLO,
-    turns: str,
-    *,
-    warmup_s: float = 0.0,
-    cooldown_s: float = 0.0,
+    m: Metrics, records: Sequence[RequestRecord], slo: SLO, spec: WorkloadSpec
 ) -> None:
     """Judge the SLO on one turn class only (e.g. P95 TTFT of follow-ups): the class's own
-    metrics replace the run's pass/fail, attainment and goodput."""
-    if turns == "all":
+    metrics, over the run's own window rules (warm-up, cool-down, streamed or not),
+    replace the run's pass/fail, attainment and goodput."""
+    if spec.sessions is None or spec.sessions.slo_turns == "all":
         return
+    turns = spec.sessions.slo_turns
     part = [r for r in records if in_class(r.sub, turns)]
-    sub = compute_metrics(part, warmup_s=warmup_s, cooldown_s=cooldown_s, slo=slo)
+    sub = compute_metrics(
+        part, warmup_s=spec.warmup_s, cooldown_s=spec.cooldown_s, slo=slo, stream=spec.stream
+    )
     m.slo_checks = [c.model_copy(update={"metric": f"{turns}.{c.metric}"}) for c in sub.slo_checks]
     m.slo_pass = sub.slo_pass
     m.slo_attainment = sub.slo_attainment

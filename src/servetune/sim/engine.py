@@ -493,8 +493,8 @@ def simulate(
     metrics = compute_metrics(
         records, warmup_s=spec.warmup_s, cooldown_s=spec.cooldown_s, slo=slo, stream=spec.stream
     )
-    if spec.sessions is not None and slo is not None:
-        apply_turn_slo(metrics, list(records), slo, spec.sessions.slo_turns, warmup_s=spec.warmup_s)
+    if slo is not None:
+        apply_turn_slo(metrics, list(records), slo, spec)
     sc = su.sched
     # Paged pool: peak blocks in use; llama.cpp slots preallocate KV, nothing to run over.
     paged = sc.mode != "slots" and sc.kv_blocks
