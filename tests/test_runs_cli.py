@@ -133,6 +133,29 @@ def test_compare_highlights_exactly_the_differing_knob(
         assert same not in knob_table
 
 
+def test_compare_names_a_different_server_and_slo(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one config at one load against two servers, one with an SLO: both
+    differences are factors (before: "nothing else differs", the TPOT gap read as the
+    knob's)."""
+    from servetune.slo import SLO
+
+    monkeypatch.setenv("SERVETUNE_DB", str(tmp_path / "runs.db"))
+    with Store.open(str(tmp_path / "runs.db")) as s:
+        for rid, port, slo in (("a", 8001, None), ("b", 8002, {"ttft_ms": {"p95": 800}})):
+            run, meta = synthetic_run(2, n_requests=20)
+            target = run.target.model_copy(update={"url": f"http://h:{port}"})
+            update = {"target": target, "slo": SLO.model_validate(slo) if slo else None}
+            run.id = meta.id = rid
+            s.save_result(run.model_copy(update=update), meta)
+    code, out, _ = run_cli(capsys, "runs", "compare", "a", "b", "--json")
+    comp = json.loads(out)
+    assert code == 0 and comp["differing"] == ["target.url", "slo"], comp["differing"]
+    assert comp["factors"]["target.url"] == ["http://h:8001", "http://h:8002"]
+    assert "2 things differ" in comp["warnings"][0]
+
+
 def test_compare_warns_when_more_than_one_knob_differs(
     capsys: pytest.CaptureFixture[str], db: Path
 ) -> None:

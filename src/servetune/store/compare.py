@@ -124,6 +124,11 @@ def _context(info: RunInfo) -> dict[str, Any]:
         "hardware.gpu_count": hw.get("gpu_count") or info.gpu_count,
         "hardware.cpu": hw.get("cpu"),
         "software.engine_version": sw.get("engine_version") or info.engine_version,
+        # the server measured and the SLO judged: two mocks (or two deployments) at one
+        # load differ in everything, and an SLO changes goodput and pass/fail
+        "target.url": info.target.url,
+        "target.api": info.target.api,
+        "slo": _key(info.part("slo")) if info.part("slo") else None,
     }
     for k, v in info.load.model_dump().items():
         ctx[f"load.{k}"] = v
