@@ -126,7 +126,12 @@ def test_compare_highlights_exactly_the_differing_knob(
     assert ttft["delta"][0] == 0 and ttft["pct"][1] == pytest.approx(
         100 * (ttft["values"][1] - ttft["values"][0]) / ttft["values"][0]
     )
+    # each percentile rests on its own sample: an ITL P99 on the token gaps
+    itl = next(m for m in comp["metrics"] if m["metric"] == "ITL P99 ms")
+    code, shown, _ = run_cli(capsys, "runs", "show", BASE, "--json")
+    assert itl["n"][0] == json.loads(shown)["metrics"]["itl_ms"]["count"] > ttft["n"][0]
     code, out, _ = run_cli(capsys, "runs", "compare", BASE, "bench-one-knob")
+    assert f"(n={itl['n'][0]:g})" in out
     knob_table = out.split("Metrics (delta vs A)")[0]
     assert "max_num_seqs" in knob_table and "warning" not in out
     for same in ("enable_prefix_caching", "block_size", "load.concurrency", "model"):

@@ -330,12 +330,11 @@ def _print_comparison(comp: Comparison, all_knobs: bool) -> None:
     m.add_column("metric", style="bold")
     for lab in labels:
         m.add_column(lab, justify="right", overflow="fold")
-    done = next((r.values for r in comp.metrics if r.path == "completed"), None)
     for row in comp.metrics:
         cells = []
         stat = row.path.rsplit(".", 1)[-1]
         for i, v in enumerate(row.values):
-            n = done[i] if done and stat in QUANTILES else None
+            n = row.counts[i] if row.counts and stat in QUANTILES else None
             cell = fmt(v) if n is None else f"{pct_cell(stat, v, int(n))} (n={n:g})"
             if i and row.pcts[i] is not None:
                 verdict = row.verdict(i)

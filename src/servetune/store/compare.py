@@ -56,6 +56,9 @@ class MetricRow:
     values: list[float | None]
     deltas: list[float | None]  # vs the first run, absolute
     pcts: list[float | None]  # vs the first run, percent
+    # a percentile's sample sizes, its own distribution's count (an ITL P99 rests on the
+    # token gaps, not on the completed requests)
+    counts: list[float | None] = field(default_factory=list)
 
     def verdict(self, i: int) -> str | None:
         """better | worse | None for run i against the first."""
@@ -89,6 +92,7 @@ class Comparison:
                     "values": r.values,
                     "delta": r.deltas,
                     "pct": r.pcts,
+                    "n": r.counts or None,
                 }
                 for r in self.metrics
             ],
@@ -157,7 +161,9 @@ def compare_runs(
         base = vals[0]
         deltas = [None if v is None or base is None else v - base for v in vals]
         pcts = [None if d is None or not base else 100.0 * d / abs(base) for d in deltas]
-        rows.append(MetricRow(label, path, better, vals, deltas, pcts))
+        dist = path.rpartition(".")[0]
+        counts = [_num(_get(m, f"{dist}.count")) for m in metrics] if dist else []
+        rows.append(MetricRow(label, path, better, vals, deltas, pcts, counts))
 
     comp = Comparison([i.id for i in infos], factors, rows)
     diff = comp.differing
