@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from servetune.metrics import client_warnings, compute_metrics, measurement_window, window_note
+from servetune.metrics import (
+    client_warnings,
+    compute_metrics,
+    measurement_window,
+    token_count_note,
+    window_note,
+)
 from servetune.metrics.compute import itl_samples_ms, max_in_flight, request_latencies_ms
 from servetune.results.schema import RequestRecord
 from servetune.slo import parse_slo
@@ -71,6 +77,11 @@ def test_usage_else_tokenizer_else_chunks_and_mismatch() -> None:
         1,
         1,
     )
+    assert token_count_note(m) == (
+        "the server's usage and --tokenizer disagree on 1 of 2 outputs (by up to 1 tokens): "
+        "is --tokenizer the served model's?"
+    )
+    assert token_count_note(compute_metrics([rec(0, [1, 2], usage_completion_tokens=2)])) is None
 
 
 def test_goodput_counts_errors_as_misses_and_excludes_cancellations() -> None:

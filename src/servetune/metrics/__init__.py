@@ -4,6 +4,7 @@ from servetune.metrics.compute import (
     client_warnings,
     compute_metrics,
     measurement_window,
+    token_count_note,
     window_note,
 )
 from servetune.metrics.stats import ks_exponential, summarize
@@ -14,5 +15,6 @@ __all__ = [
     "ks_exponential",
     "measurement_window",
     "summarize",
+    "token_count_note",
     "window_note",
 ]

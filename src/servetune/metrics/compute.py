@@ -589,6 +589,19 @@ def window_note(m: Metrics) -> str | None:
     )
 
 
+def token_count_note(m: Metrics) -> str | None:
+    """The server's usage and the client's tokenizer disagreeing on output lengths: the
+    --tokenizer is not the served model's, so prompt lengths built with it are off too
+    (DESIGN.md metric contract: a mismatch between the two is reported)."""
+    if not m.token_count_mismatched:
+        return None
+    return (
+        f"the server's usage and --tokenizer disagree on {m.token_count_mismatched} of "
+        f"{m.token_count_compared} outputs (by up to {m.token_count_max_abs_diff} tokens): "
+        "is --tokenizer the served model's?"
+    )
+
+
 def client_warnings(
     m: Metrics, *, open_loop: bool, cpu_util: float, lag_p99_limit_ms: float = 10.0
 ) -> list[str]:
