@@ -239,6 +239,10 @@ def test_accept_end_to_end_on_the_mock_behind_the_shedder(capsys, files, tmp_pat
     assert items["queue-bound"]["status"] == "pass" and sh.shed > 0
     assert items["queue-bound"]["values"]["shed"] > 0 and items["queue-bound"]["runs"]
     assert items["output-cap"]["status"] == "pass"  # the front lowered max_tokens to 8
+    # outputs capped at 8, the workload's P99 16: a long-outputs stage would test nothing
+    stages = " ".join(items["stability-stage"]["evidence"])
+    assert "long-outputs not run: outputs are capped at 8 tokens" in stages
+    assert "long-outputs at" not in stages
     assert items["latency-monitored"]["status"] == "fail"  # the mock exports no histograms
     assert code == 1 and not data["accepted"]
     page = html.read_text()

@@ -75,6 +75,7 @@ class Stability:
     kv_peak: float | None = None
     preemptions: float | None = None
     fault_note: str | None = None  # why the fault test did not run
+    skipped: list[str] = field(default_factory=list)  # stages that would test nothing, why
 
     @property
     def runs(self) -> list[str]:
@@ -103,11 +104,15 @@ def long_short(spec: WorkloadSpec, long_input: int) -> WorkloadSpec:
     return WorkloadSpec.model_validate(data)
 
 
+def p99_output(sample: list[Request]) -> int:
+    return int(np.percentile([r.output_tokens or 0 for r in sample], 99))
+
+
 def stage_lengths(sample: list[Request], limit: int | None, cap: int | None) -> tuple[int, int]:
     """(long prompt, very long output) in tokens: 8x the real P99 each, inside the context
     limit and the output cap when there are ones."""
     p99_in = int(np.percentile([r.prompt_tokens for r in sample], 99))
-    p99_out = int(np.percentile([r.output_tokens or 0 for r in sample], 99))
+    p99_out = p99_output(sample)
     long_in, long_out = 8 * p99_in, 8 * max(p99_out, 1)
     if cap:
         long_out = min(long_out, cap)
@@ -183,6 +188,13 @@ def run_stage(
     ]
     if base.kind == "concurrency" and base.value == tuned.value:
         plan = [s for s in plan if s[0] != "steady"]  # one user: steady and peak coincide
+    if long_out <= p99_output(sample):  # the cap (or the context) is the real P99 already
+        plan = [s for s in plan if s[0] != "long-outputs"]
+        out.skipped.append(
+            f"long-outputs not run: outputs are capped at {long_out} tokens (the output cap "
+            f"or the context limit), no longer than the workload's P99 output "
+            f"({p99_output(sample)}): the cap is what bounds them"
+        )
     for name, load, pt, opts in plan:
         res = p.measure(f"stage-{name}", pt, **opts)
         out.stages.append(_judge(name, load, pt, res))
@@ -261,6 +273,7 @@ def verdict(st: Stability, tuned: Load, source: str) -> Finding:
     ev += [("ok: " if s.ok else "FAIL: ") + s.line for s in st.stages]
     if st.fault_note:
         ev.append(st.fault_note)
+    ev += st.skipped
     bad = [s.name for s in st.stages if not s.ok]
     f = (
         failed(
