@@ -55,6 +55,23 @@ def test_bench_sweep_writes_results_csv_and_json(tmp_path: Path) -> None:
     assert len(rows) == 60 and float(rows[0]["ttft_ms"]) > 0
 
 
+def test_a_breaker_stop_keeps_what_it_measured_and_exits_1(tmp_path: Path) -> None:
+    """Every request fails: the breaker stops the first point, the sweep ends there, its
+    records are written, and the exit status says so (it was 0, like a clean sweep)."""
+    (tmp_path / "w.yaml").write_text(
+        "count: 60\ninput_tokens: {dist: fixed, value: 8}\noutput_tokens: {dist: fixed, value: 4}\n"
+    )
+    with mock_in_thread(MockConfig(faults={"http_500": 1.0})) as srv:
+        out = cli(
+            "bench", "--url", f"http://127.0.0.1:{srv.port}", "-w", str(tmp_path / "w.yaml"),
+            "--rate", "40,80", "--tokenizer", "word", "--no-store", "-o", str(tmp_path / "r.json"),
+        )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: circuit breaker")
+    assert load_result(tmp_path / "r-rate40.json").records
+    assert not (tmp_path / "r-rate80.json").exists()
+
+
 def test_bad_workload_is_one_line_exit_2(tmp_path: Path) -> None:
     (tmp_path / "w.yaml").write_text(
         "count: 3\narrival: {kind: poisson}\ninput_tokens: {dist: fixed}\n"

@@ -254,9 +254,11 @@ def bench(
                 typer.echo(f"{load_label(r)}: {line}")
     if any(r.status == RunStatus.INTERRUPTED for r in results):
         raise typer.Exit(130)
-    failed = next((r for r in results if r.status == RunStatus.FAILED), None)
-    if failed is not None:  # nothing reached the server: measured nothing (docs/bench.md)
-        typer.echo(f"error: {failed.stop_reason}", err=True)
+    failed = next(
+        (r for r in results if r.status in (RunStatus.FAILED, RunStatus.CIRCUIT_BREAKER)), None
+    )
+    if failed is not None:  # nothing reached the server, or the breaker stopped the sweep:
+        typer.echo(f"error: {failed.stop_reason}", err=True)  # what was measured is kept
         raise typer.Exit(1)
 
 
