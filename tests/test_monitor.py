@@ -6,6 +6,7 @@ test_monitor_prometheus.py."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -15,13 +16,15 @@ import yaml
 from typer.testing import CliRunner
 
 from servetune.cli.app import app
+from servetune.engines.flagcheck import load as published_cli
 from servetune.engines.registry import adapter
 from servetune.errors import InputError
 from servetune.measure.result import PointResult
 from servetune.monitor import Deployment, export, from_description, from_summary, schemas
-from servetune.monitor.autoscale import hpa, keda_scaled_object
+from servetune.monitor.autoscale import adapter_config, hpa, keda_scaled_object
 from servetune.monitor.dashboard import dashboard, queries
-from servetune.monitor.writer import documents
+from servetune.monitor.promql import FAILED_REQUESTS
+from servetune.monitor.writer import FILES, documents
 from servetune.slo import parse_slo
 from servetune.store import Store
 from servetune.tune.trial import TrialResult, TrialStatus
@@ -29,6 +32,18 @@ from servetune.tune.trial import TrialResult, TrialStatus
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp")
 SLO = parse_slo({"ttft_ms": {"p95": 800, "p99": 2000}, "tpot_ms": {"p95": 40}})
+# every kind of SLO target: each statistic, every latency metric, the run-level targets
+FULL_SLO_DATA = {
+    "ttft_ms": {"p50": 200, "p90": 500, "p95": 800, "p99": 2000, "mean": 300, "max": 5000},
+    "tpot_ms": {"p50": 20, "p95": 40, "p99": 60},
+    "itl_ms": {"p95": 50},
+    "e2e_ms": {"p95": 9000},
+    "error_rate": 0.001,
+    "kv_cache_usage_max": 0.9,
+    "goodput": {"ttft_ms": 900},
+}
+FULL_SLO = parse_slo(FULL_SLO_DATA)
+JOB = 'job="servetune-engine"'
 
 
 def summary(signals: dict, engine: str = "vllm", slo: dict | None = None) -> dict:
@@ -84,16 +99,20 @@ def test_hand_described_deployment_needs_the_measured_limits() -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_every_query_uses_the_engines_own_metric_names(engine: str, tmp_path: Path,
                                                        promtool: str) -> None:  # fmt: skip
-    d = from_description(engine, queue_target=3, kv_threshold=0.8, slo=SLO)
+    kv = None if engine == "llamacpp" else 0.8  # llama.cpp exports no KV gauge
+    d = from_description(engine, queue_target=3, kv_threshold=kv, slo=FULL_SLO)
     files = export(d, tmp_path)
     subprocess.run([promtool, "check", "rules", str(files["rules"])], check=True)
     mod = adapter(engine)
-    known = set(mod.METRICS.values()) | {f + "_bucket" for f in mod.HISTOGRAMS.values()} | {"up"}
+    fams = mod.HISTOGRAMS.values()
+    known = set(mod.METRICS.values()) | {"up"}
+    known |= {f + suffix for f in fams for suffix in ("_bucket", "_sum", "_count")}
+    known |= {FAILED_REQUESTS[engine][0]} if engine in FAILED_REQUESTS else set()
     rules = yaml.safe_load(files["rules"].read_text())["groups"]
     exprs = [r["expr"] for r in rules[0]["rules"]]
     exprs += queries(json.loads(files["dashboard"].read_text()))
     for expr in exprs:
-        used = set(re.findall(r"([a-z_:]+)\{job=", expr))
+        used = set(re.findall(r"([a-z0-9_:]+)\{job=", expr))
         assert used and used <= known, (expr, used - known)
     # the scale-out rules exist where the engine can feed them (seed 003 §11)
     alerts = {r["alert"]: r for r in rules[1]["rules"]}
@@ -141,6 +160,7 @@ def test_manifests_and_dashboard_pass_their_published_schemas(engine: str) -> No
     assert schemas.problems(docs["dashboard"], schemas.GRAFANA_DASHBOARD) == []
     assert schemas.problems(docs["keda"], schemas.KEDA_SCALED_OBJECT) == []
     assert schemas.problems(docs["hpa"], schemas.HPA_V2) == []
+    assert schemas.problems(docs["adapter"], schemas.PROMETHEUS_ADAPTER) == []
 
 
 def test_the_schemas_reject_what_grafana_and_kubernetes_would() -> None:
@@ -196,6 +216,8 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
         (["--engine", "vllm", "--queue-target", "2", "--kv-threshold", "0.8",
           "--replicas", "a:b"], "--replicas"),
         (["--from-study", "nope", "--db", f"sqlite:///{tmp_path / 'x.db'}"], "--db"),
+        (["--engine", "llamacpp", "--queue-target", "2", "--kv-threshold", "0.8"],
+         "--kv-threshold"),
     ):  # fmt: skip
         res = subprocess.run(
             [str(ROOT / ".venv/bin/servetune"), "monitor", "export", "-o", str(tmp_path), *args],
@@ -211,3 +233,255 @@ def test_hand_limits_override_the_measured_ones_and_say_so() -> None:
     assert any("given by hand" in n for n in d.notes)
     with pytest.raises(InputError, match="no queue measurement"):
         from_summary(summary({"kv_cache_usage_max": 0.5}))
+
+
+# --- every SLO target an alert or a note; the error rate; idle queue wait; scale-in;
+# --- the prometheus-adapter rules; flags that would be ignored
+
+
+def promtool_test(
+    promtool: str,
+    d: Deployment,
+    tmp: Path,
+    series: dict[str, str],
+    exprs: dict[str, float] | None = None,
+    alerts: dict[str, bool] | None = None,
+    at: str = "20m",
+) -> None:
+    """Evaluate the exported rules on synthetic scrapes every 15 s (`promtool test
+    rules`): each expression's value (to float rounding) and whether each alert fires at
+    `at`."""
+    files = export(d, tmp)
+    groups = yaml.safe_load(files["rules"].read_text())["groups"]
+    rules = {r["alert"]: r for r in groups[1]["rules"]}
+
+    def close(expr: str, value: float) -> str:  # 1 where within float rounding, NaN: 0
+        return f"abs(({expr}) - {value}) < bool 1e-9"
+
+    def expect(name: str, fires: bool) -> list[dict]:
+        want = {"exp_labels": rules[name]["labels"], "exp_annotations": rules[name]["annotations"]}
+        return [want] if fires else []
+
+    case = {
+        "interval": "15s",
+        "input_series": [{"series": k, "values": v} for k, v in series.items()],
+        "promql_expr_test": [
+            {"expr": close(e, v), "eval_time": at, "exp_samples": [{"labels": "{}", "value": 1}]}
+            for e, v in (exprs or {}).items()
+        ],
+        "alert_rule_test": [
+            {"eval_time": at, "alertname": name, "exp_alerts": expect(name, fires)}
+            for name, fires in (alerts or {}).items()
+        ],
+    }
+    test = {
+        "rule_files": [files["rules"].name],
+        "evaluation_interval": d.eval_interval,
+        "tests": [case],
+    }
+    (tmp / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def slo_keys(data: dict) -> list[str]:
+    """Every target an SLO file names: `ttft_ms.p95`, ..., `error_rate`, `goodput`."""
+    out = []
+    for metric, value in data.items():
+        if isinstance(value, dict) and metric != "goodput":
+            out += [f"{metric}.{stat}" for stat in value]
+        else:
+            out.append(metric)
+    return out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_slo_target_is_an_alert_or_a_note_naming_it(engine: str) -> None:
+    kv = None if engine == "llamacpp" else 0.8
+    d = from_description(engine, queue_target=3, kv_threshold=kv, slo=FULL_SLO)
+    rules = documents(d)["rules"]["groups"]
+    records = {r["record"] for r in rules[0]["rules"]}
+    alerts = {r["alert"]: r for r in rules[1]["rules"] if r["labels"]["servetune_action"] == "slo"}
+    watched = {a["annotations"]["summary"].split(" above")[0] for a in alerts.values()}
+    noted = {n.split()[1] for n in d.notes if n.startswith("SLO ")}
+    for key in slo_keys(FULL_SLO_DATA):
+        assert (key in watched) != (key in noted), (key, watched, noted)
+    for alert in alerts.values():  # each alert reads a series the rules record
+        assert alert["expr"].split(" > ")[0] in records
+    if engine == "vllm":  # every latency histogram, the failure counter, the KV gauge
+        assert noted == {"ttft_ms.max", "goodput"}, d.notes
+        assert alerts["ServetuneSLOTTFTP50"]["expr"] == "servetune:ttft_seconds:p50 > 0.2"
+        assert alerts["ServetuneSLOTTFTMEAN"]["expr"] == "servetune:ttft_seconds:mean > 0.3"
+        assert alerts["ServetuneSLOE2EP95"]["expr"] == "servetune:e2e_seconds:p95 > 9"
+        assert alerts["ServetuneSLOErrorRate"]["expr"] == "servetune:request_errors:ratio > 0.001"
+    if engine == "tgi":
+        assert "SLO ttft_ms.p95 800 ms: no rule (tgi exports no TTFT histogram)" in d.notes
+        assert "ServetuneSLOErrorRate" in alerts
+    if engine in ("sglang", "llamacpp"):
+        assert any(n.startswith("SLO error_rate 0.1%: no rule") for n in d.notes)
+
+
+def test_cli_prints_the_slo_targets_it_has_no_rule_for(tmp_path: Path) -> None:
+    slo = tmp_path / "slo.yaml"
+    targets = {"ttft_ms": {"p90": 500}, "e2e_ms": {"p95": 9000}, "error_rate": 0.001}
+    slo.write_text(yaml.safe_dump(targets))
+    args = ["monitor", "export", "--engine", "llamacpp", "--queue-target", "2"]
+    res = CliRunner().invoke(app, [*args, "--slo", str(slo), "-o", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    for key in ("ttft_ms.p90 500 ms", "e2e_ms.p95 9000 ms", "error_rate 0.1%"):
+        assert f"SLO {key}: no rule" in res.output, res.output
+
+
+def test_the_failure_counters_are_the_engines_own() -> None:
+    # vLLM: the canonical finished counter, by its finish reason; TGI: its router's counter
+    assert FAILED_REQUESTS["vllm"][0] == adapter("vllm").METRICS["requests_finished_total"]
+    assert published_cli("tgi").metrics[FAILED_REQUESTS["tgi"][0]] == "counter"
+    assert set(FAILED_REQUESTS) == {"vllm", "tgi"}
+
+
+def test_error_rate_alert_fires_on_the_engines_failed_requests(
+    tmp_path: Path, promtool: str
+) -> None:
+    slo = parse_slo({"error_rate": 0.001})
+    ratio, alert = "servetune:request_errors:ratio", "ServetuneSLOErrorRate"
+    vllm = from_description("vllm", queue_target=2, kv_threshold=0.8, slo=slo)
+    ok = f'vllm:request_success_total{{{JOB},finished_reason="stop"}}'
+    err = f'vllm:request_success_total{{{JOB},finished_reason="error"}}'
+    # 1 failure in 100 finished requests: 1%, over the SLO's 0.1%
+    seen = {ok: "0+99x80", err: "0+1x80"}
+    promtool_test(promtool, vllm, tmp_path / "a", seen, {ratio: 0.01}, {alert: True})
+    seen = {ok: "0+99x80", err: "0x80"}
+    promtool_test(promtool, vllm, tmp_path / "b", seen, {ratio: 0}, {alert: False})
+    tgi = from_description("tgi", queue_target=2, kv_threshold=0.8, slo=slo)
+    fail = f'tgi_request_failure{{{JOB},err="generation"}}'
+    seen = {f"tgi_request_success{{{JOB}}}": "0+99x80", fail: "0+1x80"}
+    promtool_test(promtool, tgi, tmp_path / "c", seen, {ratio: 0.01}, {alert: True})
+    # every request failing: TGI never created its success counter, the ratio is still 1
+    promtool_test(promtool, tgi, tmp_path / "d", {fail: "0+5x80"}, {ratio: 1}, {alert: True})
+
+
+def test_queue_wait_reads_zero_when_idle_and_the_quantile_under_traffic(
+    tmp_path: Path, promtool: str
+) -> None:
+    d = from_description("vllm", queue_target=2, kv_threshold=0.8)
+    keda = {t["name"]: t["metadata"]["query"] for t in keda_scaled_object(d)["spec"]["triggers"]}
+    recorded, trigger = "servetune:queue_wait_seconds:p95", keda["queue_wait_p95"]
+    le = f"vllm:request_queue_time_seconds_bucket{{{JOB},le="
+    # idle: all-zero rates, where histogram_quantile gives NaN; KEDA and the HPA read 0
+    idle = {f'{le}"0.1"}}': "5x80", f'{le}"0.5"}}': "7x80", f'{le}"+Inf"}}': "7x80"}
+    promtool_test(promtool, d, tmp_path / "idle", idle, {recorded: 0, trigger: 0})
+    # traffic: of 20 requests a scrape, 10 under 0.1 s and all under 0.5 s: the P95 is
+    # 0.1 + (19 - 10) / (20 - 10) * 0.4 = 0.46 s, the plain histogram_quantile's value
+    busy = {f'{le}"0.1"}}': "0+10x80", f'{le}"0.5"}}': "0+20x80", f'{le}"+Inf"}}': "0+20x80"}
+    promtool_test(promtool, d, tmp_path / "busy", busy, {recorded: 0.46, trigger: 0.46})
+
+
+def llamacpp_study(running_max: float) -> Deployment:
+    sig = {"requests_waiting_max": 2, "requests_running_max": running_max}
+    return from_summary(summary(sig, engine="llamacpp"))
+
+
+def test_scale_in_waits_for_the_slots_to_empty_not_just_the_queue(
+    tmp_path: Path, promtool: str
+) -> None:
+    """Steady load with all 4 slots busy and no queue is capacity, not low load: scaling
+    in would bring the queue, and the scale-out, straight back."""
+    d = llamacpp_study(4)
+    assert d.running_target == 4
+    assert any("running capacity 4/replica" in n for n in d.notes)
+    base = {f"up{{{JOB}}}": "1x120", f"llamacpp:requests_deferred{{{JOB}}}": "0x120"}
+    running = f"llamacpp:requests_processing{{{JOB}}}"
+    full, low = {**base, running: "4x120"}, {**base, running: "1x120"}
+    promtool_test(promtool, d, tmp_path / "full", full, alerts={"ServetuneScaleIn": False})
+    # one request on a 4-slot replica, under half its capacity for 15 min: scale in
+    promtool_test(promtool, d, tmp_path / "low", low, alerts={"ServetuneScaleIn": True})
+    # no measured capacity: under half the busiest the replicas ran that day
+    hand = from_description("llamacpp", queue_target=2)
+    assert any(n.startswith("no running capacity measured") for n in hand.notes)
+    promtool_test(promtool, hand, tmp_path / "hand", full, alerts={"ServetuneScaleIn": False})
+    drop = {**base, running: "4x20 1x100"}
+    fires = {"ServetuneScaleIn": True}
+    promtool_test(promtool, hand, tmp_path / "drop", drop, alerts=fires, at="25m")
+
+
+def test_autoscalers_hold_replicas_while_their_slots_are_full() -> None:
+    """HPA: desired = ceil(running / R) on an AverageValue target R, so N replicas with
+    every slot busy (N x R running) stay N; one goes when a replica's worth drains."""
+    d = llamacpp_study(4)
+    trig = {t["name"]: t for t in keda_scaled_object(d)["spec"]["triggers"]}
+    run = trig["running_requests"]
+    assert (run["metricType"], run["metadata"]["threshold"]) == ("AverageValue", "4")
+    assert run["metadata"]["query"] == f"sum(llamacpp:requests_processing{{{JOB}}})"
+    r = float(run["metadata"]["threshold"])
+    for n in (2, 3, 5):
+        assert math.ceil(n * 4 / r) == n and math.ceil((n - 1) * 4 / r) == n - 1
+    ext = {m["external"]["metric"]["name"]: m["external"] for m in hpa(d)["spec"]["metrics"]}
+    want = {"type": "AverageValue", "averageValue": "4"}
+    assert ext["servetune_requests_running_value"]["target"] == want
+    # measured nothing about running (by hand): no running trigger
+    hand = from_description("llamacpp", queue_target=2)
+    assert "running_requests" not in {
+        t["name"] for t in keda_scaled_object(hand)["spec"]["triggers"]
+    }
+
+
+def test_a_simulated_winner_gives_its_running_capacity() -> None:
+    sim = {"max_in_flight": 22, "max_num_seqs": 16, "kv_blocks": 1000, "max_kv_blocks_used": 500}
+    assert from_summary(summary(sim)).running_target == 16  # the running slots; 6 queued
+    assert from_summary(summary({**sim, "max_in_flight": 10})).running_target == 10
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_adapter_rules_serve_every_external_metric_the_hpa_reads(engine: str) -> None:
+    kv = None if engine == "llamacpp" else 0.8
+    sig = {"requests_waiting_max": 2, "requests_running_max": 4}
+    d = from_summary(summary(sig, engine=engine), kv_threshold=kv)
+    rules = adapter_config(d)["externalRules"]
+    served = [r["name"]["as"] for r in rules]
+    assert sorted(served) == sorted(
+        m["external"]["metric"]["name"] for m in hpa(d)["spec"]["metrics"]
+    )
+    records = {r["record"] for r in documents(d)["rules"]["groups"][0]["rules"]}
+    for r in rules:  # each reads a recorded series, under a name that matches it
+        assert r["seriesQuery"] in records and re.fullmatch(r["name"]["matches"], r["seriesQuery"])
+        assert r["resources"] == {"namespaced": False}  # the series carry no namespace label
+
+
+def test_the_adapter_query_returns_the_recorded_value(tmp_path: Path, promtool: str) -> None:
+    """What prometheus-adapter sends for the HPA (no metric selector: no label matchers)."""
+    d = from_description("vllm", queue_target=2, kv_threshold=0.8)
+    rule = {r["name"]["as"]: r for r in adapter_config(d)["externalRules"]}
+    pending = rule["servetune_requests_waiting_value"]
+    query = pending["metricsQuery"].replace("<<.Series>>", pending["seriesQuery"])
+    query = query.replace("<<.LabelMatchers>>", "")
+    seen = {f"vllm:num_requests_waiting{{{JOB}}}": "7x80"}
+    promtool_test(promtool, d, tmp_path, seen, {query: 7})
+    files = export(d, tmp_path / "out")
+    assert files["adapter"].name == FILES["adapter"] == "prometheus-adapter.yaml"
+    assert yaml.safe_load(files["adapter"].read_text()) == adapter_config(d)
+
+
+def test_kv_threshold_for_an_engine_without_a_kv_gauge_is_refused() -> None:
+    with pytest.raises(InputError, match="--kv-threshold: llamacpp exports no KV cache gauge"):
+        from_description("llamacpp", queue_target=2, kv_threshold=0.8)
+    with pytest.raises(InputError, match="--kv-threshold"):
+        from_summary(summary({"requests_waiting_max": 2}, engine="llamacpp"), kv_threshold=0.8)
+
+
+def test_another_engine_than_the_studys_is_refused(tmp_path: Path) -> None:
+    s = summary({"requests_waiting_max": 3, "kv_cache_usage_max": 0.5}, engine="vllm")
+    with pytest.raises(InputError, match="--engine: the study tuned vllm"):
+        from_summary(s, engine="sglang")
+    assert from_summary(s, engine="vllm").engine == "vllm"  # the same engine, said twice
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    with Store.open(db) as store:
+        store.update_study_meta("s", {"summary": s}, "tune")
+    res = subprocess.run(
+        [str(ROOT / ".venv/bin/servetune"), "monitor", "export", "--from-study", "s", "--db", db,
+         "--engine", "sglang", "-o", str(tmp_path / "m")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
+    assert "--engine" in res.stderr and "drop --engine" in res.stderr

@@ -26,9 +26,9 @@ from servetune.engines.testmodel import VLLM_TEST_CONFIG
 from servetune.measure import EngineSession, Point
 from servetune.measure.result import signals
 from servetune.monitor import Deployment, export
-from servetune.monitor.autoscale import keda_scaled_object
+from servetune.monitor.autoscale import adapter_config, keda_scaled_object
 from servetune.monitor.dashboard import queries
-from servetune.monitor.deployment import limits_from_signals
+from servetune.monitor.deployment import limits_from_signals, running_from_signals
 from servetune.workload.spec import parse_workload
 
 pytestmark = [pytest.mark.engine]
@@ -86,6 +86,12 @@ def start_prometheus(tmp: Path, engine_url: str, rules: Path, env: dict) -> str:
     return url
 
 
+def adapter_query(rule: dict) -> str:
+    """The query prometheus-adapter sends for an HPA with no metric selector."""
+    q = rule["metricsQuery"].replace("<<.Series>>", rule["seriesQuery"])
+    return q.replace("<<.LabelMatchers>>", "")
+
+
 def wait_for(cond, seconds: float, every: float = 1.0):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -105,8 +111,9 @@ def test_scale_out_alert_fires_under_overload_and_stays_quiet_under_light_load(
     cap = session.measure(closed(seqs, 6))
     assert cap.metrics.completed > 0, cap.metrics.errors_by_class
     queue, kv, _ = limits_from_signals(signals(cap), "vllm", None)
+    running, _ = running_from_signals(signals(cap))
     d = Deployment(
-        engine="vllm", queue_target=queue, kv_threshold=kv, job=JOB,
+        engine="vllm", queue_target=queue, kv_threshold=kv, running_target=running, job=JOB,
         scale_out_for="3s", rate_window="10s", eval_interval="1s",
     )  # fmt: skip
     files = export(d, tmp_path / "export")
@@ -147,9 +154,11 @@ def test_scale_out_alert_fires_under_overload_and_stays_quiet_under_light_load(
             return "ServetuneScaleOutPending" in fired
 
         wait_for(pending_fired, 60)
-        # every dashboard and autoscaler query has data while the engine is loaded
+        # every dashboard and autoscaler query has data while the engine is loaded, and
+        # every External metric the adapter config serves the HPA (running included)
         exprs = queries(__import__("json").loads(files["dashboard"].read_text()))
         exprs += [t["metadata"]["query"] for t in keda_scaled_object(d)["spec"]["triggers"]]
+        exprs += [adapter_query(r) for r in adapter_config(d)["externalRules"]]
         empty = [e for e in exprs if not query(prom, e)]
         while heavy.is_alive():
             look()

@@ -7,6 +7,17 @@ desired = ceil(replicas × value / target) for a Value target, ceil(value / targ
 AverageValue target — so "pending > target × replicas" is an AverageValue target of the
 per-replica queue on the summed pending count. The scale-up stabilisation window holds a
 recommendation for the seed's 2 minutes; the scale-down one for its 10-20 minutes.
+
+Where the replicas' running capacity R was measured, a running trigger (AverageValue R on
+the summed running count) holds the replicas while their slots are full: desired =
+ceil(running / R) stays N at N × R running, so a steady load with every slot busy and no
+queue does not scale in and back out (seed 003 §11: scale in only after low load). Past R
+per replica (slots beyond what ran at the measured capacity) it asks for one more: that is
+past the load the tune proved within the SLO.
+
+The HPA reads External metrics, which prometheus-adapter serves only through an
+`externalRules` entry per metric (it reads no rule files): `adapter_config` writes those,
+from the same names the HPA uses.
 """
 
 from __future__ import annotations
@@ -14,7 +25,15 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.monitor.deployment import Deployment, duration_s
-from servetune.monitor.promql import record_name, signals
+from servetune.monitor.promql import external_name, record_name, signals
+
+# trigger name -> the recorded signal it reads (the HPA's External metric is its series)
+TRIGGER_SIGNALS = {
+    "queue_wait_p95": "queue_wait_seconds:p95",
+    "pending_requests": "requests_waiting",
+    "kv_cache_usage": "kv_cache_usage",
+    "running_requests": "requests_running",
+}
 
 
 def _triggers(d: Deployment) -> list[tuple[str, str, str, str]]:
@@ -27,6 +46,8 @@ def _triggers(d: Deployment) -> list[tuple[str, str, str, str]]:
         out.append(("pending_requests", sig["requests_waiting"], "AverageValue", d.queue_target))
     if "kv_cache_usage" in sig and d.kv_threshold is not None:
         out.append(("kv_cache_usage", sig["kv_cache_usage"], "Value", d.kv_threshold))
+    if "requests_running" in sig and d.running_target is not None:
+        out.append(("running_requests", sig["requests_running"], "AverageValue", d.running_target))
     return [(n, q, t, f"{v:g}") for n, q, t, v in out]
 
 
@@ -73,13 +94,8 @@ def keda_scaled_object(d: Deployment) -> dict[str, Any]:
 
 
 def hpa(d: Deployment) -> dict[str, Any]:
-    """The same rules as a plain HPA over External metrics (served by prometheus-adapter
-    from the recording rules: servetune:<signal> series)."""
-    names = {
-        "queue_wait_p95": "queue_wait_seconds:p95",
-        "pending_requests": "requests_waiting",
-        "kv_cache_usage": "kv_cache_usage",
-    }
+    """The same rules as a plain HPA over External metrics (served by prometheus-adapter,
+    configured by `adapter_config`, from the recorded servetune:<signal> series)."""
     metrics = []
     for name, _q, kind, value in _triggers(d):
         target: dict[str, Any] = {"type": kind}
@@ -88,7 +104,7 @@ def hpa(d: Deployment) -> dict[str, Any]:
             {
                 "type": "External",
                 "external": {
-                    "metric": {"name": record_name(names[name]).replace(":", "_")},
+                    "metric": {"name": external_name(TRIGGER_SIGNALS[name])},
                     "target": target,
                 },
             }
@@ -105,3 +121,24 @@ def hpa(d: Deployment) -> dict[str, Any]:
             "behavior": behavior(d),
         },
     }
+
+
+def adapter_config(d: Deployment) -> dict[str, Any]:
+    """prometheus-adapter's `externalRules` serving each recorded series the HPA reads as
+    its External metric (github.com/kubernetes-sigs/prometheus-adapter docs/config.md and
+    docs/externalmetrics.md). `namespaced: false`: the recorded series carry no namespace
+    label (they sum over the scrape job), and the adapter would otherwise add the HPA's
+    namespace as a label matcher and match nothing. max() returns the one recorded series
+    without its labels."""
+    rules = []
+    for name, _q, _kind, _value in _triggers(d):
+        series = record_name(TRIGGER_SIGNALS[name])
+        rules.append(
+            {
+                "seriesQuery": series,
+                "resources": {"namespaced": False},
+                "name": {"matches": f"^{series}$", "as": external_name(TRIGGER_SIGNALS[name])},
+                "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>})",
+            }
+        )
+    return {"externalRules": rules}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servetune.monitor.coverage import targets
 from servetune.monitor.deployment import Deployment
 from servetune.monitor.promql import signals
 
@@ -27,24 +28,20 @@ _PANELS: tuple[tuple[str, str, str], ...] = (
     ("tpot_seconds:p95", "P95 TPOT", "s"),
     ("generation_tokens:rate", "Generated tokens/s", "short"),
     ("requests_finished:rate", "Finished requests/s", "reqps"),
+    ("request_errors:ratio", "Failed requests (share)", "percentunit"),
     ("replicas", "Replicas scraped", "short"),
 )
 
 
 def thresholds(d: Deployment) -> dict[str, float]:
-    """The line each panel draws: where the alerts and the SLO trip."""
+    """The line each panel draws: where the scaling alerts and the SLO's alerts trip (the
+    scale-out KV threshold over the SLO's looser KV headroom)."""
     out: dict[str, float] = {"queue_wait_seconds:p95": d.queue_wait_p95_s}
     if d.kv_threshold is not None:
         out["kv_cache_usage"] = d.kv_threshold
-    if d.slo is not None:
-        for sig, metric, stat in (
-            ("ttft_seconds:p95", "ttft_ms", "p95"),
-            ("ttft_seconds:p99", "ttft_ms", "p99"),
-            ("tpot_seconds:p95", "tpot_ms", "p95"),
-        ):
-            t = getattr(d.slo, metric)
-            if t is not None and getattr(t, stat) is not None:
-                out[sig] = getattr(t, stat) / 1000
+    for t in targets(d.engine, d.slo):
+        if t.signal is not None:
+            out.setdefault(t.signal, t.limit)
     return out
 
 

@@ -15,12 +15,18 @@ from typing import Any
 
 from servetune.engines.registry import adapter
 from servetune.errors import InputError
+from servetune.monitor import coverage
 from servetune.slo import SLO, parse_slo
 
 QUEUE_WAIT_P95_S = 0.3  # seed 003 §11: P95 queue_wait > 300 ms
 KV_CEILING = 0.85  # seed 003 §11: KV cache utilisation > 85%
 SCALE_OUT_FOR = "2m"  # seed 003 §11: "for 2 minutes"
 SCALE_IN_AFTER = "15m"  # seed 003 §11: 10-20 min of low load; the middle of that range
+NO_RUNNING_CAPACITY = (
+    "no running capacity measured: ServetuneScaleIn waits for per-replica running under "
+    "half its peak of the last day, and the autoscalers get no running trigger "
+    "(--from-study STUDY gives both the measured capacity)"
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,8 @@ class Deployment:
     queue_target: float  # pending requests one replica absorbs at its measured capacity
     kv_threshold: float | None  # 0..1; None: the engine exports no KV gauge
     slo: SLO | None = None
+    # requests one replica runs at its measured capacity; None: not measured (by hand)
+    running_target: float | None = None
     name: str = "llm"  # Kubernetes Deployment name
     namespace: str = "default"
     job: str = "servetune-engine"  # the Prometheus scrape job of the replicas
@@ -52,6 +60,14 @@ class Deployment:
             raise InputError("--queue-target", f"{self.queue_target} must be > 0")
         if self.kv_threshold is not None and not 0 < self.kv_threshold <= 1:
             raise InputError("--kv-threshold", f"{self.kv_threshold} must be in (0, 1]")
+        if self.kv_threshold is not None and not has_kv_gauge(self.engine):
+            raise InputError(
+                "--kv-threshold",
+                f"{self.engine} exports no KV cache gauge, so no rule could use it",
+                f"drop --kv-threshold: {self.engine} scales on its pending queue",
+            )
+        if self.running_target is not None and self.running_target <= 0:
+            raise InputError("running_target", f"{self.running_target} must be > 0")
         for name in ("scale_out_for", "scale_in_after", "rate_window", "eval_interval"):
             duration_s(getattr(self, name), "--" + name.replace("_", "-"))
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -104,6 +120,35 @@ def has_kv_gauge(engine: str) -> bool:
     return "kv_cache_usage" in m or "kv_cache_used_tokens" in m
 
 
+def running_from_signals(signals: dict[str, Any]) -> tuple[float | None, list[str]]:
+    """Requests one replica ran at the measured capacity (the scale-in rule's "low" is
+    under half of it): the engine's running peak on a real run; on a simulated one, what
+    was in flight up to the running slots (max_num_seqs)."""
+    peak = signals.get("requests_running_max")
+    if peak is None and signals.get("max_num_seqs") and signals.get("max_in_flight"):
+        peak = min(signals["max_in_flight"], signals["max_num_seqs"])
+    if not peak or peak <= 0:
+        return None, []
+    return float(peak), [f"running capacity {peak:g}/replica: peak running at measured capacity"]
+
+
+def check_engine(study_engine: str | None, engine: str | None) -> str:
+    """The study's engine, or --engine where the study names none. Another engine than
+    the study's is refused: its queue and KV limits were measured on the study's engine,
+    and another engine's capacity under the same load is not that."""
+    if study_engine and engine and engine != study_engine:
+        raise InputError(
+            "--engine",
+            f"the study tuned {study_engine}; its limits were measured there, not on {engine}",
+            f"drop --engine, or describe the {engine} deployment by hand without "
+            f"--from-study: --engine {engine} --queue-target N",
+        )
+    eng = study_engine or engine
+    if not eng:
+        raise InputError("--engine", "the study does not name its engine", "give --engine")
+    return eng
+
+
 def limits_from_signals(
     signals: dict[str, Any], engine: str, slo: SLO | None
 ) -> tuple[float | None, float | None, list[str]]:
@@ -144,13 +189,14 @@ def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) 
         raise InputError(
             "--from-study", "the study has no winner with a passing point", "tune it first"
         )
-    eng = engine or (winner.get("config") or {}).get("engine")
-    if not eng:
-        raise InputError("--engine", "the study does not name its engine", "give --engine")
+    eng = check_engine((winner.get("config") or {}).get("engine"), engine)
     slo = kw.pop("slo", None)
     if slo is None and summary.get("slo"):
         slo = parse_slo(summary["slo"], "study slo")
-    queue, kv, notes = limits_from_signals(dict(best.get("signals") or {}), eng, slo)
+    measured = dict(best.get("signals") or {})
+    queue, kv, notes = limits_from_signals(measured, eng, slo)
+    running, running_notes = running_from_signals(measured)
+    notes += running_notes
     load = f"{best.get('load_kind')}={best.get('load')}"
     notes.append(f"measured at the winner's best passing point ({load})")
     for key in ("queue_target", "kv_threshold"):
@@ -168,7 +214,8 @@ def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) 
         queue_target=queue,
         kv_threshold=kw.pop("kv_threshold", None) or kv,
         slo=slo,
-        notes=tuple(notes),
+        running_target=running,
+        notes=(*notes, *coverage.notes(eng, slo)),
         **kw,
     )
 
@@ -200,5 +247,8 @@ def from_description(engine: str, **kw: Any) -> Deployment:
             "no measured capacity to take the KV threshold from",
             "give --from-study STUDY or --kv-threshold 0.85",
         )
-    notes = ("limits given by hand",)
-    return Deployment(engine=engine, kv_threshold=kv, notes=notes, **kw)
+    notes = ["limits given by hand"]
+    if "requests_running" in adapter(engine).METRICS:
+        notes.append(NO_RUNNING_CAPACITY)
+    notes += coverage.notes(engine, kw.get("slo"))
+    return Deployment(engine=engine, kv_threshold=kv, notes=tuple(notes), **kw)

@@ -4,11 +4,37 @@ share. Pure functions: names in, query strings out."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from servetune.engines.registry import adapter
 
+if TYPE_CHECKING:
+    from servetune.slo import SLO
 
-def _sel(name: str, job: str) -> str:
-    return f'{name}{{job="{job}"}}'
+# The SLO file's percentile statistics (servetune.slo.Targets) as histogram_quantile's q.
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
+# SLO latency metric -> the signal name its statistics are recorded under (seconds).
+LATENCY_SIGNALS = {
+    "ttft_ms": "ttft_seconds",
+    "tpot_ms": "tpot_seconds",
+    "itl_ms": "itl_seconds",
+    "e2e_ms": "e2e_seconds",
+}
+
+# Where an engine counts failed requests apart from served ones (seed 003 §1: 5xx under
+# 0.1%): (counter, its label matcher). vLLM v1 labels every finished request with its
+# reason on the finished counter itself; "error" is "always converted to 500 Internal
+# Server Error" (vllm/v1/engine/__init__.py, FinishReason.ERROR). TGI's router counts
+# failures beside its successes: tgi_request_failure{err} (router/src at v3.3.7, listed in
+# servetune/data/engine_flags/tgi.json).
+FAILED_REQUESTS: dict[str, tuple[str, str]] = {
+    "vllm": ("vllm:request_success_total", 'finished_reason="error"'),
+    "tgi": ("tgi_request_failure", ""),
+}
+
+
+def _sel(name: str, job: str, match: str = "") -> str:
+    return f'{name}{{job="{job}"{"," + match if match else ""}}}'
 
 
 def _gauge(engine: str, canon: str) -> str | None:
@@ -27,6 +53,26 @@ def quantile(engine: str, canon: str, q: float, job: str, window: str) -> str | 
     return f"histogram_quantile({q:g}, sum by (le) (rate({_sel(fam + '_bucket', job)}[{window}])))"
 
 
+def latency(engine: str, canon: str, stat: str, job: str, window: str) -> str | None:
+    """One SLO statistic of a latency histogram: a quantile, or the mean as rate(_sum) /
+    rate(_count) (exact; a quantile is interpolated inside a bucket). None for `max`: a
+    histogram keeps bucket counts, not the largest value."""
+    if stat in QUANTILES:
+        return quantile(engine, canon, QUANTILES[stat], job, window)
+    fam = _hist(engine, canon)
+    if stat != "mean" or fam is None:
+        return None
+    total, count = _sel(fam + "_sum", job), _sel(fam + "_count", job)
+    return f"sum(rate({total}[{window}])) / sum(rate({count}[{window}]))"
+
+
+def idle_zero(expr: str) -> str:
+    """0 when nothing flowed: histogram_quantile over all-zero rates is NaN (0/0), which
+    KEDA cannot compare and an HPA cannot scale on. `NaN >= 0` is false, so the NaN sample
+    drops and `or vector(0)` fills in; any real value (>= 0) passes unchanged."""
+    return f"({expr} >= 0) or vector(0)"
+
+
 def tpot_family(engine: str) -> str | None:
     """The per-request TPOT histogram (vLLM v0.11+, SGLang, TGI), which is what an SLO's
     TPOT percentile is over; else the inter-token latency, a percentile over every token
@@ -38,8 +84,46 @@ def tpot_family(engine: str) -> str | None:
     return None
 
 
-def signals(engine: str, job: str, window: str) -> dict[str, str]:
-    """Every signal this engine can give: name -> PromQL (absent when it exports nothing)."""
+def slo_family(engine: str, metric: str) -> str | None:
+    """The engine's histogram an SLO latency metric (ttft_ms, ...) is read from, or None."""
+    if metric == "tpot_ms":
+        return tpot_family(engine)
+    canon = LATENCY_SIGNALS[metric]
+    return canon if _hist(engine, canon) else None
+
+
+def error_ratio(engine: str, job: str, window: str) -> str | None:
+    """Failed / finished requests over the window from the engine's own counters (None:
+    the engine counts no failures apart). Each side falls back to 0 when its counter has
+    no series yet (TGI creates a counter at its first increment), so all-failing traffic
+    reads 1, not nothing; no traffic reads NaN, which no alert fires on."""
+    spec, done = FAILED_REQUESTS.get(engine), _gauge(engine, "requests_finished_total")
+    if spec is None or done is None:
+        return None
+    counter, match = spec
+    failed = f"(sum(rate({_sel(counter, job, match)}[{window}])) or vector(0))"
+    served = f"(sum(rate({_sel(done, job)}[{window}])) or vector(0))"
+    total = served if counter == done else f"({failed} + {served})"
+    return f"{failed} / {total}"
+
+
+def slo_latency_signals(engine: str, slo: SLO, job: str, window: str) -> dict[str, str]:
+    """The SLO file's latency statistics the engine has a histogram for:
+    `<metric>_seconds:<stat>` -> PromQL."""
+    out: dict[str, str] = {}
+    for metric, name in LATENCY_SIGNALS.items():
+        targets, canon = getattr(slo, metric), slo_family(engine, metric)
+        if targets is None or canon is None:
+            continue
+        for stat, _ms in targets.items():
+            if expr := latency(engine, canon, stat, job, window):
+                out[f"{name}:{stat}"] = expr
+    return out
+
+
+def signals(engine: str, job: str, window: str, slo: SLO | None = None) -> dict[str, str]:
+    """Every signal this engine can give: name -> PromQL (absent when it exports nothing);
+    with an SLO, also the latency statistics its targets name."""
     out: dict[str, str] = {}
     for canon in ("requests_waiting", "requests_running"):
         if src := _gauge(engine, canon):
@@ -50,20 +134,21 @@ def signals(engine: str, job: str, window: str) -> dict[str, str]:
         cap := _gauge(engine, "kv_cache_capacity_tokens")
     ):  # TGI: tokens in the batch over the pool's total
         out["kv_cache_usage"] = f"max({_sel(used, job)} / {_sel(cap, job)})"
-    for canon, label in (
-        ("queue_time_seconds", "queue_wait_seconds:p95"),
-        ("ttft_seconds", "ttft_seconds:p95"),
-    ):
-        if expr := quantile(engine, canon, 0.95, job, window):
-            out[label] = expr
-    if expr := quantile(engine, "ttft_seconds", 0.99, job, window):
-        out["ttft_seconds:p99"] = expr
+    if expr := quantile(engine, "queue_time_seconds", 0.95, job, window):
+        out["queue_wait_seconds:p95"] = idle_zero(expr)  # a scaling signal: 0 when idle
+    for canon, stat in (("ttft_seconds", "p95"), ("ttft_seconds", "p99")):
+        if expr := quantile(engine, canon, QUANTILES[stat], job, window):
+            out[f"ttft_seconds:{stat}"] = expr
     if (fam := tpot_family(engine)) and (expr := quantile(engine, fam, 0.95, job, window)):
         out["tpot_seconds:p95"] = expr
     for canon in ("generation_tokens_total", "requests_finished_total"):
         if src := _gauge(engine, canon):
             out[canon.removesuffix("_total") + ":rate"] = f"sum(rate({_sel(src, job)}[{window}]))"
+    if expr := error_ratio(engine, job, window):
+        out["request_errors:ratio"] = expr
     out["replicas"] = f'count(up{{job="{job}"}} == 1)'
+    if slo is not None:
+        out.update(slo_latency_signals(engine, slo, job, window))
     return out
 
 
@@ -71,3 +156,9 @@ def record_name(signal: str) -> str:
     """Recording-rule name, Prometheus' level:metric:operations convention."""
     metric, _, op = signal.partition(":")
     return f"servetune:{metric}:{op or 'value'}"
+
+
+def external_name(signal: str) -> str:
+    """The External metric name prometheus-adapter serves a recorded signal as (the HPA's
+    and the adapter config's shared name): the recording rule's, with `_` for `:`."""
+    return record_name(signal).replace(":", "_")

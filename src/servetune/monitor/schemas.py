@@ -12,6 +12,9 @@
   and the Prometheus scaler page): scaleTargetRef.name, min/maxReplicaCount,
   pollingInterval, cooldownPeriod, advanced.horizontalPodAutoscalerConfig.behavior,
   triggers[] with type, metricType, metadata.serverAddress/query/threshold as strings.
+- prometheus-adapter's config (github.com/kubernetes-sigs/prometheus-adapter docs/config.md,
+  docs/externalmetrics.md): externalRules[] with seriesQuery, resources (overrides or
+  namespaced), name.matches/as, metricsQuery.
 """
 
 from __future__ import annotations
@@ -258,6 +261,43 @@ KEDA_SCALED_OBJECT: dict[str, Any] = {
                 },
             },
         },
+    },
+}
+
+
+PROMETHEUS_ADAPTER: dict[str, Any] = {
+    "type": "object",
+    "required": ["externalRules"],
+    "properties": {
+        "externalRules": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["seriesQuery", "metricsQuery", "name"],
+                "additionalProperties": False,
+                "properties": {
+                    "seriesQuery": {"type": "string", "minLength": 1},
+                    "seriesFilters": {"type": "array"},
+                    "resources": {
+                        "type": "object",
+                        "properties": {
+                            "namespaced": {"type": "boolean"},
+                            "overrides": {"type": "object"},
+                            "template": {"type": "string"},
+                        },
+                    },
+                    "name": {
+                        "type": "object",
+                        "required": ["matches"],
+                        "properties": {
+                            "matches": {"type": "string"},
+                            "as": {"type": "string"},
+                        },
+                    },
+                    "metricsQuery": {"type": "string", "minLength": 1},
+                },
+            },
+        }
     },
 }
 

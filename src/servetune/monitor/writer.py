@@ -1,5 +1,6 @@
 """Write the monitoring set for one Deployment into a folder: the rules file, the
-dashboard, the KEDA and HPA manifests — each checked against its schema before writing."""
+dashboard, the KEDA and HPA manifests, and the prometheus-adapter rules the HPA's External
+metrics need — each checked against its schema before writing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from servetune.errors import InputError
 from servetune.monitor import schemas
-from servetune.monitor.autoscale import hpa, keda_scaled_object
+from servetune.monitor.autoscale import adapter_config, hpa, keda_scaled_object
 from servetune.monitor.dashboard import dashboard
 from servetune.monitor.deployment import Deployment
 from servetune.monitor.rules import rule_groups
@@ -19,6 +20,7 @@ FILES = {
     "dashboard": "grafana-dashboard.json",
     "keda": "keda-scaledobject.yaml",
     "hpa": "hpa.yaml",
+    "adapter": "prometheus-adapter.yaml",
 }
 
 
@@ -28,6 +30,7 @@ def documents(d: Deployment) -> dict[str, Any]:
         "dashboard": dashboard(d),
         "keda": keda_scaled_object(d),
         "hpa": hpa(d),
+        "adapter": adapter_config(d),
     }
 
 
@@ -37,13 +40,14 @@ def check(docs: dict[str, Any]) -> None:
         ("dashboard", schemas.GRAFANA_DASHBOARD),
         ("keda", schemas.KEDA_SCALED_OBJECT),
         ("hpa", schemas.HPA_V2),
+        ("adapter", schemas.PROMETHEUS_ADAPTER),
     ):
         if bad := schemas.problems(docs[key], schema):
             raise InputError(key, f"generated {FILES[key]} fails its schema: {bad[0]}")
 
 
 def export(d: Deployment, out_dir: str | Path) -> dict[str, Path]:
-    """Write the four files; returns kind -> path."""
+    """Write the five files; returns kind -> path."""
     import yaml
 
     docs = documents(d)
