@@ -336,6 +336,18 @@ def test_the_report_reads_at_a_glance(
             ), key
 
 
+def test_the_tune_report_stars_the_sweet_spot_tune_printed(tune_report: Path) -> None:
+    """The CLI's "sweet spot N in flight (why)" line and the report's starred point are
+    one analysis (audit: the report starred the c=512 run on an achieved req/s axis)."""
+    with Store.open(str(tune_report.parent / "t.db"), create=False) as store:
+        lines = (store.study_meta("glance") or {})["summary"]["explanation"]
+    said = next(ln for ln in lines if ln.startswith("sweet spot "))
+    knee, reason = re.match(r"sweet spot (\S+) in flight \(([^)]*)\)", said).groups()  # type: ignore[union-attr]
+    html = tune_report.read_text(encoding="utf-8")
+    assert f"Sweet spot: {knee} in flight ({reason}) as `tune` named it" in html
+    assert "Sweet spot: achieved req/s" not in html
+
+
 def test_the_checks_catch_what_they_look_for() -> None:
     """Negative control: an empty panel, a "None" legend and a bare percentile are seen."""
     page = Page(

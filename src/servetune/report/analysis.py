@@ -1,5 +1,6 @@
 """The ECDF the report's percentile charts draw, thinned for plotting. The sweep maths
-(regions, sweet spot, Pareto front) is `metrics.sweep`, shared with the tuner."""
+(regions, sweet spot, Pareto front) is `metrics.sweep`, shared with the tuner; the sweet
+spot the report stars is the tuner's own analysis (`report.sweetspot`)."""
 
 from __future__ import annotations
 

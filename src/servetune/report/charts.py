@@ -15,8 +15,9 @@ from servetune.metrics import sweep
 from servetune.metrics.compute import request_latencies_ms
 from servetune.metrics.pct import is_max_only, sample_note
 from servetune.report.analysis import ecdf
-from servetune.report.data import ReportData, RunData
+from servetune.report.data import X_TITLES, ReportData, RunData, closed_loop
 from servetune.report.labels import knobs_of
+from servetune.report.sweetspot import SeriesSweetSpot, report_sweet_spot
 from servetune.status import RequestStatus
 
 PALETTE = (
@@ -68,18 +69,23 @@ def _layout(fig: Any, height: int = 460, **kw: Any) -> Any:
 
 
 def _x_axis(fig: Any, data: ReportData, xs: Sequence[float | None], **where: Any) -> None:
+    """The report's load axis (`ReportData.x_kind`)."""
+    _load_axis(fig, data.x_kind, xs, **where)
+
+
+def _load_axis(fig: Any, kind: str, xs: Sequence[float | None], **where: Any) -> None:
     """Concurrency sweeps double the load each step: log x with a tick per point."""
-    if data.x_kind == "concurrency":
+    if kind == "concurrency":
         ticks = sorted({x for x in xs if x})
         fig.update_xaxes(
-            title_text=data.x_title,
+            title_text=X_TITLES[kind],
             type="log",
             tickvals=ticks,
             ticktext=[f"{t:g}" for t in ticks],
             **where,
         )
     else:
-        fig.update_xaxes(title_text=data.x_title, type="linear", **where)
+        fig.update_xaxes(title_text=X_TITLES[kind], type="linear", **where)
 
 
 def _color(data: ReportData, series: str) -> str:
@@ -115,6 +121,7 @@ def latency_vs_load(data: ReportData) -> Chart:
     sweeps = _sweeps(data)
     if not sweeps:
         chart.note = "Needs a sweep: two or more runs of one config at different loads."
+        chart.note += off_axis_note(data)
         return chart
     from plotly.subplots import make_subplots
 
@@ -205,9 +212,27 @@ def latency_vs_load(data: ReportData) -> Chart:
         "measured requests (warm-up excluded; each point's n in its hover); an open marker "
         "is a tail percentile resting on too few requests, the maximum. Dash-dotted: the "
         "SLO targets; x: a repetition's P95. Right: achieved (solid) and goodput (dotted) "
-        "requests per second."
+        "requests per second." + off_axis_note(data)
     )
     return chart
+
+
+def off_axis_note(data: ReportData) -> str:
+    """Why some runs are not on the load axis: they ran the other loop kind (users in
+    flight against an offered rate), and the two are never drawn on one axis."""
+    off = [r for r in data.runs if closed_loop(r.info) != (data.x_kind == "concurrency")]
+    if not off:
+        return ""
+    if data.x_kind == "rate":
+        return (
+            f" {len(off)} closed-loop run(s) left off this rate axis (their load is users in "
+            "flight): the sweet-spot chart draws them against concurrency."
+        )
+    return (
+        f" {len(off)} open-loop run(s) left off this concurrency axis (their load is an "
+        "offered rate): their figures are in the §16 record"
+        + (" and the capacity chart." if data.is_tune else ".")
+    )
 
 
 def _count(r: RunData, metric: str) -> int | None:
@@ -221,35 +246,34 @@ def _symbol(stat: str, n: int | None) -> str:
 
 
 def sweet_spot(data: ReportData) -> Chart:
-    """Throughput vs load with seed 000 §3.1's linear / saturation / over-saturation
-    regions shaded and the sweet spot marked."""
+    """Output tok/s against users in flight (closed-loop runs only) with seed 000 §3.1's
+    linear / saturation / over-saturation regions shaded and the sweet spot starred: the
+    tuner's own (`report.sweetspot`), so the report and `tune` name the same point."""
     chart = Chart("sweet-spot", "Batch / concurrency sweet spot")
-    sweeps = {k: v for k, v in _sweeps(data).items() if len(v) >= 3}
-    if not sweeps:
-        chart.note = "Needs a sweep of three or more load points of one config."
+    found = report_sweet_spot(data)
+    if found is None:
+        chart.note = (
+            "Needs a closed-loop sweep: three or more concurrency levels of one config "
+            "(an open-loop run's achieved req/s is not a load on this curve)."
+        )
         return chart
-    name, members = max(sweeps.items(), key=lambda kv: len(kv[1]))
     from plotly.subplots import make_subplots
 
-    xs = [data.x(r) or 0.0 for r in members]
-    ys = [_m(r, "output_tok_s") or 0.0 for r in members]
-    regions = sweep.classify_regions(xs, ys)
-    idx, why = sweep.sweet_spot(xs, ys)
+    spot, name = found.spot, found.series
+    xs, ys, regions = list(spot.loads), list(spot.throughput), list(spot.regions)
+    members = [found.runs.get(x) for x in xs]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    log = data.x_kind == "concurrency"
     # On a log axis plotly.js takes the range and annotation positions in log10 units but
     # shapes in data units: spans are computed in axis units and converted for shapes.
-    pos = (lambda v: math.log10(v)) if log else (lambda v: v)
-    back = (lambda v: 10.0**v) if log else (lambda v: v)
-    bounds = _region_spans([pos(x) for x in xs], regions)
+    bounds = _region_spans([math.log10(x) for x in xs], regions)
     fig.update_xaxes(range=[bounds[0][1], bounds[-1][2]])
     for region, lo, hi in bounds:
         fig.add_shape(
             type="rect",
             xref="x",
             yref="paper",
-            x0=back(lo),
-            x1=back(hi),
+            x0=10.0**lo,
+            x1=10.0**hi,
             y0=0,
             y1=1,
             fillcolor=REGION_COLORS[region],
@@ -273,31 +297,35 @@ def sweet_spot(data: ReportData) -> Chart:
             mode="lines+markers",
             name="output tok/s",
             line={"color": _color(data, name), "width": 3},
-            text=[f"{r.info.id} ({reg})" for r, reg in zip(members, regions, strict=True)],
+            text=[
+                f"{r.info.id if r else 'c=' + format(x, 'g')} ({reg})"
+                for x, r, reg in zip(xs, members, regions, strict=True)
+            ],
             hovertemplate="%{text}<br>%{y:.0f} tok/s<extra></extra>",
         ),
         secondary_y=False,
     )
     for metric, color, dash in (("ttft_ms", "#555", "dot"), ("tpot_ms", "#999", "dash")):
         label = f"{metric[:4].upper()} P99 ms"
+        counts = [_count(r, metric) if r else None for r in members]
         fig.add_trace(
             _go().Scatter(
                 x=xs,
-                y=[_m(r, f"{metric}.p99") for r in members],
+                y=[_m(r, f"{metric}.p99") if r else None for r in members],
                 mode="lines+markers",
                 name=label,
                 line={"color": color, "dash": dash},
-                marker={"symbol": [_symbol("p99", _count(r, metric)) for r in members]},
-                customdata=[sample_note("p99", _count(r, metric)) for r in members],
+                marker={"symbol": [_symbol("p99", n) for n in counts]},
+                customdata=[sample_note("p99", n) for n in counts],
                 hovertemplate=f"{label} %{{y:.1f}} (%{{customdata}})<extra></extra>",
             ),
             secondary_y=True,
         )
-    if idx is not None:
+    if spot.knee is not None:
         fig.add_trace(
             _go().Scatter(
-                x=[xs[idx]],
-                y=[ys[idx]],
+                x=[spot.knee],
+                y=[ys[xs.index(spot.knee)]],
                 mode="markers+text",
                 name="sweet spot",
                 text=["sweet spot"],
@@ -306,17 +334,25 @@ def sweet_spot(data: ReportData) -> Chart:
             ),
             secondary_y=False,
         )
-    _x_axis(fig, data, xs)
+    _load_axis(fig, "concurrency", xs)
     fig.update_yaxes(title_text="output tok/s", secondary_y=False)
     fig.update_yaxes(title_text="P99 ms", type="log", dtick=1, secondary_y=True, showgrid=False)
     chart.fig = _layout(fig, 460)
-    where = f"{data.x_title} = {xs[idx]:g}" if idx is not None else "-"
-    chart.note = (
-        f"Series {name}. Sweet spot: {where} ({why}). Regions from the throughput gain per "
-        f"load step (elasticity >= {sweep.LINEAR_MIN}: linear; >= {sweep.FLAT_MAX}: "
-        "saturation; below: over-saturation, where latency climbs for no throughput)."
-    )
+    chart.note = sweet_spot_note(found)
     return chart
+
+
+def sweet_spot_note(found: SeriesSweetSpot) -> str:
+    """The chart's caption, in the tune CLI's words ("sweet spot 32 in flight (...)")."""
+    spot = found.spot
+    where = f"{spot.knee:g} in flight" if spot.knee is not None else "-"
+    source = " as `tune` named it" if found.from_tune else ""
+    return (
+        f"Series {found.series}, closed-loop runs. Sweet spot: {where} ({spot.reason}){source}. "
+        f"Regions from the throughput gain per load step (elasticity >= {sweep.LINEAR_MIN}: "
+        f"linear; >= {sweep.FLAT_MAX}: saturation; below: over-saturation, where latency "
+        "climbs for no throughput)."
+    )
 
 
 def _region_spans(xs: Sequence[float], regions: Sequence[str]) -> list[tuple[str, float, float]]:

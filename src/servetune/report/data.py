@@ -15,6 +15,7 @@ from servetune.store import RunInfo, Store
 from servetune.store.compare import compare_runs
 
 MAX_RUNS = 200
+X_TITLES = {"concurrency": "concurrency (users)", "rate": "achieved req/s"}
 
 
 @dataclass
@@ -92,7 +93,11 @@ class ReportData:
         return None
 
     def x(self, r: RunData) -> float | None:
-        """Position of a run on the load axis."""
+        """Position of a run on the load axis; None for a run of the other loop kind:
+        users in flight and an achieved rate are different loads, so a closed-loop sweep
+        and open-loop runs are never drawn on one axis."""
+        if (self.x_kind == "concurrency") != closed_loop(r.info):
+            return None
         if self.x_kind == "concurrency":
             return float(r.info.concurrency) if r.info.concurrency is not None else None
         v = r.result.metrics.req_s
@@ -100,7 +105,7 @@ class ReportData:
 
     @property
     def x_title(self) -> str:
-        return "concurrency (users)" if self.x_kind == "concurrency" else "achieved req/s"
+        return X_TITLES[self.x_kind]
 
 
 # Workload fields that size or repeat a load point rather than define the traffic: an
@@ -140,20 +145,44 @@ def load_report_data(store: Store, refs: Sequence[str], title: str | None = None
         )
     infos = [store.get(i) for i in ids]
     runs = [RunData(info, store.load_result(info.id), _letter(k)) for k, info in enumerate(infos)]
-    closed = all(
-        r.info.concurrency is not None and r.info.load_kind in (None, "closed") for r in runs
-    )
     data = ReportData(
         title=title or _title(refs, infos),
         where=store.where,
         runs=runs,
-        x_kind="concurrency" if closed else "rate",
+        x_kind=load_axis([r.info for r in runs]),
     )
     data.tune = _tune_summary(store, infos)
     _group(data)
     if len(runs) > 1:
         data.comparison = compare_runs(infos, [r.metrics for r in runs])
     return data
+
+
+def closed_loop(info: RunInfo) -> bool:
+    """A closed-loop run: its load is users in flight (each sends when its last request
+    ends), so its rate is an outcome, not a load."""
+    return info.concurrency is not None and info.load_kind in (None, "closed")
+
+
+def load_axis(infos: Sequence[RunInfo]) -> str:
+    """The report's load axis, one loop kind: the achieved rate when some config has an
+    open-loop sweep (two rates), else users in flight when some config has a closed-loop
+    sweep (a simulated tune study: one open-loop run per config beside the winner's
+    concurrency sweep), else users only when every run is a closed loop."""
+
+    def sweeps(closed: bool) -> bool:
+        loads: dict[str, set[float | None]] = {}
+        for i in infos:
+            if closed_loop(i) == closed:
+                load = i.concurrency if closed else i.rate
+                loads.setdefault(_config_key(i), set()).add(load)
+        return any(len(v - {None}) >= 2 for v in loads.values())
+
+    if sweeps(closed=False):
+        return "rate"
+    if sweeps(closed=True) or all(closed_loop(i) for i in infos):
+        return "concurrency"
+    return "rate"
 
 
 def _tune_summary(store: Store, infos: list[RunInfo]) -> dict[str, Any] | None:

@@ -7,9 +7,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from servetune.measure.result import sim_signals
 from servetune.metrics.pct import dist_text, sample_note
 from servetune.results.schema import Load
 from servetune.store.compare import knob_defaults
+from servetune.store.meta import simulated_request_distribution
 from servetune.store.runinfo import RunInfo
 
 Section = tuple[str, list[tuple[str, str]]]
@@ -61,7 +63,7 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
     meta, hw, sw = info.meta, info.meta.get("hardware") or {}, info.meta.get("software") or {}
     prec = meta.get("precision") or {}
     cfg = info.engine_config
-    rd = info.request_dist or {}
+    rd, lengths_from = request_lengths(info)
     st = info.stability or {}
     load = info.load
     workload = info.part("workload") or {}
@@ -115,9 +117,15 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
         (
             "Request distribution",
             [
-                ("requests", fmt(rd.get("requests", info.n_records))),
-                ("input tokens P50/P95/P99", _pct(rd.get("input_tokens"), rd.get("requests"))),
-                ("output tokens P50/P95/P99", _pct(rd.get("output_tokens"), m.get("completed"))),
+                ("requests", _requests(rd, info.n_records, lengths_from)),
+                (
+                    "input tokens P50/P95/P99",
+                    _lengths(rd.get("input_tokens"), rd.get("requests"), lengths_from),
+                ),
+                (
+                    "output tokens P50/P95/P99",
+                    _lengths(rd.get("output_tokens"), _output_n(rd, m), lengths_from),
+                ),
                 ("arrival", fmt(load.kind)),
                 ("concurrency", fmt(load.concurrency)),
                 ("rate req/s (offered / achieved)", f"{_offered(m, load)} / {fmt(m.get('req_s'))}"),
@@ -138,7 +146,7 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                 ),
                 ("req/s (goodput)", f"{fmt(m.get('req_s'))} ({fmt(m.get('goodput_req_s'))})"),
                 ("SLO", _slo(m)),
-                ("KV cache usage max", fmt(server.get("kv_cache_usage_max"))),
+                ("KV cache usage max", kv_usage_max(info, server)),
                 ("GPU memory / util", _gpu_use(server)),
             ],
         ),
@@ -158,7 +166,7 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                 ),
                 ("TTFT, TPOT P99/P50", _tail_ratios(st, m)),
                 ("P99 jitter (CV over 5 slices)", _jitter(st.get("p99_jitter_cv"), m)),
-                ("preemptions", fmt(server.get("preemptions"))),
+                ("preemptions", preemptions(info, server)),
                 ("client bottleneck", fmt((info.result.get("client") or {}).get("warnings"))),
             ],
         ),
@@ -184,6 +192,74 @@ _NO_QUALITY = (
     "not measured: run `servetune quality --baseline URL --candidate URL --candidate-run"
     " RUN` (docs/quality.md), or record your own eval with Store.set_quality(run_id, {...})",
 )
+
+
+NOT_RECORDED_SIM = "not recorded by the simulator"
+REDRAWN = "redrawn from the workload: the simulator stores no records for this run"
+
+
+def _sim_without_records(info: RunInfo) -> bool:
+    """A simulated run that measured requests but stored none (a tune trial): "0
+    requests" would read as an empty run. A run that never ran is left as it is."""
+    measured = (info.metrics or {}).get("measured")
+    return info.backend == "sim" and not info.n_records and bool(measured)
+
+
+def request_lengths(info: RunInfo) -> tuple[dict[str, Any], str]:
+    """The run's request distribution and where it comes from: '' for the stored one
+    (from its records); for a simulated run without records, its lengths redrawn from its
+    workload (`REDRAWN`), or none (`NOT_RECORDED_SIM`) when they cannot be redrawn."""
+    rd = dict(info.request_dist or {})
+    if not _sim_without_records(info) or rd.get("requests"):
+        return rd, ""
+    redrawn = simulated_request_distribution(info.part("workload") or {})
+    if redrawn is None:
+        return rd, NOT_RECORDED_SIM
+    return rd | redrawn, REDRAWN
+
+
+def _requests(rd: Mapping[str, Any], n_records: int, source: str) -> str:
+    """The request count, saying when it is not the stored records'."""
+    if source == NOT_RECORDED_SIM:
+        return NOT_RECORDED_SIM
+    n = fmt(rd.get("requests", n_records))
+    return f"{n} ({source})" if source else n
+
+
+def _lengths(d: Mapping[str, Any] | None, n: int | None, source: str) -> str:
+    """Token-length P50/P95/P99 with n, or why a simulated run has none."""
+    if not d and source:
+        return NOT_RECORDED_SIM
+    return _pct(d, n)
+
+
+def _output_n(rd: Mapping[str, Any], m: Mapping[str, Any]) -> int | None:
+    """Output lengths rest on the completed requests; redrawn ones on every request."""
+    return rd.get("requests") if rd.get("source") == "workload" else m.get("completed")
+
+
+def kv_usage_max(info: RunInfo, server: Mapping[str, Any]) -> str:
+    """Peak KV-cache usage: the engine's /metrics summary, or for a simulated run (no
+    /metrics) the simulator's peak blocks in use over its pool (`target.sim`), the
+    fraction its memory SLO check reads too."""
+    if server.get("kv_cache_usage_max") is not None or info.backend != "sim":
+        return fmt(server.get("kv_cache_usage_max"))
+    if not info.target.sim:
+        return NOT_RECORDED_SIM
+    sig = sim_signals(info.target)
+    used, blocks = sig["max_kv_blocks_used"], sig["kv_blocks"]
+    if not blocks:
+        return "- (slots preallocate their KV: no pool to fill)"
+    return f"{fmt(used / blocks)} ({used:,} of {blocks:,} blocks)"
+
+
+def preemptions(info: RunInfo, server: Mapping[str, Any]) -> str:
+    """Preemptions: the engine's counter, or for a simulated run the simulator's."""
+    if server.get("preemptions") is not None or info.backend != "sim":
+        return fmt(server.get("preemptions"))
+    if not info.target.sim:
+        return NOT_RECORDED_SIM
+    return fmt(sim_signals(info.target)["preemptions"])
 
 
 def _tail_ratios(st: Mapping[str, Any], m: Mapping[str, Any]) -> str:

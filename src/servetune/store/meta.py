@@ -1,7 +1,9 @@
 """What a run is about, beyond its measurements: the seed 003 §16 fields that the
 caller knows (model, precision, hardware, software stack, engine config, launch
 command), plus the figures derived from the raw records at finish (measured request
-distribution, stability). Pure, except `host_info`/`software_info` which read the host.
+distribution, stability), and for a simulated run stored without records its request
+lengths redrawn from its workload. Pure, except `host_info`/`software_info` which read
+the host.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -144,7 +146,7 @@ def request_distribution(
     concurrency and arrival rate (offered and achieved)."""
     done = [r for r in records if r.status == RequestStatus.OK]
     out: dict[str, Any] = {
-        "requests": len(records),
+        "requests": len(records) if records or not _records_dropped(metrics) else None,
         "input_tokens": _pcts([r.input_tokens for r in records if r.input_tokens]),
         "output_tokens": _pcts([r.output_tokens for r in done]),
         "arrival": load.kind,
@@ -159,6 +161,39 @@ def request_distribution(
             max_in_flight=metrics.max_in_flight,
         )
     return out
+
+
+def _records_dropped(metrics: Metrics | None) -> bool:
+    """Metrics measured over requests, yet none stored: a simulated tune trial keeps its
+    figures but not its records (the simulator regenerates them), so its request count is
+    unknown here, not 0."""
+    return metrics is not None and metrics.measured > 0
+
+
+def simulated_request_distribution(workload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Seed 003 §16 request lengths of a simulated run that stored no records, redrawn
+    from its stored workload: the simulator draws them with the workload's seed
+    (`workload.materialize.materialize_columns`, the same RNG streams), so they are the
+    lengths it was given. None when they cannot be redrawn without files or a tokenizer
+    (datasets, traces, sessions) or the workload does not parse."""
+    from servetune.errors import InputError
+    from servetune.workload.materialize import materialize_columns
+    from servetune.workload.spec import WorkloadSpec
+
+    try:
+        spec = WorkloadSpec.model_validate(dict(workload))
+    except (ValueError, InputError):
+        return None
+    cols = materialize_columns(spec) if spec.sessions is None else None
+    if cols is None or not len(cols):
+        return None
+    outs = cols.output_tokens
+    return {
+        "requests": len(cols),
+        "input_tokens": _pcts(cols.prompt_tokens.tolist()),
+        "output_tokens": _pcts(outs.tolist()) if bool((outs >= 0).all()) else None,
+        "source": "workload",
+    }
 
 
 def _windowed_p99_cv(records: Sequence[RequestRecord], slices: int = 5) -> float | None:
