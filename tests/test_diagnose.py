@@ -187,6 +187,22 @@ def test_a_lag_from_the_users_own_cap_names_the_cap_not_the_workers() -> None:
     assert diagnose(ev)[0].key == "client_bottleneck"
 
 
+def test_failed_requests_name_their_largest_cause_first() -> None:
+    """3 server errors and 2 idle timeouts of 60 sent (8.3%, over seed 003 §1's 0.1%): the
+    run that diagnose called healthy. Out-of-memory failures stay oom's."""
+    ev = Evidence("x", completed=55, errors={"http_5xx": 3, "idle_timeout": 2})
+    f = next(f for f in diagnose(ev) if f.key == "failed_requests")
+    assert (
+        f.title == "5 of 60 requests failed; most failed on the server (5xx, an error "
+        "event, a cut stream)"
+    )
+    assert f.trigger == "8.3% failed (3 http_5xx, 2 idle_timeout)"
+    assert [a.knob for a in f.actions] == ["engine log", "offered load"]
+    assert "failed_requests" not in keys(Evidence("x", completed=1999, errors={"http_5xx": 1}))
+    oom_only = Evidence("x", completed=56, errors={"http_5xx": 4}, oom_errors=4)
+    assert "failed_requests" not in keys(oom_only)
+
+
 def test_long_short_mix_splits_between_the_classes() -> None:
     ev = Evidence("x")
     ev.e2e = {"mean": 1080.0, "p50": 186.0, "p99": 5070.0}

@@ -47,6 +47,7 @@ SENT_SHARE = 0.98  # sent under 98% of offered (the runner's client warning)
 CLIENT_CPU = 0.9  # the client's processes above 90% of their cores (the runner's warning)
 GPU_LOW_UTIL = 0.5  # GPU busy under half the time
 CLOCK_DROP = 0.8  # SM clock under 80% of its maximum: downclocked (seed 003 §13 "GPU降频")
+ERROR_SHARE = 0.001  # failed requests over 0.1% of those sent: seed 003 §1's 5xx ceiling
 
 
 @dataclass
@@ -278,6 +279,71 @@ def _fifth_oom_step(ev: Evidence) -> Action | None:
     if ev.effective("quantization"):  # quantized weights and an 8-bit pool: nothing left here
         return None
     return Action("quantization", "none", "fp8", f"5th: the KV cache is already {kv}")
+
+
+# Error classes (docs/metrics.md) by what they say about the server, the most telling
+# first: the cause, the knob to change and its next value, why (seed 003 §10 timeouts,
+# §13 symptoms, §15 "429 instead of queueing").
+ERROR_CAUSES: tuple[tuple[str, frozenset[str], Action], ...] = (
+    (
+        "timed out (the server stalled or queued past the limits)",
+        frozenset({"ttft_timeout", "idle_timeout", "total_timeout"}),
+        Action("offered load", "now", "lower (or max_num_seqs lower)", "requests wait past the "
+               "timeouts: the server carries less than was sent; raise a timeout only if the "
+               "SLO allows that wait"),
+    ),
+    (
+        "failed on the server (5xx, an error event, a cut stream)",
+        frozenset({"http_5xx", "server_error_event", "truncated_stream", "connection_reset"}),
+        Action("engine log", "unread", "read its tail (engine logs)", "the server failed the "
+               "requests itself: an OOM, a crash or a bad request shape is in its log"),
+    ),
+    (
+        "were shed (429: a bounded queue or a rate limit refused them)",
+        frozenset({"http_429"}),
+        Action("offered load", "now", "under the front's bound", "a front refusing at once is "
+               "right past capacity (seed 003 §15); below capacity the bound is too low"),
+    ),
+    (
+        "could not connect",
+        frozenset({"connect_error", "connect_timeout"}),
+        Action("server", "unreachable at times", "check it is up and its connection limit",
+               "the requests never reached the engine"),
+    ),
+    (
+        "were malformed or refused as requests (4xx)",
+        frozenset({"http_4xx", "malformed_response", "client_error"}),
+        Action("request shape", "as sent", "--api, model name, prompt within max_model_len",
+               "the server rejected what was sent, not the load"),
+    ),
+)  # fmt: skip
+
+
+def failed_requests(ev: Evidence) -> Finding | None:
+    """Requests that failed, past seed 003 §1's 0.1%, by cause: timeouts, server errors,
+    shedding, connections, bad requests (out-of-memory failures are `oom`'s). The largest
+    cause names the finding; every cause present gives its action, largest first."""
+    errors = {k: n for k, n in ev.errors.items() if n}
+    failed = sum(errors.values()) - ev.oom_errors
+    sent = ev.completed + sum(errors.values())
+    if failed <= 0 or not sent or failed / sent <= ERROR_SHARE:
+        return None
+    causes = sorted(
+        ((sum(errors.get(k, 0) for k in kinds), why, act) for why, kinds, act in ERROR_CAUSES),
+        key=lambda c: -c[0],
+    )
+    present = [c for c in causes if c[0]]
+    top = present[0][1] if present else "failed"
+    classes = ", ".join(f"{n} {k}" for k, n in sorted(errors.items(), key=lambda kv: -kv[1]))
+    return Finding(
+        "failed_requests",
+        "engine",
+        f"{failed} of {sent} requests failed; most {top}",
+        "seed 003 §1 (5xx under 0.1%), §10 timeouts, §13, §15 (429 instead of queueing)",
+        f"{failed / sent:.1%} failed ({classes})",
+        96.0,
+        [act for _, _, act in present],
+    )
 
 
 def gpu_errors(ev: Evidence) -> Finding | None:
@@ -650,6 +716,7 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
     host_starved,
     gpu_errors,
     oom,
+    failed_requests,
     cancel_leak,
     kv_pressure,
     gpu_clocks,
