@@ -260,9 +260,8 @@ def _window(c: RecordColumns, warmup_s: float, cooldown_s: float) -> tuple[int, 
     # the typical latency of a served request: quick refusals (a shedder's 429s, 1 ms) do
     # not shrink it (behind a 3-slot front, 4 users' 9 refusals in 5 ms and 3 answers at
     # 60 ms: the 5 ms of sends is tiny next to 60 ms, and counted as a window, 0 req/s)
-    done = (c.n_chunks > 0) & c.status_is(RequestStatus.OK)
-    latency = (ends - c.send)[done] if done.any() else ends - c.send
-    typical = last_send - first + int(np.median(latency))
+    served = _median_latency_ns(c, np.ones(c.n, dtype=bool))
+    typical = last_send - first + (served if served is not None else int(np.median(ends - c.send)))
     if (
         end - start > 0
         and bool(((c.send >= start) & (c.send <= end)).any())
@@ -270,6 +269,12 @@ def _window(c: RecordColumns, warmup_s: float, cooldown_s: float) -> tuple[int, 
     ):
         return start, end, False
     return first, int(ends.max()), True
+
+
+def _median_latency_ns(c: RecordColumns, sel: np.ndarray) -> int | None:
+    """Median send -> last content chunk of the `ok` requests in `sel` (None: none)."""
+    done = sel & (c.n_chunks > 0) & c.status_is(RequestStatus.OK)
+    return int(np.median(c.last[done] - c.send[done])) if done.any() else None
 
 
 def completion_shift_ns(c: RecordColumns, sent: np.ndarray) -> int:
@@ -280,8 +285,7 @@ def completion_shift_ns(c: RecordColumns, sent: np.ndarray) -> int:
     ramp-up deficit (nothing finishes in the first latency after the first send: counted
     unmoved, 10 req/s of 2 s requests over 10 s read 8.1 req/s); a queue that grows still
     completes only at the service rate (Little's law; the steady-state check's reading)."""
-    done = sent & (c.n_chunks > 0) & c.status_is(RequestStatus.OK)
-    return int(np.median(c.last[done] - c.send[done])) if done.any() else 0
+    return _median_latency_ns(c, sent) or 0
 
 
 def _rate(times: np.ndarray, lo: int, hi: int) -> float | None:
