@@ -85,7 +85,9 @@ def test_bench_piped_prints_no_live_view(tmp_path: Path) -> None:
         mock.kill()
         mock.wait()
     assert res.returncode == 0, res.stderr
-    assert "offered" not in res.stderr and "achieved" not in res.stderr
+    # the view's own lines, not words a note may share (a starved run's client note says
+    # "of offered 17.3 req/s": stop 47's CI)
+    assert "TTFT p50/p99" not in res.stderr and "engine running" not in res.stderr
     assert "servetune bench" in res.stdout  # the summary table still prints
 
 

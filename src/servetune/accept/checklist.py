@@ -189,9 +189,9 @@ def not_applicable(*evidence: str) -> Finding:
     return Finding(Status.NA, list(evidence))
 
 
-def unchecked(fix: str, *evidence: str) -> Finding:
+def unchecked(fix: str, *evidence: str, **values: Any) -> Finding:
     """`cannot check here`; `fix` says what would make the item checkable."""
-    return Finding(Status.UNCHECKED, list(evidence), fix=fix)
+    return Finding(Status.UNCHECKED, list(evidence), fix=fix, values=values)
 
 
 class Checklist:

@@ -483,6 +483,7 @@ def run_point(
         cpu_s=cpu_s,
         cpu_util=cpu_util,
         event_loop=loop_name,
+        loop_lag_p99_ms=lag,
         bottleneck=bool(warnings),
         warnings=warnings,
     )

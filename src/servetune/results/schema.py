@@ -187,6 +187,9 @@ class ClientInfo(BaseModel):
     cpu_s: float = 0.0
     cpu_util: float = 0.0
     event_loop: str = "asyncio"
+    # how late the client's own event loop ran (P99 of its workers' worst): a latency the
+    # client measured may be this much its own, not the server's
+    loop_lag_p99_ms: float = 0.0
     bottleneck: bool = False
     warnings: list[str] = Field(default_factory=list)
 
