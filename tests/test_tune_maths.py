@@ -106,7 +106,10 @@ def test_space_validation_errors_name_the_field() -> None:
         parse_space({"knobs": {"max_num_seqs": []}})
     with pytest.raises(InputError, match="contradictory"):
         parse_space({"knobs": {"max_num_seqs": [64, 128]}, "constraints": ["max_num_seqs < 8"]})
-    with pytest.raises(InputError, match="no flag for gpu_memory_utilization"):
+    # the engine's own reason rides along, as --set gives it (LaunchSpec.why_unsupported)
+    with pytest.raises(
+        InputError, match="no flag for gpu_memory_utilization: llama.cpp sizes KV by -c"
+    ):
         parse_space({"engine": "llamacpp", "knobs": {"gpu_memory_utilization": [0.8, 0.9]}})
     with pytest.raises(InputError, match="not allowed"):
         parse_space({"knobs": {"max_num_seqs": [8]}, "constraints": ["__import__('os')"]})

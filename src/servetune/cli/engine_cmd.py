@@ -74,11 +74,11 @@ def _check_engine_has_flags(engine: str, cfg, names: list[str]) -> None:
     from servetune.engines.registry import launch_command
 
     spec = launch_command(engine, cfg, "model")
-    bad = [n for n in names if n in spec.unsupported]
-    if bad:
-        why = next((n for n in spec.notes if n.startswith(f"{bad[0]}:")), "")
-        detail = f": {why.partition(': ')[2]}" if why else ""
-        raise InputError(f"--set {bad[0]}", f"{engine} has no flag for it{detail}", "drop it")
+    for name in names:
+        why = spec.why_unsupported(name)
+        if why is not None:
+            detail = f": {why}" if why else ""
+            raise InputError(f"--set {name}", f"{engine} has no flag for it{detail}", "drop it")
 
 
 @engine_app.command("list")

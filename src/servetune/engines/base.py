@@ -72,6 +72,14 @@ class LaunchSpec:
         parts.append(f"{prefix} {cmd}" if prefix else cmd)
         return "\n".join(parts)
 
+    def why_unsupported(self, knob: str) -> str | None:
+        """None when the engine has a flag for `knob`; else the one-line reason the engine
+        gave for having none ("" when it gave none). One reading for every caller that
+        refuses such a knob (`--set`, the tuner's space)."""
+        if knob not in self.unsupported:
+            return None
+        return next((n.partition(": ")[2] for n in self.notes if n.startswith(f"{knob}:")), "")
+
     def write_files(self, directory: Path) -> None:
         """Write `files` into the directory the engine will run in."""
         directory.mkdir(parents=True, exist_ok=True)

@@ -320,10 +320,11 @@ def _check_engine_maps(space: SearchSpace) -> None:
                 continue  # an engine-specific refusal of one value: left to why_invalid
             except ValueError:
                 continue
-            if name in spec.unsupported:
+            why = spec.why_unsupported(name)
+            if why is not None:
                 raise InputError(
                     f"space.knobs.{name}",
-                    f"{space.engine} has no flag for {name}",
+                    f"{space.engine} has no flag for {name}" + (f": {why}" if why else ""),
                     "drop it from the space (the trials would not differ)",
                 )
 
