@@ -113,6 +113,18 @@ IN_PROCESS = [
         "line 1.timestamp: ",
     ),
     ("trace hash_ids 'x'", _trace({**LINE, "hash_ids": "x"}), SIM_W, "line 1.hash_ids: "),
+    (
+        "trace spanning 1e297 s",  # the bench would wait for ever (the sim warned, then ran)
+        _trace(LINE, {**LINE, "timestamp": 1e300}),
+        [*SIM, "-w", "w.yaml"],  # replayed at its timestamps (--rate would ignore them)
+        "t.jsonl span 1e+297 s of replay",
+    ),
+    (
+        "trace span overflowing",  # 3.4e308 ms: a traceback (arrival_s inf)
+        _trace({**LINE, "timestamp": -1.7e308}, {**LINE, "timestamp": 1.7e308}),
+        [*SIM, "-w", "w.yaml"],
+        "t.jsonl span over 1e308 ms",
+    ),
     ("trace line a list", _trace(LINE, [1, 2]), SIM_W, "workload.trace line 2: is a JSON list"),
     ("dataset prompt 12345", _dataset({"prompt": 12345}), SIM_W, "line 1.prompt: "),
     ("dataset prompt a list", _dataset({"prompt": ["a", "b"]}), SIM_W, "line 1.prompt: "),

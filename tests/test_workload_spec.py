@@ -350,6 +350,40 @@ def test_a_trace_out_of_order_starts_at_its_earliest_send(tmp_path) -> None:
     assert sorted(r.arrival_s for r in reqs) == [0.0, 0.1]
 
 
+def test_a_trace_replay_longer_than_a_week_is_refused_unless_sped_up(tmp_path) -> None:
+    """8 days of timestamps replay in 4 at time_scale 2 (within the week the longest public
+    trace spans); at time_scale 1 it is refused in one line, not left to wait for days."""
+    from servetune.errors import InputError
+
+    trace = tmp_path / "t.jsonl"
+    eight_days_ms = 8 * 86_400_000
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 16, "output_length": 4}\n'
+        f'{{"timestamp": {eight_days_ms}, "input_length": 16, "output_length": 4}}\n'
+    )
+    slow = {"trace": {"path": str(trace)}, "arrival": {"kind": "trace"}}
+    with pytest.raises(
+        InputError, match=r"workload.trace: the timestamps in .*t.jsonl span 6.91e\+05 s"
+    ):
+        materialize(parse_workload(slow), WordTokenizer())
+    fast = {**slow, "trace": {"path": str(trace), "time_scale": 2.0}}
+    assert [r.arrival_s for r in materialize(parse_workload(fast), WordTokenizer())] == [
+        0.0,
+        4 * 86_400.0,
+    ]
+    # a closed loop ignores the timestamps: nothing waits on them
+    closed = {**slow, "arrival": {"kind": "closed", "concurrency": 1}}
+    assert len(materialize(parse_workload(closed), WordTokenizer())) == 2
+    # a workload file is refused when loaded, before any run; unless the command line sets
+    # the load (--rate), which replaces the trace's own arrival
+    wl = tmp_path / "w.yaml"
+    wl.write_text("trace: {path: t.jsonl}\narrival: {kind: trace}\n")
+    with pytest.raises(InputError, match="span 6.91e\\+05 s"):
+        load_workload(wl)
+    swept = load_workload(wl, swept=True).with_load(rate=2.0, count=2)
+    assert len(materialize(swept, WordTokenizer())) == 2
+
+
 def test_a_prefill_only_trace_line_is_served_one_token(tmp_path) -> None:
     """`output_length: 0` (traces of KV-cache studies hold such lines) is kept and asks for
     one token, the least a server's max_tokens takes; a negative one is refused."""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.workload.sources import read_dataset, read_trace
+from servetune.workload.sources import check_replay_span, read_dataset, read_trace
 from servetune.workload.spec import (
     MAX_TOKENS,
     Empirical,
@@ -426,6 +426,7 @@ def _from_trace(spec: WorkloadSpec, maker: PromptMaker) -> list[Request]:
         rows = rows[: spec.count]
     blocks: dict[int, list[int]] = {}
     t0 = min(r.timestamp_ms for r in rows)  # the first send, were the lines out of order
+    check_replay_span(spec)
     priority = spec.mix[0].priority if spec.mix else None
     reqs = []
     for i, row in enumerate(rows):

@@ -79,6 +79,32 @@ def check_files(spec: WorkloadSpec) -> None:
         read_trace(ds.path, "workload.sessions.dataset")
 
 
+# The longest replay a trace may ask for. Public LLM-serving traces span an hour (Mooncake's
+# conversation trace) to a week (Azure LLM inference trace 2024, one week of requests); a
+# replay longer than that is a timestamp in the wrong unit or a typo, and would leave the
+# bench waiting (or overflow a float past 1.8e308 ms) instead of measuring.
+MAX_REPLAY_S = 7 * 86_400.0
+
+
+def check_replay_span(spec: WorkloadSpec) -> None:
+    """A trace replayed at its own timestamps (arrival kind `trace`) whose replay would
+    outlast MAX_REPLAY_S is refused in one line; other arrivals ignore the timestamps."""
+    if spec.trace is None or spec.arrival.kind != "trace":
+        return
+    stamps = [r.timestamp_ms for r in read_trace(spec.trace.path)]
+    scale = spec.trace.time_scale
+    span_s = (max(stamps) - min(stamps)) / 1000.0 / scale  # inf when the difference overflows
+    if not span_s <= MAX_REPLAY_S:
+        shown = "over 1e308 ms" if not math.isfinite(span_s) else f"{span_s:,.3g} s"
+        raise InputError(
+            "workload.trace",
+            f"the timestamps in {spec.trace.path} span {shown} of replay at time_scale {scale:g} "
+            f"(the limit is {MAX_REPLAY_S / 86_400:g} days)",
+            "give timestamps in milliseconds from the first request, raise time_scale, "
+            "or cut the trace",
+        )
+
+
 def read_trace(path: Path, label: str = TRACE) -> tuple[TraceRow, ...]:
     """The requests of a trace file (one JSON object a line), every value checked."""
     return cast("tuple[TraceRow, ...]", _cached(Path(path), "mooncake", label))

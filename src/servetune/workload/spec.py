@@ -354,10 +354,12 @@ def parse_workload(data: Any, base_dir: Path | None = None, swept: bool = False)
         return spec
     # A workload file: its dataset and trace are read (every line checked) now, before a
     # run starts. A dict's (a preset's, a stored run's) are checked when a run reads them.
-    from servetune.workload.sources import check_files  # it imports this module
+    from servetune.workload.sources import check_files, check_replay_span  # imports this
 
     spec = _resolve_paths(spec, base_dir)
     check_files(spec)
+    if not swept:  # a swept load may replace the trace's own arrival: checked at the run
+        check_replay_span(spec)
     return spec
 
 
