@@ -23,6 +23,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.paced  # its SLO verdicts read live TPOT from the mock
 def test_bench_sweep_writes_results_csv_and_json(tmp_path: Path) -> None:
     (tmp_path / "w.yaml").write_text(
         "count: 30\narrival: {kind: poisson, rate: 50}\n"

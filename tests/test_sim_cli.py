@@ -155,6 +155,7 @@ def test_validate_on_saved_runs_of_a_known_profile_has_zero_error(tmp_path: Path
     assert out["verdict"] == {"result": "met", "figures": []}
 
 
+@pytest.mark.paced  # its profile is fitted to the mock's live timings
 def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Path):
     """`calibrate --url` against a server whose timing is known (the mock: TTFT 30 ms, 6 ms
     between tokens, for any batch): the sweep's runs are kept, the profile is refined by

@@ -14,6 +14,7 @@ from servetune.tune.tuner import Tuner
 ray = pytest.importorskip("ray")
 
 
+@pytest.mark.paced  # two Ray workers must both start and overlap
 def test_ray_runs_sim_trials_in_parallel_into_one_store(tmp_path: Path) -> None:
     from test_tune_sim import CHAT, sim_settings
 
