@@ -64,7 +64,11 @@ def test_same_mock_streaming_token_by_token_is_measured(tmp_path: Path) -> None:
     out = bench(tmp_path, MockConfig(ttft_ms=20, itl_ms=10), "--json")
     assert out.returncode == 0, out.stderr
     m = json.loads(out.stdout)["metrics"]
-    assert not m["stream_buffered"] and m["stream_buffered_requests"] == 0
+    assert not m["stream_buffered"]
+    # A client starved of CPU for ~70 ms over one answer reads its chunks in one burst and
+    # that request is judged held; one stall spans at most the 2 answers in flight. A
+    # server that buffers holds all 6.
+    assert m["stream_buffered_requests"] < 3, m["stream_buffered_requests"]
     assert m["ttft_ms"]["count"] == 6 and m["itl_ms"]["count"] == 6 * 7
 
 
