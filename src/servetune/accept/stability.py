@@ -12,6 +12,8 @@ each stage changes one thing (arrivals, lengths, cancels) at the same load.
 from __future__ import annotations
 
 import math
+import os
+import shlex
 import subprocess
 import threading
 import time
@@ -229,23 +231,80 @@ def _causes(records: list[RequestRecord]) -> str:
     return ", ".join(f"{k} x{v}" for k, v in n.most_common())
 
 
+# How long the fault test waits, after a `kill PID` command returns, for the process to
+# be gone: a signal is only queued, and a replica starved of CPU (or shutting down on
+# SIGTERM) keeps serving until it has run its exit.
+GONE_WAIT_S = 10.0
+
+
 @dataclass(frozen=True)
 class Fault:
     """The fault test: `command` stops one replica `after_s` into a stage at the base
-    load. Requests sent from `grace_s` after it must all succeed: the front has moved
-    the traffic to the replicas left (what is in flight on the lost one may fail)."""
+    load. Requests sent from `grace_s` after the replica is gone must all succeed: the
+    front has moved the traffic to the replicas left (what is in flight on the lost one
+    may fail). Gone: the command has returned (`docker stop` returns once the container
+    has stopped) and, for a plain `kill [-SIG] PID...`, the processes have exited."""
 
     command: str
     after_s: float
     grace_s: float = 2.0
 
 
+def killed_pids(command: str) -> list[int]:
+    """The processes a plain `kill [-SIG | -s SIG] PID...` stops; [] for any other command
+    (a shell pipeline, a job spec, a process group)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return []
+    if not words or os.path.basename(words[0]) != "kill":
+        return []
+    pids: list[int] = []
+    rest = iter(words[1:])
+    for w in rest:
+        if w in ("-s", "-n", "--signal"):
+            next(rest, None)  # the signal's name
+        elif w.isdigit():
+            pids.append(int(w))
+        elif not (w.startswith("-") and not pids):  # a signal, before the pids, is fine
+            return []  # `kill 12; ...`, `kill %1`, `kill 12 -13`: not what this can follow
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:  # a zombie (a killed child not yet reaped) has exited: its sockets are closed
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return True  # not ours to watch: the command's return is all there is to go by
+
+
+def wait_gone(pids: list[int], timeout_s: float = GONE_WAIT_S) -> list[int]:
+    """Waits (bounded) for the processes to exit; returns those still running."""
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in pids if not _gone(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [p for p in left if not _gone(p)]
+    return left
+
+
 def fault_stage(p: Prober, pt: WorkloadSpec, load: Load, fault: Fault) -> StageResult:
-    killed: dict[str, int] = {}
+    """One stage with a replica stopped `fault.after_s` in. The grace is counted from when
+    the replica is gone, not from when the command was started: a stamp taken before the
+    kill (a shell starved of CPU took seconds to run `kill`) once judged requests that
+    died in flight on the victim as sent after the grace, and blamed the front."""
+    killed: dict[str, Any] = {}
+    pids = killed_pids(fault.command)
 
     def kill() -> None:
-        killed["ns"] = time.monotonic_ns()
+        killed["start_ns"] = time.monotonic_ns()
         killed["rc"] = subprocess.run(fault.command, shell=True, check=False).returncode
+        killed["left"] = wait_gone(pids) if killed["rc"] == 0 else []
+        killed["ns"] = time.monotonic_ns()  # the replica is gone: the grace starts
 
     requests = p.requests(pt)  # before the clock: the kill times the load, not the set-up
     timer = threading.Timer(fault.after_s, kill)
@@ -254,17 +313,28 @@ def fault_stage(p: Prober, pt: WorkloadSpec, load: Load, fault: Fault) -> StageR
         res = p.measure("stage-fault", pt, requests)
     finally:
         timer.cancel()
-    if "ns" not in killed:
+        timer.join(timeout=GONE_WAIT_S + 5)  # a kill under way: its outcome, not a guess
+    if "start_ns" not in killed:
         return StageResult("fault", load, False, "fault: the stage ended before the kill", res)
+    if "ns" not in killed:
+        line = f"fault: the stage ended before `{fault.command}` returned"
+        return StageResult("fault", load, False, line, res)
+    gone_s = (killed["ns"] - res.anchor_ns) / 1e9
     after = killed["ns"] - res.anchor_ns + int(fault.grace_s * 1e9)
     late = [r for r in res.records if r.send_ns >= after]
     bad = [r for r in late if r.status != RequestStatus.OK]
+    left = killed["left"]
     line = (
-        f"fault at {load.text()}: `{fault.command}` (exit {killed['rc']}) at {fault.after_s:.1f} s;"
-        f" {len(late) - len(bad)}/{len(late)} requests sent {fault.grace_s:g} s after it served"
+        f"fault at {load.text()}: `{fault.command}` (exit {killed['rc']}) at {fault.after_s:.1f} s"
+        + (
+            f", pid {', '.join(map(str, left))} still running {GONE_WAIT_S:g} s after;"
+            if left
+            else f", the replica gone at {gone_s:.1f} s;"
+        )
+        + f" {len(late) - len(bad)}/{len(late)} requests sent {fault.grace_s:g} s after it served"
         + (f" ({_causes(bad)})" if bad else "")
     )
-    ok = bool(late) and not bad and killed["rc"] == 0
+    ok = bool(late) and not bad and killed["rc"] == 0 and not left
     return StageResult("fault", load, ok, line, res)
 
 
