@@ -8,7 +8,6 @@ not a terminal."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 from typing import Any
@@ -20,6 +19,13 @@ from rich.text import Text
 from servetune.bench.progress import _ms
 
 _GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
+# Ticks sent and not yet taken by the view: beyond this many a new tick is dropped (a
+# view starved of CPU draws the latest ones when it runs; the ones between are redraws).
+TICKS_AHEAD = 8
+# How long the end of the run waits for the view's process to take "quit" and exit: it
+# runs at low priority, and on a busy host (CI at nice 19 beside engines) it can be kept
+# off the CPU for seconds.
+QUIT_WAIT_S = 30.0
 # Sweep and probe labels (measure.loads): rate4, conc8, rate=2.5, concurrency=8.
 _LABEL = re.compile(r"^(rate|conc|concurrency)=?([0-9.]+)$")
 
@@ -105,11 +111,11 @@ def render(s: dict[str, Any], e: dict[str, float]) -> Text:
     )
 
 
-def _draw(ticks: Any, out: str | None) -> None:
+def _draw(ticks: Any, taken: Any, out: str | None) -> None:
     """The view's own process, at low priority: polls the engine and the host, draws each
-    tick it is sent. Messages: a tick (dict); ("target", url, engine) to watch an engine;
-    None at the end of a point (the view clears); "quit", or the bench that started it
-    gone, ends it."""
+    tick it is sent. Messages: a tick (dict), counted in `taken` (shared with the bench);
+    ("target", url, engine) to watch an engine; None at the end of a point (the view
+    clears); "quit", or the bench that started it gone, ends it."""
     import os
     import queue
     import signal
@@ -138,6 +144,7 @@ def _draw(ticks: Any, out: str | None) -> None:
             if msg == "quit":
                 break
         else:
+            taken.value += 1  # room for the bench's next tick
             if live is None:
                 live = Live(console=console, auto_refresh=False, transient=True)
                 live.start()
@@ -155,58 +162,70 @@ class LiveView:
     priority: the runner calls this on the client's event loop, and a view in the
     client's process (a rich redraw, a /metrics parse holding the GIL) cut the one-core
     client ceiling from 7,000 to 5,000 req/s in benchmarks/client_ceiling.py. Here a tick
-    costs the client one non-blocking put of a small dict on a queue; a tick the view
-    has not taken yet is dropped, never waited for."""
+    costs the client one non-blocking put of a small dict on a queue; while TICKS_AHEAD
+    ticks wait untaken (a view starved of CPU), a new one is dropped, never waited for.
+
+    The control messages (a new engine to watch, the end of a point, the end of the run)
+    are never dropped, and never wait either: the queue itself is unbounded, only ticks
+    are counted. A queue bounded at 8 for all messages once dropped them with the ticks
+    when a starved view fell behind: the view never cleared, and its process outlived its
+    stop and was terminated."""
 
     def __init__(self, url: str | None = None, engine: str | None = None, out: str | None = None):
         self.out = out
         self.proc: Any = None
         self.ticks: Any = None
+        self.taken: Any = None  # ticks the view has taken (its process counts them)
+        self.sent = 0  # ticks put on the queue
         self._target: tuple[str, str | None, str | None] = ("target", url, engine)
 
     def target(self, url: str | None, engine: str | None) -> None:
         """Point the view at another engine (a tuner trial's fresh launch)."""
         self._target = ("target", url, engine)
         if self.ticks is not None:
-            self.ticks.put(self._target)
+            self.ticks.put_nowait(self._target)
 
     def _start(self) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # no fork of a threaded client
-        self.ticks = ctx.Queue(maxsize=8)
+        # Unbounded, so a control message always goes in at once; ticks are bounded by
+        # the count the view keeps of those it took (`taken`, written by it alone).
+        self.ticks = ctx.Queue()
+        self.taken, self.sent = ctx.Value("Q", 0, lock=False), 0
         self.proc = ctx.Process(
-            target=_draw, args=(self.ticks, self.out), name="servetune-live", daemon=True
+            target=_draw,
+            args=(self.ticks, self.taken, self.out),
+            name="servetune-live",
+            daemon=True,
         )
         self.proc.start()
-        self.ticks.put(self._target)
+        self.ticks.put_nowait(self._target)
 
     def __call__(self, s: dict[str, Any]) -> None:
-        import queue
-
         if self.proc is None:
             self._start()
-        with contextlib.suppress(queue.Full):
+        if self.sent - self.taken.value < TICKS_AHEAD:
+            self.sent += 1
             self.ticks.put_nowait(s)
 
     def close(self) -> None:
         """End of a point: the view clears (its process stays for the next point)."""
         if self.ticks is not None:
-            with contextlib.suppress(Exception):
-                self.ticks.put(None, timeout=1.0)
+            self.ticks.put_nowait(None)
 
     def shutdown(self) -> None:
-        """End of the run: the view's process exits (it also does when the bench does)."""
+        """End of the run: the view's process exits (it also does when the bench does).
+        Waits up to QUIT_WAIT_S for a starved view to take "quit"; terminates it after."""
         if self.proc is None:
             return
-        with contextlib.suppress(Exception):
-            self.ticks.put("quit", timeout=1.0)
-        self.proc.join(timeout=5.0)
+        self.ticks.put_nowait("quit")
+        self.proc.join(timeout=QUIT_WAIT_S)
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(timeout=5.0)
         self.ticks.close()
-        self.proc = self.ticks = None
+        self.proc = self.ticks = self.taken = None
 
 
 def live_view(console: Console, url: str | None = None, engine: str | None = None):
