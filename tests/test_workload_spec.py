@@ -371,6 +371,8 @@ def test_a_trace_replay_longer_than_a_week_is_refused_unless_sped_up(tmp_path) -
         0.0,
         4 * 86_400.0,
     ]
+    # only the lines a run sends count: the first one alone spans nothing
+    assert len(materialize(parse_workload({**slow, "count": 1}), WordTokenizer())) == 1
     # a closed loop ignores the timestamps: nothing waits on them
     closed = {**slow, "arrival": {"kind": "closed", "concurrency": 1}}
     assert len(materialize(parse_workload(closed), WordTokenizer())) == 2

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.workload.sources import check_replay_span, read_dataset, read_trace
+from servetune.workload.sources import check_replay_span, read_dataset, trace_rows
 from servetune.workload.spec import (
     MAX_TOKENS,
     Empirical,
@@ -421,9 +421,7 @@ def _from_trace(spec: WorkloadSpec, maker: PromptMaker) -> list[Request]:
     """Mooncake-style trace: equal hash ids -> identical token blocks -> shared prefixes."""
     tr = spec.trace
     assert tr is not None
-    rows = read_trace(tr.path)
-    if spec.count is not None:
-        rows = rows[: spec.count]
+    rows = trace_rows(spec)
     blocks: dict[int, list[int]] = {}
     t0 = min(r.timestamp_ms for r in rows)  # the first send, were the lines out of order
     check_replay_span(spec)

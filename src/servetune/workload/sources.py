@@ -86,12 +86,19 @@ def check_files(spec: WorkloadSpec) -> None:
 MAX_REPLAY_S = 7 * 86_400.0
 
 
+def trace_rows(spec: WorkloadSpec) -> tuple[TraceRow, ...]:
+    """The trace lines a run of `spec` sends: the first `count` when it sets one."""
+    assert spec.trace is not None
+    rows = read_trace(spec.trace.path)
+    return rows if spec.count is None else rows[: spec.count]
+
+
 def check_replay_span(spec: WorkloadSpec) -> None:
     """A trace replayed at its own timestamps (arrival kind `trace`) whose replay would
     outlast MAX_REPLAY_S is refused in one line; other arrivals ignore the timestamps."""
     if spec.trace is None or spec.arrival.kind != "trace":
         return
-    stamps = [r.timestamp_ms for r in read_trace(spec.trace.path)]
+    stamps = [r.timestamp_ms for r in trace_rows(spec)]
     scale = spec.trace.time_scale
     span_s = (max(stamps) - min(stamps)) / 1000.0 / scale  # inf when the difference overflows
     if not span_s <= MAX_REPLAY_S:
