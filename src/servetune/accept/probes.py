@@ -5,6 +5,7 @@ where the seed gives none, the docs (docs/accept.md) say why the number was chos
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,14 +75,7 @@ def warm_up(p: Prober, spec: WorkloadSpec, sizes: Sizes) -> Finding:
     ratio = first / steady if steady > 0 else 1.0
     ev = f"first 2 requests TTFT median {first:.0f} ms vs steady {steady:.0f} ms ({ratio:.1f}x)"
     if ratio > COLD_RATIO and _lag_explains(res, first - steady):
-        return unchecked(
-            "re-run where the client gets a core (the host was too busy to time a cold start)",
-            ev,
-            f"the client's own event loop ran {res.client.loop_lag_p99_ms:.0f} ms late (P99): "
-            "the first requests' extra wait may be the client's",
-            ratio=ratio,
-            client_lag_p99_ms=res.client.loop_lag_p99_ms,
-        ).with_run(res.id)
+        return _late_client(res, "a cold start", [ev], ratio=ratio)
     if ratio > COLD_RATIO:
         return failed(
             "warm the instance up (typical requests) before it takes traffic", ev, ratio=ratio
@@ -214,14 +208,7 @@ def queue_bound(p: Prober, spec: WorkloadSpec, cap: Capacity, sizes: Sizes) -> F
     reject_excess = p95_reject - REJECT_FAST_MS if slow and p95_reject is not None else None
     growth = slope * res.duration_s * 1000.0 if grows and slope is not None else None  # ms
     if (slow or grows) and _lag_explains(res, reject_excess, growth):
-        values["client_lag_p99_ms"] = res.client.loop_lag_p99_ms
-        return unchecked(
-            "re-run where the client gets a core (the host was too busy to time rejects)",
-            *ev,
-            f"the client's own event loop ran {res.client.loop_lag_p99_ms:.0f} ms late (P99): "
-            "what looks slow may be the client's, not the front's",
-            **values,
-        ).with_run(res.id)
+        return _late_client(res, "rejects and queue growth", ev, **values)
     if slow:
         return failed(
             f"reject at once: shed requests waited over {REJECT_FAST_MS:.0f} ms", *ev, **values
@@ -242,6 +229,19 @@ def _lag_explains(res: RunResult, *excess_ms: float | None) -> bool:
     about the deployment; a real slow reject, growing queue or cold start exceeds it."""
     lag_ms = res.client.loop_lag_p99_ms
     return all(e is None or e <= lag_ms for e in excess_ms)
+
+
+def _late_client(res: RunResult, timed: str, ev: list[str], **values: Any) -> Finding:
+    """Unchecked, not failed: what `timed` measured may be the client's own lateness."""
+    lag = res.client.loop_lag_p99_ms
+    return unchecked(
+        f"re-run where the client gets a core (the host was too busy to time {timed})",
+        *ev,
+        f"the client's own event loop ran {lag:.0f} ms late (P99): what looks slow may be "
+        "the client's, not the deployment's",
+        **values,
+        client_lag_p99_ms=lag,
+    ).with_run(res.id)
 
 
 def cancellation(p: Prober, spec: WorkloadSpec, users: int, sizes: Sizes) -> Finding:
