@@ -276,10 +276,8 @@ def _gone(pid: int) -> bool:
 
     try:  # a zombie (a killed child not yet reaped) has exited: its sockets are closed
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return True  # not ours to watch: the command's return is all there is to go by
+    except psutil.Error:  # no such process; or not ours to watch: the command's return
+        return True  # is all there is to go by
 
 
 def wait_gone(pids: list[int], timeout_s: float = GONE_WAIT_S) -> list[int]:
