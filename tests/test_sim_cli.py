@@ -186,7 +186,11 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
 
     sweep = calibration_cases()
     assert len(list(runs.glob("cal-*.json"))) == len(sweep)  # one of each sweep workload
-    assert json.loads(prof.read_text())["fit"]["method"] == "least squares + replay"
+    fit = json.loads(prof.read_text())["fit"]
+    assert fit["method"] == "least squares + replay"
+    # the mock's timing is the step model's own shape (a constant step, a constant latency
+    # to the first chunk): its profile replays its runs closely and is fit for use
+    assert fit["confidence"] != "low" and fit["rel_rmse"] < 0.15, fit
     w = tmp_path / "w.yaml"
     w.write_text(
         yaml.safe_dump({**WL, "count": 40, "arrival": {"kind": "closed", "concurrency": 2}})
@@ -197,7 +201,7 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
     )  # fmt: skip
     assert s.returncode == 0, s.stderr
     m = json.loads(s.stdout)
-    assert 5.0 < m["tpot_ms"]["p50"] < 7.5 and 20 < m["ttft_ms"]["p50"] < 45, m
+    assert 5.0 < m["tpot_ms"]["p50"] < 7.5 and 25 < m["ttft_ms"]["p50"] < 45, m
     assert cli("calibrate", "--model", "x", "--gpu", "cpu-host", "-o", str(prof)).returncode == 2
 
 

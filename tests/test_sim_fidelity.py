@@ -251,13 +251,12 @@ def test_cases_are_named_workload_specs_split_by_the_calibration_prefix() -> Non
     assert {w.api for w in cal + held} == {"completions"}  # the server counts raw prompts
 
 
-def test_replay_fit_brings_a_wrong_profile_back_to_the_runs_it_replays() -> None:
-    """Runs simulated under a known profile, and a start with every step term 3x too large
-    and no front-end terms: the replay fit (scipy's Nelder-Mead, 30 iterations a start)
-    must cut the replay loss - the mean squared log error of the runs' figures - tenfold."""
+def _runs_of_a_known_profile():
+    """(runs, truth, replay_loss): three small runs simulated under a known profile, and
+    the replay fit's loss - the mean squared log error of the runs' figures - of a profile."""
     from servetune.hardware import get_hardware
     from servetune.model import get_model
-    from servetune.sim.calibrate import fit_by_replay, log_error_loss, replay_inputs, shape_of
+    from servetune.sim.calibrate import log_error_loss, replay_inputs, shape_of
     from servetune.sim.engine import simulate
     from servetune.sim.profile import Profile
 
@@ -290,10 +289,33 @@ def test_replay_fit_brings_a_wrong_profile_back_to_the_runs_it_replays() -> None
             total, n = total + t, n + k
         return total / n
 
+    return runs, truth, replay_loss
+
+
+def test_replay_fit_brings_a_wrong_profile_back_to_the_runs_it_replays() -> None:
+    """A start with every step term 3x too large and no front-end terms: the replay fit
+    (scipy's Nelder-Mead, 30 iterations a start) must cut the replay loss tenfold."""
+    from servetune.sim.calibrate import fit_by_replay
+
+    runs, truth, replay_loss = _runs_of_a_known_profile()
     wrong = {k: 3 * v for k, v in truth.coefficients.items()}
     start = truth.model_copy(update={"coefficients": wrong, "api_overhead_s": 0, "ingress_s": 0})
     fit = fit_by_replay(runs, start, "llama-3.2-1b", VLLM_TEST_CONFIG, iters=30)
     assert replay_loss(fit) < replay_loss(start) / 10, (replay_loss(start), fit)
+
+
+def test_replay_fit_never_ends_worse_than_the_profile_it_starts_from() -> None:
+    """A start that already replays its runs exactly (the profile they were simulated
+    under): the searches begin from floored terms, far from it, and a few iterations do
+    not come back; the refinement must keep the start then, not hand back a worse profile
+    (on the mock, TTFT 30 ms and 6 ms a token, the least squares replayed to 5% and the
+    search's end to 32%, which `calibrate` called not fit for use)."""
+    from servetune.sim.calibrate import fit_by_replay
+
+    runs, truth, replay_loss = _runs_of_a_known_profile()
+    fit = fit_by_replay(runs, truth, "llama-3.2-1b", VLLM_TEST_CONFIG, iters=3)
+    assert replay_loss(fit) <= replay_loss(truth) < 1e-6
+    assert fit.coefficients == truth.coefficients and fit.ingress_s == truth.ingress_s
 
 
 def _sim_run(name: str, const: float, t0: float):
