@@ -294,13 +294,14 @@ def run_points(
     label: str = "",
 ) -> list[PointResult]:
     """Extra points for one config in one session: finalist repetitions (`phase="rep"`,
-    same load repeated) or a sweet-spot sweep. Stored like probes, so they resume too."""
+    same load repeated), the host SLO's probe blocks, or a sweet-spot sweep. Stored like
+    probes, so they resume too: a load given again is the next repetition of it."""
     key = config_key(cfg)
     out: list[PointResult] = []
     results: dict[float, RunResult] = {}
     with _LazySession(backend, cfg, recorder, key) as lazy:
         for r, load in enumerate(loads):
-            rep = r if phase == "rep" else 0
+            rep = loads[:r].count(load)
             out.append(_measure(lazy, recorder, key, kind, load, phase, rep, results, say, label))
     return out
 
