@@ -146,7 +146,7 @@ def test_host_slo_takes_each_figure_from_the_slower_probe_block() -> None:
     h = from_probe(base, HostRule(ttft_x=4, tpot_x=3), blocks, "baseline", "real")
     assert (h.probe_ttft_ms, h.probe_tpot_ms) == (535.0, 132.0)
     assert (h.slo.ttft_ms.p95, h.slo.tpot_ms.p95) == (2140.0, 396.0)
-    assert h.samples == 6 and h.run_ids == ("a", "b")
+    assert h.samples == 6 and h.blocks == 2 and h.run_ids == ("a", "b")
     one = from_probe(
         base, HostRule(), [_block(None, 50.0, "a"), _block(None, 40.0, "b")], "b", "sim"
     )

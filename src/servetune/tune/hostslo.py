@@ -38,7 +38,8 @@ class HostSLO:
     samples: int  # requests per block: the P95s' sample size
     config: str  # the probed config's label
     backend: str  # real | sim: what was probed
-    run_ids: tuple[str, ...] = ()  # the blocks' runs
+    blocks: int = 1  # probe blocks run in a row
+    run_ids: tuple[str, ...] = ()  # their runs
 
     def text(self) -> str:
         """`SLO derived from this host: P95 TTFT <= 4 x probe 412 ms = 1,648 ms, ...`."""
@@ -52,8 +53,8 @@ class HostSLO:
         where = "this host" if self.backend == "real" else "the simulated host"
         return (
             f"SLO derived from {where}: {', '.join(parts)} (probe: {self.samples} requests "
-            f"one at a time on {self.config}, {len(self.run_ids) or 1} blocks in a row; "
-            "the slower block's P95s)"
+            f"one at a time on {self.config}, {self.blocks} blocks in a row; the slower "
+            "block's P95s)"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -63,6 +64,7 @@ class HostSLO:
             "probe_ttft_p95_ms": self.probe_ttft_ms,
             "probe_tpot_p95_ms": self.probe_tpot_ms,
             "samples": self.samples,
+            "blocks": self.blocks,
             "config": self.config,
             "backend": self.backend,
             "run_ids": list(self.run_ids),
@@ -90,6 +92,7 @@ def from_probe(
         samples=min(b.completed for b in blocks),
         config=config,
         backend=backend,
+        blocks=len(blocks),
         run_ids=tuple(b.run_id for b in blocks if b.run_id),
     )
 
