@@ -10,13 +10,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from servetune.engines.config import EngineConfig
 from servetune.hardware import get_hardware
 from servetune.model import get_model
 from servetune.results.files import write_result
 from servetune.results.schema import RunResult
-from servetune.sim.calibrate import fit_profile
+from servetune.sim.calibrate import fit_profile, repeat_spread
 from servetune.sim.confidence import Coverage, Fit, coverage_of, judge
 from servetune.sim.engine import simulate
 from servetune.sim.profile import FitQuality, Profile, load_profile
@@ -35,9 +36,9 @@ FULL = Coverage(8, 4, 1, 2, 1, 1, fastest_ttft_s=0.05)
 GOOD = Fit("least squares + replay", 900, 0.4, 0.08, [], 6, 0.004)
 
 
-def sim_run(case) -> RunResult:
+def sim_run(case, profile: Profile = TRUTH, cfg: EngineConfig = CFG) -> RunResult:
     res, _ = simulate(
-        get_model("llama-3.2-1b"), get_hardware("cpu-host"), CFG, case, profile=TRUTH,
+        get_model("llama-3.2-1b"), get_hardware("cpu-host"), cfg, case, profile=profile,
         keep_requests=True,
     )  # fmt: skip
     return res
@@ -62,6 +63,75 @@ def test_a_fit_rule_failed_is_low_and_names_the_rule_and_the_fix() -> None:
     assert judge(replace(ls, r2=0.014), FULL).confidence == "low"
     assert judge(replace(ls, r2=0.6), FULL).confidence == "medium"
     assert judge(replace(ls, r2=0.95), FULL).confidence == "high"
+
+
+def test_a_replay_error_is_put_on_the_host_only_when_repeats_differ_as_much() -> None:
+    """The fix a replay error gets follows its cause: unknown without repeats; the host
+    when repeats of one workload differ by most of the error; else the replay's knobs or
+    a cost the step model lacks, with the worst-replayed runs named."""
+    bad = replace(GOOD, error=0.35, worst=("cal-c2-p768 45%", "cal-c4-p64 31%"))
+    assert "--repeats 2 or more" in judge(bad, FULL).fixes[0]
+    host = judge(replace(bad, spread=0.30), FULL)
+    assert "quieter host" in host.fixes[0] and "repeats differ by 30%" in host.problems[0]
+    misfit = judge(replace(bad, spread=0.05), FULL)
+    assert misfit.confidence == "low" and "quieter host" not in misfit.fixes[0]
+    assert "--set" in misfit.fixes[0] and "(cal-c2-p768 45%, cal-c4-p64 31%)" in misfit.fixes[0]
+    # the line is spread^2 = error^2 / 2 (24.7% of 35%); a medium verdict gets the same fix
+    assert "--set" not in judge(replace(bad, spread=0.25), FULL).fixes[0]
+    assert "--set" in judge(replace(bad, spread=0.24), FULL).fixes[0]
+    # a host this noisy is a cause too (past the 15% a high profile may miss): both said
+    both = judge(replace(bad, error=0.75, spread=0.42), FULL).fixes[0]
+    assert "quieter host" in both and "--set" in both
+    mid = judge(replace(bad, error=0.2, spread=0.02), FULL)
+    assert mid.confidence == "medium" and "--set" in mid.fixes[0]
+
+
+def test_repeat_spread_reads_how_far_repeats_of_one_workload_differ() -> None:
+    """A repeat on an engine 1.5x as slow in everything moves every figure by log 1.5;
+    each of the two runs carries half of it in squares. Identical repeats differ by 0, and
+    runs of different workloads are never compared."""
+    slow = TRUTH.model_copy(
+        update={
+            "coefficients": {k: 1.5 * v for k, v in TRUTH.coefficients.items()},
+            "api_overhead_s": 1.5 * TRUTH.api_overhead_s,
+        }
+    )
+    w = closed_workload("w", 2, 6, fixed_tokens(200), fixed_tokens(8))
+    other = closed_workload("other", 1, 4, fixed_tokens(64), fixed_tokens(8))
+    one, again, slower, alone = sim_run(w), sim_run(w), sim_run(w, slow), sim_run(other)
+    spread = repeat_spread([one, slower, alone])
+    assert spread == pytest.approx(np.log(1.5) / np.sqrt(2), rel=0.05)
+    assert repeat_spread([one, again, alone]) == 0.0
+    assert repeat_spread([one, alone]) is None
+
+
+def test_a_replay_on_the_wrong_knobs_is_not_blamed_on_the_host(tmp_path: Path) -> None:
+    """`calibrate` on result files of an engine that batches 4 sequences, two repeats of
+    each workload, told (--set) that it ran one at a time: the repeats agree exactly, so
+    the verdict asks for the server's knobs, names the runs the profile misses most, and
+    the profile keeps the spread it was judged with."""
+    sweep = {c.name: c for c in calibration_cases()}
+    files = []
+    for rep in (0, 1):
+        for name in ("cal-c1-p64", "cal-c4-p64", "cal-c2-p768"):
+            path = tmp_path / f"{name}-r{rep}.json"
+            write_result(sim_run(sweep[name]), path)
+            files.append(str(path))
+    out = tmp_path / "prof.json"
+    run = subprocess.run(
+        [sys.executable, "-c", "from servetune.cli.app import main; main()", "calibrate",
+         *files, "--model", "llama-3.2-1b", "--gpu", "cpu-host", "--set", "max_num_seqs=1",
+         "--set", "max_model_len=2048", "-o", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "repeats differ by 0.0%" in run.stdout, run.stdout
+    fit = load_profile(out).fit
+    assert fit is not None and fit.repeat_spread == 0.0 and fit.rel_rmse > 0.3
+    assert fit.confidence == "low" and "quieter host" not in " ".join(fit.fixes)
+    fix = next(f for f in fit.fixes if "--set" in f)
+    assert "cal-c4-p64" in fix, fix  # the run whose batching the replay cannot reproduce
+    assert "NOT FIT FOR USE" in run.stderr and fix in run.stderr
 
 
 def test_coverage_gaps_cap_at_medium_and_say_which_runs_to_add() -> None:
@@ -177,7 +247,7 @@ def test_the_tuner_cache_never_offers_a_low_profile_again(tmp_path, monkeypatch)
 
     monkeypatch.setattr(cal, "key_for", lambda real, cfg: key)
     monkeypatch.setattr(cal, "run_sweep", sweep)
-    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version: low)
+    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version, measured: low)
     cache, said = cal.CalibrationCache(tmp_path), []
     base = EngineConfig(engine="vllm")
     one = cal.calibrate_first(real, sim, base, cache=cache, force=False, say=said.append)

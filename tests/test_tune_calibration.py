@@ -173,7 +173,7 @@ def test_calibrate_reuse_go_stale_and_calibrate_again(tmp_path, monkeypatch) -> 
             calls.append("stopped")
         return [], "b11434"
 
-    def fit(runs, real, cfg, version):
+    def fit(runs, real, cfg, version, measured=()):
         return _profile(0.15)
 
     monkeypatch.setattr(cal, "key_for", lambda real, cfg: replace(KEY, threads=cfg.threads))
@@ -387,7 +387,7 @@ def _simulated_engine(monkeypatch, truth: Profile, sweeps: list[str]) -> None:
     monkeypatch.setattr(cal, "make_backend", lambda spec: Backend())
     monkeypatch.setattr(cal, "bench_real", bench)
     monkeypatch.setattr(cal, "engine_version", lambda srv: "b11434")
-    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version: truth)
+    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version, measured: truth)
 
 
 def _host(speed: float) -> Profile:

@@ -224,12 +224,14 @@ def calibrate(
         from servetune.bench.reach import check_server
 
         check_server(url)  # fail fast with the cause, as bench does
-        runs = _sweep(url, served_model, repeats, keep_in, engine)
+        runs, measured = _sweep(url, served_model, repeats, keep_in, engine)
         known = [None]
     elif results:
         runs, known = load_results(results), [None]
     else:
         runs, known = _stored_runs(from_store, db)
+    if not url:
+        measured = runs
     # The sweep is ours, run against one engine: its knobs default when not given.
     cfg = parse_sets(engine, sets) if url else _replay_config(engine, sets, known)
     prof = fit_profile(
@@ -240,9 +242,10 @@ def calibrate(
     elif not all(r.requests for r in runs):
         print("least squares only: the runs keep no requests to replay", file=sys.stderr)
     else:
-        from servetune.sim.calibrate import fit_by_replay
+        from servetune.sim.calibrate import fit_by_replay, repeat_spread
 
-        prof = fit_by_replay(runs, prof, model, cfg, hardware=hw.name)
+        spread = repeat_spread(measured)
+        prof = fit_by_replay(runs, prof, model, cfg, hardware=hw.name, spread=spread)
     save_profile(prof, output)
     _say_confidence(prof, output)
     if as_json:
@@ -264,6 +267,7 @@ def calibrate(
     print(
         f"  fit ({fit.method}): {fit.samples} steps, R^2 {fit.r2:.3f}, {err} "
         f"{fit.rel_rmse:.1%}, confidence {fit.confidence}"
+        + (f", repeats differ by {fit.repeat_spread:.1%}" if fit.repeat_spread is not None else "")
         + (f", dropped {fit.dropped}" if fit.dropped else "")
     )
 
@@ -287,9 +291,9 @@ def _say_confidence(prof: Any, output: Path) -> None:
 
 
 def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, engine: str):
-    """The fidelity harness's calibration sweep against a running engine; every run is
-    saved as it completes, before any fitting, so nothing measured is lost if the fit or
-    the process fails."""
+    """The fidelity harness's calibration sweep against a running engine: (the runs to fit
+    on, every run measured). Every run is saved as it completes, before any fitting, so
+    nothing measured is lost if the fit or the process fails."""
     from servetune import validate as fd
     from servetune.engines.process import served_model_at
 
@@ -305,9 +309,9 @@ def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, eng
     )
     print(f"{len(runs)} sweep runs kept in {runs_dir}", file=err)
     if repeats == 1:
-        return runs
+        return runs, runs
     print(f"fitting on the least disturbed of each workload's {repeats} runs", file=err)
-    return fd.least_disturbed_per_case(runs)
+    return fd.least_disturbed_per_case(runs), runs
 
 
 def _replay_config(engine: str, sets: list[str], known: list[dict | None]) -> Any:

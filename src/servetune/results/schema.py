@@ -9,6 +9,7 @@ that read and write the same JSON objects as the plain dicts of earlier versions
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import (
@@ -355,8 +356,22 @@ class RunResult(BaseModel):
     telemetry: TelemetrySeries | None = None
     cancellation: dict[str, Any] | None = None
 
+    @property
+    def workload_name(self) -> str:
+        """The workload's name (its run id when it has none): what groups repeats."""
+        return str(self.workload.get("name") or self.id)
+
     @field_serializer("records", mode="wrap")
     def _records_out(self, records: Any, handler: SerializerFunctionWrapHandler) -> Any:
         """The simulator assigns a lazy record sequence (sim.records.SimRecords); it is
         written as the plain list of records it stands for."""
         return handler(records if isinstance(records, list) else list(records))
+
+
+def by_workload(runs: Sequence[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs grouped by workload name (repeats of one workload), each group in the order
+    the engine served them."""
+    by: dict[str, list[RunResult]] = {}
+    for r in sorted(runs, key=lambda r: r.started_unix_s or 0.0):
+        by.setdefault(r.workload_name, []).append(r)
+    return by

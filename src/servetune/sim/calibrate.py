@@ -29,7 +29,7 @@ from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.metrics.compute import request_latencies_ms
 from servetune.model import get_model
-from servetune.results.schema import RunResult
+from servetune.results.schema import RunResult, by_workload
 from servetune.sim.confidence import Fit, coverage_of, judge
 from servetune.sim.engine import simulate
 from servetune.sim.profile import FitQuality, Profile
@@ -40,6 +40,7 @@ from servetune.workload.spec import WorkloadSpec
 
 NS = 1e9
 MAX_SAMPLES = 200_000
+WORST_NAMED = 2  # the worst-replayed runs a verdict names
 
 
 # --- least squares on client records -----------------------------------------------
@@ -323,6 +324,22 @@ def log_error_loss(
     return total, m
 
 
+def repeat_spread(runs: Sequence[RunResult]) -> float | None:
+    """How far repeats of one workload differ among themselves: over every pair of repeats,
+    the RMS of log(a / b) over their figures (`shape_of`), divided by sqrt(2), since each
+    of two independent runs carries its own share of the host's noise. A profile cannot
+    replay its runs closer than they repeat, so this is the host's part of a replay error
+    (`confidence.replay_fix`). None: no workload ran twice."""
+    total, m = 0.0, 0
+    for reps in by_workload(runs).values():
+        shapes = [shape_of(r) for r in reps]
+        for i, a in enumerate(shapes):
+            for b in shapes[i + 1 :]:
+                t, k = log_error_loss(a, b)
+                total, m = total + t, m + k
+    return float(np.sqrt(total / m / 2)) if m else None
+
+
 def minimise(
     f: Callable[[np.ndarray], float], x0: np.ndarray, step: float, iters: int
 ) -> tuple[np.ndarray, float]:
@@ -372,6 +389,7 @@ def fit_by_replay(
     iters: int = 150,
     hardware: str = "cpu-host",
     robust: float = 0.0,
+    spread: float | None = None,
 ) -> Profile:
     """Refine a least-squares profile by replaying the calibration runs in the simulator
     and minimising the mean squared log error of their figures (`shape_of`; indirect
@@ -381,7 +399,10 @@ def fit_by_replay(
     are replayed in the order given, on one simulated engine (its step-size history).
     The terms the least squares fitted on decode-only gaps (`fit.held`, `decode_line`) are
     held: the figures' quantiles under-determine them (a flatter decode line trades
-    against the prefill terms at an equal loss), the gaps measure them directly."""
+    against the prefill terms at an equal loss), the gaps measure them directly.
+    `spread` is how far the runs' repeats differ (`repeat_spread`, over every run measured,
+    not only those fitted): with the runs the profile replays worst it tells the host's
+    noise from a misfit in the verdict's fix."""
 
     model, hw = get_model(model_path), get_hardware(hardware)
     replays = [(replay_inputs(r), shape_of(r)) for r in runs]
@@ -401,14 +422,18 @@ def fit_by_replay(
             out[k] = v0 * float(np.exp(v))
         return out
 
-    def replay_loss(prof: Profile) -> float:
-        total, m = 0.0, 0
+    def replay(prof: Profile) -> list[tuple[float, int]]:
+        """(sum, count) of squared log errors per run."""
         shapes: set[int] = set()  # one engine served the runs, in this order
+        out = []
         for (spec, reqs), real in replays:
             sim, _ = simulate(model, hw, cfg, spec, reqs, profile=prof, shapes=shapes)
-            t, k = log_error_loss(shape_of(sim), real, robust)
-            total, m = total + t, m + k
-        return total / max(m, 1)
+            out.append(log_error_loss(shape_of(sim), real, robust))
+        return out
+
+    def replay_loss(prof: Profile) -> float:
+        per = replay(prof)
+        return sum(t for t, _ in per) / max(sum(k for _, k in per), 1)
 
     def loss(x: np.ndarray) -> float:
         return replay_loss(start.model_copy(update=unpack(x)))
@@ -437,7 +462,17 @@ def fit_by_replay(
         out, val = start, start_val
     if start.fit is None:
         return out
-    upd = {"rel_rmse": float(np.sqrt(val)), "method": "least squares + replay"}
+    errs: dict[str, float] = {}  # each workload's worst-replayed run
+    for (t, k), r in zip(replay(out), runs, strict=True):
+        if k:
+            errs[r.workload_name] = max(errs.get(r.workload_name, 0.0), float(np.sqrt(t / k)))
+    ranked = sorted(errs.items(), key=lambda kv: -kv[1])[:WORST_NAMED]
+    worst = tuple(f"{name} {e:.0%}" for name, e in ranked)
+    upd = {
+        "rel_rmse": float(np.sqrt(val)),
+        "method": "least squares + replay",
+        "repeat_spread": spread,
+    }
     fq = start.fit.model_copy(update=upd)
     verdict = judge(
         Fit(
@@ -448,6 +483,8 @@ def fit_by_replay(
             fq.dropped,
             len(FIT_TERMS),
             out.api_overhead_s,
+            spread=spread,
+            worst=worst,
         ),
         coverage_of(runs),
     )

@@ -67,6 +67,8 @@ class Fit:
     dropped: Sequence[str]
     terms: int
     api_overhead_s: float
+    spread: float | None = None  # how far repeats differ (calibrate.repeat_spread)
+    worst: Sequence[str] = ()  # the worst-replayed runs, "name 41%", worst first
 
 
 @dataclass(frozen=True)
@@ -117,18 +119,58 @@ def coverage_of(runs: Sequence[RunResult]) -> Coverage:
     )
 
 
+def _replay_problem(fit: Fit, rule: str) -> str:
+    spread = "" if fit.spread is None else f"; its runs' repeats differ by {fit.spread:.0%}"
+    return f"replays its own runs with {fit.error:.0%} RMS log error ({rule}{spread})"
+
+
+def replay_fix(fit: Fit) -> str:
+    """What would lift a replay error, by its cause. The host's noise and a misfit look
+    the same in one run; repeats of one workload tell them apart, because the host moves
+    a repeat and a misfit does not (`calibrate.repeat_spread`).
+    - The host is a cause when its noise alone is past what a "high" profile may miss
+      (REPLAY_HIGH), or accounts for half the squared error or more (independent errors
+      add in squares: spread^2 >= error^2 / 2).
+    - A misfit is a cause when the host leaves more than half the squared error: the
+      replay's scheduler is not the server's (its knobs), or the engine has a cost the
+      step model lacks, or the search stopped short of it; the worst-replayed runs say on
+      which workloads the error lies.
+    Beside a busy host both can hold (the main job beside a CPU hog: repeats 42-45%
+    apart, replays 71-75% off), and both are said."""
+    if fit.spread is None:
+        return (
+            "calibrate with --repeats 2 or more: how far repeats of one workload differ "
+            "tells the host's noise from a misfit"
+        )
+    misfit = 2 * fit.spread**2 < fit.error**2
+    host = fit.spread > REPLAY_HIGH or not misfit
+    worst = f" ({', '.join(fit.worst)})" if fit.worst else ""
+    knobs = (
+        "give the server's own scheduler knobs with --set (sequences and tokens per step, "
+        "chunked prefill, block size), which the replay must share; if they are the "
+        f"server's, the fit cannot reproduce its worst-replayed runs{worst}: expect that "
+        "error on workloads like them"
+    )
+    differ = f"repeats of one workload differ by {fit.spread:.0%}"
+    if host and not misfit:
+        return f"calibrate on a quieter host: {differ}, most of the {fit.error:.0%}"
+    if host:
+        return (
+            f"calibrate on a quieter host ({differ}), and, as that leaves most of the "
+            f"{fit.error:.0%}, {knobs}"
+        )
+    return (
+        f"the runs repeat within {fit.spread:.0%}, so the host does not explain a "
+        f"{fit.error:.0%} error: {knobs}"
+    )
+
+
 def fit_problems(fit: Fit, fastest_ttft_s: float | None) -> list[tuple[str, str]]:
     """(problem, fix) for each fit rule the profile fails: any one makes it "low"."""
     out = []
     if "replay" in fit.method:
         if fit.error > REPLAY_LOW:
-            out.append(
-                (
-                    f"replays its own runs with {fit.error:.0%} RMS log error "
-                    f"(low above {REPLAY_LOW:.0%})",
-                    "calibrate on a quieter host, or with --repeats 2 or more",
-                )
-            )
+            out.append((_replay_problem(fit, f"low above {REPLAY_LOW:.0%}"), replay_fix(fit)))
     elif fit.r2 < R2_LOW:
         out.append(
             (
@@ -192,11 +234,7 @@ def judge(fit: Fit, cov: Coverage) -> Verdict:
     if "replay" in fit.method:
         if REPLAY_HIGH < fit.error <= REPLAY_LOW:
             gaps.append(
-                (
-                    f"replays its own runs with {fit.error:.0%} RMS log error "
-                    f"(high at {REPLAY_HIGH:.0%} or less)",
-                    "calibrate with --repeats 2 or more on a quieter host",
-                )
+                (_replay_problem(fit, f"high at {REPLAY_HIGH:.0%} or less"), replay_fix(fit))
             )
     elif (fit.r2 < R2_HIGH or fit.samples < MIN_GAPS_HIGH) and fit.r2 >= R2_LOW:
         gaps.append(

@@ -39,6 +39,9 @@ class FitQuality(BaseModel):
     # fit_by_replay, which needs the engine's knobs); after a replay rel_rmse is the
     # root mean squared log error of the replayed figures.
     method: str = "least squares"
+    # How far repeats of one workload differ (sim.calibrate.repeat_spread): the host's
+    # part of the replay error; None when no workload ran twice.
+    repeat_spread: float | None = None
 
 
 class Profile(BaseModel):

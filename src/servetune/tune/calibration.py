@@ -29,7 +29,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,7 +46,7 @@ from servetune.model import get_model
 from servetune.paths import cache_root
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
-from servetune.sim.calibrate import fit_by_replay, fit_profile
+from servetune.sim.calibrate import fit_by_replay, fit_profile, repeat_spread
 from servetune.sim.profile import Profile, load_profile, save_profile
 from servetune.store import RunMeta, Store
 from servetune.store.meta import host_info
@@ -323,15 +323,24 @@ def run_sweep(
     return best, version
 
 
-def fit(runs: list[RunResult], real: BackendSpec, cfg: EngineConfig, version: str) -> Profile:
+def fit(
+    runs: list[RunResult],
+    real: BackendSpec,
+    cfg: EngineConfig,
+    version: str,
+    measured: Sequence[RunResult] = (),
+) -> Profile:
     """The calibrated tier from the sweep: least squares on the runs' inter-chunk gaps,
-    then refined by replaying them through the scheduler at `cfg` (`sim.calibrate`)."""
+    then refined by replaying them through the scheduler at `cfg` (`sim.calibrate`).
+    `measured`: every sample of the sweep, whose repeats tell the host's noise from a
+    misfit in the verdict (`repeat_spread`)."""
     model = get_model(real.model)
     hw = get_hardware(real.hardware, real.hardware_file)
     prof = fit_profile(
         runs, engine=real.engine, model=model.name, hardware=hw.name, engine_version=version
     )
-    return fit_by_replay(runs, prof, real.model, cfg, hardware=real.hardware)
+    spread = repeat_spread(measured)
+    return fit_by_replay(runs, prof, real.model, cfg, hardware=real.hardware, spread=spread)
 
 
 # --- the hybrid flow's calibration, end to end -----------------------------------------------
@@ -490,7 +499,10 @@ def calibrate_first(
     t0 = time.monotonic()
     profile_path, runs_dir = cache.new_paths(key)
 
+    measured: list[RunResult] = []
+
     def keep(res: RunResult) -> None:
+        measured.append(res)
         save_run(res, runs_dir)  # kept before any fitting: nothing measured is lost
         if store_run is not None:
             store_run(res, key)
@@ -514,7 +526,7 @@ def calibrate_first(
             return cal
         why = checked[0].reason()
     say("calibration: fitting the step-time profile (least squares, then replay)")
-    prof = fit(runs, real, baseline, version)
+    prof = fit(runs, real, baseline, version, measured)
     save_profile(prof, profile_path)
     new = CacheEntry(
         key=asdict(key),

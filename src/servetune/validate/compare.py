@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servetune.results.schema import Metrics, RunResult
+from servetune.results.schema import Metrics, RunResult, by_workload
 from servetune.validate.cases import is_calibration
 
 FIGURES = ("output_tok_s", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95")
@@ -95,14 +95,6 @@ def compare_runs(
 def medians_over(rows: Sequence[Row], keys: Sequence[str] = FIGURES) -> Figures:
     """Median absolute % error over workloads, per figure."""
     return median_figures([r.err for r in rows], keys)
-
-
-def by_workload(runs: Sequence[RunResult]) -> dict[str, list[RunResult]]:
-    """Runs grouped by workload name, each group in the order the engine served them."""
-    by: dict[str, list[RunResult]] = {}
-    for r in sorted(runs, key=lambda r: r.started_unix_s or 0.0):
-        by.setdefault(str(r.workload.get("name") or r.id), []).append(r)
-    return by
 
 
 def noise_floor(runs: Sequence[RunResult]) -> list[Row]:

@@ -19,7 +19,7 @@ from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.model import get_model
 from servetune.results.schema import RunResult
-from servetune.sim.calibrate import fit_by_replay, fit_profile
+from servetune.sim.calibrate import fit_by_replay, fit_profile, repeat_spread
 from servetune.sim.profile import Profile
 from servetune.validate.cases import is_calibration
 from servetune.validate.compare import (
@@ -99,7 +99,8 @@ def compare_saved(
             hardware=hardware,
             engine_version=engine_version,
         )
-        profile = fit_by_replay(cal, start, model_path, cfg, hardware=hardware)
+        spread = repeat_spread(cal)
+        profile = fit_by_replay(cal, start, model_path, cfg, hardware=hardware, spread=spread)
 
     shapes: set[int] = set()  # one engine ran them all: replay in the order they ran
     sims_of = {id(r): simulate_like(r, model_path, cfg, profile, hardware, shapes) for r in runs}

@@ -25,7 +25,7 @@ from servetune.hardware import get_hardware
 from servetune.measure import Point, ServerSession, SimSession
 from servetune.model import get_model
 from servetune.results.files import write_result
-from servetune.results.schema import RunResult
+from servetune.results.schema import RunResult, by_workload
 from servetune.sim.calibrate import replay_inputs
 from servetune.sim.profile import Profile
 from servetune.validate.cases import calibration_cases, heldout_cases, is_calibration
@@ -161,10 +161,10 @@ def least_disturbed_per_case(runs: Sequence[RunResult]) -> list[RunResult]:
     three minutes later), so the fastest repeat is the closest to the engine's own speed.
     Latency, not throughput (`tune.calibration.least_disturbed`, for its closed loops):
     an open loop's throughput is its offered rate, whatever the engine's speed."""
-    by: dict[str, list[RunResult]] = {}
-    for r in runs:
-        by.setdefault(str(r.workload.get("name") or r.id), []).append(r)
-    return [min(reps, key=lambda r: r.metrics.e2e_ms.p50 or math.inf) for reps in by.values()]
+    return [
+        min(reps, key=lambda r: r.metrics.e2e_ms.p50 or math.inf)
+        for reps in by_workload(runs).values()
+    ]
 
 
 def engine_version(srv: EngineServer) -> str:
