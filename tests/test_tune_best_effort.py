@@ -12,7 +12,9 @@ runs are in test_tune_real.py):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +30,11 @@ from servetune.status import TrialStatus
 from servetune.store import Store
 from servetune.tune import executors
 from servetune.tune.capacity import concurrency_lattice
-from servetune.tune.hostslo import from_probe
+from servetune.tune.hostslo import from_probe, slowed_since
 from servetune.tune.objective import Objective
 from servetune.tune.shortfall import closest
 from servetune.tune.study import Recorder
-from servetune.tune.trial import SearchSettings, run_trial
+from servetune.tune.trial import SearchSettings, TrialResult, run_trial
 from servetune.tune.tuner import NothingMeasured, Tuner
 from servetune.workload.spec import parse_workload
 from test_tune_sim import sim_settings
@@ -188,6 +190,49 @@ def test_host_slo_is_k_times_the_idle_probe_stored_and_kept_on_resume(tmp_path: 
     executors._RECORDERS.clear()
     again = Tuner(_host_slo_settings(tmp_path, "host")).run()
     assert again.host_slo.slo == h.slo
+
+
+def test_a_host_that_slowed_after_the_probe_is_said_beside_the_best_effort(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe caught a quiet spell (here: its figures read 8x faster than the host then
+    served), so the probed config itself misses the SLO at one user and no config meets
+    it. The best effort is still the answer, and it says the host slowed, with the probed
+    config's own miss and what to do; a probe that held (the test above) says nothing."""
+    import servetune.tune.tuner as tuner_mod
+
+    real_probe = tuner_mod.probe_host
+
+    def quiet_spell(*args, **kw):
+        h = real_probe(*args, **kw)
+        fast = (h.probe_ttft_ms / 8, h.probe_tpot_ms / 8)
+        return dataclasses.replace(h, slo=derive_slo(kw["base"], kw["rule"], *fast))
+
+    monkeypatch.setattr(tuner_mod, "probe_host", quiet_spell)
+    out = Tuner(_host_slo_settings(tmp_path, "slowed")).run()
+    assert out.host_slo is not None and not out.slo_met and out.winner is not None
+    said = [line for line in out.explanation if line.startswith("the host slowed")]
+    assert len(said) == 1, out.explanation
+    assert re.search(r"missed it at 1 user \(P95 T[TP]OT [\d,]+ ms > [\d,]+ \(n=6", said[0])
+    assert said[0].endswith("rerun on a quieter host, or give the SLO (--slo)")
+
+
+def test_slowed_since_reads_only_the_probed_configs_one_user_points() -> None:
+    base = parse_slo({"ttft_ms": {"p95": 2000}, "error_rate": 0.05})
+    h = from_probe(base, HostRule(ttft_x=4, tpot_x=3), [_block(128.0, 40.0, "a")], "b0", "real")
+    miss = [{"metric": "ttft_ms", "stat": "p95", "value": 535.0, "target": 512.0, "ok": False}]
+    met = [{"metric": "ttft_ms", "stat": "p95", "value": 300.0, "target": 512.0, "ok": True}]
+
+    def trial(label: str, *points: tuple[float, list, bool]) -> TrialResult:
+        pts = [PointResult("concurrency", load, ok, checks=c, completed=6)
+               for load, c, ok in points]  # fmt: skip
+        return TrialResult("k", {}, label, "real", TrialStatus.NO_SLO, points=pts)
+
+    slowed = slowed_since(h, [trial("other", (1, miss, False)), trial("b0", (1, miss, False))])
+    assert slowed is not None and "P95 TTFT 535 ms > 512 (n=6, ~max); 1 of its 1" in slowed
+    assert slowed_since(h, [trial("b0", (1, met, True), (2, miss, False))]) is None
+    assert slowed_since(h, [trial("b0", (2, miss, False))]) is None  # not measured at 1
+    assert slowed_since(h, [trial("other", (1, miss, False))]) is None
 
 
 class _SlowStart(SimBackend):

@@ -14,14 +14,16 @@ point by the same SLO.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.measure.result import Infeasible, PointResult
 from servetune.slo import SLO, HostRule, derive_slo
-from servetune.tune.trial import run_points
+from servetune.tune.explain import check_with_n
+from servetune.tune.shortfall import Shortfall
+from servetune.tune.trial import TrialResult, run_points
 
 PHASE = "slo"
 BLOCKS = 2  # probe blocks; the slower one's P95s set the SLO
@@ -119,3 +121,28 @@ def probe_host(
     if all(b.ttft_p95_ms is None and b.tpot_p95_ms is None for b in blocks):
         return f"the probe of {label} completed no request"
     return from_probe(base, rule, blocks, label, backend.name)
+
+
+def slowed_since(host: HostSLO, trials: Sequence[TrialResult]) -> str | None:
+    """When no config met the derived SLO, whether the host slowed after the probe: the
+    probed config's own one-user points (its trial's, its repetitions') judged by that SLO.
+    One that missed means the SLO asks more than the host gives now, so part of every
+    config's shortfall is the host's, not the config's: said beside the best effort, with
+    what to do. None: the probed config met it at one user, or was not measured there."""
+    for t in trials:
+        if t.label != host.config or t.backend != host.backend:
+            continue
+        ones = [p for p in [*t.points, *t.reps] if p.load_kind == "concurrency" and p.load == 1]
+        missed = [sf for p in ones if not p.passed and (sf := Shortfall(p)).binding is not None]
+        if not missed:
+            return None
+        worst = max(missed, key=lambda sf: sf.worst)
+        b = worst.binding
+        assert b is not None
+        return (
+            f"the host slowed after the SLO was derived: the probed config itself missed it "
+            f"at 1 user ({check_with_n(b, worst.point)}; {len(missed)} of its {len(ones)} "
+            "one-user runs), so the SLO asks more than this host gives now and part of every "
+            "shortfall here is the host's: rerun on a quieter host, or give the SLO (--slo)"
+        )
+    return None

@@ -25,7 +25,7 @@ from servetune.tune import simvsreal, timeplan
 from servetune.tune.calibration import Calibration, for_hybrid
 from servetune.tune.executors import TrialTask, backend_for, make_executor, recorder_for
 from servetune.tune.explain import explain, explain_shortfall
-from servetune.tune.hostslo import HostSLO, probe_host
+from servetune.tune.hostslo import HostSLO, probe_host, slowed_since
 from servetune.tune.objective import Objective, gpus_of
 from servetune.tune.oomedge import OOMEdge, find_edge, step_back
 from servetune.tune.selection import (
@@ -615,6 +615,8 @@ class Tuner:
         (w, sf), runner_up = rows[0], (rows[1][0] if len(rows) > 1 else None)
         out.winner, out.slo_met, out.shortfall = w, False, sf
         out.explanation = explain_shortfall(w, sf, runner_up)
+        if out.host_slo is not None and (slowed := slowed_since(out.host_slo, out.ranked)):
+            out.explanation.append(slowed)
         self._conclude(w, out)
         out.report_runs = self._report_runs(out)
         self._finish(out, "done")
