@@ -10,7 +10,10 @@ at 60% of capacity; 70% 64/48-token requests, 30% 600-900/96-token ones behind 2
 1. the default sweep (two blocks, the least disturbed run of each workload fitted, as
    `calibrate --url` does), timed: its wall time is what calibrating costs a user;
 2. the capacity: the held-out requests as a closed loop of max_num_seqs users (every slot
-   busy), its achieved req/s; the held-out rate is `--load` (0.6) of it;
+   busy), its achieved req/s; the held-out rate is `--load` (0.6) of it, offered exactly:
+   the rate asked is set so that the seeded schedule offers it (`asked_rate`; 60 gamma
+   arrivals at CV 3 offer the rate asked +/-39%, and seed 7 offered 101% of capacity
+   before this);
 3. `--repeats` (3) runs of the held-out workload, the same requests each time with the
    prefix cache reset before each (POST /reset_prefix_cache: the engine runs with
    VLLM_SERVER_DEV_MODE=1), so the repeats differ only by the host's noise;
@@ -48,6 +51,7 @@ from servetune.results.files import load_result
 from servetune.results.schema import RunResult
 from servetune.sim.calibrate import decode_line, step_samples
 from servetune.sim.profile import Profile
+from servetune.workload.materialize import materialize_columns
 from servetune.workload.spec import WorkloadSpec, load_workload
 
 WORKLOAD = Path(__file__).with_name("cpu_heldout.yaml")
@@ -82,9 +86,8 @@ def run_live(args: argparse.Namespace, spec: WorkloadSpec, keep_dir: Path) -> li
         closed = spec.with_load(concurrency=CFG.max_num_seqs, count=24)
         cap = validate.bench_real(url, served, closed.model_copy(update={"name": CAPACITY}))
         keep(cap)
-        rate = round(args.load * cap.metrics.req_s, 3)
-        say(f"capacity {cap.metrics.req_s:.2f} req/s -> held-out rate {rate} req/s")
-        held = spec.with_load(rate=rate)
+        target = args.load * cap.metrics.req_s
+        say(f"capacity {cap.metrics.req_s:.2f} req/s -> held-out rate {target:.3f} req/s")
         for rep in range(args.repeats):
             # The same requests every repeat (the repeat index seeds them in bench_real;
             # --seed moves them), the prefix cache reset before each, so the repeats
@@ -92,9 +95,14 @@ def run_live(args: argparse.Namespace, spec: WorkloadSpec, keep_dir: Path) -> li
             # endpoint, fresh requests per repeat (the floor then holds their spread too).
             reset = reset_prefix_cache(url)
             seed_rep = 1000 * args.seed + (0 if reset else rep)
+            seed = validate.run_seed(spec, seed_rep)
+            held = spec.with_load(rate=round(asked_rate(spec, seed, target), 4))
             res = validate.bench_real(url, served, held, repeat=seed_rep)
             keep(res)
-            say(f"held-out r{rep} (cache reset: {reset}): {res.metrics.req_s:.2f} req/s")
+            offered = res.metrics.offered_req_s or 0.0
+            say(f"held-out r{rep} (cache reset: {reset}): offered {offered:.2f} req/s "
+                f"({offered / cap.metrics.req_s:.0%} of capacity), {res.metrics.req_s:.2f} "
+                "req/s completed")  # fmt: skip
     (keep_dir / "sweep_s.txt").write_text(f"{sweep_s:.1f}\n")
     return runs
 
@@ -119,6 +127,18 @@ def decode_step_ms(runs: list[RunResult]) -> float | None:
     xs, ys = zip(*(step_samples(r) for r in runs), strict=True)
     line = decode_line(np.concatenate(xs), np.concatenate(ys))
     return None if line is None else float(line[0] @ [1.0, 4.0, 1500.0]) * 1e3
+
+
+def asked_rate(spec: WorkloadSpec, seed: int, offered: float) -> float:
+    """The rate to ask so that `spec`'s schedule at `seed` offers `offered` req/s. Its
+    gamma gaps are drawn, so 60 arrivals at CV 3 offer the rate asked +/-39%
+    (`metrics.schedule_note`; seed 7 asked 60% of capacity and offered 101%). The gaps
+    scale as 1 / rate (the same draws), so the schedule at rate 1 gives the factor, read
+    as the run's metrics read it: N - 1 gaps over the span from first to last send."""
+    cols = materialize_columns(spec.with_load(rate=1.0).model_copy(update={"seed": seed}))
+    assert cols is not None
+    t = cols.arrival_s
+    return offered * (t[-1] - t[0]) / (len(t) - 1)
 
 
 def median_of(vals: list[float | None]) -> float | None:
@@ -186,6 +206,15 @@ def evaluate(runs: list[RunResult], name: str) -> tuple[Profile, dict]:
             "verdict": verdict,
         }
     out["drift"] = drift
+    # The load the held-out runs were at: the rate asked is --load x capacity, but 60
+    # gamma arrivals at CV 3 offer that rate +/-39% (`metrics.schedule_note`), and
+    # queueing at 60% and at 100% of capacity are different workloads.
+    cap = validate.by_workload(runs).get(CAPACITY, [])
+    out["load"] = {
+        "capacity_req_s": cap[0].metrics.req_s if cap else None,
+        "asked_req_s": reals[0].load.rate,
+        "offered_req_s": median_of([r.metrics.offered_req_s for r in reals]),
+    }
     return profile, out
 
 
@@ -209,6 +238,14 @@ def report(profile: Profile, figs: dict, sweep_s: float | None, repeats: int) ->
         )
         fixed = ", ".join(f"{k} {v:+.0f}%" for k, v in d["corrected_pct"].items() if v is not None)
         print(f"  diagnostic, step terms x{d['heldout_ms'] / d['sweep_ms']:.2f}: {fixed}")
+    ld = figs["load"]
+    if ld["capacity_req_s"] and ld["offered_req_s"] and ld["asked_req_s"]:
+        c = ld["capacity_req_s"]
+        print(
+            f"load: capacity {c:.2f} req/s; asked {ld['asked_req_s']:.3g} req/s "
+            f"({ld['asked_req_s'] / c:.0%}); the schedule offered {ld['offered_req_s']:.3g} "
+            f"req/s ({ld['offered_req_s'] / c:.0%} of capacity)"
+        )
     print(f"held-out {WORKLOAD.name}, {repeats} repeats; sim vs real (median of repeats)")
     head = f"{'figure':9s} {'real ms':>9s} {'sim ms':>9s} {'sim vs real':>12s}"
     print(head + f" {'per repeat':>22s} {'floor':>7s} {'target':>7s}  verdict")

@@ -434,3 +434,20 @@ def test_a_knob_vllm_refuses_is_named_as_set(knob: str, line: str):
     p = cli("simulate", "--count", "4", "--no-store", "--set", knob)
     assert p.returncode == 2
     assert p.stderr.startswith(line) and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_simulate_says_when_a_drawn_schedule_offers_far_from_the_rate_asked(tmp_path: Path):
+    """60 gamma arrivals at CV 3 and 1.028 req/s asked: seed 5's schedule offers 2.44 req/s,
+    and the text output says so beside the figures measured at it; seed 7's, within 15%
+    of the rate asked, is not remarked on."""
+    w = tmp_path / "w.yaml"
+    said = {}
+    for seed in (5, 7):
+        arrival = {"kind": "gamma", "rate": 1.028, "burstiness": 1 / 9}
+        w.write_text(yaml.safe_dump({**WL, "count": 60, "seed": seed, "arrival": arrival}))
+        p = cli("simulate", "--model", "llama-3.2-1b", "--gpu", "cpu-host", "--workload",
+                str(w), "--no-store")  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        said[seed] = p.stdout
+    assert "the schedule offered 2.44 req/s, 137% above the 1.03 asked: 60 gamma" in said[5]
+    assert "the schedule offered" not in said[7]

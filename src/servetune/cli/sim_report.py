@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from servetune.bench.progress import load_label
-from servetune.metrics import window_note
+from servetune.metrics import schedule_note, window_note
 from servetune.results.schema import Metrics, RunResult, SimStats, SLOCheck
 
 if TYPE_CHECKING:
@@ -59,8 +59,7 @@ def sim_point(res: RunResult) -> list[str]:
         f"  preemptions {sim.preemptions}, rejected {sim.rejected}, "
         f"prefix hits {sim.prefix_hit_tokens:,} tok",
     ]
-    if (note := window_note(m)) is not None:
-        lines.append(f"  {note}")
+    lines += [f"  {n}" for n in (window_note(m), schedule_note(m, res.load)) if n is not None]
     lines += phase_note(res)
     lines += band_error_note(res)
     lines += kv_note(res)

@@ -4,6 +4,7 @@ from servetune.metrics.compute import (
     client_warnings,
     compute_metrics,
     measurement_window,
+    schedule_note,
     token_count_note,
     window_note,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "compute_metrics",
     "ks_exponential",
     "measurement_window",
+    "schedule_note",
     "summarize",
     "token_count_note",
     "window_note",

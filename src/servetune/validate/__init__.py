@@ -40,6 +40,7 @@ from servetune.validate.harness import (
     preemptions_of,
     run_blocks,
     run_live,
+    run_seed,
     save_run,
     simulate_like,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "preemptions_of",
     "run_blocks",
     "run_live",
+    "run_seed",
     "save_run",
     "simulate_like",
     "validate_runs",

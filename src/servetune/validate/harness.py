@@ -63,6 +63,11 @@ def harness_for(engine: str) -> Harness:
     return Harness(testmodel.VLLM_TEST_CONFIG, model_dir, model_dir, "cpu-host")
 
 
+def run_seed(case: WorkloadSpec, repeat: int) -> int:
+    """The seed of one (case, repeat) real run (`bench_real`)."""
+    return (zlib.crc32(case.name.encode()) + 7919 * repeat) % 2**31
+
+
 def bench_real(
     url: str,
     served_model: str,
@@ -77,8 +82,7 @@ def bench_real(
     tokens, and the engine's prefix cache would serve a repeat (or another case of the
     same seed) from cache, which the simulator, rightly, does not assume."""
 
-    seed = (zlib.crc32(case.name.encode()) + 7919 * repeat) % 2**31
-    spec = case.model_copy(update={"api": "completions", "seed": seed})
+    spec = case.model_copy(update={"api": "completions", "seed": run_seed(case, repeat)})
     opts = BenchOptions(
         url=url,
         model=served_model,
