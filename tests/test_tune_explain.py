@@ -21,6 +21,22 @@ def test_every_load_passed_says_the_capacity_is_a_lower_bound() -> None:
     )
 
 
+def test_repetitions_that_missed_are_named_when_the_search_never_broke_the_slo() -> None:
+    """The main job beside a bursty CPU hog: 8 users met the SLO in the capacity search,
+    then 0 of 3 repetitions at 8 did; the binding line names the worst repetition's miss."""
+    t = _trial([PointResult("concurrency", 8.0, True, req_s=1.19, completed=16)], capacity=8.0)
+
+    def rep(ttft: float) -> PointResult:
+        c = {"metric": "ttft_ms", "stat": "p95", "target": 4888.0, "value": ttft, "ok": False}
+        return PointResult("concurrency", 8.0, False, req_s=1.0, completed=16, checks=[c])
+
+    t.reps = [rep(5715.0), rep(5440.0), PointResult("concurrency", 8.0, True, completed=16)]
+    assert binding_slo(t) == (
+        "not reached in the capacity search, but 2 of its 3 repetitions at 8 users missed "
+        "it: P95 TTFT 5,715 ms > 4,888 (n=16, ~max)"
+    ), binding_slo(t)
+
+
 def test_the_point_above_the_capacity_names_its_missed_check() -> None:
     miss = {"metric": "tpot_ms", "stat": "p95", "target": 598.0, "value": 1200.0, "ok": False}
     points = [
