@@ -149,6 +149,19 @@ def test_coverage_gaps_cap_at_medium_and_say_which_runs_to_add() -> None:
     assert judge(replace(GOOD, error=0.5), closed_only).confidence == "low"
 
 
+def test_a_gap_the_predicted_workload_does_not_exercise_is_none() -> None:
+    """The tuner's profile ranks one study's workload: with its needs given, a sweep of
+    closed loops without prefixes or mixed lengths lacks only what that workload has."""
+    closed_only = Coverage(6, 4, 0, 0, 0, 0, fastest_ttft_s=0.05)
+    plain = Coverage(1, 4, 0, 0, 0, 0, fastest_ttft_s=None)
+    assert judge(GOOD, closed_only, plain).confidence == "high"
+    assert judge(GOOD, closed_only).confidence == "medium"  # a profile for any workload
+    prefixed = judge(GOOD, closed_only, replace(plain, prefix_runs=1))
+    assert prefixed.confidence == "medium" and prefixed.problems == ["no prefix-cache runs"]
+    small = judge(GOOD, replace(closed_only, max_batch=2), plain)
+    assert small.problems == ["batches of at most 2 requests"]
+
+
 def test_coverage_is_read_off_the_runs() -> None:
     fixed = fixed_tokens
     plain = sim_run(closed_workload("c2", 2, 6, fixed(100), fixed(8)))
@@ -247,7 +260,7 @@ def test_the_tuner_cache_never_offers_a_low_profile_again(tmp_path, monkeypatch)
 
     monkeypatch.setattr(cal, "key_for", lambda real, cfg: key)
     monkeypatch.setattr(cal, "run_sweep", sweep)
-    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version, measured: low)
+    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version, measured, needs: low)
     cache, said = cal.CalibrationCache(tmp_path), []
     base = EngineConfig(engine="vllm")
     one = cal.calibrate_first(real, sim, base, cache=cache, force=False, say=said.append)

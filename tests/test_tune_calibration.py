@@ -173,7 +173,7 @@ def test_calibrate_reuse_go_stale_and_calibrate_again(tmp_path, monkeypatch) -> 
             calls.append("stopped")
         return [], "b11434"
 
-    def fit(runs, real, cfg, version, measured=()):
+    def fit(runs, real, cfg, version, measured=(), needs=None):
         return _profile(0.15)
 
     monkeypatch.setattr(cal, "key_for", lambda real, cfg: replace(KEY, threads=cfg.threads))
@@ -387,7 +387,7 @@ def _simulated_engine(monkeypatch, truth: Profile, sweeps: list[str]) -> None:
     monkeypatch.setattr(cal, "make_backend", lambda spec: Backend())
     monkeypatch.setattr(cal, "bench_real", bench)
     monkeypatch.setattr(cal, "engine_version", lambda srv: "b11434")
-    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version, measured: truth)
+    monkeypatch.setattr(cal, "fit", lambda runs, real, cfg, version, measured, needs: truth)
 
 
 def _host(speed: float) -> Profile:
@@ -478,3 +478,30 @@ def test_sim_vs_real_replays_the_real_points_own_requests() -> None:
     at.run_id = "gone"
     (missing,) = simvsreal.rows([sim], [real], [], lambda *a: None, replay)
     assert not missing["same_requests"]
+
+
+def test_the_study_needs_only_what_its_workload_exercises(tmp_path: Path) -> None:
+    """`needs_of`: the main job's workload (uniform 32-96-token prompts, no prefixes)
+    needs batches only; the CPU held-out mix (64 and 600-900-token prompts behind shared
+    prefixes) needs prefix hits and mixed lengths too; bursts never (the study ranks at its
+    own loads); a trace cannot be drawn without a tokenizer, so every gap counts."""
+    from servetune.tune.calibration import needs_of
+    from servetune.workload.spec import load_workload
+
+    root = Path(__file__).resolve().parents[1]
+    plain = parse_workload({"count": 6, "seed": 0,
+                            "input_tokens": {"dist": "uniform", "low": 32, "high": 96},
+                            "output_tokens": {"dist": "fixed", "value": 16},
+                            "arrival": {"kind": "closed", "concurrency": 1}})  # fmt: skip
+    n = needs_of(plain)
+    assert n is not None and (n.max_batch, n.prefix_runs, n.mixed_length_runs) == (4, 0, 0)
+    mix = needs_of(load_workload(root / "benchmarks" / "cpu_heldout.yaml"))
+    assert mix is not None and (mix.prefix_runs, mix.mixed_length_runs, mix.bursty_runs) == (
+        1,
+        1,
+        0,
+    )
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 64, "output_length": 8}\n')
+    trace = parse_workload({"trace": {"path": str(path)}, "arrival": {"kind": "trace"}})
+    assert needs_of(trace) is None

@@ -30,7 +30,7 @@ from servetune.hardware import get_hardware
 from servetune.metrics.compute import request_latencies_ms
 from servetune.model import get_model
 from servetune.results.schema import RunResult, by_workload
-from servetune.sim.confidence import Fit, coverage_of, judge
+from servetune.sim.confidence import Coverage, Fit, coverage_of, judge
 from servetune.sim.engine import simulate
 from servetune.sim.profile import FitQuality, Profile
 from servetune.sim.steptime import FEATURES
@@ -390,6 +390,7 @@ def fit_by_replay(
     hardware: str = "cpu-host",
     robust: float = 0.0,
     spread: float | None = None,
+    needs: Coverage | None = None,
 ) -> Profile:
     """Refine a least-squares profile by replaying the calibration runs in the simulator
     and minimising the mean squared log error of their figures (`shape_of`; indirect
@@ -402,7 +403,8 @@ def fit_by_replay(
     against the prefill terms at an equal loss), the gaps measure them directly.
     `spread` is how far the runs' repeats differ (`repeat_spread`, over every run measured,
     not only those fitted): with the runs the profile replays worst it tells the host's
-    noise from a misfit in the verdict's fix."""
+    noise from a misfit in the verdict's fix. `needs`: what the workload the profile will
+    predict exercises (`confidence.needs_of`; None: any workload), for the verdict's gaps."""
 
     model, hw = get_model(model_path), get_hardware(hardware)
     replays = [(replay_inputs(r), shape_of(r)) for r in runs]
@@ -487,6 +489,7 @@ def fit_by_replay(
             worst=worst,
         ),
         coverage_of(runs),
+        needs,
     )
     upd = {"confidence": verdict.confidence, "problems": verdict.problems, "fixes": verdict.fixes}
     return out.model_copy(update={"fit": fq.model_copy(update=upd)})

@@ -189,26 +189,29 @@ def fit_problems(fit: Fit, fastest_ttft_s: float | None) -> list[tuple[str, str]
     return out
 
 
-def coverage_gaps(cov: Coverage, fit: Fit) -> list[tuple[str, str]]:
-    """(gap, fix) for each thing the runs did not exercise: any one caps at "medium"."""
+def coverage_gaps(cov: Coverage, fit: Fit, needs: Coverage | None = None) -> list[tuple[str, str]]:
+    """(gap, fix) for each thing the runs did not exercise: any one caps at "medium".
+    `needs`: what the workload the profile will predict exercises (`needs_of`); a gap it
+    does not exercise is not one (the tuner's profile ranks one study's workload). None:
+    a profile for any workload, every gap counts."""
     out = []
-    if cov.max_batch < BATCH_COVERED:
+    if cov.max_batch < BATCH_COVERED and (needs is None or needs.max_batch > cov.max_batch):
         out.append(
             (
                 f"batches of at most {cov.max_batch} requests",
                 f"add runs with batch sizes of {BATCH_COVERED} or more (closed loops)",
             )
         )
-    if not cov.prefix_runs:
+    if not cov.prefix_runs and (needs is None or needs.prefix_runs):
         out.append(("no prefix-cache runs", "add prefix-cache runs (a workload with prefix:)"))
-    if not cov.bursty_runs:
+    if not cov.bursty_runs and (needs is None or needs.bursty_runs):
         out.append(
             (
                 "no bursty open-loop runs",
                 "add a run with gamma arrivals of burstiness < 1 (inter-arrival CV > 1)",
             )
         )
-    if not cov.mixed_length_runs:
+    if not cov.mixed_length_runs and (needs is None or needs.mixed_length_runs):
         out.append(
             (
                 "no run mixes short and long prompts",
@@ -225,12 +228,12 @@ def coverage_gaps(cov: Coverage, fit: Fit) -> list[tuple[str, str]]:
     return out
 
 
-def judge(fit: Fit, cov: Coverage) -> Verdict:
+def judge(fit: Fit, cov: Coverage, needs: Coverage | None = None) -> Verdict:
     """The confidence of a profile: low on any fit problem, medium on any coverage gap
-    (or a least-squares-only fit below R2_HIGH / MIN_GAPS_HIGH, or a replay error above
-    REPLAY_HIGH), else high."""
+    that matters to `needs` (or a least-squares-only fit below R2_HIGH / MIN_GAPS_HIGH,
+    or a replay error above REPLAY_HIGH), else high."""
     bad = fit_problems(fit, cov.fastest_ttft_s)
-    gaps = coverage_gaps(cov, fit)
+    gaps = coverage_gaps(cov, fit, needs)
     if "replay" in fit.method:
         if REPLAY_HIGH < fit.error <= REPLAY_LOW:
             gaps.append(

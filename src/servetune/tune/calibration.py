@@ -47,12 +47,14 @@ from servetune.paths import cache_root
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
 from servetune.sim.calibrate import fit_by_replay, fit_profile, repeat_spread
+from servetune.sim.confidence import BATCH_COVERED, SPREAD_COVERED, Coverage
 from servetune.sim.profile import Profile, load_profile, save_profile
 from servetune.store import RunMeta, Store
 from servetune.store.meta import host_info
 from servetune.tune import simvsreal
 from servetune.tune.profilecheck import BaselineCheck, replay_errors
 from servetune.validate import bench_real, calibration_cases, engine_version, save_run
+from servetune.workload.materialize import materialize_columns
 from servetune.workload.spec import WorkloadSpec, parse_workload
 
 if TYPE_CHECKING:
@@ -215,6 +217,30 @@ def sweep_cases(workload: WorkloadSpec) -> list[WorkloadSpec]:
         return [c for c in calibration_cases() if c.name in short]
 
 
+def needs_of(workload: WorkloadSpec) -> Coverage | None:
+    """What the study's profile must have covered to rank it (`sim.confidence`): batches
+    of BATCH_COVERED, prefix hits when its requests share prefixes, mixed lengths when its
+    prompts (drawn as `materialize` draws them) span SPREAD_COVERED x. Never bursts: the
+    study ranks at its own loads (closed loops, Poisson rates), not at the workload's
+    arrival. Its sweep is its own requests, so a gap the workload does not have is none
+    (the main job's LOW warning listed prefix, burst and mix runs for a workload of
+    neither). None: the lengths cannot be drawn without a tokenizer (datasets, traces),
+    every gap counts."""
+    cols = materialize_columns(workload)
+    if cols is None or len(cols) == 0:
+        return None
+    lengths = cols.prompt_tokens
+    return Coverage(
+        runs=1,
+        max_batch=BATCH_COVERED,
+        prefix_runs=int((cols.prefix_group >= 0).any()),
+        open_loop_runs=0,
+        bursty_runs=0,
+        mixed_length_runs=int(lengths.max() >= SPREAD_COVERED * max(int(lengths.min()), 1)),
+        fastest_ttft_s=None,
+    )
+
+
 # --- the files ---------------------------------------------------------------------------
 
 
@@ -329,18 +355,21 @@ def fit(
     cfg: EngineConfig,
     version: str,
     measured: Sequence[RunResult] = (),
+    needs: Coverage | None = None,
 ) -> Profile:
     """The calibrated tier from the sweep: least squares on the runs' inter-chunk gaps,
     then refined by replaying them through the scheduler at `cfg` (`sim.calibrate`).
     `measured`: every sample of the sweep, whose repeats tell the host's noise from a
-    misfit in the verdict (`repeat_spread`)."""
+    misfit in the verdict (`repeat_spread`); `needs`, the study's (`needs_of`)."""
     model = get_model(real.model)
     hw = get_hardware(real.hardware, real.hardware_file)
     prof = fit_profile(
         runs, engine=real.engine, model=model.name, hardware=hw.name, engine_version=version
     )
     spread = repeat_spread(measured)
-    return fit_by_replay(runs, prof, real.model, cfg, hardware=real.hardware, spread=spread)
+    return fit_by_replay(
+        runs, prof, real.model, cfg, hardware=real.hardware, spread=spread, needs=needs
+    )
 
 
 # --- the hybrid flow's calibration, end to end -----------------------------------------------
@@ -478,7 +507,8 @@ def calibrate_first(
     why = "asked to recalibrate" if force else None
     if why is None:
         why = reuse_reason(entry, entry is not None and Path(entry.profile).exists())
-    cases = sweep_cases(parse_workload(sim.workload))
+    study = parse_workload(sim.workload)
+    cases = sweep_cases(study)
     names = ", ".join(c.name for c in cases)
     checked: list[BaselineCheck] = []
     stop: Callable[[list[RunResult]], bool] | None = None
@@ -526,7 +556,7 @@ def calibrate_first(
             return cal
         why = checked[0].reason()
     say("calibration: fitting the step-time profile (least squares, then replay)")
-    prof = fit(runs, real, baseline, version, measured)
+    prof = fit(runs, real, baseline, version, measured, needs_of(study))
     save_profile(prof, profile_path)
     new = CacheEntry(
         key=asdict(key),
