@@ -404,7 +404,8 @@ def fit_by_replay(
     `spread` is how far the runs' repeats differ (`repeat_spread`, over every run measured,
     not only those fitted): with the runs the profile replays worst it tells the host's
     noise from a misfit in the verdict's fix. `needs`: what the workload the profile will
-    predict exercises (`confidence.needs_of`; None: any workload), for the verdict's gaps."""
+    predict exercises (`tune.calibration.needs_of`; None: any workload), for the
+    verdict's gaps."""
 
     model, hw = get_model(model_path), get_hardware(hardware)
     replays = [(replay_inputs(r), shape_of(r)) for r in runs]

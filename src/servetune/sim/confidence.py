@@ -191,9 +191,9 @@ def fit_problems(fit: Fit, fastest_ttft_s: float | None) -> list[tuple[str, str]
 
 def coverage_gaps(cov: Coverage, fit: Fit, needs: Coverage | None = None) -> list[tuple[str, str]]:
     """(gap, fix) for each thing the runs did not exercise: any one caps at "medium".
-    `needs`: what the workload the profile will predict exercises (`needs_of`); a gap it
-    does not exercise is not one (the tuner's profile ranks one study's workload). None:
-    a profile for any workload, every gap counts."""
+    `needs`: what the workload the profile will predict exercises (the tuner's study:
+    `tune.calibration.needs_of`); a gap it does not exercise is not one. None: a profile
+    for any workload, every gap counts."""
     out = []
     if cov.max_batch < BATCH_COVERED and (needs is None or needs.max_batch > cov.max_batch):
         out.append(
