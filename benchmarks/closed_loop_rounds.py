@@ -108,7 +108,9 @@ def main() -> None:
     runs = [load_result(p) for p in sorted(keep.glob("*.json"))]
     model_dir = str(testmodel.make_llama_dir())
     sweep = [r for r in runs if validate.is_calibration(str(r.workload.get("name")))]
-    profile, _, _ = validate.compare_saved(validate.least_disturbed_per_case(sweep), model_dir, CFG)
+    profile, _, _ = validate.compare_saved(
+        validate.least_disturbed_per_case(sweep), model_dir, CFG, measured=sweep
+    )
     print(f"runs in {keep}; profile fitted on {len(sweep)} sweep runs")
     for real in runs:
         name = str(real.workload.get("name"))

@@ -168,7 +168,7 @@ def evaluate(runs: list[RunResult], name: str) -> tuple[Profile, dict]:
     # As `calibrate --url` fits: the least disturbed run of each sweep workload.
     sweep = [r for r in runs if validate.is_calibration(str(r.workload.get("name")))]
     fitted = validate.least_disturbed_per_case(sweep)
-    profile, _, _ = validate.compare_saved(fitted, model_dir, CFG)
+    profile, _, _ = validate.compare_saved(fitted, model_dir, CFG, measured=sweep)
     profile, _, rows = validate.compare_saved(runs, model_dir, CFG, profile)
     reals = validate.by_workload(runs)[name]
     # Drift: the host's decode speed in the held-out runs against the fitted sweep runs'.
@@ -226,6 +226,7 @@ def report(profile: Profile, figs: dict, sweep_s: float | None, repeats: int) ->
         f"profile: confidence {fit.confidence}, {fit.method}, R^2 {fit.r2:.3f}, "
         f"error {fit.rel_rmse:.1%}, api overhead {profile.api_overhead_s * 1e3:.1f} ms, "
         f"dropped {fit.dropped or 'none'}"
+        + (f", repeats differ by {fit.repeat_spread:.1%}" if fit.repeat_spread is not None else "")
     )
     for why in getattr(fit, "problems", []) or []:
         print(f"  - {why}")

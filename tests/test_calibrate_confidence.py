@@ -105,6 +105,32 @@ def test_repeat_spread_reads_how_far_repeats_of_one_workload_differ() -> None:
     assert repeat_spread([one, alone]) is None
 
 
+def test_a_fit_on_the_least_disturbed_runs_keeps_the_spread_of_all_measured() -> None:
+    """The harness fits, as `calibrate --url` does, on the least disturbed run of each
+    workload (`least_disturbed_per_case`): those no longer repeat, so the spread that tells
+    the host from a misfit is read over every run measured, when the caller gives them."""
+    from servetune.validate import compare_saved, least_disturbed_per_case
+
+    slow = TRUTH.model_copy(
+        update={"coefficients": {k: 1.5 * v for k, v in TRUTH.coefficients.items()}}
+    )
+    sweep = {c.name: c for c in calibration_cases()}
+    runs = [
+        sim_run(sweep[name], prof)
+        for prof in (TRUTH, slow)
+        for name in ("cal-c1-p64", "cal-c4-p64", "cal-c2-p768")
+    ]
+    fitted = least_disturbed_per_case(runs)
+    assert len(fitted) == 3
+    alone, _, _ = compare_saved(fitted, "llama-3.2-1b", CFG)
+    assert alone.fit is not None and alone.fit.repeat_spread is None
+    prof, _, _ = compare_saved(fitted, "llama-3.2-1b", CFG, measured=runs)
+    assert prof.fit is not None and prof.fit.repeat_spread == pytest.approx(
+        repeat_spread(runs)
+    )
+    assert 0.1 < prof.fit.repeat_spread < np.log(1.5) / np.sqrt(2) + 0.01
+
+
 def test_a_replay_on_the_wrong_knobs_is_not_blamed_on_the_host(tmp_path: Path) -> None:
     """`calibrate` on result files of an engine that batches 4 sequences, two repeats of
     each workload, told (--set) that it ran one at a time: the repeats agree exactly, so

@@ -78,11 +78,15 @@ def compare_saved(
     model_name: str | None = None,
     engine_version: str = "unknown",
     hardware: str = "cpu-host",
+    measured: Sequence[RunResult] | None = None,
 ) -> tuple[Profile, list[Row], list[Row]]:
     """The harness over real runs already made (live, or saved by `save_run`): fit on the
     runs named `cal-*` (least squares, then `fit_by_replay`) unless a profile is given,
     then replay every run in the order the engine served it, carrying the simulated
     engine's step-size history, and compare per workload (median over its repeats).
+    `measured`: every calibration run made, when `runs` holds only those to fit on (the
+    least disturbed of each workload, as `calibrate --url` fits): the fit's repeat spread
+    is read over them, as `calibrate` reads it, not over runs that no longer repeat.
     Returns (profile, calibration rows, held-out rows)."""
     runs = sorted(runs, key=lambda r: r.started_unix_s or 0.0)  # the engine's order
     by = by_workload(runs)
@@ -99,7 +103,7 @@ def compare_saved(
             hardware=hardware,
             engine_version=engine_version,
         )
-        spread = repeat_spread(cal)
+        spread = repeat_spread(cal if measured is None else measured)
         profile = fit_by_replay(cal, start, model_path, cfg, hardware=hardware, spread=spread)
 
     shapes: set[int] = set()  # one engine ran them all: replay in the order they ran
