@@ -257,10 +257,29 @@ def test_replays_in_processes_give_the_serial_figures_in_the_runs_order():
     pure, so every figure and the order of the runs are the one-process ones."""
     runs = pub.load_runs()[::60]  # NIM, NIM-TensorRT-LLM, vLLM and SGLang rows
     assert len({r.engine for r in runs}) >= 2
-    serial = pub.evaluate(runs, pub.TIERS, "median", jobs=1)
+    for key in [(r, t) for r in runs for t in pub.TIERS]:
+        pub._REPLAYED.pop(key, None)  # replayed by the processes, not read from earlier
     spread = pub.evaluate(runs, pub.TIERS, "median", jobs=2)
+    serial = {t: [pub.read_at(r, t, pub.replay(r, t), "median") for r in runs] for t in pub.TIERS}
     assert spread == serial
     assert [e.run.id for e in spread["gpu"]] == [r.id for r in runs]
+
+
+def test_a_second_measure_of_the_same_runs_replays_nothing(monkeypatch):
+    """A replay is pure, so reading runs again (another measure, the text after the JSON)
+    reads the replays this process made; the figures are those of a fresh replay."""
+    runs = pub.load_runs()[:3]
+    first = pub.evaluate(runs, ("gpu",), "published")
+
+    def no_replay(run, tier):
+        raise AssertionError(f"{run.id} replayed twice")
+
+    monkeypatch.setattr(pub, "replay", no_replay)
+    again = pub.evaluate(runs, ("gpu",), "median", jobs=2)
+    assert [e.run.id for e in again["gpu"]] == [r.id for r in runs]
+    monkeypatch.undo()
+    assert first["gpu"] == [pub.read_at(r, "gpu", pub.replay(r, "gpu")) for r in runs]
+    assert again["gpu"] == [pub.read_at(r, "gpu", pub.replay(r, "gpu"), "median") for r in runs]
 
 
 def test_cli_refuses_bad_combinations(capsys):

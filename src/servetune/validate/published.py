@@ -20,7 +20,8 @@ published: issue 15's held-out measure, which sets a simulated median against a 
 mean. `role` says whether a row was used to set a figure of the step model (`fit`) or
 only to check it (`check`); both are reported, apart.
 
-Pure apart from `load_runs` (reads the CSV) and `simulate_run` (runs the simulator).
+Pure apart from `load_runs` (reads the CSV) and `replay` (runs the simulator; `simulate_run`
+keeps each replay for the process, so a second measure of the same runs is only read).
 """
 
 from __future__ import annotations
@@ -266,9 +267,21 @@ def signed_pct(sim: float, real: float | None) -> float | None:
     return None if real is None else (sim - real) / real * 100.0
 
 
-def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> RunError:
-    """Replay `run` under `tier`: closed loop, fixed lengths, vLLM defaults otherwise; read
-    at `measure` (MEASURES)."""
+@dataclass(frozen=True)
+class Replay:
+    """A run's simulated figures under one tier, at every statistic a measure reads (ms),
+    or the simulator's refusal. What `measure` reads of them is `read_at`."""
+
+    ttft_mean: float = 0.0
+    ttft_p50: float = 0.0
+    tpot_mean: float = 0.0
+    tpot_p50: float = 0.0
+    itl_p50: float = 0.0
+    refused: str = ""
+
+
+def replay(run: PublishedRun, tier: str) -> Replay:
+    """Replay `run` under `tier`: closed loop, fixed lengths, vLLM defaults otherwise."""
     from servetune.hardware import get_hardware
     from servetune.model import get_model
     from servetune.sim.engine import simulate
@@ -277,19 +290,45 @@ def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> Ru
     try:
         res, _ = simulate(model, gpu, engine_config(run), workload(run), tier=tier)
     except InputError as e:  # the real engine ran: a refusal is a miss, shown apart
-        return RunError(run, tier, None, None, None, None, refused=str(e))
-    ttft, tpot = res.metrics.ttft_ms, res.metrics.tpot_ms
+        return Replay(refused=str(e))
+    m = res.metrics
+    return Replay(
+        m.ttft_ms.mean or 0.0,
+        m.ttft_ms.p50 or 0.0,
+        m.tpot_ms.mean or 0.0,
+        m.tpot_ms.p50 or 0.0,
+        m.itl_ms.p50 or 0.0,
+    )
+
+
+def read_at(run: PublishedRun, tier: str, rep: Replay, measure: str = "published") -> RunError:
+    """`rep` read at `measure` (MEASURES) against `run`'s published figures."""
+    if rep.refused:
+        return RunError(run, tier, None, None, None, None, refused=rep.refused)
     if measure == "published" and run.stat == "mean":
         # a whole run's mean holds the first round's burst, which a median leaves out
         # (docs/fidelity-gpu.md)
-        ttft, tpot = ttft.mean or 0.0, tpot.mean or 0.0
+        ttft, tpot = rep.ttft_mean, rep.tpot_mean
     else:
-        ttft, tpot = ttft.p50 or 0.0, tpot.p50 or 0.0
+        ttft, tpot = rep.ttft_p50, rep.tpot_p50
     if run.stat == "median-itl":  # the published figure is an ITL median, whatever the measure
-        tpot = res.metrics.itl_ms.p50 or 0.0
+        tpot = rep.itl_p50
     return RunError(
         run, tier, ttft, tpot, signed_pct(ttft, run.ttft_ms), signed_pct(tpot, run.tpot_ms)
     )
+
+
+# Replays already made in this process, by (run, tier): a replay is pure (seeded), so
+# reading the same runs at another measure, or printing them again, simulates nothing anew.
+_REPLAYED: dict[tuple[PublishedRun, str], Replay] = {}
+
+
+def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> RunError:
+    """Replay `run` under `tier` (once per process) and read it at `measure`."""
+    key = (run, tier)
+    if key not in _REPLAYED:
+        _REPLAYED[key] = replay(run, tier)
+    return read_at(run, tier, _REPLAYED[key], measure)
 
 
 def _med(xs: Sequence[float]) -> float | None:
@@ -370,28 +409,22 @@ def evaluate(
 ) -> dict[str, list[RunError]]:
     """Every run under every tier, read at `measure`, in the runs' order. With `jobs` > 1
     the replays run in that many processes: each is independent and pure, and the packaged
-    set is ~940 of them at ~40 ms (35 s on one core). Spawned, not forked: the caller may
-    hold threads (a test server, a live view)."""
+    set is ~1,230 of them at ~40 ms (50 s on one core). Spawned, not forked: the caller may
+    hold threads (a test server, a live view). Runs replayed before in this process are
+    read again, not replayed (`simulate_run`)."""
     tasks = [(r, t) for t in tiers for r in runs]
-    workers = min(jobs, len(tasks))
+    todo = list(dict.fromkeys(k for k in tasks if k not in _REPLAYED))
+    workers = min(jobs, len(todo))
     if workers > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
-            chunk = max(1, len(tasks) // (4 * workers))
-            done = list(
-                pool.map(
-                    simulate_run,
-                    [r for r, _ in tasks],
-                    [t for _, t in tasks],
-                    [measure] * len(tasks),
-                    chunksize=chunk,
-                )
-            )
-    else:
-        done = [simulate_run(r, t, measure) for r, t in tasks]
+            chunk = max(1, len(todo) // (4 * workers))
+            made = pool.map(replay, [r for r, _ in todo], [t for _, t in todo], chunksize=chunk)
+            _REPLAYED.update(zip(todo, made, strict=True))
+    done = [simulate_run(r, t, measure) for r, t in tasks]
     out: dict[str, list[RunError]] = {t: [] for t in tiers}
     for e in done:
         out[e.tier].append(e)
