@@ -125,9 +125,7 @@ def test_a_fit_on_the_least_disturbed_runs_keeps_the_spread_of_all_measured() ->
     alone, _, _ = compare_saved(fitted, "llama-3.2-1b", CFG)
     assert alone.fit is not None and alone.fit.repeat_spread is None
     prof, _, _ = compare_saved(fitted, "llama-3.2-1b", CFG, measured=runs)
-    assert prof.fit is not None and prof.fit.repeat_spread == pytest.approx(
-        repeat_spread(runs)
-    )
+    assert prof.fit is not None and prof.fit.repeat_spread == pytest.approx(repeat_spread(runs))
     assert 0.1 < prof.fit.repeat_spread < np.log(1.5) / np.sqrt(2) + 0.01
 
 
