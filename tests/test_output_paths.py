@@ -85,3 +85,68 @@ def test_a_bad_output_path_is_refused_before_anything_runs(case: str, tmp_path: 
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}: "), out.stderr
     assert "folder" in lines[0] and "Traceback" not in out.stderr
     assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "out").exists()
+
+
+# -- writing the file: one function (`outfile.replaced`) for every command ---------------
+
+
+def test_a_file_is_replaced_whole_and_a_symlink_keeps_pointing_at_it(tmp_path: Path) -> None:
+    from servetune.outfile import replaced
+
+    target, link = tmp_path / "target.csv", tmp_path / "link.csv"
+    target.write_text("old")
+    link.symlink_to(target)
+    with replaced(link) as tmp:
+        assert not tmp.exists() and tmp.parent == tmp_path  # written beside, not over it
+        tmp.write_text("new")
+        assert target.read_text() == "old"  # a reader still sees the whole old file
+    assert link.is_symlink() and target.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "target.csv"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    from servetune.outfile import replaced
+
+    out = tmp_path / "r.json"
+    out.write_text("measured")
+    with pytest.raises(RuntimeError), replaced(out) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("the render failed")
+    assert out.read_text() == "measured" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_a_pipe_is_written_in_place_not_replaced(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    from servetune.outfile import replaced
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    with replaced(fifo) as tmp:
+        assert tmp == fifo
+        tmp.write_text("rows\n")
+    reader.join(timeout=10)
+    assert got == ["rows\n"] and fifo.is_fifo()
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux /proc")
+def test_a_place_that_refuses_the_write_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """/proc refuses new files even to root, after the folder checks pass: the write itself
+    fails, and that is one line too (it was a FileNotFoundError traceback)."""
+    db = tmp_path / "st.db"
+    chat = Path(__file__).parents[1] / "examples" / "workloads" / "chat.yaml"
+    run = _cli("simulate", "-w", str(chat), "--count", "4", "--db", str(db), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    for args in (
+        ["runs", "export", "-f", "json", "-o", "/proc/servetune-test.json"],
+        ["runs", "export", "-f", "csv", "-o", "/proc/servetune-test.csv"],
+        ["report", "last", "-o", "/proc/servetune-test.html"],
+    ):
+        out = _cli(*args, "--db", str(db), cwd=tmp_path)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert len(lines) == 1 and lines[0].startswith("error: --output: "), out.stderr

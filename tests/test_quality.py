@@ -87,6 +87,30 @@ def test_section_2_rule() -> None:
     assert [c.status for c in v.checks[1:]] == [UNMEASURED] * 4
 
 
+def test_a_baseline_that_served_nothing_was_measured_at_zero(tmp_path: Path) -> None:
+    """Every baseline request failed: 0 tok/s is a measurement, not a missing figure, but
+    nothing to compare a candidate with: the checks stay unjudged (a dead baseline must not
+    accept a candidate), and say why. A candidate that served nothing fails."""
+    with Store.open(str(tmp_path / "q.db")) as s:
+        dead, m1 = synthetic_run(4, seed=1, n_requests=30, error_rate=1.0)
+        live, m2 = synthetic_run(4, seed=2, n_requests=30)
+        s.save_result(dead, m1)
+        s.save_result(live, m2)
+        b, c = perf(s, dead.id, "--baseline-run"), perf(s, live.id, "--candidate-run")
+    assert b.output_tok_s == 0 and c.output_tok_s > 0
+    checks = {ch.name: ch for ch in judge(0.01, 0.05, b, c).checks}
+    assert checks["throughput"].status == UNMEASURED == checks["cost"].status
+    assert checks["throughput"].evidence.startswith("output tok/s 0 -> ")
+    assert "no tokens served" in checks["cost"].evidence
+    assert all(
+        "baseline run served no tokens" in checks[k].evidence for k in ("throughput", "cost")
+    )
+    # the other way round the candidate served nothing: measured, and it fails
+    checks = {ch.name: ch for ch in judge(0.01, 0.05, c, b).checks}
+    assert checks["throughput"].status == FAIL and checks["cost"].status == FAIL
+    assert "missing" not in checks["throughput"].evidence + checks["cost"].evidence
+
+
 def test_builtin_corpus_names_its_sources() -> None:
     c = load_corpus()
     assert len(c.passages) >= 10 and len(c.tasks) >= 8

@@ -177,10 +177,16 @@ def _parts(info: RunInfo) -> dict[str, Any]:
 def _fixed(paths: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
     """Key paths less the free-form dicts whose keys vary by run: a sim trial's figures and
     the settings an engine reported (a simulated run records the KV cache dtype it resolved
-    since stop 39; older ones have none), and the expected error a simulated run states
-    (since stop 44; optional, older runs have none)."""
+    since stop 39; older ones have none), the expected error a simulated run states
+    (since stop 44; optional, older runs have none), and the engine and --set knobs a
+    bench run was given (in its target since stop 50, so its result file says who served
+    it; older runs keep them in the run's meta only)."""
     free_or_new = {("tune", "trial"), ("sim", "expected_error")}
-    return {p for p in paths if p[:2] not in free_or_new and p[0] != "settings"}
+    return {
+        p
+        for p in paths
+        if p[:2] not in free_or_new and p[0] not in ("settings", "engine", "config")
+    }
 
 
 def _same_keys(old: RunInfo, new: RunInfo) -> None:

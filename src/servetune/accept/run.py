@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from servetune.accept import probes, stability, static
-from servetune.accept.checklist import Checklist, Finding, Status, failed
+from servetune.accept.checklist import Checklist, Finding, Status
 from servetune.accept.inputs import Deployment
 from servetune.accept.measuring import Prober, Sizes, workload_sample
+from servetune.outfile import replaced
 from servetune.store import RunInfo, Store
 from servetune.workload.tokenizer import Tokenizer
 
@@ -59,7 +60,8 @@ class Acceptance:
     def save(self) -> None:
         data = self.checklist.to_json()
         if self.s.output is not None:
-            self.s.output.write_text(json.dumps(data, indent=2, default=str))
+            with replaced(self.s.output) as tmp:
+                tmp.write_text(json.dumps(data, indent=2, default=str))
         try:
             with Store.open(self.s.db) as store:
                 store.update_study_meta(self.study, {"checklist": data}, ACCEPT_KIND)
@@ -131,14 +133,7 @@ class Acceptance:
         self.item("long-short-pools", lambda: static.long_short_pools(sample, dep.pools))
         limit = self.context_limit()
         cap = dep.max_new_tokens
-        self.item(
-            "output-cap",
-            lambda: (
-                probes.output_cap(p, spec, cap)
-                if cap
-                else failed("state the output cap the deployment promises (--max-new-tokens N)")
-            ),
-        )
+        self.item("output-cap", lambda: probes.output_cap(p, spec, cap))
         self.item("input-limit", lambda: probes.input_limit(p, spec, sample, limit))
         users = self.capacity_users()
         capacity = probes.capacity(p, spec, users, sz)

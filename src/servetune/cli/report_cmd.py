@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from servetune.errors import InputError
+
 
 def register(app: typer.Typer) -> None:
     app.command(
@@ -32,6 +34,8 @@ def report(
     from servetune.results.files import check_outputs
     from servetune.store import Store
 
+    if any(not r.strip() for r in refs):  # an unset shell variable names no run
+        raise InputError("RUNS", "an empty value names nothing", "give a run id, study or A,B,C")
     check_outputs({"--output": output}, {"--images": images})
     with Store.open(db, create=False) as store:
         out = build_report(

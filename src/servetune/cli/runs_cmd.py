@@ -58,8 +58,8 @@ def _emit(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def _metric(info: RunInfo, path: str) -> Any:
-    cur: Any = info.metrics or {}
+def _metric(metrics: dict[str, Any] | None, path: str) -> Any:
+    cur: Any = metrics or {}
     for p in path.split("."):
         cur = cur.get(p) if isinstance(cur, dict) else None
     return cur
@@ -109,8 +109,9 @@ def list_runs(
             backend=backend,
             limit=limit,
         )
+        runs = [(i, store.metrics(i)) for i in infos]  # a killed run's from its records
         if as_json:
-            _emit([_summary(i) for i in infos])
+            _emit([_summary(i, m) for i, m in runs])
             return
         from servetune.metrics.pct import pct_cell
         from servetune.report.experiment import fmt
@@ -125,15 +126,15 @@ def list_runs(
                 i.backend,
                 i.load_label(),
                 _status(i.status),
-                fmt(n := _metric(i, "ttft_ms.count")),
-                pct_cell("p99", _metric(i, "ttft_ms.p99"), n),
-                pct_cell("p99", _metric(i, "tpot_ms.p99"), _metric(i, "tpot_ms.count")),
-                fmt(_metric(i, "output_tok_s")),
-                fmt(_metric(i, "goodput_req_s")),
+                fmt(n := _metric(m, "ttft_ms.count")),
+                pct_cell("p99", _metric(m, "ttft_ms.p99"), n),
+                pct_cell("p99", _metric(m, "tpot_ms.p99"), _metric(m, "tpot_ms.count")),
+                fmt(_metric(m, "output_tok_s")),
+                fmt(_metric(m, "goodput_req_s")),
                 i.conclusion or "-",
                 ",".join(i.tags) or "-",
             ]
-            for i in infos
+            for i, m in runs
         ]
         _table(
             [
@@ -158,7 +159,7 @@ def list_runs(
         )
 
 
-def _summary(i: RunInfo) -> dict[str, Any]:
+def _summary(i: RunInfo, metrics: dict[str, Any]) -> dict[str, Any]:
     keys = (
         "id",
         "study",
@@ -183,7 +184,7 @@ def _summary(i: RunInfo) -> dict[str, Any]:
     if i.load_kind == "closed":  # users send on completion: a closed loop offers no rate
         out["rate"] = None
     out["metrics"] = {
-        p: _metric(i, p)
+        p: _metric(metrics, p)
         for p in (
             "ttft_ms.p50",
             "ttft_ms.p99",
@@ -262,9 +263,7 @@ def show(
 
 def _metrics(store: Store, info: RunInfo) -> dict[str, Any]:
     """Stored metrics, or for a run that never finished, computed from its records."""
-    if info.metrics is not None:
-        return info.metrics
-    return store.load_result(info.id).metrics.model_dump(mode="json")
+    return store.metrics(info)
 
 
 @runs_app.command("compare")
@@ -357,8 +356,17 @@ def tag(
     """Add or remove tags (e.g. baseline, candidate, prod)."""
     with _open(db) as store:
         ids = store.resolve([ref])
-        store.tag(ids, add=() if remove else tags, remove=tags if remove else ())
-    typer.echo(f"{'untagged' if remove else 'tagged'} {len(ids)} run(s): {', '.join(tags)}")
+        changed = store.tag(ids, add=() if remove else tags, remove=tags if remove else ())
+    typer.echo(_tag_line(remove, changed, len(ids), tags))
+
+
+def _tag_line(remove: bool, changed: int, of: int, tags: list[str]) -> str:
+    """What `runs tag` did: only the runs that changed count (removing a tag no run has
+    untags none)."""
+    line = f"{'untagged' if remove else 'tagged'} {changed} run(s): {', '.join(tags)}"
+    if changed < of:
+        line += f" ({of - changed} {'did not have' if remove else 'already had'} it)"
+    return line
 
 
 @runs_app.command("conclude")

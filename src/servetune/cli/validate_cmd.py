@@ -108,7 +108,7 @@ def validate(
         real, version = v.run_live(h, repeats=repeats, cal_repeats=cal_repeats, say=say)
         out = v.validate_runs(real, h, prof, engine_version=version)
     if profile_out:
-        save_profile(out.profile, profile_out)
+        save_profile(out.profile, profile_out, "--profile-out")
     med = out.medians()
     judged, figs = out.verdict()
     if as_json:

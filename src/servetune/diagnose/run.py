@@ -60,6 +60,8 @@ def diagnose_result(res: RunResult, source: str | None = None, whatif: bool = Tr
 
 def load_run(ref: str, db: str | None = None) -> tuple[RunResult, str]:
     """A RunResult file when `ref` names one, else a run in the store (id or prefix)."""
+    if not ref.strip():  # an unset shell variable; Path("") would be this folder
+        raise InputError("RUN", "is empty", "give a run id or a result file")
     if Path(ref).is_file():
         from servetune.results.files import load_result
 
@@ -94,6 +96,8 @@ def watch(
 
     if not window_s >= 1:  # NaN too
         raise InputError("--window", f"{window_s:g} s", "give a window of at least 1 second")
+    if engine is not None:
+        _check_engine(engine)
     fetch = http_fetcher(url, engine_adapter(engine) if engine else None)
     try:
         fetch()
@@ -111,6 +115,16 @@ def watch(
     telemetry = tel.sampler.stop(anchor) if tel is not None else None
     ev = from_window(url, series, telemetry, engine)
     return Diagnosis(ev, diagnose(ev))
+
+
+def _check_engine(engine: str) -> None:
+    """An unknown --engine, named as the flag (not a failed read of the URL's /metrics)."""
+    from servetune.engines.registry import adapter
+
+    try:
+        adapter(engine)
+    except InputError as exc:
+        raise InputError("--engine", exc.problem, exc.fix) from None
 
 
 def _watched(ev: Evidence) -> str:

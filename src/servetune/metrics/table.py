@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.metrics.compute import request_latencies_ms
+from servetune.outfile import replaced
 from servetune.results.schema import RequestRecord, RunResult
 
 CSV_FIELDS = (  # noqa: SIM905 - one readable string
@@ -34,7 +35,7 @@ def csv_row(r: RequestRecord) -> dict[str, Any]:
 
 def write_csv(results: list[RunResult], path: Path) -> None:
     """One row per request; a sweep's points are told apart by `run_id` and load."""
-    with path.open("w", newline="", encoding="utf-8") as fh:
+    with replaced(path, "--csv") as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=["run_id", "load", *CSV_FIELDS])
         w.writeheader()
         for res in results:

@@ -14,6 +14,7 @@ from servetune.monitor.autoscale import adapter_config, hpa, keda_scaled_object
 from servetune.monitor.dashboard import dashboard
 from servetune.monitor.deployment import Deployment
 from servetune.monitor.rules import rule_groups
+from servetune.outfile import replaced
 
 FILES = {
     "rules": "prometheus-rules.yaml",
@@ -57,9 +58,12 @@ def export(d: Deployment, out_dir: str | Path) -> dict[str, Path]:
     paths = {}
     for key, doc in docs.items():
         p = out / FILES[key]
-        if p.suffix == ".json":
-            p.write_text(json.dumps(doc, indent=2) + "\n")
-        else:
-            p.write_text(yaml.safe_dump(doc, sort_keys=False))
+        text = (
+            json.dumps(doc, indent=2) + "\n"
+            if p.suffix == ".json"
+            else yaml.safe_dump(doc, sort_keys=False)
+        )
+        with replaced(p, "--out") as tmp:
+            tmp.write_text(text)
         paths[key] = p
     return paths

@@ -49,5 +49,4 @@ def perf(store: Store, ref: str, flag: str) -> Perf:
     that never finished)."""
     run_id = resolve_one(store, ref, flag)
     info = store.get(run_id)
-    m = info.metrics or store.load_result(run_id).metrics.model_dump(mode="json")
-    return Perf.from_metrics(m, info.gpu_count)
+    return Perf.from_metrics(store.metrics(info), info.gpu_count)

@@ -54,9 +54,12 @@ class Perf:
     @property
     def cost_per_mtok(self) -> float | None:
         """Device-seconds per million output tokens: cost per token at one price per
-        device-second (the same hardware on both sides)."""
-        if not self.output_tok_s:
+        device-second (the same hardware on both sides). A run that served no tokens
+        (every request failed) measured an infinite cost, not a missing one."""
+        if self.output_tok_s is None:
             return None
+        if self.output_tok_s == 0:
+            return math.inf
         return self.gpu_count / self.output_tok_s * 1e6
 
 
@@ -107,22 +110,42 @@ def _ok(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
+DEAD_BASELINE = "the baseline run served no tokens, nothing to compare with (rerun the baseline)"
+
+
 def _rise(name: str, b: float | None, c: float | None, need: float, what: str) -> Check:
-    if not (_ok(b) and _ok(c)) or not b:
+    if not (_ok(b) and _ok(c)):
         return Check(name, UNMEASURED, f"{what} missing in a run")
+    if b == 0:  # measured, but nothing to compare with: a dead baseline accepts nothing
+        return Check(name, UNMEASURED, f"{what} 0 -> {c:.4g}: {DEAD_BASELINE}")
     gain = c / b - 1  # type: ignore[operator]
     status = PASS if gain >= need else FAIL
     return Check(name, status, f"{what} {b:.4g} -> {c:.4g} ({gain:+.1%}, need >= {need:+.0%})")
 
 
 def _fall(name: str, b: float | None, c: float | None, slack: float, what: str) -> Check:
-    """`c` must be below `b` (cost), or at most `slack` above it (P99)."""
-    if not (_ok(b) and _ok(c)) or not b:
+    """`c` must be below `b` (cost), or at most `slack` above it (P99). An infinite cost
+    is a run that served no tokens: measured, and never below another."""
+    if not (_known(b) and _known(c)):
+        return Check(name, UNMEASURED, f"{what} missing in a run")
+    if b == math.inf:
+        return Check(name, UNMEASURED, f"{what} {_cost(b)} -> {_cost(c)}: {DEAD_BASELINE}")
+    if c == math.inf:  # the candidate served nothing: measured, and never cheaper
+        return Check(name, FAIL, f"{what} {_cost(b)} -> {_cost(c)}")
+    if not b:
         return Check(name, UNMEASURED, f"{what} missing in a run")
     change = c / b - 1  # type: ignore[operator]
     status = PASS if (change < 0 if slack == 0 else change <= slack) else FAIL
     limit = "must fall" if slack == 0 else f"at most {slack:+.0%}"
     return Check(name, status, f"{what} {b:.4g} -> {c:.4g} ({change:+.1%}, {limit})")
+
+
+def _known(x: float | None) -> bool:
+    return x is not None and not math.isnan(x)
+
+
+def _cost(x: float) -> str:
+    return "inf (no tokens served)" if x == math.inf else f"{x:.4g}"
 
 
 def _errors(b: float | None, c: float | None, slack: float) -> Check:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servetune.errors import InputError
+from servetune.outfile import replaced
 from servetune.report import charts as ch
 from servetune.report.data import ReportData, load_report_data
 from servetune.report.html import render_html
@@ -63,9 +64,8 @@ def build_report(
     data = load_report_data(store, refs, title)
     charts = build_charts(data)
     text = render_html(data, charts)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    with replaced(out) as tmp:
+        tmp.write_text(text, encoding="utf-8")
     result = ReportOutput(
         path=out,
         bytes=out.stat().st_size,

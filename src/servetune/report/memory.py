@@ -125,7 +125,11 @@ def picture(info: RunInfo, config: str) -> MemoryPicture:
             "budget (gpu_memory_utilization x device, or the CPU KV space) after weights, "
             "activation and overheads",
             detail=f"{plan['kv_capacity_tokens']:,} KV tokens, max concurrency "
-            f"{plan['max_concurrency']} (plan)",
+            + (
+                f"{plan['max_concurrency']} (plan)"
+                if plan["max_concurrency"] is not None
+                else f"none: the plan says it does not fit ({plan['verdict']})"
+            ),
         )
     cfg = EngineConfig.model_validate(
         {k: v for k, v in info.engine_config.items() if v is not None}

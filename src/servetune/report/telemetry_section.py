@@ -60,7 +60,10 @@ def telemetry(data: ReportData) -> Chart:
     chart = Chart("telemetry", "Host, engine process and GPU over time")
     runs = [r for r in data.runs if r.result.telemetry and r.result.telemetry.values]
     if not runs:
-        chart.note = "No telemetry in these runs (simulated, or stored before telemetry existed)."
+        chart.note = (
+            "No telemetry in these runs (measured with bench --no-telemetry, simulated, or "
+            "stored before telemetry existed)."
+        )
         return chart
     if len(runs) > MAX_SERVER_RUNS:
         step = (len(runs) - 1) / (MAX_SERVER_RUNS - 1)

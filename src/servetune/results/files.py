@@ -6,12 +6,14 @@ it lives with it (`metrics.table`)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
 
 from servetune.errors import InputError, from_validation_error
+from servetune.outfile import replaced
 from servetune.results.schema import RunResult
 from servetune.yamlfile import read_text
 
@@ -50,9 +52,8 @@ def write_result(result: RunResult, path: Path, save_text: bool = False) -> None
         None if save_text else {"records": {"__all__": {"output_text"}}}
     )
     data = result.model_dump_json(exclude=exclude)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data)
-    tmp.replace(path)
+    with replaced(path) as tmp:
+        tmp.write_text(data)
 
 
 def check_writable(path: Path, field: str) -> None:
@@ -62,6 +63,11 @@ def check_writable(path: Path, field: str) -> None:
         raise InputError(field, f"{path} is a folder", "give a file name")
     if not path.parent.is_dir():
         raise InputError(field, f"folder {path.parent} does not exist", "create it first")
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        return  # a pipe or a device: written in place (`outfile.replaced`)
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # the file is renamed into it
+        raise InputError(field, f"folder {target.parent} is not writable", "give another path")
 
 
 def check_folder(path: Path, field: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from servetune.errors import InputError
+from servetune.outfile import replaced
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
 from servetune.yamlfile import read_text
@@ -112,8 +113,9 @@ def load_profile(path: str | Path) -> Profile:
         raise InputError("--profile", f"{p}: {exc.errors()[0]['msg']}", None) from None
 
 
-def save_profile(profile: Profile, path: str | Path) -> None:
-    Path(path).write_text(profile.model_dump_json(indent=2) + "\n")
+def save_profile(profile: Profile, path: str | Path, field: str = "--output") -> None:
+    with replaced(path, field) as tmp:
+        tmp.write_text(profile.model_dump_json(indent=2) + "\n")
 
 
 def load_results(paths: Sequence[str | Path]) -> list[RunResult]:

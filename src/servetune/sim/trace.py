@@ -6,13 +6,14 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from servetune.outfile import replaced
 from servetune.sim.scheduler import TRACE_COLUMNS, Scheduler
 
 
 def write_trace(sched: Scheduler, path: str | Path) -> int:
     """Write the trace; returns the number of rows."""
     rows = sched.stats.trace
-    with Path(path).open("w", newline="") as fh:
+    with replaced(path, "--trace") as tmp, tmp.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(TRACE_COLUMNS)
         for row in rows:

@@ -30,14 +30,29 @@ _FIELD = "--db"
 
 def resolve_url(db: str | None = None) -> str:
     """`--db` beats `$SERVETUNE_DB` beats `./servetune.db`. A bare path means SQLite;
-    `postgresql://` gets the psycopg 3 driver, the one servetune installs."""
-    raw = db or os.environ.get(ENV_VAR) or DEFAULT_DB
+    `postgresql://` gets the psycopg 3 driver, the one servetune installs. An empty
+    `--db` or `$SERVETUNE_DB` (an unset shell variable) is refused, never read as the
+    default: every command opens the store through here, so all of them refuse it."""
+    raw = _given(db)
     if "://" not in raw:
         return "sqlite:///" + str(Path(raw).expanduser().absolute())
     for plain in ("postgresql://", "postgres://"):
         if raw.startswith(plain):
             return "postgresql+psycopg://" + raw[len(plain) :]
     return raw
+
+
+def _given(db: str | None) -> str:
+    """What the user named: `--db`, else `$SERVETUNE_DB`, else the default file."""
+    if db is not None:
+        if not db.strip():
+            raise InputError(_FIELD, "is empty", "give a file path or URL")
+        return db
+    env = os.environ.get(ENV_VAR)
+    if env is not None and not env.strip():
+        fix = f"set it to a file path or URL, or unset it for ./{DEFAULT_DB}"
+        raise InputError(f"${ENV_VAR}", "is empty", fix)
+    return env or DEFAULT_DB
 
 
 def display_url(url: str) -> str:

@@ -54,7 +54,7 @@ from servetune.store.meta import (
 )
 from servetune.store.models import Blob, RecordChunk, Run, RunBlob, RunTag, Study
 from servetune.store.runinfo import RunInfo, run_info
-from servetune.store.timestamps import utc_now, utc_text
+from servetune.store.timestamps import day_end, utc_now, utc_text
 from servetune.store.transfer import WARNED, read_import
 from servetune.telemetry import summarize
 from servetune.workload.materialize import Request
@@ -402,10 +402,9 @@ class Store:
         if tag:
             q = q.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
         if since:
-            q = q.where(Run.created_utc >= utc_text(since))
+            q = q.where(Run.created_utc >= utc_text(since, "--since"))
         if until:
-            end = utc_text(until) if "T" in until else utc_text(until + "T23:59:59")
-            q = q.where(Run.created_utc <= end)
+            q = q.where(Run.created_utc <= day_end(until, "--until"))
         if backend:
             q = q.where(Run.backend == backend)
         if limit:
@@ -506,22 +505,32 @@ class Store:
         if info.metrics is not None:
             res.metrics = Metrics.model_validate(info.metrics)
         else:
-            wl = res.workload or {}
-            res.metrics = compute_metrics(
-                records,
-                warmup_s=float(wl.get("warmup_s") or 0.0),
-                cooldown_s=float(wl.get("cooldown_s") or 0.0),
-                slo=res.slo if isinstance(res.slo, SLO) else None,
-                stream=bool(wl.get("stream", True)),
-            )
+            res.metrics = records_metrics(records, res.workload, res.slo)
         return res
+
+    def metrics(self, info: RunInfo) -> dict[str, Any]:
+        """The run's metrics: the final result's, or for a run that never finished (killed,
+        still running) computed from the records that reached the store, as `load_result`
+        computes them, so `runs list`, `show`, exports, diagnose and quality agree."""
+        if info.metrics is not None:
+            return info.metrics
+        slo = info.part("slo")
+        m = records_metrics(
+            self.records(info.id),
+            info.part("workload") or {},
+            SLO.model_validate(slo) if slo else None,
+        )
+        return m.model_dump(mode="json")
 
     # -- editing ------------------------------------------------------------------------
 
     def tag(
         self, run_ids: Sequence[str], add: Iterable[str] = (), remove: Iterable[str] = ()
-    ) -> None:
+    ) -> int:
+        """Add and remove tags. Returns how many runs changed (a run that already had the
+        tags to add and none of those to remove is not counted)."""
         add, remove = set(add), set(remove)
+        changed = 0
         with self._session() as s, s.begin():
             for rid in run_ids:
                 run = self._run(s, rid)
@@ -529,14 +538,20 @@ class Store:
                 for t in sorted(add - have):
                     run.tags.append(RunTag(run_id=rid, tag=t))
                 run.tags = [t for t in run.tags if t.tag not in remove]
+                changed += bool(add - have or remove & have)
+        return changed
 
-    def conclude(self, run_id: str, verdict: str, note: str | None = None) -> None:
-        """Seed 003 §16 conclusion: keep, drop, or take into the next round."""
+    def conclude(
+        self, run_id: str, verdict: str, note: str | None = None, when: str | None = None
+    ) -> None:
+        """Seed 003 §16 conclusion: keep, drop, or take into the next round. `when` (an
+        import) keeps the date it was concluded; otherwise it is now."""
         if verdict not in VERDICTS:
             raise InputError("verdict", f"{verdict!r} is not one of {', '.join(VERDICTS)}")
         with self._session() as s, s.begin():
             run = self._run(s, run_id)
-            run.conclusion, run.conclusion_note, run.concluded_utc = verdict, note, utc_now()
+            run.conclusion, run.conclusion_note = verdict, note
+            run.concluded_utc = utc_text(when) if when else utc_now()
 
     def set_quality(self, run_id: str, table: Mapping[str, Any]) -> None:
         """Seed 003 §16 quality results (task accuracy, structured-output success, ...)."""
@@ -576,16 +591,40 @@ class Store:
                 )
             except ValidationError as exc:
                 raise from_validation_error(exc, Path(path).name) from exc
+            if item.status is not None and item.status != item.result.status:
+                self._set_status(rid, item.status, item.stop_reason)  # `incomplete`, say
             if item.conclusion:
-                self.conclude(rid, item.conclusion, item.conclusion_note)
+                self.conclude(rid, item.conclusion, item.conclusion_note, item.concluded_utc)
             if item.quality:
                 self.set_quality(rid, item.quality)
             out.append((rid, f"imported{WARNED}{item.warning}" if item.warning else "imported"))
         return out
 
+    def _set_status(self, run_id: str, status: RunStatus, reason: str | None) -> None:
+        """An imported run's status and stop reason as its export says (a run that never
+        finished stays `incomplete`, not its rebuilt result's `interrupted`)."""
+        with self._session() as s, s.begin():
+            run = self._run(s, run_id)
+            run.status, run.stop_reason = status, reason
+
     def _exists(self, run_id: str) -> bool:
         with self._session() as s:
             return s.get(Run, run_id) is not None
+
+
+def records_metrics(
+    records: Sequence[RequestRecord], workload: Mapping[str, Any], slo: SLO | None
+) -> Metrics:
+    """The metrics of a run that never finished, from the records that reached the store,
+    with its workload's warm-up, cool-down and streaming and its SLO: the one place they
+    are computed, so every reader shows the same figures."""
+    return compute_metrics(
+        records,
+        warmup_s=float(workload.get("warmup_s") or 0.0),
+        cooldown_s=float(workload.get("cooldown_s") or 0.0),
+        slo=slo if isinstance(slo, SLO) else None,
+        stream=bool(workload.get("stream", True)),
+    )
 
 
 def _world(cfg: Mapping[str, Any]) -> int:

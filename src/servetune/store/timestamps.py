@@ -3,7 +3,7 @@ sort as text on every database and compare across hosts."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import date, datetime, time, timezone
 
 from servetune.errors import InputError
 
@@ -12,15 +12,27 @@ def utc_now() -> str:
     return utc_text(datetime.now(timezone.utc))
 
 
-def utc_text(value: datetime | str | None) -> str:
-    """ISO-8601 UTC with a Z, second precision: sortable as text on every database."""
+def utc_text(value: datetime | str | None, field: str = "date") -> str:
+    """ISO-8601 UTC with a Z, second precision: sortable as text on every database. A
+    string that is no date is an InputError under `field` (the flag the user typed)."""
     if value is None:
         return utc_now()
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError as exc:
-            raise InputError("date", f"not an ISO date/time: {value!r}") from exc
+            raise InputError(
+                field, f"not an ISO date/time: {value!r}", "e.g. 2026-01-10 or 2026-01-10T12:00"
+            ) from exc
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def day_end(value: str, field: str = "date") -> str:
+    """`value` as an upper bound: a bare date includes that whole day (UTC)."""
+    try:
+        day = date.fromisoformat(value)
+    except ValueError:
+        return utc_text(value, field)
+    return utc_text(datetime.combine(day, time(23, 59, 59), tzinfo=timezone.utc), field)

@@ -17,11 +17,12 @@ from pydantic import BaseModel, ValidationError
 from servetune.errors import InputError, from_validation_error
 from servetune.metrics.compute import compute_metrics
 from servetune.metrics.table import csv_row
+from servetune.outfile import replaced
 from servetune.results.schema import RequestRecord, RunResult
 from servetune.status import RunStatus
 from servetune.store.meta import VERDICTS, RunMeta
 from servetune.store.runinfo import RunInfo
-from servetune.store.timestamps import utc_now
+from servetune.store.timestamps import utc_now, utc_text
 from servetune.yamlfile import read_text
 
 if TYPE_CHECKING:  # the Store imports this module to read import files
@@ -40,6 +41,9 @@ class ImportItem:
     conclusion_note: str | None = None
     quality: dict[str, Any] | None = None
     warning: str | None = None  # what was left out, said beside "imported" after WARNED
+    status: RunStatus | None = None  # an export's run status (`incomplete` is no result's)
+    stop_reason: str | None = None  # ... and why it stopped, as the run's row said it
+    concluded_utc: str | None = None
 
 
 # Joins a warning to what `Store.import_file` says happened (`imported; warning: ...`): the
@@ -61,6 +65,8 @@ def _validate(model: type[M], obj: Any, where: str) -> M:
 def read_import(path: Path) -> Iterator[ImportItem]:
     """Parse an import file into results with their metadata (validated first: a bad
     file raises before anything is written)."""
+    if path.is_dir():
+        raise InputError("FILE", f"{path} is a folder", "give a result, record log or export file")
     if not path.is_file():
         raise InputError("FILE", f"no such file: {path}")
     text = read_text(path, "FILE")  # unreadable or binary: one line
@@ -72,8 +78,26 @@ def read_import(path: Path) -> Iterator[ImportItem]:
     except json.JSONDecodeError:
         items = [_from_jsonl(path, text)]
     else:
-        items = list(_from_json(path, obj))
-    return iter(items)
+        items = [_from_jsonl(path, text)] if _is_log_header(obj) else list(_from_json(path, obj))
+    return iter(_not_this_host(item) for item in items)
+
+
+def _is_log_header(obj: Any) -> bool:
+    """A record log with its header line only (a bench killed before its first record)
+    parses as one JSON object: `{"run": {"id": ...}}`."""
+    return isinstance(obj, dict) and set(obj) == {"run"} and isinstance(obj["run"], dict)
+
+
+# The versions RunMeta.filled stamps from this host: a file that does not record them
+# leaves them unknown, never the importing host's.
+_UNKNOWN_SOFTWARE: dict[str, Any] = {"servetune": None, "python": None}
+
+
+def _not_this_host(item: ImportItem) -> ImportItem:
+    """The item with the software versions its file lacks marked unknown."""
+    software = _UNKNOWN_SOFTWARE | item.meta.software
+    item.meta = item.meta.model_copy(update={"software": software})
+    return item
 
 
 def _kind(value: Any) -> str:
@@ -110,13 +134,29 @@ def _from_export(name: str, doc: dict[str, Any]) -> Iterator[ImportItem]:
             )
         if quality is not None and not isinstance(quality, dict):
             raise InputError(f"{where}.quality", f"is {_kind(quality)}, not an object", fix)
+        concluded = run.get("concluded_utc")
+        when = None if concluded is None else utc_text(concluded, f"{where}.concluded_utc")
+        result = _validate(RunResult, run["result"], f"{where}.result")
         yield ImportItem(
-            _validate(RunResult, run["result"], f"{where}.result"),
+            result,
             _validate(RunMeta, run.get("meta") or {}, f"{where}.meta"),
             conclusion,
             run.get("conclusion_note"),
             quality,
+            status=_export_status(run.get("status"), f"{where}.status"),
+            stop_reason=run.get("stop_reason", result.stop_reason),  # older exports: none
+            concluded_utc=when,
         )
+
+
+def _export_status(value: Any, where: str) -> RunStatus | None:
+    """An exported run's status (None: an older export without one, the result's holds)."""
+    if value is None:
+        return None
+    allowed = [s.value for s in RunStatus]
+    if value not in allowed:
+        raise InputError(where, f"{value!r} is not one of {', '.join(allowed)}")
+    return RunStatus(value)
 
 
 def _from_json(path: Path, obj: Any) -> Iterator[ImportItem]:
@@ -128,7 +168,37 @@ def _from_json(path: Path, obj: Any) -> Iterator[ImportItem]:
     for i, run in enumerate(runs):
         if not isinstance(run, dict) or "id" not in run or "records" not in run:
             raise InputError("FILE", f"{name}: entry {i} is not a servetune run result")
-        yield ImportItem(_validate(RunResult, run, name), RunMeta())
+        result = _validate(RunResult, run, name)
+        yield ImportItem(result, _result_meta(result))
+
+
+def _result_meta(result: RunResult) -> RunMeta:
+    """The §16 fields a RunResult file records in its target: the engine, its knobs (the
+    non-default ones: `{}` is the defaults) and the device."""
+    t = result.target
+    cfg = None if t.config is None else {**t.config, **({"engine": t.engine} if t.engine else {})}
+    return RunMeta(
+        backend=result.backend,
+        model=t.model,
+        engine_config=cfg,
+        hardware=_hardware(t.hardware, result.backend),
+        software={"engine": t.engine} if t.engine else {},
+        load=result.load,
+    )
+
+
+def _hardware(name: str | None, backend: str) -> dict[str, Any]:
+    """A device name as the §16 hardware record: a catalog entry under its display name
+    (a CPU host as the CPU), any other name as given."""
+    from servetune.hardware.catalog import get_hardware, hardware_names, normalize_name
+
+    if not name:
+        return {}
+    if normalize_name(name) not in hardware_names():  # never `local`: that is this host
+        return {"gpu": name}
+    hw = get_hardware(name)
+    out = {"cpu" if hw.kind == "cpu" else "gpu": hw.display_name, "catalog": hw.name}
+    return out | ({"simulated": True} if backend == "sim" else {})
 
 
 def _jsonl_rows(name: str, text: str) -> tuple[list[tuple[int, Any]], int | None]:
@@ -159,7 +229,7 @@ def _from_jsonl(path: Path, text: str) -> ImportItem:
     """bench's record log: a {"run": {...}} header, then one raw record per line. It has
     no final result, so metrics are computed here and the run is marked interrupted."""
     rows, cut = _jsonl_rows(path.name, text)
-    head = rows[0][1].get("run") if isinstance(rows[0][1], dict) else None
+    head = rows[0][1].get("run") if rows and isinstance(rows[0][1], dict) else None
     if not isinstance(head, dict) or not isinstance(head.get("id"), str):
         raise InputError("FILE", f"{path.name} is not a bench record log (no run header)")
     records = [_validate(RequestRecord, row, f"{path.name}:{n}") for n, row in rows[1:]]
@@ -199,8 +269,9 @@ def _created_from_id(run_id: str) -> str:
 # -- export ---------------------------------------------------------------------------
 
 
-def summary_row(info: RunInfo) -> dict[str, Any]:
-    """One flat row per run: identity, load, every metric, every engine knob."""
+def summary_row(info: RunInfo, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One flat row per run: identity, load, every metric (`metrics`: `Store.metrics`, so a
+    run that never finished has its figures from its records), every engine knob."""
     row: dict[str, Any] = {
         "run_id": info.id,
         "study": info.study,
@@ -220,7 +291,7 @@ def summary_row(info: RunInfo) -> dict[str, Any]:
         "conclusion_note": info.conclusion_note,
         "tags": ",".join(info.tags),
     }
-    for k, v in (info.metrics or {}).items():
+    for k, v in (metrics if metrics is not None else info.metrics or {}).items():
         if isinstance(v, dict) and "p50" in v:
             row.update({f"{k}_{s}": v.get(s) for s in _DIST_STATS})
         elif isinstance(v, (int, float, bool)) or v is None:
@@ -254,24 +325,25 @@ def export_json(store: Store, run_ids: Sequence[str], path: Path) -> None:
                 "meta": meta,
                 "result": json.loads(store.load_result(rid).model_dump_json()),
                 "status": info.status,
+                "stop_reason": info.stop_reason,
                 "conclusion": info.conclusion,
                 "conclusion_note": info.conclusion_note,
+                "concluded_utc": info.concluded_utc,
                 "quality": info.quality,
             }
         )
     doc = {"servetune_export": EXPORT_FORMAT, "exported_utc": utc_now(), "runs": runs}
-    _atomic_write(path, json.dumps(doc, separators=(",", ":")).encode())
+    with replaced(path) as tmp:
+        tmp.write_bytes(json.dumps(doc, separators=(",", ":")).encode())
 
 
 def export_table(rows: list[dict[str, Any]], path: Path, fmt: str) -> None:
     cols = list(dict.fromkeys(k for r in rows for k in r))
     if fmt == "csv":
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
+        with replaced(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
             w = csv.DictWriter(fh, fieldnames=cols)
             w.writeheader()
             w.writerows(rows)
-        tmp.replace(path)
         return
     try:
         import pyarrow as pa
@@ -281,15 +353,8 @@ def export_table(rows: list[dict[str, Any]], path: Path, fmt: str) -> None:
             "--format", "parquet needs pyarrow", "pip install 'servetune[parquet]'"
         ) from exc
     table = pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows])
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    with replaced(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def export(
@@ -306,6 +371,6 @@ def export(
     if records:
         rows = list(record_rows(store, run_ids))
     else:
-        rows = [summary_row(store.get(rid)) for rid in run_ids]
+        rows = [summary_row(info, store.metrics(info)) for info in map(store.get, run_ids)]
     export_table(rows, path, fmt)
     return len(rows)
