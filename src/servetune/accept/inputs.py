@@ -121,6 +121,19 @@ def check_answering(engine: str, seen: str | None, url: str) -> None:
         )
 
 
+def check_model_path(path: str | None) -> Path | None:
+    """`--model-path`: the files the engine serves, to hash. A missing path is bad input,
+    not a deployment that serves dummy weights."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.exists():
+        raise InputError(
+            "--model-path", f"{path} does not exist", "give the file or folder the engine serves"
+        )
+    return p
+
+
 def load_engine_config(path: str | Path, engine: str) -> EngineConfig:
     """`--config FILE`: the canonical knobs as YAML/JSON (docs/engines.md)."""
     data = load_yaml(path, "--config")

@@ -24,11 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from servetune.aio import loop_in_thread
+from servetune.errors import InputError
 
 HEAD_LIMIT = 64 * 1024
 
@@ -184,9 +187,53 @@ def cap_tokens(body: bytes, cap: int) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def _address(url: str) -> tuple[str, int]:
-    host, _, port = url.removeprefix("http://").rstrip("/").removesuffix("/v1").partition(":")
-    return host, int(port or 80)
+UPSTREAM_PATHS = ("", "/", "/v1", "/v1/")  # the front forwards each request's own path
+
+
+def upstream_address(url: str) -> tuple[str, int]:
+    """(host, port) of an `--upstream` URL. The front opens plain TCP and forwards each
+    request's path unchanged, so only `http://HOST[:PORT]` (optionally ending in `/v1`)
+    can be honoured: https, another scheme or a path prefix would be silently dropped."""
+    fix = "give the engine's plain-HTTP address, e.g. http://127.0.0.1:8000"
+    parts = urlsplit(url.strip())
+    if parts.scheme != "http":
+        got = f"scheme {parts.scheme!r}" if parts.scheme else "no http:// scheme"
+        raise InputError("--upstream", f"{url!r} has {got}; the front speaks plain HTTP", fix)
+    host = parts.hostname or ""
+    if not host or any(c.isspace() for c in host):
+        raise InputError("--upstream", f"{url!r} has no valid host", fix)
+    try:
+        port = 80 if parts.port is None else parts.port
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise InputError("--upstream", f"{url!r} has no valid port (1-65535)", fix)
+    if parts.path not in UPSTREAM_PATHS:
+        raise InputError(
+            "--upstream",
+            f"{url!r} has path {parts.path!r}; the front forwards each request's own path, "
+            "so the URL may end only in /v1",
+            fix,
+        )
+    if parts.query or parts.fragment:
+        raise InputError("--upstream", f"{url!r} has a query or fragment the front drops", fix)
+    return host, port
+
+
+def listen(port: int) -> socket.socket:
+    """A socket bound to 127.0.0.1:`port` in the caller's thread: a port in use (or out of
+    range) is then one line naming --port, not a server thread that dies unseen."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's own does
+    try:
+        sock.bind(("127.0.0.1", port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(
+            "--port", f"cannot listen on 127.0.0.1:{port} ({why})", "pick a free port 1-65535"
+        ) from None
+    return sock
 
 
 @contextlib.contextmanager
@@ -199,10 +246,11 @@ def shedder_in_thread(
 ) -> Iterator[tuple[str, Shedder]]:
     """Run a shedder on its own event loop in a daemon thread; yields (its URL, it)."""
     ups = [upstreams] if isinstance(upstreams, str) else list(upstreams)
-    sh = Shedder([_address(u) for u in ups], max_in_flight, per_key, max_tokens)
+    sh = Shedder([upstream_address(u) for u in ups], max_in_flight, per_key, max_tokens)
+    sock = listen(port)
 
     async def start() -> asyncio.Server:
-        return await asyncio.start_server(sh.handle, "127.0.0.1", port, limit=HEAD_LIMIT)
+        return await asyncio.start_server(sh.handle, sock=sock, limit=HEAD_LIMIT)
 
     with loop_in_thread(start, "accept-shedder") as srv:
         try:

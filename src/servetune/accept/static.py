@@ -13,8 +13,10 @@ import numpy as np
 
 from servetune.accept.checklist import Finding, failed, not_applicable, passed, unchecked
 from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
 from servetune.store import RunInfo
 from servetune.workload.materialize import Request
+from servetune.yamlfile import read_text
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
@@ -270,15 +272,7 @@ def autoscaling_signals(path: Path | None) -> Finding:
     queue_wait, pending_requests, active_tokens, KV use and TTFT."""
     if path is None:
         return unchecked("give --autoscaling FILE (HPA, KEDA ScaledObject or rules YAML)")
-    import yaml
-
-    from servetune.yamlfile import load_yaml
-
-    try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-    except (OSError, yaml.YAMLError):
-        load_yaml(path, "--autoscaling")  # the one-line error for this file
-        raise
+    docs = autoscaling_docs(path)
     names = sorted(set(_metric_names(docs)))
     if not names:
         return failed("the file names no scaling metric", f"{path}: no metrics found")
@@ -292,6 +286,19 @@ def autoscaling_signals(path: Path | None) -> Finding:
             ev,
         )
     return passed(ev, metrics=names)
+
+
+def autoscaling_docs(path: Path) -> list[Any]:
+    """The documents of an `--autoscaling` file (an HPA and a KEDA object may share one);
+    `accept` reads it before any probe, so an unreadable file is one line, exit 2."""
+    import yaml
+
+    text = read_text(path, "--autoscaling")
+    try:
+        return [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError("--autoscaling", f"{path} is not valid YAML", first) from None
 
 
 def _metric_names(node: Any, parent: str | None = None) -> Iterable[str]:

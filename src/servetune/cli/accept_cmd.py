@@ -5,12 +5,14 @@ work is `servetune.accept`'s; heavy imports inside the commands."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import typer
 
 from servetune.errors import InputError
+from servetune.outfile import replaced
 
 
 def register(app: typer.Typer) -> None:
@@ -21,17 +23,22 @@ def register(app: typer.Typer) -> None:
 
 
 def _load(value: str | None) -> tuple[str | None, float | None]:
-    """`--load rate=2.5` / `--load concurrency=8`."""
+    """`--load rate=2.5` / `--load concurrency=8`: a finite rate > 0 or a whole number of
+    users >= 1, checked before any probe runs (a NaN rate would run every probe first)."""
     if not value:
         return None, None
     kind, _, num = value.partition("=")
+    fix = "e.g. --load rate=2.5 (req/s) or --load concurrency=8 (users)"
+    if kind not in ("rate", "concurrency"):
+        raise InputError("--load", f"expected rate=R or concurrency=N, got {value!r}", fix)
     try:
-        load = float(num)
+        load = int(num) if kind == "concurrency" else float(num)
     except ValueError:
-        load = -1.0
-    if kind not in ("rate", "concurrency") or load <= 0:
-        raise InputError("--load", f"expected rate=R or concurrency=N, got {value!r}")
-    return kind, load
+        what = "a whole number of users" if kind == "concurrency" else "a number"
+        raise InputError("--load", f"{kind} must be {what}, got {num!r}", fix) from None
+    if not math.isfinite(load) or load <= 0:
+        raise InputError("--load", f"{kind} must be finite and > 0, got {num!r}", fix)
+    return kind, float(load)
 
 
 def accept(
@@ -64,7 +71,7 @@ def accept(
     as_json: bool = typer.Option(False, "--json", help="Print the checklist as JSON."),
 ) -> None:
     """Exit code 0 only when no item fails (unchecked items are listed, not failures)."""
-    from servetune.accept import Acceptance, AcceptSettings, ProbeFailed, Sizes
+    from servetune.accept import Acceptance, AcceptSettings, ProbeFailed, Sizes, static
     from servetune.accept import inputs as ai
     from servetune.measure import server_software
     from servetune.results.files import check_outputs
@@ -77,6 +84,10 @@ def accept(
     if config and from_study:
         raise InputError("--config", "give --config or --from-study, not both")
     load_kind, load_value = _load(load)
+    model_files = ai.check_model_path(model_path)
+    autoscaling_file = Path(autoscaling) if autoscaling else None
+    if autoscaling_file is not None:
+        static.autoscaling_docs(autoscaling_file)  # unreadable: exit 2 before any probe
     summary = ai.study_summary(db, from_study) if from_study else {}
     cfg, s_kind, s_load = ai.from_study(summary) if summary else (None, None, None)
     if config:
@@ -98,11 +109,11 @@ def accept(
         load=load_value or s_load,
         study=from_study,
         study_summary=summary,
-        model_path=Path(model_path) if model_path else None,
+        model_path=model_files,
         api_keys=list(api_keys),
         max_new_tokens=max_new_tokens,
         dcgm_url=dcgm_url,
-        autoscaling=Path(autoscaling) if autoscaling else None,
+        autoscaling=autoscaling_file,
         pools=pools,
         fault_cmd=fault_cmd,
     )
@@ -149,7 +160,8 @@ def _write(data: dict, html_out: Path | None) -> None:
     if html_out is not None:
         from servetune.report.accept_page import render_checklist
 
-        html_out.write_text(render_checklist(data))
+        with replaced(html_out, "--html") as tmp:
+            tmp.write_text(render_checklist(data))
 
 
 def _print_table(data: dict) -> None:
@@ -168,7 +180,7 @@ def shedder(
     upstreams: list[str] = typer.Option(..., "--upstream", help="An engine's URL (repeatable)."),
     max_in_flight: int = typer.Option(..., "--max-in-flight", min=1),
     per_key: int = typer.Option(None, "--per-key", min=1, help="In flight per API key."),
-    port: int = typer.Option(8088, "--port"),
+    port: int = typer.Option(8088, "--port", min=1, max=65535),
     max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="Cap every request's output."),
 ) -> None:
     from servetune.accept.shedder import serve

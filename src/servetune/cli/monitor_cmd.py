@@ -54,11 +54,13 @@ def export_cmd(
 
     from servetune.monitor import export, from_description
     from servetune.monitor import from_study as study_deployment
+    from servetune.monitor.deployment import check_limits
     from servetune.results.files import check_folder
     from servetune.slo import load_slo
 
     check_folder(Path(out), "--out")  # before the study is read or a file written
     lo, hi = _replicas(replicas)
+    check_limits(queue_target, kv_threshold)  # before the study is read
     kw = {
         "slo": load_slo(slo) if slo else None,
         "queue_target": queue_target,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servetune.monitor.deployment import Deployment, duration_s
+from servetune.monitor.deployment import Deployment, duration_s, plain
 from servetune.monitor.promql import external_name, record_name, signals
 
 # trigger name -> the recorded signal it reads (the HPA's External metric is its series)
@@ -48,7 +48,7 @@ def _triggers(d: Deployment) -> list[tuple[str, str, str, str]]:
         out.append(("kv_cache_usage", sig["kv_cache_usage"], "Value", d.kv_threshold))
     if "requests_running" in sig and d.running_target is not None:
         out.append(("running_requests", sig["requests_running"], "AverageValue", d.running_target))
-    return [(n, q, t, f"{v:g}") for n, q, t, v in out]
+    return [(n, q, t, plain(v)) for n, q, t, v in out]  # a quantity: no exponent form
 
 
 def behavior(d: Deployment) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from servetune.engines.registry import adapter
@@ -20,6 +21,9 @@ from servetune.slo import SLO, parse_slo
 
 QUEUE_WAIT_P95_S = 0.3  # seed 003 §11: P95 queue_wait > 300 ms
 KV_CEILING = 0.85  # seed 003 §11: KV cache utilisation > 85%
+# pending requests per replica: a replica runs hundreds at most, so a million is a typo
+MAX_QUEUE_TARGET = 1_000_000
+MAX_REPLICAS = 2**31 - 1  # Kubernetes keeps maxReplicas / maxReplicaCount as an int32
 SCALE_OUT_FOR = "2m"  # seed 003 §11: "for 2 minutes"
 SCALE_IN_AFTER = "15m"  # seed 003 §11: 10-20 min of low load; the middle of that range
 NO_RUNNING_CAPACITY = (
@@ -56,10 +60,7 @@ class Deployment:
     def __post_init__(self) -> None:
         adapter(self.engine)  # an unknown engine is an InputError naming the choices
         check_names(self.name, self.namespace, self.job)
-        if self.queue_target <= 0:
-            raise InputError("--queue-target", f"{self.queue_target} must be > 0")
-        if self.kv_threshold is not None and not 0 < self.kv_threshold <= 1:
-            raise InputError("--kv-threshold", f"{self.kv_threshold} must be in (0, 1]")
+        check_limits(self.queue_target, self.kv_threshold)
         if self.kv_threshold is not None and not has_kv_gauge(self.engine):
             raise InputError(
                 "--kv-threshold",
@@ -70,12 +71,35 @@ class Deployment:
             raise InputError("running_target", f"{self.running_target} must be > 0")
         for name in ("scale_out_for", "scale_in_after", "rate_window", "eval_interval"):
             duration_s(getattr(self, name), "--" + name.replace("_", "-"))
-        if not 1 <= self.min_replicas <= self.max_replicas:
+        if not 1 <= self.min_replicas <= self.max_replicas <= MAX_REPLICAS:
             raise InputError(
                 "--replicas",
                 f"min {self.min_replicas} / max {self.max_replicas}",
-                "give MIN:MAX with 1 <= MIN <= MAX, e.g. 1:4",
+                f"give MIN:MAX with 1 <= MIN <= MAX <= {MAX_REPLICAS:,}, e.g. 1:4",
             )
+
+
+def check_limits(queue_target: float | None, kv_threshold: float | None) -> None:
+    """The hand-given limits, before a study is read or a file written: NaN passes every
+    comparison and inf or 1e300 cannot be written as a Kubernetes quantity, so the flag
+    is named here rather than the manifest that fails its schema later."""
+    if queue_target is not None and not 0 < queue_target <= MAX_QUEUE_TARGET:
+        raise InputError(
+            "--queue-target",
+            f"{queue_target} must be > 0 and at most {MAX_QUEUE_TARGET:,}",
+            "give the pending requests one replica absorbs within the SLO, e.g. 8",
+        )
+    if kv_threshold is not None and not 0 < kv_threshold <= 1:
+        raise InputError(
+            "--kv-threshold", f"{kv_threshold} must be in (0, 1]", "a fraction, e.g. 0.85"
+        )
+
+
+def plain(value: float) -> str:
+    """`value` as `:g` writes it (6 significant digits) but never in exponent form: a
+    Kubernetes quantity has none, and `:g` writes 1e+06 for a million."""
+    text = format(Decimal(f"{value:.6g}"), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 # Kubernetes' DNS-1123 label, what a namespace and a Deployment's name must be
@@ -151,11 +175,12 @@ def check_engine(study_engine: str | None, engine: str | None) -> str:
 
 def limits_from_signals(
     signals: dict[str, Any], engine: str, slo: SLO | None
-) -> tuple[float | None, float | None, list[str]]:
+) -> tuple[float | None, float | None, dict[str, str]]:
     """Per-replica queue target (None: not measured) and KV threshold from the point the
     tuner measured as the winner's capacity (its `signals`: the engine's own peaks on a
-    real run, the scheduler's counters on a simulated one)."""
-    notes: list[str] = []
+    real run, the scheduler's counters on a simulated one), each with why it is that
+    (`{"queue_target": ..., "kv_threshold": ...}`, for the notes)."""
+    why: dict[str, str] = {}
     waiting = signals.get("requests_waiting_max")
     if waiting is None and signals.get("max_in_flight") and signals.get("max_num_seqs"):
         # simulated: what was in flight beyond the running slots was queued
@@ -164,7 +189,7 @@ def limits_from_signals(
     if waiting is not None:
         # A replica that met the SLO with W queued absorbs W; a zero queue still leaves one.
         queue = float(max(1, math.ceil(waiting)))
-        notes.append(f"queue target {queue:g}/replica: peak queue {waiting:g} at measured capacity")
+        why["queue_target"] = f"peak queue {waiting:g} at measured capacity"
     kv: float | None = None
     if has_kv_gauge(engine):
         peak = signals.get("kv_cache_usage_max")
@@ -175,14 +200,37 @@ def limits_from_signals(
             caps.append((slo.kv_cache_usage_max, "SLO kv_cache_usage_max"))
         if peak:
             caps.append((float(peak), "KV peak at measured capacity"))
-        kv, why = min(caps)
-        notes.append(f"KV threshold {kv:.0%}: {why}")
-    return queue, kv, notes
+        kv, why["kv_threshold"] = min(caps)
+    return queue, kv, why
+
+
+# limit -> (what the note calls it, the flag that gives it by hand)
+LIMITS = {
+    "queue_target": ("queue target", "--queue-target"),
+    "kv_threshold": ("KV threshold", "--kv-threshold"),
+}
+
+
+def _shown(key: str, value: float) -> str:
+    return f"{plain(value)}/replica" if key == "queue_target" else f"{value:.0%}"
+
+
+def _note(key: str, given: float | None, measured: float | None, why: dict[str, str]) -> str:
+    """Where a limit came from, the value the files use first: one given by hand says so
+    and keeps the measured one beside it, for reference."""
+    label, flag = LIMITS[key]
+    if given is None:
+        assert measured is not None
+        return f"{label} {_shown(key, measured)}: {why[key]}"
+    ref = (
+        f"measured {_shown(key, measured)}: {why[key]}" if measured is not None else "none measured"
+    )
+    return f"{label} {_shown(key, given)}: given by hand ({flag} {plain(given)}); {ref}"
 
 
 def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) -> Deployment:
     """A Deployment from `tune`'s study summary: the winner's engine, the study's SLO and
-    the limits measured at the winner's best passing point."""
+    the limits measured at the winner's best passing point (a limit given by hand wins)."""
     winner = summary.get("winner") or {}
     best = winner.get("best") or {}
     if not best:
@@ -194,15 +242,19 @@ def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) 
     if slo is None and summary.get("slo"):
         slo = parse_slo(summary["slo"], "study slo")
     measured = dict(best.get("signals") or {})
-    queue, kv, notes = limits_from_signals(measured, eng, slo)
+    queue, kv, why = limits_from_signals(measured, eng, slo)
+    notes: list[str] = []
+    hand_queue, hand_kv = kw.pop("queue_target", None), kw.pop("kv_threshold", None)
+    if hand_queue is not None or queue is not None:
+        notes.append(_note("queue_target", hand_queue, queue, why))
+        queue = queue if hand_queue is None else hand_queue
+    if hand_kv is not None or kv is not None:
+        notes.append(_note("kv_threshold", hand_kv, kv, why))
+        kv = kv if hand_kv is None else hand_kv
     running, running_notes = running_from_signals(measured)
     notes += running_notes
     load = f"{best.get('load_kind')}={best.get('load')}"
     notes.append(f"measured at the winner's best passing point ({load})")
-    for key in ("queue_target", "kv_threshold"):
-        if kw.get(key) is not None:
-            notes.append(f"{key} {kw[key]:g} given by hand, over the measured one")
-    queue = kw.pop("queue_target", None) or queue
     if queue is None:
         raise InputError(
             "--from-study",
@@ -212,7 +264,7 @@ def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) 
     return Deployment(
         engine=eng,
         queue_target=queue,
-        kv_threshold=kw.pop("kv_threshold", None) or kv,
+        kv_threshold=kv,
         slo=slo,
         running_target=running,
         notes=(*notes, *coverage.notes(eng, slo)),

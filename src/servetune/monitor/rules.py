@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.monitor.coverage import targets
-from servetune.monitor.deployment import Deployment
+from servetune.monitor.deployment import Deployment, plain
 from servetune.monitor.promql import record_name, signals
 
 SCALE_OUT = "scale-out"
@@ -49,17 +49,17 @@ def scale_out_alerts(d: Deployment, have: set[str]) -> list[dict[str, Any]]:
         out.append(
             _alert(
                 "ServetuneScaleOutPending",
-                f"{r('requests_waiting')} > {d.queue_target:g} * {r('replicas')}",
+                f"{r('requests_waiting')} > {plain(d.queue_target)} * {r('replicas')}",
                 d.scale_out_for,
                 SCALE_OUT,
-                f"pending requests above {d.queue_target:g} per replica",
+                f"pending requests above {plain(d.queue_target)} per replica",
             )
         )
     if "kv_cache_usage" in have and d.kv_threshold is not None:
         out.append(
             _alert(
                 "ServetuneScaleOutKVCache",
-                f"{r('kv_cache_usage')} > {d.kv_threshold:g}",
+                f"{r('kv_cache_usage')} > {plain(d.kv_threshold)}",
                 d.scale_out_for,
                 SCALE_OUT,
                 f"KV cache above {d.kv_threshold:.0%} on some replica",
@@ -77,7 +77,7 @@ def running_low(d: Deployment) -> str:
     peak over the last day (RUNNING_PEAK_WINDOW), the busiest it was driven to."""
     running, replicas = record_name("requests_running"), record_name("replicas")
     if d.running_target is not None:
-        return f"{running} < {d.running_target / 2:g} * {replicas}"
+        return f"{running} < {plain(d.running_target / 2)} * {replicas}"
     per = f"({running} / {replicas})"
     return f"{per} < 0.5 * max_over_time({per}[{RUNNING_PEAK_WINDOW}])"
 
@@ -91,7 +91,7 @@ def scale_in_alert(d: Deployment, have: set[str]) -> dict[str, Any] | None:
     if "requests_running" in have:
         expr += f" and {running_low(d)}"
     if "kv_cache_usage" in have and d.kv_threshold is not None:
-        expr += f" and {record_name('kv_cache_usage')} < {d.kv_threshold / 2:g}"
+        expr += f" and {record_name('kv_cache_usage')} < {plain(d.kv_threshold / 2)}"
     return _alert(
         "ServetuneScaleIn", expr, d.scale_in_after, SCALE_IN, f"low load for {d.scale_in_after}"
     )
