@@ -35,6 +35,10 @@ class HardwareSpec(BaseModel):
     devices_per_node: int = Field(8, ge=1, le=MAX_DEVICES_PER_NODE)
     # CPU hosts: the cores the figures above are for (an engine's thread count uses a share)
     cores: PositiveInt | None = None
+    # NVIDIA CUDA compute capability (major.minor, e.g. 8.9), from NVIDIA's "CUDA GPUs"
+    # table (https://developer.nvidia.com/cuda-gpus): engines gate kernels on it (FP8 needs
+    # 8.9 for W8A8, `plan.quant.on_hardware`). None: not an NVIDIA GPU, or not known.
+    compute_capability: float | None = Field(None, ge=1, le=99)
     interconnect: Literal["nvlink", "pcie", "infinity-fabric", "none"] = "pcie"
     # Per-device, one direction, GB/s: what a ring all-reduce can push.
     interconnect_gbs: float = Field(0.0, ge=0, le=MAX_GBS)

@@ -25,7 +25,7 @@ from servetune.plan.quant import (
     format_source,
     kv_dtype_bytes,
     resolved_kv_cache_dtype,
-    weight_format,
+    served_format,
     weights_bytes,
 )
 from servetune.plan.sglang_pool import MAX_PREFILL_TOKENS, sglang_pool
@@ -184,7 +184,7 @@ def memory_budget(
 ) -> MemoryBudget:
     """The per-GPU budget for one replica (TP x PP GPUs) of `model` under `cfg`."""
     overheads = overheads or Overheads()
-    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    fmt = served_format(cfg.dtype, cfg.quantization, model, hw)
     kv_bytes = kv_dtype_bytes(resolved_kv_cache_dtype(cfg.kv_cache_dtype, model, cfg.engine), fmt)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     batched = cfg.max_num_batched_tokens or default_batched_tokens(hw, cfg.engine)

@@ -18,9 +18,9 @@ from servetune.plan import kv as kvmath
 from servetune.plan import roofline
 from servetune.plan.memory import MemoryBudget, Overheads, memory_budget
 from servetune.plan.presets import Scenario
-from servetune.plan.quant import WEIGHT_FORMATS, weight_format
+from servetune.plan.quant import WEIGHT_FORMATS, served_format
 from servetune.plan.sglang_pool import page_tokens
-from servetune.units import GiB
+from servetune.units import GiB, KiB, MiB
 
 
 class PlanRequest(BaseModel):
@@ -66,7 +66,7 @@ class ParallelOption(BaseModel):
     dp: int
     weights_per_gpu_gib: float
     kv_capacity_tokens: int
-    max_concurrency: int
+    max_concurrency: int | None  # None where it does not fit: it serves nobody
     fits: bool
     tp_comm_ms_per_token: float  # all-reduce time added to each decode step at batch 1
 
@@ -152,13 +152,14 @@ def evaluate(
     breaking, verdict = _verdict(budget, capacity, max_len, hw)
     if breaking == "max_model_len" and capacity == 0 and budget.kv_pool_bytes > 0:
         # the pool has room, but not for one block: the block size is what to change
-        one = block * budget.kv_effective_bytes_per_token / GiB
+        one = block * budget.kv_effective_bytes_per_token
+        grow = "grow the KV pool (kv_cache_space, gpu_memory_utilization, more GPUs)"
+        fix = f"lower block_size (vLLM's default 16) or {grow}" if block > 16 else grow
         breaking, verdict = (
             "block_size",
             (
-                f"one block of {block:,} tokens takes {one:,.2f} GiB, more than the "
-                f"{budget.kv_pool_bytes / GiB:.2f} GiB KV pool: lower block_size "
-                "(vLLM's default 16)"
+                f"one block of {block:,} tokens takes {readable_bytes(one)}, more than the "
+                f"{readable_bytes(budget.kv_pool_bytes)} KV pool: {fix}"
             ),
         )
     if breaking == "max_model_len" and cfg.engine == "sglang":
@@ -181,6 +182,15 @@ def evaluate(
         breaking_term=breaking,
         verdict=verdict,
     )
+
+
+def readable_bytes(n: float) -> str:
+    """A size in the largest binary unit (GiB, MiB, KiB) that keeps it >= 1, so a tiny
+    KV pool reads 100.00 KiB rather than 0.00 GiB."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
 
 
 def _verdict(
@@ -236,6 +246,7 @@ def parallel_options(req: PlanRequest) -> list[ParallelOption]:
         for pp in pps:
             cfg = req.config.with_(tensor_parallel_size=tp, pipeline_parallel_size=pp)
             ev = evaluate(model, hw, cfg, req.context, req.overheads)
+            ev = request_verdict(ev, req.input_tokens + req.output_tokens)
             comm = roofline.comm_s(model, hw, tp, 1)
             options.append(
                 ParallelOption(
@@ -244,7 +255,7 @@ def parallel_options(req: PlanRequest) -> list[ParallelOption]:
                     dp=req.gpus // (tp * pp),
                     weights_per_gpu_gib=ev.budget.weights_bytes / GiB,
                     kv_capacity_tokens=ev.kv_capacity_tokens,
-                    max_concurrency=ev.max_concurrency,
+                    max_concurrency=ev.max_concurrency if ev.fits else None,
                     fits=ev.fits,
                     tp_comm_ms_per_token=comm * 1e3,
                 )
@@ -287,8 +298,11 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
             {"max_num_batched_tokens": max(b.max_num_batched_tokens // 2, 256)},
         ),
         ("lower max_num_seqs", {"max_num_seqs": max(b.max_num_seqs // 2, 1)}),
-        ("lower max_model_len", {"max_model_len": max(base.max_model_len // 2, 256)}),
     ]
+    shorter = max(base.max_model_len // 2, 256)
+    if shorter >= max(req.input_tokens + req.output_tokens, req.avg_context or 0):
+        # never a max_model_len the workload's requests outgrow: the engine would refuse them
+        steps.append(("lower max_model_len", {"max_model_len": shorter}))
     if cfg.quantization is None and req.model.quantization is None:  # 16-bit weights
         quant = "fp8" if "fp8" in req.hardware.tflops else "awq"
         steps.append((f"quantize weights ({WEIGHT_FORMATS[quant].note})", {"quantization": quant}))
@@ -307,6 +321,7 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
     for i, (action, change) in enumerate(steps, start=1):
         try:
             ev = evaluate(req.model, req.hardware, cfg.with_(**change), req.context, req.overheads)
+            ev = request_verdict(ev, req.input_tokens + req.output_tokens)
         except (InputError, ValueError):
             continue
         ratio = ev.kv_capacity_tokens / base.kv_capacity_tokens if base.kv_capacity_tokens else 0
@@ -335,12 +350,13 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
 def bounds(req: PlanRequest, ev: Evaluation) -> Bounds:
     """Roofline TPOT/TTFT floors and the decode throughput ceiling versus batch."""
     model, hw, cfg = req.model, req.hardware, ev.config
-    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    fmt = served_format(cfg.dtype, cfg.quantization, model, hw)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     w = ev.budget.weights_bytes
     kvb = ev.budget.kv_bytes_per_token
-    context = min(req.avg_context or (req.input_tokens + req.output_tokens // 2), ev.max_model_len)
-    prompt = min(req.input_tokens, ev.max_model_len)
+    # the request fits max_model_len (`check_workload`), so nothing here is clamped
+    context = req.avg_context or (req.input_tokens + req.output_tokens // 2)
+    prompt = req.input_tokens
     # PP: a token passes every stage in turn, so per-token time is pp x one stage.
     step1 = roofline.decode_step(model, hw, w, kvb, 1, context, fmt.compute, tp)
     prefill = roofline.prefill_time(model, hw, w, kvb, prompt, fmt.compute, tp)
@@ -367,6 +383,32 @@ def bounds(req: PlanRequest, ev: Evaluation) -> Bounds:
     )
 
 
+def check_workload(req: PlanRequest, max_len: int) -> None:
+    """A request (or --avg-context) longer than max_model_len never runs, so the plan is
+    refused, never made on a clamped length. `plan.service.check_request_fits` says the
+    same in the user's flags first; this guards other callers."""
+    longest = max(req.input_tokens + req.output_tokens, req.avg_context or 0)
+    if longest > max_len:
+        raise InputError(
+            "max_model_len",
+            f"{max_len:,} is shorter than the workload's {longest:,}-token requests",
+            f"raise it to at least {longest:,}, or shorten the requests",
+        )
+
+
+def request_verdict(ev: Evaluation, request_tokens: int) -> Evaluation:
+    """SGLang starts with a KV pool smaller than max_model_len and refuses requests longer
+    than the pool (`evaluate`): if the workload's requests are, none of them runs."""
+    if not ev.fits or request_tokens <= ev.kv_capacity_tokens:
+        return ev
+    verdict = (
+        f"KV pool holds {ev.kv_capacity_tokens:,} tokens, less than one {request_tokens:,}-"
+        "token request (SGLang refuses each): grow the KV pool "
+        "(mem_fraction_static, kv_cache_space, more GPUs) or shorten the requests"
+    )
+    return ev.model_copy(update={"fits": False, "breaking_term": "kv_cache", "verdict": verdict})
+
+
 def make_plan(req: PlanRequest) -> Plan:
     """Plan a deployment: choose parallelism, size memory and KV, list fixes and bounds."""
     options = parallel_options(req)
@@ -379,6 +421,8 @@ def make_plan(req: PlanRequest) -> Plan:
         )
     cfg = choose_parallelism(req, options)
     ev = evaluate(req.model, req.hardware, cfg, req.context, req.overheads)
+    check_workload(req, ev.max_model_len)
+    ev = request_verdict(ev, req.input_tokens + req.output_tokens)
     return Plan(
         model=req.model.name,
         hardware=req.hardware.name,

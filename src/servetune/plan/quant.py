@@ -25,9 +25,10 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servetune.errors import InputError
+from servetune.hardware.spec import HardwareSpec
 from servetune.model.quantization import (
     MXFP4,
     names_checkpoint_method,
@@ -141,6 +142,53 @@ def weight_format(dtype: str, quantization: str | None, model: ModelSpec) -> Wei
             "override it with --dtype bfloat16, or simulate's --set dtype=bfloat16",
         )
     return fmt
+
+
+# vLLM's FP8 rule (vllm/model_executor/layers/quantization/fp8.py): Fp8Config's
+# get_min_capability() is 80, so below compute capability 8.0 vLLM refuses the method at
+# start-up ("not supported for the current GPU. Minimum capability: 80"); Fp8LinearMethod
+# sets use_marlin when the device lacks capability 89, running FP8 weights weight-only
+# (Marlin W8A16: dequantized to 16 bits before 16-bit matmuls).
+FP8_MIN_CAPABILITY = 8.0
+FP8_W8A8_CAPABILITY = 8.9
+
+
+def on_hardware(fmt: WeightFormat, hw: HardwareSpec) -> WeightFormat:
+    """`fmt` as vLLM runs it on `hw`: FP8 weights on compute capability 8.0-8.8 run
+    weight-only (16-bit matmuls, FP8_W8A8_CAPABILITY says why); anything else as is.
+    Hardware with no recorded compute capability (AMD, CPU hosts, a --hardware-file entry
+    without it) keeps `fmt`."""
+    cc = hw.compute_capability
+    if fmt.compute != "fp8" or cc is None or cc >= FP8_W8A8_CAPABILITY:
+        return fmt
+    return replace(
+        fmt,
+        compute="bf16",
+        block_scaled=False,
+        note=f"FP8 weights run weight-only (vLLM's Marlin W8A16: compute capability {cc} "
+        f"< {FP8_W8A8_CAPABILITY} has no FP8 tensor cores); embed/head 16-bit",
+    )
+
+
+def served_format(
+    dtype: str, quantization: str | None, model: ModelSpec, hw: HardwareSpec
+) -> WeightFormat:
+    """The weight format a config asks for, as vLLM runs it on `hw` (`on_hardware`): what
+    the memory budget, the planner's bounds and the simulator's step times all read."""
+    return on_hardware(weight_format(dtype, quantization, model), hw)
+
+
+def check_runs_on(fmt: WeightFormat, hw: HardwareSpec, field_name: str) -> None:
+    """A one-line error for FP8 weights on a GPU below compute capability 8.0, where vLLM
+    refuses the method at start-up (FP8_MIN_CAPABILITY says where the rule is from)."""
+    cc = hw.compute_capability
+    if fmt.compute == "fp8" and cc is not None and cc < FP8_MIN_CAPABILITY:
+        raise InputError(
+            field_name,
+            f"{fmt.name} weights need compute capability >= {FP8_MIN_CAPABILITY}, and "
+            f"{hw.display_name} has {cc} (vLLM refuses FP8 below it)",
+            "use awq or gptq (int4 weight-only), or a GPU of compute capability 8.0 or newer",
+        )
 
 
 def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:

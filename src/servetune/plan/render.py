@@ -86,13 +86,14 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     kv.add_row("KV dtype bytes", str(b.kv_dtype_bytes))
     kv.add_row("block size / blocks", f"{page_tokens(cfg)} / {ev.kv_blocks:,}")
     kv.add_row("capacity (tokens)", f"{ev.kv_capacity_tokens:,}")
+    none = "none (does not fit)"  # a config that does not start serves nobody
     kv.add_row(
         f"sequences at max_model_len={ev.max_model_len:,}",
-        f"{ev.max_concurrency_at_max_model_len:,}",
+        f"{ev.max_concurrency_at_max_model_len:,}" if ev.fits else none,
     )
     kv.add_row(
         f"sequences at avg context (cap max_num_seqs={b.max_num_seqs})",
-        f"{ev.max_concurrency:,} (limited by {ev.concurrency_limited_by})",
+        f"{ev.max_concurrency:,} (limited by {ev.concurrency_limited_by})" if ev.fits else none,
     )
     console.print(kv)
 
@@ -116,7 +117,7 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
             str(o.dp),
             f"{o.weights_per_gpu_gib:.2f}",
             f"{o.kv_capacity_tokens:,}",
-            str(o.max_concurrency),
+            "-" if o.max_concurrency is None else str(o.max_concurrency),
             f"{o.tp_comm_ms_per_token:.3f}",
             ("[bold]yes *[/]" if chosen else "yes") if o.fits else "no",
         )

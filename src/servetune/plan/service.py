@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from servetune.engines import launch_command, launch_commands
-from servetune.engines.base import PlannedPool
-from servetune.engines.config import EngineConfig
+from servetune.engines.base import Device, PlannedPool
+from servetune.engines.config import EngineConfig, Quantization
 from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.errors import InputError, from_validation_error
 from servetune.hardware.catalog import get_hardware
@@ -21,8 +21,17 @@ from servetune.model.catalog import get_model, serving_reference
 from servetune.model.spec import ModelSpec
 from servetune.plan import kv as kvmath
 from servetune.plan.memory import Overheads
-from servetune.plan.planner import Evaluation, Plan, PlanRequest, make_plan, scenario_config
+from servetune.plan.planner import (
+    Evaluation,
+    Plan,
+    PlanRequest,
+    make_plan,
+    resolve_max_model_len,
+    scenario_config,
+    tp_candidates,
+)
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
+from servetune.plan.quant import check_runs_on, weight_format
 from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
 
@@ -89,11 +98,16 @@ _KNOB_FLAGS = {
 }
 
 
-def _as_flag(exc: InputError) -> InputError:
-    """An engine rule's error on a knob, under the `plan` flag that sets it."""
+def _as_flag(exc: InputError, tp_sizes: list[int] | None = None) -> InputError:
+    """An engine rule's error on a knob, under the `plan` flag that sets it. A TP size
+    refused for the model's heads is answered with `tp_sizes`, the sizes that split them
+    within one node (`planner.tp_candidates`), not every size the engine accepts."""
     if exc.field not in EngineConfig.model_fields:
         return exc
-    return InputError(_flag(_KNOB_FLAGS.get(exc.field, exc.field)), exc.problem, exc.fix)
+    fix = exc.fix
+    if exc.field == "tensor_parallel_size" and tp_sizes:
+        fix = f"use one of {', '.join(map(str, tp_sizes))} (TP stays within one node)"
+    return InputError(_flag(_KNOB_FLAGS.get(exc.field, exc.field)), exc.problem, fix)
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -180,11 +194,14 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
             _flag(err.field.replace("kv_cache_dtype", "kv_dtype").replace("quantization", "quant")),
             err.problem,
         ) from None
-    rule_device = "cpu" if hardware.kind == "cpu" else "gpu"
+    rule_device: Device = "cpu" if hardware.kind == "cpu" else "gpu"
+    check_engine_device(args.engine, hardware)
+    check_tp_within_node(args.tp, args.pp, model, hardware)
     try:  # the engine's start-up rules (TP divides the heads, block size), as flags
         check_model_config(config, model, device=rule_device)
     except InputError as exc:
-        raise _as_flag(exc) from None
+        node_tps = tp_candidates(model, hardware, hardware.devices_per_node)
+        raise _as_flag(exc, node_tps) from None
     explicit = {k for k, v in knobs.items() if v is not None}
     if args.kv_dtype is None:
         explicit.discard("kv_cache_dtype")
@@ -192,6 +209,16 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         explicit.discard("gpu_memory_utilization")
     if scenario is not None:
         config = scenario_config(scenario, config, explicit, model)
+    quant_flag = "--quant" if args.quant else "--scenario"
+    check_engine_loads(config, model, args.model, quant_flag, rule_device)
+    fmt = weight_format(config.dtype, config.quantization, model)
+    check_runs_on(fmt, hardware, quant_flag if config.quantization else "--gpu")
+    try:
+        max_len = resolve_max_model_len(model, config)
+    except InputError as exc:
+        raise _as_flag(exc) from None
+    input_tokens, output_tokens = request_lengths(args, scenario, max_len)
+    check_request_fits(args, scenario, model, max_len, input_tokens, output_tokens)
     req = PlanRequest(
         model=model,
         hardware=hardware,
@@ -199,12 +226,172 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         config=config,
         tp_given=args.tp is not None or args.pp > 1,  # either fixes the parallelism
         avg_context=args.avg_context,
-        input_tokens=args.input_len or (scenario.input_tokens if scenario else 1024),
-        output_tokens=args.output_len or (scenario.output_tokens if scenario else 256),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
         scenario=scenario.name if scenario else None,
         overheads=parse_overheads(args.overhead),
     )
     return req, scenario
+
+
+def check_engine_device(engine: str, hardware: HardwareSpec) -> None:
+    """SGLang is planned (and simulated, sim.engine.setup) as its GPU server only: its
+    mem_fraction_static sizing (plan.sglang_pool) is of device memory."""
+    if engine == "sglang" and hardware.kind != "gpu":
+        raise InputError(
+            "--engine",
+            f"servetune plans SGLang's GPU server only, and {hardware.name} is a CPU host",
+            "give a GPU with --gpu, or use --engine vllm (its CPU backend)",
+        )
+
+
+def check_tp_within_node(tp: int | None, pp: int, model: ModelSpec, hw: HardwareSpec) -> None:
+    """Tensor parallelism stays within one node (seed 003 §6: its all-reduce runs on every
+    layer, over NVLink/PCIe, not the network); more GPUs than a node holds are pipeline
+    stages. Refused rather than priced as if the node were larger."""
+    node = hw.devices_per_node
+    if tp is None or tp <= node:
+        return
+    sizes = tp_candidates(model, hw, node) or [1]
+    best = sizes[-1]
+    stages = math.ceil(tp * pp / best)
+    raise InputError(
+        "--tp",
+        f"{tp} is more than the {node} GPUs in one {hw.name} node (tensor parallelism "
+        "runs within a node)",
+        f"use --tp {best} --pp {stages} for {best * stages} GPUs (pipeline stages span nodes)",
+    )
+
+
+# Formats servetune sizes that are weight quantizations (the rest are --dtype's).
+_QUANT_FORMATS = get_args(Quantization)
+# llama.cpp's types: an engine loads them from a .gguf file (`gguf_reference`).
+GGUF_TYPES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k")
+
+
+def _missing_flag(cfg: EngineConfig, reference: str, device: Device) -> str | None:
+    """Why `cfg.engine` has no flag for `cfg.quantization` (None: it has one), read from
+    the engine adapter's launch command (LaunchSpec.why_unsupported), as simulate's
+    `--set` check reads it."""
+    spec = launch_command(cfg.engine, cfg, reference, device=device)
+    return spec.why_unsupported("quantization")
+
+
+def _sizes(dtype: str, quant: str, model: ModelSpec) -> bool:
+    """Whether `quant` applies to `model` (MXFP4 needs MoE experts: quant._applicable)."""
+    try:
+        weight_format(dtype, quant, model)
+    except InputError:
+        return False
+    return True
+
+
+def check_engine_loads(
+    cfg: EngineConfig, model: ModelSpec, given: str, flag: str, device: Device
+) -> None:
+    """A weight format the planned engine cannot load is refused in simulate's words
+    (cli.engine_cmd `_check_engine_has_flags`: "<engine> has no flag for it: <why>"):
+    planning the engine on it would size weights it never serves. GGUF types are checked
+    against a .gguf file, which vLLM loads them from. `given`: the --model argument."""
+    quant = cfg.quantization
+    if quant is None:
+        return
+    reference = gguf_reference(given, quant) if quant in GGUF_TYPES else given
+    why = _missing_flag(cfg, reference, device)
+    if why is None:
+        return
+    loads = [
+        q
+        for q in _QUANT_FORMATS
+        if q not in GGUF_TYPES
+        and _missing_flag(cfg.with_(quantization=q), given, device) is None
+        and _sizes(cfg.dtype, q, model)
+    ]
+    detail = f": {why}" if why else ""
+    fix = f"drop it, or use one {cfg.engine} loads: {', '.join(loads)}" if loads else "drop it"
+    raise InputError(flag, f"{cfg.engine} has no flag for it{detail}", fix)
+
+
+# servetune's own request when neither a flag nor a scenario gives one (`request_lengths`).
+DEFAULT_INPUT_TOKENS, DEFAULT_OUTPUT_TOKENS = 1024, 256
+
+
+def request_lengths(args: PlanArgs, scenario: Scenario | None, max_len: int) -> tuple[int, int]:
+    """Prompt and output tokens of one request: the flags', else the scenario's, else
+    servetune's default (1,024 + 256), which alone is shortened to fit `max_len` (it is
+    no input of the user's, so nothing given is changed)."""
+    prompt = args.input_len or (scenario.input_tokens if scenario else None)
+    output = args.output_len or (scenario.output_tokens if scenario else None)
+    if prompt is None and output is None:
+        output = min(DEFAULT_OUTPUT_TOKENS, max(1, max_len // 5))
+    if output is None:
+        output = max(1, min(DEFAULT_OUTPUT_TOKENS, max_len - (prompt or 0)))
+    if prompt is None:
+        prompt = max(1, min(DEFAULT_INPUT_TOKENS, max_len - output))
+    return prompt, output
+
+
+def _limit_origin(args: PlanArgs, scenario: Scenario | None, model: ModelSpec) -> str:
+    """Where max_model_len came from, in the user's terms."""
+    if args.max_model_len is not None:
+        return "--max-model-len"
+    if scenario is not None and scenario.max_model_len < model.max_position_embeddings:
+        return f"scenario {scenario.name}"
+    return f"{model.name}'s max_position_embeddings"
+
+
+def check_request_fits(
+    args: PlanArgs,
+    scenario: Scenario | None,
+    model: ModelSpec,
+    max_len: int,
+    prompt: int,
+    output: int,
+) -> None:
+    """A request longer than max_model_len never runs: vLLM answers it HTTP 400 and SGLang
+    refuses it (max_req_input_len), so a plan that sized or timed it clamped would report
+    a workload that cannot be served. Same for --avg-context: no sequence holds more than
+    max_model_len. One line naming the flag that set the length, and the fix."""
+    ceiling = model.max_position_embeddings
+    origin = _limit_origin(args, scenario, model)
+
+    def raise_to(n: int) -> str:
+        return f"raise --max-model-len to at least {n:,} ({model.name} allows {ceiling:,})"
+
+    if args.avg_context is not None and args.avg_context > max_len:
+        fix = f"use at most {max_len:,}"
+        if args.avg_context <= ceiling:
+            fix += f", or {raise_to(args.avg_context)}"
+        raise InputError(
+            "--avg-context",
+            f"{args.avg_context:,} tokens is more than max_model_len {max_len:,} ({origin}), "
+            "which no sequence outgrows",
+            fix,
+        )
+    total = prompt + output
+    if total <= max_len:
+        return
+    scenario_name = f"scenario {scenario.name}" if scenario else "servetune's default"
+    where_in = "--input-len" if args.input_len else scenario_name
+    where_out = "--output-len" if args.output_len else scenario_name
+    if args.input_len or args.output_len:
+        field_name = "--input-len" if args.input_len else "--output-len"
+    else:
+        field_name = "--scenario" if scenario else "--max-model-len"
+    if total <= ceiling:
+        fix = raise_to(total) + ", or shorten the requests"
+    else:
+        fix = (
+            f"give --input-len and --output-len that sum to at most {ceiling:,} "
+            f"({model.name}'s context), or a model with a longer context"
+        )
+    raise InputError(
+        field_name,
+        f"requests of {prompt:,} prompt ({where_in}) + {output:,} output ({where_out}) = "
+        f"{total:,} tokens exceed max_model_len {max_len:,} ({origin}): the engine refuses "
+        "every one",
+        fix,
+    )
 
 
 def gguf_reference(given: str, weight_format: str) -> str:
@@ -214,8 +401,7 @@ def gguf_reference(given: str, weight_format: str) -> str:
     if given.endswith(".gguf"):
         return given
     stem = Path(serving_reference(given)).name
-    gguf_types = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "mxfp4"}
-    if weight_format in gguf_types:
+    if weight_format in (*GGUF_TYPES, "mxfp4"):
         kind = weight_format.upper()
     else:
         kind = {"fp16": "F16", "fp32": "F32"}.get(weight_format, "BF16")
@@ -296,8 +482,11 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
         "block_size": page_tokens(cfg),  # SGLang: its page size
         "kv_capacity_tokens": ev.kv_capacity_tokens,
         "max_model_len": ev.max_model_len,
-        "max_concurrency": ev.max_concurrency,
-        "max_concurrency_at_max_model_len": ev.max_concurrency_at_max_model_len,
+        # a config that does not start serves nobody: no concurrency to report
+        "max_concurrency": ev.max_concurrency if ev.fits else None,
+        "max_concurrency_at_max_model_len": ev.max_concurrency_at_max_model_len
+        if ev.fits
+        else None,
         "concurrency_limited_by": ev.concurrency_limited_by,
         "fits": ev.fits,
         "breaking_term": ev.breaking_term,

@@ -49,7 +49,7 @@ from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
 from servetune.plan import roofline
 from servetune.plan.memory import MemoryBudget
-from servetune.plan.quant import weight_format
+from servetune.plan.quant import served_format
 
 FEATURES = (
     "const",
@@ -242,7 +242,7 @@ def roofline_model(
     and the per-(token, key) attention and KV-read costs; weight reads (MoE-aware) and the
     all-reduce come from `roofline.weight_bytes_read` and `roofline.allreduce_s`."""
     eff = {**DEFAULT_EFFICIENCY["cpu" if hw.kind == "cpu" else "gpu"], **(efficiency or {})}
-    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    fmt = served_format(cfg.dtype, cfg.quantization, model, hw)
     tp = cfg.tensor_parallel_size
     w, kvb = budget.weights_bytes, budget.kv_bytes_per_token
 
