@@ -117,8 +117,23 @@ ROWS = [
     ("count: true", [*SIM, "-w", "{count_true}"], "count must be a number"),
     ("input 1e29", [*SIM, "-w", "{huge_in}"], "workload.mix.0.input_tokens.fixed.value: "),
     ("simulate --db ''", ["simulate", "-w", "{ok}", "--db", ""], "--db: "),
+    (
+        "simulate data parallel",  # one replica simulated: its figures would ignore the rest
+        [*SIM, "-w", "{ok}", "--set", "data_parallel_size=2"],
+        "--set data_parallel_size: 2: the simulator runs one replica",
+    ),
+    (
+        "simulate llama.cpp weights too big",  # it was simulated at 313 ms a token
+        [*SIM, "-w", "{ok}", "--engine", "llamacpp", "--model", "llama-3.1-405b"],
+        "config: the engine would not start: weights need 756.0 GiB",
+    ),
     ("tune --db ''", [*TUNE, "--db", ""], "--db: "),
     ("--count 0", [*SIM, "-w", "{ok}", "--count", "0"], "--count: "),
+    (
+        "--count and --duration",  # the count ended the run first: --duration was dropped
+        [*SIM, "-w", "{ok}", "--count", "5", "--duration", "3"],
+        "--duration: --count and --duration both size the run",
+    ),
     ("--count -1", [*SIM, "-w", "{ok}", "--count", "-1"], "--count: "),
     ("--rate nan", [*SIM, "-w", "{ok}", "--rate", "nan"], "--rate: "),
     ("--duration nan", [*SIM, "-w", "{ok}", "--duration", "nan"], "--duration: "),

@@ -132,6 +132,31 @@ def test_a_simulated_modelopt_checkpoint_is_not_told_to_take_an_fp8_kv_cache() -
     assert f.actions[0].knob == "gpu_memory_utilization"
 
 
+def test_a_pool_fixed_in_tokens_is_recorded_as_simulated_and_grown_by_its_number() -> None:
+    """`kv_cache_tokens` (vLLM's --num-gpu-blocks-override) fixes the pool: the run records
+    the pool it simulated (62 blocks x 16 = 992 tokens, not the planner's 447,120), and the
+    advice raises that number: FP8 KV or more memory would not grow a pool fixed in blocks."""
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.measure import SimSession
+    from servetune.model import get_model
+
+    spec = parse_workload(
+        {"count": 40, "arrival": {"kind": "closed", "concurrency": 8},
+         "input_tokens": {"dist": "fixed", "value": 200},
+         "output_tokens": {"dist": "fixed", "value": 100}}
+    )  # fmt: skip
+    cfg = EngineConfig(kv_cache_tokens=1000)
+    res = SimSession(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), cfg).measure(
+        Point("kv", spec)
+    )
+    assert res.target.kv_blocks == 62 and res.target.kv_capacity_tokens == 62 * 16
+    assert res.target.sim.preemptions > 0
+    f = next(f for f in diagnose_result(res).findings if f.key == "kv_pressure")
+    assert [(a.knob, a.now, a.next) for a in f.actions][0] == ("kv_cache_tokens", 1000, 2000)
+    assert not {"kv_cache_dtype", "gpu_memory_utilization"} & {a.knob for a in f.actions}
+
+
 def test_low_gpu_utilisation_first_asks_for_load_when_the_batch_is_not_full() -> None:
     """Synthetic: 30% GPU utilisation with 3 of 64 sequences running."""
     ev = Evidence("x", running_mean=3.0, config={"max_num_seqs": 64})

@@ -248,6 +248,52 @@ def test_calibrate_from_the_store_uses_measured_runs_only(tmp_path: Path):
     assert p.returncode == 2 and "no measured runs" in p.stderr
 
 
+def test_calibrate_refuses_runs_of_another_engine_or_of_the_simulator(tmp_path: Path):
+    """One profile holds one engine's step times. A bench result file now records the
+    engine and the --set knobs it was run with, so a file fits by replay without --set and
+    a llama.cpp run is not fitted into a vLLM profile (both used to pass silently, in
+    files and mixed into --from-store); a simulated result file of another model and GPU
+    is refused (one of the profile's own is a self-check, and said so)."""
+    from servetune.mock.server import MockConfig, mock_in_thread
+
+    db, w = str(tmp_path / "st.db"), tmp_path / "w.yaml"
+    w.write_text(
+        yaml.safe_dump({**WL, "count": 12, "arrival": {"kind": "closed", "concurrency": 1}})
+    )
+    served = {
+        "v": ("--engine", "vllm", "--set", "max_num_seqs=4"),
+        "l": ("--engine", "llamacpp"),
+    }
+    with mock_in_thread(MockConfig(ttft_ms=20, itl_ms=4)) as srv:
+        for name, extra in served.items():
+            b = cli(
+                "bench", "--url", f"http://127.0.0.1:{srv.port}", "-w", str(w), "--concurrency",
+                "1,4", "--tokenizer", "word", "--db", db, "--study", name,
+                "-o", str(tmp_path / f"{name}.json"), *extra,
+            )  # fmt: skip
+            assert b.returncode == 0, b.stderr
+    v_files = sorted(str(p) for p in tmp_path.glob("v-*.json"))
+    l_files = sorted(str(p) for p in tmp_path.glob("l-*.json"))
+    assert len(v_files) == 2 and len(l_files) == 2, list(tmp_path.iterdir())
+    assert json.loads(Path(v_files[0]).read_text())["target"]["engine"] == "vllm"
+    base = ("calibrate", "--model", "llama-3.2-1b", "--gpu", "cpu-host", "--db", db, "--json")
+    p = cli(*base, *v_files, "-o", str(tmp_path / "p.json"))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["fit"]["method"] == "least squares + replay"  # its knobs
+    for source in ([*v_files, *l_files], ["--from-store", "v", "--from-store", "l"]):
+        p = cli(*base, *source, "-o", str(tmp_path / "x.json"))
+        assert p.returncode == 2 and "2 of the 4 runs were served by llamacpp" in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.json").exists()
+    s = cli(
+        "simulate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--workload", str(w),
+        "--no-store", "-o", str(tmp_path / "sim.json"),
+    )  # fmt: skip
+    assert s.returncode == 0, s.stderr
+    p = cli(*base, str(tmp_path / "sim.json"), "-o", str(tmp_path / "q.json"))
+    assert p.returncode == 2, p.stderr
+    assert "sim.json is a simulated run of llama-3.1-8b on h100-sxm, not of --model" in p.stderr
+
+
 def test_a_gpu_closed_loop_of_many_users_shows_its_mean_ttft_and_why():
     """The gpu tier's median TTFT of a closed loop rests on one seeded draw of phases
     (docs/fidelity-gpu.md#known-misses): from 8 users on, the point also prints the mean

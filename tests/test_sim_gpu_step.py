@@ -940,3 +940,27 @@ def test_a_qk_norm_across_heads_all_reduces_its_variance_each_layer():
     assert comm == pytest.approx(
         124 * roofline.allreduce_s(hw, 4, 64, 3072) + 62 * roofline.allreduce_s(hw, 4, 64, 2, 4)
     )
+
+
+def test_a_weight_only_checkpoint_streams_its_four_bit_weights_in_decode():
+    """AWQ/GPTQ (4-bit weights, 16-bit activations) on a GPU with a measured GEMM table:
+    the 16-bit table times 16-bit weights, so it used to price AWQ exactly like bf16. The
+    formula prices it: a decode step streams the 4-bit weights (hand-computed below, up to
+    Marlin's 16-row fragment: "close to ideal (4x) speedups up to batchsizes of 16-32"),
+    a prefill chunk is compute-bound like bf16's."""
+    model, h100 = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    fmt = weight_format("auto", "awq", model)
+    assert gpu_step.weight_only(fmt) and gpu_step.gemm_kind(fmt, gemm_table("h100-sxm")) is None
+    bf16 = setup(model, h100, EngineConfig()).step_model
+    for method in ("awq", "gptq"):
+        run = setup(model, h100, EngineConfig(quantization=method))
+        sm, weights = run.step_model, run.evaluation.budget.weights_bytes
+        assert weights < 0.4 * 16.06e9
+        stream_s = roofline.weight_bytes_read(model, weights, 1) / (
+            h100.bandwidth_bytes_s * kernel_figures(h100).hbm_for("bf16")
+        )
+        for tokens in (1, 16):
+            assert sm.linear_s(tokens, tokens) == pytest.approx(stream_s, rel=1e-9)
+        assert sm.linear_s(1, 1) < 0.45 * bf16.linear_s(1, 1)
+        assert 0.8 < sm.linear_s(8192, 1) / bf16.linear_s(8192, 1) < 1.5
+        assert f"GEMMs by the formula: {method}'s 4.2-bit weights" in sm.note

@@ -71,6 +71,8 @@ class BenchOptions:
     url: str
     api_key: str | None = field(default=None, repr=False)  # never stored in results
     model: str | None = None
+    engine: str | None = None  # recorded in the result, so its file says who served it
+    config: dict[str, Any] | None = None  # the knobs given with --set (never guessed)
     timeouts: Timeouts = field(default_factory=Timeouts)
     workers: int | None = None  # None: auto
     keep_text: bool = True
@@ -373,15 +375,30 @@ def _broadcast(conns: list[Any], msg: tuple[str, str]) -> None:
 UNREACHABLE_ERRORS = frozenset({"connect_error", "connect_timeout"})
 
 
+# HTTP answers that say what was asked is not served at all (not found, method not
+# allowed, not implemented): a web server that is not an OpenAI one, a model name the
+# server does not serve (vLLM answers 404). Other 4xx/5xx are the
+# server's answers to the load, measured (and `--breaker` stops a run of them).
+NOT_SERVED = frozenset({404, 405, 501})
+
+
 def unreachable_cause(records: list[RequestRecord]) -> str | None:
-    """The run never reached the server: no request got an answer and every one that
-    failed could not connect. One line with the most common cause; None otherwise."""
+    """The run measured nothing: no request got an answer, and every one that failed
+    could not connect, or was told the route is not served (`NOT_SERVED`; the readiness
+    check passes a plain web server, whose /v1/models is a 404). One line with the most
+    common cause; None otherwise."""
     errors = [r for r in records if r.status == RequestStatus.ERROR]
     answered = [r for r in records if r.status in (RequestStatus.OK, RequestStatus.CANCELLED)]
-    if not errors or answered or any(r.error not in UNREACHABLE_ERRORS for r in errors):
+    if not errors or answered:
         return None
     detail, _ = Counter(r.error_detail or r.error for r in errors).most_common(1)[0]
-    return f"no request reached the server ({len(errors)} failed): {detail}"
+    detail = " ".join(str(detail).split())  # one line: an HTML error page spans many
+    detail = detail if len(detail) <= 160 else detail[:157] + "..."
+    if all(r.error in UNREACHABLE_ERRORS for r in errors):
+        return f"no request reached the server ({len(errors)} failed): {detail}"
+    if all(r.http_status in NOT_SERVED for r in errors):
+        return f"the server served none of the {len(errors)} requests (not served): {detail}"
+    return None
 
 
 def run_point(
@@ -405,7 +422,13 @@ def run_point(
     created = datetime.now(timezone.utc)
     run_id = f"bench-{created:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
     load = Load.of(spec.arrival)
-    target = RunTarget(url=opts.url, api=spec.api, model=opts.model or spec.model)
+    target = RunTarget(
+        url=opts.url,
+        api=spec.api,
+        model=opts.model or spec.model,
+        engine=opts.engine,
+        config=opts.config,
+    )
     col.log.header({"id": run_id, "load": load.model_dump(mode="json"), "url": opts.url})
     if opts.store is not None:
         col.stored = opts.store.begin(

@@ -227,9 +227,13 @@ def calibrate(
         runs, measured = _sweep(url, served_model, repeats, keep_in, engine)
         known = [None]
     elif results:
-        runs, known = load_results(results), [None]
+        runs = load_results(results)
+        _simulated_files(results, runs, m.name, hw.name)
+        _refuse_foreign(engine, [r.target.engine for r in runs], "calibrate")
+        known = [r.target.config for r in runs]
     else:
-        runs, known = _stored_runs(from_store, db)
+        runs, known, served = _stored_runs(from_store, db)
+        _refuse_foreign(engine, served, "--from-store")
     if not url:
         measured = runs
     # The sweep is ours, run against one engine: its knobs default when not given.
@@ -246,7 +250,7 @@ def calibrate(
 
         spread = repeat_spread(measured)
         prof = fit_by_replay(runs, prof, model, cfg, hardware=hw.name, spread=spread)
-    save_profile(prof, output)
+    save_profile(prof, output, "--output")
     _say_confidence(prof, output)
     if as_json:
         sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
@@ -333,10 +337,47 @@ def _replay_config(engine: str, sets: list[str], known: list[dict | None]) -> An
     return cfg
 
 
-def _stored_runs(refs: list[str], db: str | None) -> tuple[list[Any], list[dict | None]]:
+def _simulated_files(paths: list[Path], runs: list[Any], model: str, hardware: str) -> None:
+    """Simulated result files fit only as what they are: a check of the fit against the
+    simulator's own known timing (the tests' self-replays). One of another model or
+    hardware than the profile's is refused (a simulated Llama-3.1-8B on an H100 was fitted
+    into a CPU profile of Llama-3.2-1B), and any is said on stderr: it measures nothing."""
+    sims = [(p, r) for p, r in zip(paths, runs, strict=True) if r.target.sim]
+    for path, run in sims:
+        if (run.target.model, run.target.hardware) != (model, hardware):
+            raise InputError(
+                "calibrate",
+                f"{path} is a simulated run of {run.target.model} on {run.target.hardware}, "
+                f"not of --model {model} --gpu {hardware}",
+                "give bench results of the engine you calibrate",
+            )
+    if sims:
+        print(
+            f"note: {len(sims)} of the {len(runs)} runs are simulated: the fit checks the "
+            "simulator against itself, it measures no engine",
+            file=sys.stderr,
+        )
+
+
+def _refuse_foreign(engine: str, served: list[str | None], field: str) -> None:
+    """Refuse runs another engine served: one profile holds one engine's step times. A run
+    that names no engine (bench without --engine) is taken as `engine`'s."""
+    others = sorted({e for e in served if e and e != engine})
+    if others:
+        n = sum(1 for e in served if e in others)
+        raise InputError(
+            field,
+            f"{n} of the {len(served)} runs were served by {', '.join(others)}, not {engine}",
+            f"fit one engine at a time: --engine {others[0]} for those runs alone",
+        )
+
+
+def _stored_runs(
+    refs: list[str], db: str | None
+) -> tuple[list[Any], list[dict | None], list[str | None]]:
     """Measured (bench) runs from the store, with the engine config each recorded (None
-    when bench had no --set); simulated ones are skipped, since fitting the simulator on
-    its own output would prove nothing."""
+    when bench had no --set) and the engine that served it; simulated ones are skipped,
+    since fitting the simulator on its own output would prove nothing."""
     from servetune.store import Store
 
     with Store.open(db, create=False) as store:
@@ -345,4 +386,4 @@ def _stored_runs(refs: list[str], db: str | None) -> tuple[list[Any], list[dict 
         runs = [store.load_result(i.id) for i in real]
     if not real:
         raise InputError("--from-store", f"no measured runs in {', '.join(refs)}", "bench first")
-    return runs, [i.engine_config or None for i in real]
+    return runs, [i.engine_config or None for i in real], [i.engine for i in real]

@@ -410,7 +410,11 @@ def kv_pressure(ev: Evidence) -> Finding | None:
         trig += f"; TTFT P99 {_ms(ev.ttft['p99'])} vs P50 {_ms(ev.ttft.get('p50'))}"
     after = (kv or 0) / factor if factor else None
     acts = []
-    if factor and factor > 1:
+    if "kv_cache_tokens" in c:  # a pool fixed in tokens (vLLM --num-gpu-blocks-override,
+        # llama.cpp -c): neither FP8 KV nor more memory grows it, only the number does
+        tokens = int(c["kv_cache_tokens"])
+        acts.append(Action("kv_cache_tokens", tokens, 2 * tokens, "x2 pool, if memory holds it"))
+    elif factor and factor > 1:
         acts.append(
             Action(
                 "kv_cache_dtype",
@@ -421,7 +425,9 @@ def kv_pressure(ev: Evidence) -> Finding | None:
                 + (", preemptions -> 0" if after is not None and after < 0.9 else ""),
             )
         )
-    if "kv_cache_space_gib" in c:
+    if "kv_cache_tokens" in c:
+        pass
+    elif "kv_cache_space_gib" in c:
         space = float(c["kv_cache_space_gib"])
         acts.append(Action("kv_cache_space_gib", space, space * 2, "x2 pool"))
     else:

@@ -89,6 +89,8 @@ def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
         url=s.url,
         api_key=s.api_key,
         model=s.model,
+        engine=s.engine,
+        config=s.config.model_dump(mode="json") if s.config is not None else None,
         timeouts=s.timeouts,
         workers=s.workers,
         save_text=s.files.save_text,

@@ -24,7 +24,7 @@ from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.metrics.turns import apply_turn_slo
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
-from servetune.plan.quant import resolved_kv_cache_dtype
+from servetune.plan.quant import check_runs_on, resolved_kv_cache_dtype, weight_format
 from servetune.results.schema import Load, RunResult, SimStats, Target
 from servetune.sim.expected_error import band_users, expected_error_note
 from servetune.sim.gpu_step import gpu_model
@@ -96,6 +96,18 @@ class SimSetup:
     capped_max_model_len: int | None = None
 
 
+def pool_tokens(su: SimSetup) -> int | None:
+    """The KV tokens the simulated engine holds, as recorded with its run: the planner's
+    pool, or the smaller one `kv_cache_tokens` fixes (vLLM's --num-gpu-blocks-override),
+    so the record and the printed pool agree."""
+    ev, s = su.evaluation, su.sched
+    if ev is None:
+        return None
+    if s.mode == "paged" and s.kv_blocks < ev.kv_blocks - 1:  # one null block (`setup`)
+        return s.kv_blocks * s.block_size
+    return ev.kv_capacity_tokens
+
+
 def start_length(
     model: ModelSpec, hw: HardwareSpec, cfg: EngineConfig, ev: Evaluation
 ) -> tuple[Evaluation, int | None]:
@@ -138,9 +150,20 @@ def setup(
         )
     if cfg.engine == "sglang" and hw.kind != "gpu":
         raise InputError("--gpu", "SGLang's scheduler model is of its GPU server", "give a GPU")
-    # what the engine refuses at start-up (block size, TP vs heads) is not simulated
+    if cfg.data_parallel_size > 1:
+        n = cfg.data_parallel_size
+        raise InputError(
+            "--set data_parallel_size",
+            f"{n}: the simulator runs one replica, its figures would ignore the other {n - 1}",
+            f"simulate one at 1/{n} of the load (rate or users) and multiply its throughput",
+        )
+    # what the engine refuses at start-up (block size, TP vs heads, FP8 below compute
+    # capability 8.0, as `plan` refuses it) is not simulated
     check_model_config(cfg, model, device=hw.kind)
+    check_runs_on(weight_format(cfg.dtype, cfg.quantization, model), hw, "--set quantization")
     default_ev = evaluate(model, hw, cfg)
+    if default_ev.breaking_term == "weights":  # no engine loads them (vLLM, SGLang, llama.cpp)
+        raise InputError("config", f"the engine would not start: {default_ev.verdict}", None)
     ev, capped = start_length(model, hw, cfg, default_ev)
     b = ev.budget
     if cfg.engine == "sglang":
@@ -503,7 +526,6 @@ def simulate(
     lap("metrics")
     created = datetime.now(timezone.utc)
     st = sched.stats
-    ev = su.evaluation
     result = RunResult(
         id=f"sim-{created:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}",
         created_utc=created.isoformat(timespec="seconds"),
@@ -521,7 +543,7 @@ def simulate(
             profile=profile.key if profile is not None else None,
             efficiency=su.step_model.notes or None,
             kv_blocks=su.sched.kv_blocks,
-            kv_capacity_tokens=ev.kv_capacity_tokens if ev else None,
+            kv_capacity_tokens=pool_tokens(su),
             max_num_seqs=su.sched.max_num_seqs,
             max_num_batched_tokens=su.sched.max_num_batched_tokens,
             sim=SimStats(

@@ -71,7 +71,7 @@ from servetune.model.spec import ModelSpec
 from servetune.plan import roofline
 from servetune.plan.kv import kv_heads_per_gpu
 from servetune.plan.memory import MemoryBudget
-from servetune.plan.quant import WeightFormat, weight_format
+from servetune.plan.quant import WeightFormat, served_format
 from servetune.sim.gpu_kernels import (
     GemmTable,
     MoeTable,
@@ -391,10 +391,24 @@ def measured_linear(
     return linear
 
 
-def gemm_kind(fmt: WeightFormat, table: GemmTable | None) -> str:
+MARLIN_TILE_M = 16  # rows of a Marlin tensor-core fragment (m16 mma; IST-DASLab/marlin)
+
+
+def weight_only(fmt: WeightFormat) -> bool:
+    """Weights stored narrower than the 16-bit activations they multiply (AWQ, GPTQ):
+    dequantised inside the GEMM, so the GEMM streams the narrow weights."""
+    return fmt.compute in ("bf16", "fp16") and fmt.body_bits < 16
+
+
+def gemm_kind(fmt: WeightFormat, table: GemmTable | None) -> str | None:
     """The measured table's dtype for GEMMs in `fmt`: 16-bit formats share bf16's kernels;
     a checkpoint's block-scaled FP8 runs vLLM's block-scaled path (`fp8_block`, where the
-    GPU's table has it, else the per-token FP8 one)."""
+    GPU's table has it, else the per-token FP8 one). None for weight-only formats (AWQ,
+    GPTQ: 4-bit weights, 16-bit activations): their kernels (Marlin's) stream a quarter of
+    the bytes a 16-bit GEMM of the table does, so the formula prices them (its weight
+    stream at the format's bits, its FLOPs at the 16-bit peak)."""
+    if weight_only(fmt):
+        return None
     if fmt.compute == "fp16":
         return "bf16"
     if fmt.compute == "fp8" and fmt.block_scaled and table is not None:
@@ -416,7 +430,7 @@ def gpu_model(
     (weights and KV bytes per GPU) and the kernel figures of `hw`."""
     fig = kernel_figures(hw)
     cpu, cpu_rule = engine_cpu_figures(cfg.engine, cfg.engine_version)
-    fmt = weight_format(cfg.dtype, cfg.quantization, model)
+    fmt = served_format(cfg.dtype, cfg.quantization, model, hw)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     weights = budget.weights_bytes
     bw = hw.bandwidth_bytes_s
@@ -445,9 +459,14 @@ def gpu_model(
     # everywhere else
     table = gemm_table(hw.name)
     gemm_dtype = gemm_kind(fmt, table)
+    # Weight-only formats (AWQ, GPTQ) run Marlin's kernels: 16-row tensor-core fragments,
+    # "close to ideal (4x) speedups up to batchsizes of 16-32 tokens" over FP16 weights
+    # (IST-DASLab/marlin's README), so a decode batch streams their 4-bit weights instead
+    # of padding M to a 128-row CUTLASS tile.
+    tile_m = MARLIN_TILE_M if weight_only(fmt) else fig.gemm_tile_m
     measured = None
     priced = model.mla is None and (model.moe is None or moe_measured is not None)
-    if table is not None and priced and gemm_dtype in table.us:
+    if table is not None and priced and gemm_dtype is not None and gemm_dtype in table.us:
         measured = measured_linear(
             table, model, gemm_dtype, tp, bw * fig.hbm_for("bf16"), fig.sustained_gemm
         )
@@ -463,7 +482,7 @@ def gpu_model(
         if measured is not None:
             return measured(t, seqs) + (moe_measured[0](t) if moe_measured else 0.0)
         flops = flops_per_token * t - head_flops * (t - lm_head_rows(t, seqs))
-        compute = flops / (gemm_flops_s * tile_efficiency(t, fig.gemm_tile_m))
+        compute = flops / (gemm_flops_s * tile_efficiency(t, tile_m))
         if moe_measured is not None:
             experts_s, expert_bytes = moe_measured
             read = max(weights - expert_bytes, 0.0) / (bw * hbm_eff)
@@ -513,6 +532,11 @@ def gpu_model(
         )
         if gemm_dtype == "fp8_block":
             sm.note += "; block-scaled FP8 weights at vLLM's block-scaled GEMMs"
+    elif table is not None and gemm_dtype is None:
+        sm.note += (
+            f"; GEMMs by the formula: {fmt.name}'s {fmt.body_bits:.1f}-bit weights with "
+            "16-bit activations are not in the measured tables"
+        )
     attn = attn_table(hw.name)
     if kv_measured and attn is not None:
         sm.note += (
