@@ -205,6 +205,38 @@ def test_a_run_that_reaches_nothing_is_stored_failed_and_exits_1(tmp_path: Path)
     assert run.status == RunStatus.FAILED and "no request reached" in (run.stop_reason or "")
 
 
+def test_a_server_that_answers_no_request_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    """A plain web server (`python -m http.server`: /v1/models is a 404, every POST a 501
+    HTML page) passed the readiness check, and a run of 3 requests, all refused, exited 0:
+    the breaker only stops runs of 20 or more. Now it ends as a failed run, exit 1, with
+    the cause on one line; the records are kept."""
+    import http.server
+    import threading
+
+    class Plain(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *_: object) -> None:  # quiet
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        out = cli(
+            "bench", "--url", f"http://127.0.0.1:{srv.server_address[1]}", "--count", "3",
+            "--concurrency", "1", "--tokenizer", "word", "--no-scrape", "--no-store",
+            "-o", str(tmp_path / "r.json"),
+        )  # fmt: skip
+    finally:
+        srv.shutdown()
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: the server served none of the 3 requests (not served): HTTP 501"
+    ), last
+    assert len(last) < 260 and "<html" in last.lower()  # the HTML page, cut to one line
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["status"] == "failed" and len(saved["records"]) == 3
+
+
 @pytest.mark.engine
 @pytest.mark.timeout(600)  # llama.cpp's start included (seconds; minutes when it builds)
 def test_real_llamacpp_passes_and_https_to_it_fails_the_handshake(llamacpp_server) -> None:

@@ -56,6 +56,7 @@ def test_buffered_mock_is_flagged_and_token_timing_left_empty(tmp_path: Path) ->
     checks = {c["metric"]: c for c in m["slo_checks"]}
     assert not checks["ttft_ms"]["ok"] and "buffered" in checks["ttft_ms"]["note"]
     assert checks["e2e_ms"]["ok"] and "buffered" not in (checks["e2e_ms"]["note"] or "")
+    assert m["goodput_req_s"] == 0 and m["slo_attainment"] == 0  # nothing proves the TTFT
     assert load_result(tmp_path / "r.json").metrics.stream_buffered
 
 

@@ -65,6 +65,16 @@ def test_sweep_points_label_cap_and_check_every_load_first() -> None:
     assert [a.rate for a in arrivals[:2]] == [2.0, 0.5]
     assert all(p.spec.count == 5 for p in points)
     assert [p.label for p in sweep_points(spec, SweepLoads())] == ["point"]
+    # the workload's own open loop keeps its kind and rate under the cap (it became a
+    # closed loop of 4 users); a cap with no open loop to cap is refused, not dropped
+    (own,) = sweep_points(spec.with_load(rate=3.0), SweepLoads(), max_concurrency=4)
+    assert (own.spec.arrival.kind, own.spec.arrival.rate, own.spec.arrival.concurrency) == (
+        "poisson",
+        3.0,
+        4,
+    )
+    with pytest.raises(InputError, match="--max-concurrency: caps an open loop"):
+        sweep_points(spec, SweepLoads((), (4,)), max_concurrency=1)
     trace = spec.model_copy(update={"arrival": spec.arrival.model_copy(update={"kind": "trace"})})
     with pytest.raises(InputError, match="--concurrency"):
         sweep_points(trace, SweepLoads((1.0,), (4,)))  # refused before the rate is measured

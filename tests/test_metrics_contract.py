@@ -102,6 +102,22 @@ def test_goodput_counts_errors_as_misses_and_excludes_cancellations() -> None:
     assert slo.per_request() == {"ttft_ms": 800}
 
 
+def test_unmeasured_token_timing_proves_no_request_met_a_ttft_target() -> None:
+    """Not streamed: a request's one chunk comes with its last token, so its "TTFT" is its
+    E2E. The TTFT check fails as unmeasurable; goodput and attainment used to count every
+    request as meeting it (goodput = req/s beside a failed SLO). An E2E-only SLO is still
+    judged request by request."""
+    reqs = [rec(i * 100, [i * 100 + 50], tokens=[20], index=i) for i in range(10)]
+    ttft = parse_slo({"ttft_ms": {"p95": 800}, "e2e_ms": {"p95": 800}})
+    m = compute_metrics(reqs, slo=ttft, stream=False)
+    assert m.req_s > 0 and m.goodput_req_s == 0 and m.slo_attainment == 0
+    assert not m.slo_pass
+    e2e = compute_metrics(reqs, slo=parse_slo({"e2e_ms": {"p95": 800}}), stream=False)
+    assert e2e.goodput_req_s == pytest.approx(e2e.req_s) and e2e.slo_attainment == 1
+    streamed = compute_metrics(reqs, slo=ttft)  # the same chunks, streamed: TTFT 50 ms
+    assert streamed.goodput_req_s == pytest.approx(streamed.req_s)
+
+
 def test_window_excludes_warmup_and_drain() -> None:
     # an open loop (a schedule): sends every 100 ms from 0 to 2000 ms, each request lasts
     # 500 ms (one chunk per 100 ms)
@@ -217,6 +233,13 @@ def test_a_run_with_no_completion_in_its_window_says_why_it_reads_0_req_s() -> N
         "(docs/metrics.md); too few for a rate: raise --count"
     )
     assert window_note(compute_metrics(open_loop(30, 100, 500))) is None
+    # one request of 36 ms read 27.8 req/s with no word (a 0.01 s Poisson run)
+    one = compute_metrics([rec(0, [10, 36], scheduled_ns=0)])
+    assert one.req_s == pytest.approx(1 / 0.036, rel=0.01)
+    assert window_note(one) == (
+        "27.8 req/s is one request over its own latency, not a throughput: too few for a "
+        "rate: raise --count or --duration"
+    )
 
 
 def test_a_schedule_far_from_the_rate_asked_is_said_with_the_spread_to_expect() -> None:

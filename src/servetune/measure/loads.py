@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
@@ -31,6 +31,14 @@ class SweepLoads:
     count: int | None = None
     duration_s: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.count is not None and self.duration_s is not None:
+            # a workload's count ends its run before its duration (materialize), so one of
+            # the two flags would be dropped without a word
+            raise InputError(
+                "--duration", "--count and --duration both size the run", "give one of them"
+            )
+
     @property
     def swept(self) -> bool:
         """The command line sets the load, so the workload file need not."""
@@ -52,8 +60,6 @@ def sweep_points(
     kws += [(f"conc{u}", {"concurrency": u}) for u in loads.users]
     if not kws:
         kws = [("point", {})]
-    if max_concurrency is not None:
-        kws = [(lbl, {"concurrency": max_concurrency, **kw}) for lbl, kw in kws]
     points = []
     for label, kw in kws:
         try:
@@ -63,7 +69,28 @@ def sweep_points(
         except ValueError as exc:
             raise InputError("--concurrency", str(exc), None) from None
         points.append(Point(label, pspec))
-    return points
+    return points if max_concurrency is None else capped(points, max_concurrency)
+
+
+def capped(points: list[Point], max_concurrency: int) -> list[Point]:
+    """Open-loop points with at most `max_concurrency` requests in flight (the rest wait in
+    the client, reported as client queue time); a closed loop keeps its own users, which
+    already are its cap. A cap with no open loop to apply to is refused: it used to be
+    dropped silently, and it turned an open-loop workload without --rate into a closed
+    loop of that many users."""
+    if not any(p.spec.arrival.open_loop for p in points):
+        raise InputError(
+            "--max-concurrency",
+            "caps an open loop's requests in flight; a closed loop's users already are its cap",
+            "drop it, or give --rate for an open loop",
+        )
+    return [
+        replace(p, spec=p.spec.model_copy(update={"arrival": p.spec.arrival.model_copy(
+            update={"concurrency": max_concurrency})}))
+        if p.spec.arrival.open_loop
+        else p
+        for p in points
+    ]  # fmt: skip
 
 
 def load_spec(

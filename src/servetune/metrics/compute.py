@@ -480,24 +480,6 @@ def _meets(c: RecordColumns, thresholds: dict[str, float]) -> np.ndarray:
     return out & c.status_is(RequestStatus.OK)
 
 
-def apply_slo(
-    m: Metrics,
-    records: Sequence[RequestRecord],
-    measured: Sequence[RequestRecord],
-    slo: SLO,
-    attempted: int,
-) -> None:
-    """Goodput (good requests finishing in the window per second), attainment (good /
-    attempted: errors and timeouts are misses; deliberate cancellations and run-end aborts
-    are not attempts) and pass/fail of every percentile target."""
-    c = record_columns(records)
-    ids = {id(r) for r in measured}
-    meas = np.fromiter((id(r) in ids for r in records), dtype=bool, count=c.n)
-    start, end = m.window_start_ns, m.window_end_ns
-    finishing = (c.n_chunks > 0) & (c.last >= start) & (c.last <= end)
-    _apply_slo(m, c, meas, finishing, slo, attempted)
-
-
 def _apply_slo(
     m: Metrics,
     c: RecordColumns,
@@ -507,7 +489,13 @@ def _apply_slo(
     attempted: int,
     stream: bool,
 ) -> None:
-    meets = _meets(c, slo.per_request())
+    thresholds = slo.per_request()
+    if (not stream or m.stream_buffered) and set(thresholds) - {"e2e_ms"}:
+        # token timing was not measured: nothing proves a request met its TTFT or TPOT
+        # target, as the percentile checks below fail them (docs/metrics.md)
+        meets = np.zeros(c.n, dtype=bool)
+    else:
+        meets = _meets(c, thresholds)
     m.goodput_req_s = int((meets & finishing).sum()) / m.window_s
     good = int((meets & measured).sum())
     m.slo_attainment = good / attempted if attempted else None
@@ -585,7 +573,13 @@ def apply_memory_slo(m: Metrics, slo: SLO | None, kv_usage_peak: float | None) -
 def window_note(m: Metrics) -> str | None:
     """Why a run that completed requests shows 0 req/s: `req_s` counts completions inside
     the measurement window (first to last send, an open loop's moved by the median
-    latency), and in a run of a few requests none may finish inside it."""
+    latency), and in a run of a few requests none may finish inside it. A run of one send
+    has no window between sends: its rate is one over its own latency, no throughput."""
+    if m.completed == 1 and m.measured <= 1 and m.req_s > 0:
+        return (
+            f"{m.req_s:.3g} req/s is one request over its own latency, not a throughput: "
+            "too few for a rate: raise --count or --duration"
+        )
     if m.req_s > 0 or m.completed == 0:
         return None
     return (

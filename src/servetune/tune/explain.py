@@ -124,7 +124,7 @@ def bottleneck(t: TrialResult, cfg_seqs: int | None = None) -> str:
 
 
 def _load(p: PointResult) -> str:
-    return f"{p.load:g} users" if p.load_kind == "concurrency" else f"{p.load:g} req/s"
+    return f"{p.load:g} users" if p.load_kind == "concurrency" else f"{p.load:.3g} req/s"
 
 
 def differing(a: dict[str, Any], b: dict[str, Any], knobs: list[str]) -> list[str]:
