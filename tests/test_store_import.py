@@ -123,8 +123,7 @@ def test_a_bad_export_field_is_refused_before_anything_is_written(
     other = tmp_path / "other.db"
     code, out, err = run_cli(capsys, "runs", "import", str(export), "--db", str(other))
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
-    with Store.open(str(other), create=False) as store:
-        assert store.list_runs() == []
+    assert not other.exists()  # refused before the store is opened
 
 
 def test_a_result_file_import_keeps_its_engine_device_and_knobs(
@@ -161,3 +160,20 @@ def test_a_record_log_with_only_its_header_imports_as_an_empty_interrupted_run(
         info = store.get("bench-20260101T000000-abcdef")
     assert info.status == RunStatus.INTERRUPTED and info.n_records == 0
     assert info.created_utc == "2026-01-01T00:00:00Z" and info.concurrency == 4
+
+
+def test_a_bad_file_among_several_imports_none_and_creates_no_store(
+    capsys: pytest.CaptureFixture[str], db: Path, tmp_path: Path
+) -> None:
+    """Every file is read before the store is opened: a bad second file used to leave the
+    first imported alone, and a refused file an empty store behind."""
+    good, _ = synthetic_run(4, n_requests=10, seed=5)
+    first = tmp_path / "good.json"
+    first.write_text(good.model_dump_json())
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    code, _, err = run_cli(capsys, "runs", "import", str(first), str(bad))
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: FILE: bad.json")
+    assert not db.exists()
+    code, out, err = run_cli(capsys, "runs", "import", str(first))
+    assert code == 0 and f"{good.id}: imported" in out, err

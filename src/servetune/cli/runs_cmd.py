@@ -418,11 +418,12 @@ def import_(
     db: str | None = _DB,
 ) -> None:
     """Import result files from earlier runs (or another store's export)."""
-    from servetune.store.transfer import WARNED
+    from servetune.store.transfer import WARNED, read_import
 
+    parsed = [(f, list(read_import(f))) for f in files]  # every file, before the store
     with _open(db, create=True) as store:
-        for f in files:
-            for rid, what in store.import_file(f, study=study, tags=tags):
+        for f, items in parsed:
+            for rid, what in store.import_items(items, f.name, study=study, tags=tags):
                 done, _, warning = what.partition(WARNED)
                 typer.echo(f"{rid}: {done}")
                 if warning:  # what was left out (a cut-off last line), where warnings go

@@ -55,7 +55,7 @@ from servetune.store.meta import (
 from servetune.store.models import Blob, RecordChunk, Run, RunBlob, RunTag, Study
 from servetune.store.runinfo import RunInfo, run_info
 from servetune.store.timestamps import day_end, utc_now, utc_text
-from servetune.store.transfer import WARNED, read_import
+from servetune.store.transfer import WARNED, ImportItem, read_import
 from servetune.telemetry import summarize
 from servetune.workload.materialize import Request
 
@@ -579,8 +579,21 @@ class Store:
         --format json` file, or a bench JSONL record log. Returns (run id, what happened);
         runs already in the store are skipped, never duplicated. A record log's cut-off last
         line (a killed bench) is skipped, with a warning in what happened."""
+        return self.import_items(read_import(Path(path)), Path(path).name, study=study, tags=tags)
+
+    def import_items(
+        self,
+        items: Iterable[ImportItem],
+        name: str,
+        *,
+        study: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> list[tuple[str, str]]:
+        """`import_file` on items already read (`read_import`): `runs import` reads every
+        file before it opens the store, so a bad second file neither leaves the first
+        imported alone nor an empty store behind."""
         out: list[tuple[str, str]] = []
-        for item in read_import(Path(path)):
+        for item in items:
             rid = item.meta.id or item.result.id
             if self._exists(rid):
                 out.append((rid, "skipped: already in the store"))
@@ -590,7 +603,7 @@ class Store:
                     item.result, item.meta, study=study or item.meta.study, tags=tags
                 )
             except ValidationError as exc:
-                raise from_validation_error(exc, Path(path).name) from exc
+                raise from_validation_error(exc, name) from exc
             if item.status is not None and item.status != item.result.status:
                 self._set_status(rid, item.status, item.stop_reason)  # `incomplete`, say
             if item.conclusion:
