@@ -170,6 +170,32 @@ def test_trace_hash_ids_share_blocks(tmp_path: Path) -> None:
     assert (a.arrival_s, b.arrival_s) == (0.0, 0.5)
 
 
+def test_a_simulated_trace_counts_its_prompts_as_bench_sends_them(tmp_path: Path) -> None:
+    """The simulator counts its own "#1#1..." texts (`CountingTokenizer`): a trace's prompts
+    are built block by block, and read as one word each they simulated 1-token prompts
+    (bench sent 600 and 700). Its shared hash blocks are then prefix-cache hits."""
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import CountingTokenizer, materialize_for_sim, simulate
+
+    assert len(CountingTokenizer().encode("#1#1#256")) == 258
+    assert len(CountingTokenizer().encode("#1 word")) == 2  # not its own text: words
+    rows = [
+        {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 500, "input_length": 700, "output_length": 6, "hash_ids": [1, 3]},
+    ]
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    spec = parse_workload(
+        {"trace": {"path": str(tmp_path / "t.jsonl"), "block_tokens": 256},
+         "arrival": {"kind": "trace"}}
+    )  # fmt: skip
+    assert list(materialize_for_sim(spec).prompt_tokens) == [600, 700]
+    res, _ = simulate(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), EngineConfig(), spec)
+    assert [r.prompt_tokens for r in res.records] == [600, 700]
+    assert res.target.sim.prefix_hit_tokens == 256  # block 1, shared
+
+
 def test_sharegpt(tmp_path: Path) -> None:
     data = [
         {

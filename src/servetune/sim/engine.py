@@ -57,12 +57,17 @@ class CountingTokenizer(WordTokenizer):
     name = "count"
 
     def encode(self, text: str) -> list[int]:
-        """Its own "#n" texts count as n tokens; any other text (a dataset's prompts and
-        replies) falls back to one token per word (WordTokenizer), so a dataset workload
-        simulates without a tokenizer - approximately; pass the model's tokenizer to
-        `materialize_for_sim` / `simulate` for exact counts."""
-        if text[:1] == "#" and text[1:].isdigit():
-            return [0] * int(text[1:])
+        """Its own "#n" texts count as n tokens, and so do their concatenations ("#1#1#1":
+        3; a trace's hashed blocks and a mix's synthetic prompts beside a dataset are built
+        piece by piece, and read as one word they simulated 1-token prompts); any other
+        text (a dataset's prompts and replies) falls back to one token per word
+        (WordTokenizer), so a dataset workload simulates without a tokenizer -
+        approximately; pass the model's tokenizer to `materialize_for_sim` / `simulate`
+        for exact counts."""
+        if text[:1] == "#":
+            pieces = text[1:].split("#")
+            if all(p.isdigit() for p in pieces):
+                return [0] * sum(map(int, pieces))
         return super().encode(text)
 
     def decode(self, ids: list[int]) -> str:
