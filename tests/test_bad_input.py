@@ -81,11 +81,18 @@ def files(tmp_path: Path) -> dict[str, str]:
         ),  # fmt: skip
         "slo_inf": _file(t, "slo.yaml", {"ttft_ms": {"p95": float("inf")}}),
         "nested": _file(t, "sn.yaml", {"knobs": {"max_num_seqs": [[8, 16]]}}),
+        "fixed_and_knob": _file(
+            t, "fk.yaml", {"fixed": {"max_num_seqs": 8}, "knobs": {"max_num_seqs": [16, 64]}}
+        ),
+        "fixed_foreign": _file(
+            t, "ff.yaml", {"fixed": {"parallel_slots": 8}, "knobs": {"max_num_seqs": [16, 64]}}
+        ),
         "db": str(t / "st.db"),
     }
 
 
 SIM = ["simulate", "--no-store"]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TUNE = ["tune", "--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "-q"]
 
 # (case, argv with {file} names, what the one line names)
@@ -128,6 +135,29 @@ ROWS = [
         "config: the engine would not start: weights need 756.0 GiB",
     ),
     ("tune --db ''", [*TUNE, "--db", ""], "--db: "),
+    # what the study would not read: each ran as if not given
+    ("tune sim --finalists", [*TUNE, "--finalists", "3"], "--finalists: only the real"),
+    (
+        "tune on requests no config serves",  # a best effort that blamed TTFT/TPOT, unmeasured
+        [*TUNE, "--workload", str(EXAMPLES / "workloads" / "long-context.yaml")],
+        "--workload: no config serves its longest request: prompt + output 29,263 tokens",
+    ),
+    (
+        "space knob also fixed",  # the knob's values replaced the fixed one unseen
+        [*TUNE, "--space", "{fixed_and_knob}"],
+        "space.fixed.max_num_seqs: is also a knob",
+    ),
+    (
+        "space fixed knob the engine lacks",  # kept in the winner, left out of its launch
+        [*TUNE, "--space", "{fixed_foreign}"],
+        "space.fixed.parallel_slots: vllm has no flag for parallel_slots",
+    ),
+    ("tune sim --top-k", [*TUNE, "--top-k", "5"], "--top-k: only the real engine's"),
+    ("tune sim --recalibrate", [*TUNE, "--recalibrate"], "--recalibrate: only the real"),
+    ("tune --gpu-hour-usd", [*TUNE, "--gpu-hour-usd", "2"], "--gpu-hour-usd: only --objective"),
+    ("tune --ray-cpus", [*TUNE, "--ray-cpus", "4"], "--ray-cpus: only with --executor ray"),
+    ("tune --study ../x", [*TUNE, "--study", "../../etc/x"], "--study: '../../etc/x' is not"),
+    ("tune --study ''", [*TUNE, "--study", ""], "--study: '' is not a plain name"),
     ("--count 0", [*SIM, "-w", "{ok}", "--count", "0"], "--count: "),
     (
         "--count and --duration",  # the count ended the run first: --duration was dropped

@@ -221,8 +221,10 @@ def test_a_tune_report_opens_with_the_verdict_and_the_tuning_charts(tmp_path: Pa
     v = verdict(data)
     rows = dict(v.rows)
     assert v.headline == "Winner: max_num_seqs=8"
-    assert rows["vs baseline"].startswith("+100% goodput per GPU in the search (2 vs 1")
-    assert rows["how sure"] == "3 repetitions: 2.1 (95% CI 1.9 .. 2.3), 3/3 met the SLO"
+    assert rows["vs baseline"].startswith(
+        "100% more goodput per GPU in the search (2 req/s/GPU vs 1 req/s/GPU"
+    )
+    assert rows["how sure"] == "3 repetitions: 2.1 req/s/GPU (95% CI 1.9 .. 2.3), 3/3 met the SLO"
     assert rows["sim vs real"].startswith("simulator +10% on req/s per GPU")
     assert v.command == "vllm serve m --max-num-seqs 8"
     bars = capacity(data).fig.data[0]  # winner first, its interval as whiskers

@@ -964,3 +964,15 @@ def test_a_weight_only_checkpoint_streams_its_four_bit_weights_in_decode():
         assert sm.linear_s(1, 1) < 0.45 * bf16.linear_s(1, 1)
         assert 0.8 < sm.linear_s(8192, 1) / bf16.linear_s(8192, 1) < 1.5
         assert f"GEMMs by the formula: {method}'s 4.2-bit weights" in sm.note
+
+
+def test_a_llamacpp_gpu_prediction_does_not_quote_vllms_error_as_its_own():
+    """The published set holds vLLM (and SGLang) runs; a llama.cpp GPU winner used to read
+    "expected |error| on published vllm GPU runs: TTFT 38%" as if it were its own."""
+    from servetune.sim.engine import run_expected_error
+
+    h100 = get_hardware("h100-sxm")
+    assert "published vllm GPU runs" in run_expected_error("gpu", "vllm", h100)
+    note = run_expected_error("roofline", "llamacpp", h100)
+    assert "not known" in note and "vllm" not in note
+    assert run_expected_error("roofline", "llamacpp", get_hardware("cpu-host")) == ""

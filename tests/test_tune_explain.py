@@ -67,18 +67,20 @@ def test_margins_come_from_the_repetitions_and_say_when_noise_holds_them() -> No
     lines = explain(win, [win, base, low], base, Objective(), ["parallel_slots"])
     assert lines[0].endswith("; its 3 repetitions: 0.163 req/s/GPU (95% CI 0.091 .. 0.235)")
     ru, vs = lines[1], lines[2]
-    assert ru.startswith("runner-up baseline: 0.167 req/s/GPU (-2% on the winner's repetitions;")
+    assert ru.startswith(
+        "runner-up baseline: 0.167 req/s/GPU (2% less goodput per GPU on the winner's repetitions;"
+    )
     assert "within this host's noise at 95%, not a proven difference" in ru
-    assert vs.startswith("vs the baseline (baseline): 0.167 req/s/GPU (-2% on the winner's")
+    assert vs.startswith("vs the baseline (baseline): 0.167 req/s/GPU (2% less goodput per GPU")
     assert "+83%" not in " ".join(lines)
     # below the interval: the margin stands, with no doubt said
     lines = explain(win, [win, low], base, Objective(), ["parallel_slots"])
-    assert lines[1].startswith("runner-up slots8: 0.05 req/s/GPU (+226% on the winner's")
+    assert lines[1].startswith("runner-up slots8: 0.05 req/s/GPU (226% more goodput per GPU on")
     assert "proven" not in lines[1]
     # no repetitions (the simulator's ranking): the trials' scores, as before
     win.ci = None
     lines = explain(win, [win, base], base, Objective(), ["parallel_slots"])
-    assert "(+84%); differs in parallel_slots" in lines[1], lines[1]
+    assert "(84% more goodput per GPU); differs in parallel_slots" in lines[1], lines[1]
 
 
 def test_a_lower_is_better_objective_reads_its_repetitions_with_the_scores_sign() -> None:
@@ -90,10 +92,12 @@ def test_a_lower_is_better_objective_reads_its_repetitions_with_the_scores_sign(
     latency = Objective(kind="latency")
     win = _ranked(-280.0, {"n": 3, "mean": 300.0, "low": 250.0, "high": 350.0, "passed": 3},
                   "w", {})  # fmt: skip
-    assert margin(win, _ranked(-330.0, None, "b", {}), latency).startswith("+9% on the")
+    assert margin(win, _ranked(-330.0, None, "b", {}), latency).startswith(
+        "9% lower P95 TTFT on the"
+    )
     assert "not a proven" in margin(win, _ranked(-330.0, None, "b", {}), latency)
     far = margin(win, _ranked(-500.0, None, "b", {}), latency)
-    assert far == "+40% on the winner's repetitions", far
+    assert far == "40% lower P95 TTFT on the winner's repetitions", far
 
 
 def test_two_repeated_configs_are_compared_by_welchs_test() -> None:
@@ -118,9 +122,9 @@ def test_two_repeated_configs_are_compared_by_welchs_test() -> None:
     assert differ(mean_ci([1.0]), mean_ci([2.0])) and not differ(mean_ci([1.0]), mean_ci([1.0]))
     b = _ranked(0.121, ci(base), "baseline", {})
     said = margin(_ranked(0.16, ci(noisy), "w", {}), b, Objective())
-    assert said.startswith("+38% on both configs' repetitions; within this host's noise"), said
+    assert said.startswith("38% more goodput per GPU on both configs' repetitions; within"), said
     said = margin(_ranked(0.3, ci(tight), "w", {}), b, Objective())
-    assert said == "+114% on both configs' repetitions", said
+    assert said == "114% more goodput per GPU on both configs' repetitions", said
 
 
 def test_the_headline_names_the_load_of_its_score_when_it_is_not_the_capacity() -> None:

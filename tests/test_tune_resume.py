@@ -160,3 +160,20 @@ def test_point_level_resume_measures_each_point_once(tmp_path: Path) -> None:
     assert [t.key for t in out.ranked] == [t.key for t in ref.ranked]
     assert [t.score for t in out.ranked] == [t.score for t in ref.ranked]
     assert out.winner.ci is not None and out.winner.ci["n"] == 3
+
+
+def test_a_refused_resume_names_the_settings_that_differ(tmp_path: Path) -> None:
+    """A study resumed with another --trials or --max-probes was refused as "(space,
+    workload, SLO, backend or strategy)", whatever differed; --max-probes was not in the
+    fingerprint at all, so the old result was replayed as the new one's."""
+    from servetune.errors import InputError
+    from servetune.store import Store
+    from servetune.tune.study import fingerprint, open_study
+
+    first = {"--trials": 1, "the load search": ["concurrency", 8]}
+    again = {"--trials": 1, "the load search": ["concurrency", 3]}
+    with Store.open(str(tmp_path / "s.db")) as store:
+        open_study(store, "s", fingerprint(first), {}, False, parts=first)
+        with pytest.raises(InputError, match=r"other settings \(the load search\)"):
+            open_study(store, "s", fingerprint(again), {}, False, parts=again)
+        assert open_study(store, "s", fingerprint(first), {}, False, parts=first) == "s"

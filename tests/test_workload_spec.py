@@ -224,13 +224,15 @@ def test_with_load_switches_mode() -> None:
 
 def test_duration_alone_replaces_the_files_count() -> None:
     """`--duration 3` on a file of `count: 200` runs 3 s, not 200 requests (the count ended
-    the arrivals first); given both, both stay, and --count alone keeps the file's."""
+    the arrivals first); both together are refused (the count would end the run first and
+    the duration be dropped), and a count replaces the file's duration."""
     spec = parse_workload({**BASE, "count": 200, "arrival": {"kind": "constant", "rate": 20}})
     timed = spec.with_load(duration_s=3.0)
     assert timed.count is None and timed.duration_s == 3.0
     assert abs(len(materialize(timed, WordTokenizer())) - 60) <= 1  # 20 req/s x 3 s, not 200
-    both = spec.with_load(count=10, duration_s=3.0)
-    assert (both.count, both.duration_s) == (10, 3.0)
+    with pytest.raises(ValueError, match="give count or duration_s, not both"):
+        spec.with_load(count=10, duration_s=3.0)
+    assert timed.with_load(count=10).duration_s is None
     assert spec.with_load(rate=5).count == 200
 
 
@@ -422,3 +424,58 @@ def test_a_prefill_only_trace_line_is_served_one_token(tmp_path) -> None:
     trace.write_text('{"timestamp": 0, "input_length": 16, "output_length": -1}\n')
     with pytest.raises(InputError, match=r"line 1\.output_length: -1 is negative"):
         materialize(spec, WordTokenizer())  # the file changed: read again
+
+
+_LENGTHS = {"input_tokens": {"dist": "fixed", "value": 20},
+            "output_tokens": {"dist": "fixed", "value": 5}}  # fmt: skip
+_CHAT = {"kind": "chat", "turns": {"dist": "fixed", "value": 2},
+         "user_tokens": {"dist": "fixed", "value": 20},
+         "output_tokens": {"dist": "fixed", "value": 5}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ({"arrival": {"kind": "poisson", "rate": 2, "burstiness": 0.1}}, "burstiness: only"),
+        ({"arrival": {"kind": "closed", "concurrency": 2, "rate": 5}}, "rate: arrival.kind"),
+        ({"count": 100, "duration_s": 2}, "give count or duration_s, not both"),
+        ({"sampling": {"extra_body": {"max_tokens": 50}}}, "extra_body: max_tokens set by"),
+        ({"sessions": {**_CHAT, "think_time_s": {"dist": "exponential", "value": 2}}},
+         "value: not read by dist exponential"),
+        ({"sessions": {**_CHAT, "think_time_s": {"dist": "exponential"}}}, "needs its mean"),
+        ({"sessions": {**_CHAT, "think_time_s": float("inf")}}, "finite number"),
+        ({"sessions": {**_CHAT, "context_cap_tokens": True}}, "not true"),
+    ],
+)  # fmt: skip
+def test_a_field_the_workload_would_ignore_is_refused(extra: dict, needle: str) -> None:
+    """Each of these ran as if the field were not given (a bug hunt's finds): a poisson
+    burstiness, a closed loop's rate, a duration beside a count, an extra_body field
+    servetune sets itself, a delay field its dist does not read; an infinite think time
+    overflowed the send times and hung bench."""
+    data = {"count": 4, "arrival": {"kind": "closed", "concurrency": 2}, **extra}
+    if "sessions" not in extra:
+        data.update(_LENGTHS)
+    with pytest.raises(InputError, match=needle):
+        parse_workload(data)
+
+
+def test_a_dataset_or_trace_refuses_the_lengths_it_would_ignore(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a b c", "output_tokens": 4}\n')
+    (tmp_path / "t.jsonl").write_text('{"timestamp": 0, "input_length": 9, "output_length": 2}\n')
+    ds = {"path": str(tmp_path / "p.jsonl")}
+    trace = {"trace": {"path": str(tmp_path / "t.jsonl")}, "arrival": {"kind": "trace"}}
+    for data, needle in (
+        ({"count": 2, "dataset": ds, "input_tokens": {"dist": "fixed", "value": 5000}},
+         "input_tokens: a dataset's prompts"),
+        ({"count": 2, "dataset": ds, "prefix": {"groups": 2, "tokens": 300}}, "prefix: a"),
+        ({**trace, **_LENGTHS}, "give a trace or input_tokens"),
+        ({**trace, "duration_s": 1}, "duration_s: a trace replays"),
+        ({**trace, "arrival": {"kind": "trace", "rate": 100}}, "rate: arrival.kind trace"),
+    ):  # fmt: skip
+        with pytest.raises(InputError, match=needle):
+            parse_workload({"arrival": {"kind": "poisson", "rate": 1}, **data})
+    # what they may carry: a dataset's output lengths, a trace at another rate
+    parse_workload({"count": 2, "dataset": ds, "output_tokens": {"dist": "fixed", "value": 3},
+                    "arrival": {"kind": "poisson", "rate": 1}})  # fmt: skip
+    spec = parse_workload(trace).with_load(rate=4.0)
+    assert spec.arrival.kind == "poisson" and spec.trace is not None

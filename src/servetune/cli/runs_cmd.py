@@ -418,8 +418,10 @@ def import_(
     db: str | None = _DB,
 ) -> None:
     """Import result files from earlier runs (or another store's export)."""
+    from servetune.store.db import resolve_url
     from servetune.store.transfer import WARNED, read_import
 
+    resolve_url(db)  # a bad --db first: it names the flag, before any file is read
     parsed = [(f, list(read_import(f))) for f in files]  # every file, before the store
     with _open(db, create=True) as store:
         for f, items in parsed:

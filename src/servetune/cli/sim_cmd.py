@@ -102,6 +102,8 @@ def simulate(
     from servetune.store.writer import STORE_OFF
 
     check_ranges({"--count": count, "--duration": duration})
+    if replay is not None and workload is not None:  # the replay's requests would win unseen
+        raise InputError("--replay", "replays a bench run's own requests", "drop --workload")
     if gpus < 1:
         raise InputError("--gpus", f"{gpus} is not allowed", "give the GPUs of one replica, >= 1")
     check_outputs({"--output": output, "--trace": trace_path}, {})  # before the run

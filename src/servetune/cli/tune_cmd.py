@@ -8,6 +8,7 @@ imports happen inside the command so `servetune --help` stays fast.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,6 +164,7 @@ def build_settings(o: dict[str, Any]) -> Any:
     mode = o["backend"] or pre.backend
     if mode not in MODES:
         raise InputError("--backend", f"unknown backend {mode!r}", "sim, real or hybrid")
+    check_unread(o, opts, mode)
     engine = o["engine"] or pre.engine
     sp = load_space(o["space"]) if o["space"] else parse_space(pre.space, engine)
     if o["engine"] and sp.engine != engine:
@@ -196,6 +198,7 @@ def build_settings(o: dict[str, Any]) -> Any:
 
     model_spec = get_model(model)
     get_hardware(hardware, o["hardware_file"])
+    check_servable(wl, sp, model_spec)
     if o["gpus"] and o["gpus"] > 1:  # every trial would be refused: say it before any runs
         from servetune.engines.rules import check_tensor_parallel
 
@@ -261,6 +264,63 @@ def build_settings(o: dict[str, Any]) -> Any:
     )
 
 
+def check_servable(wl: Any, sp: Any, model: Any) -> None:
+    """Refuse a workload whose longest request (prompt + output) no config of the space
+    serves: every request answered 400 made a "best effort" that blamed TTFT and TPOT,
+    which were never measured. The longest context a config may set is the space's
+    largest max_model_len (knobs, fixed), else the model's own."""
+    from servetune.sim.engine import materialize_for_sim
+
+    if wl.sessions is not None:  # a conversation's context grows with its turns
+        return
+    lens = [v for v in sp.knobs.get("max_model_len", []) if v is not None]
+    lens += [sp.fixed["max_model_len"]] if sp.fixed.get("max_model_len") else []
+    allowed = max(lens) if lens else model.max_position_embeddings
+    cols = materialize_for_sim(wl)
+    if not len(cols):
+        return
+    longest = int((cols.prompt_tokens + cols.output_tokens.clip(min=0)).max())
+    if longest > allowed:
+        raise InputError(
+            "--workload",
+            f"no config serves its longest request: prompt + output {longest:,} tokens "
+            f"exceeds max_model_len {allowed:,} (every request over it is refused)",
+            "shorter requests, or a larger max_model_len in the space",
+        )
+
+
+# Flags only a real engine reads: under --backend sim they would change nothing.
+_REAL_ONLY = {"top_k": "--top-k", "finalists": "--finalists", "repeats": "--repeats",
+              "recalibrate": "--recalibrate", "executable": "--executable"}  # fmt: skip
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # it names out/STUDY.html
+
+
+def check_unread(o: dict[str, Any], opts: Any, mode: str) -> None:
+    """Refuse what the study would not read: a flag of the real engine's phases under
+    --backend sim, a GPU-hour price without the cost objective (from a flag or the
+    preset), and a study name that is no plain file name (it names the report's file:
+    `../../etc/x` wrote outside out/; an empty one fell back to a fingerprint)."""
+    if mode == "sim":
+        for key, flag in _REAL_ONLY.items():
+            if o[key]:
+                raise InputError(
+                    flag, "only the real engine's phases read it", "drop it under --backend sim"
+                )
+    if opts.gpu_hour_usd is not None and opts.objective != "cost":
+        raise InputError(
+            "--gpu-hour-usd",
+            f"only --objective cost reads it, not {opts.objective}",
+            "add --objective cost, or drop it",
+        )
+    study = o["study"]
+    if study is not None and not STUDY_NAME.fullmatch(study):
+        raise InputError(
+            "--study",
+            f"{study!r} is not a plain name (it names out/STUDY.html)",
+            "use letters, digits, '.', '_', '-'",
+        )
+
+
 # TuneOptions fields and the flags that set them (the rest come from the preset).
 _OPTION_FLAGS = {
     **{k: "--" + k.replace("_", "-") for k in (
@@ -315,7 +375,8 @@ def print_outcome(out: Any) -> None:
     for i, t in enumerate(out.ranked[:12], 1):
         sf = shortfall(t) if t.best is None else None
         b = t.best or (sf.point if sf else None)  # no passing point: the closest one
-        cap = f"{t.capacity:.3g}" if t.capacity is not None else "-"
+        cap_t = obj.capacity_of(t)  # none for latency: its one load is the workload's own
+        cap = f"{cap_t:.3g}" if cap_t is not None else "-"
         n = b.completed if b else None
         print(
             f"{i:>3}  {t.label:{width}s} {t.status:10s} {cap:>8s} {obj.show(t.score):>20s} "

@@ -14,6 +14,7 @@ from servetune.report.data import ReportData
 from servetune.report.labels import knob_label
 from servetune.status import TrialStatus
 from servetune.tune.explain import check_with_n, failing_point
+from servetune.tune.objective import ObjectiveMetric
 from servetune.tune.trial import TrialResult
 
 MAX_BARS = 12
@@ -50,6 +51,34 @@ def shown(data: ReportData) -> list[TrialResult]:
     return top
 
 
+def metric(data: ReportData) -> ObjectiveMetric:
+    """How the study's objective reads: its figures in their own unit, never as scores."""
+    return ObjectiveMetric((data.tune or {}).get("objective", "goodput"))
+
+
+def where(m: ObjectiveMetric, t: TrialResult) -> str:
+    """Where a config's figure was measured: `capacity 38.1 req/s`; the latency objective
+    searches no capacity, so its one load, the workload's own (`at 1 req/s`)."""
+    capacity = m.capacity_of(t)
+    if capacity is not None:
+        return f"capacity {capacity:.3g} {unit(t)}"
+    if not m.searches_capacity and t.best is not None:
+        return f"at {t.best.load:.3g} {unit(t)}"
+    return "no pass"
+
+
+def _bar(m: ObjectiveMetric, t: TrialResult) -> float | None:
+    """A config's bar in the metric's own unit: its repetitions' mean (`ci` keeps the
+    metric's values) where it was re-run, else its trial's score turned back to a value."""
+    return t.ci["mean"] if t.ci else m.value(t.score)
+
+
+def _whisker(t: TrialResult, y: float | None, end: str) -> float:
+    """How far the repetitions' 95% interval reaches from the bar to its `end` (high |
+    low); 0 for a config not re-run."""
+    return abs(t.ci[end] - y) if t.ci and y is not None else 0.0
+
+
 def _color(r: str) -> str:
     return WINNER if r.startswith("winner") else BASELINE if r else OTHER
 
@@ -61,41 +90,35 @@ def unit(t: TrialResult) -> str:
 
 
 def capacity(data: ReportData) -> Chart | None:
-    """Each config's score at its capacity (its highest load meeting the SLO), with the
+    """Each config's objective at its capacity (its highest load meeting the SLO; for the
+    latency objective, at the workload's own load), in the objective's own unit, with the
     95% t-interval of its repetitions (`tune.stats.mean_ci`) where it was re-run."""
     if not data.is_tune:
         return None
-    chart = Chart("capacity", "Capacity under the SLO per config")
+    m = metric(data)
+    title = "Capacity under the SLO per config"
+    if not m.searches_capacity:
+        title = "P95 TTFT per config at the workload's own load"
+    chart = Chart("capacity", title)
     rows = shown(data)
     if not rows:
         chart.note = "No config of the study met the SLO at any load it tried."
         return chart
     go = _go()
-    objective = (data.tune or {}).get("objective", "goodput")
-    ys = [(t.ci or {}).get("mean", t.score) or 0.0 for t in rows]
-    err_hi = [((t.ci or {}).get("high", y) - y) for t, y in zip(rows, ys, strict=True)]
-    err_lo = [(y - (t.ci or {}).get("low", y)) for t, y in zip(rows, ys, strict=True)]
+    ys = [_bar(m, t) for t in rows]  # None: no figure, no bar (never a $0 or 0 ms one)
+    err_hi = [_whisker(t, y, "high") for t, y in zip(rows, ys, strict=True)]
+    err_lo = [_whisker(t, y, "low") for t, y in zip(rows, ys, strict=True)]
     colors = [_color(role(data, t.key)) for t in rows]
-    texts = [
-        " ".join(
-            x
-            for x in (
-                role(data, t.key),
-                f"capacity {t.capacity:.3g} {unit(t)}" if t.capacity is not None else "no pass",
-            )
-            if x
-        )
-        for t in rows
-    ]
-    hover = [
-        f"{t.backend}; capacity {t.capacity if t.capacity is not None else '-'} {unit(t)}"
+    texts = [" ".join(x for x in (role(data, t.key), where(m, t)) if x) for t in rows]
+    hover = [  # the figure in its unit: `%{x}` alone would drop the $ or ms
+        f"{m.text(y)}<br>{t.backend}; {where(m, t)}"
         + (
             f"<br>{t.ci['n']} repetitions: 95% CI {t.ci['low']:.3g} .. {t.ci['high']:.3g}, "
             f"{t.ci['passed']}/{t.ci['n']} met the SLO"
             if t.ci
             else "<br>not repeated"
         )
-        for t in rows
+        for t, y in zip(rows, ys, strict=True)
     ]
     fig = go.Figure(
         go.Bar(
@@ -107,19 +130,20 @@ def capacity(data: ReportData) -> Chart | None:
             textposition="auto",
             error_x={"type": "data", "array": err_hi, "arrayminus": err_lo, "visible": True},
             customdata=hover,
-            hovertemplate="%{y}<br>%{x:.3g}<br>%{customdata}<extra></extra>",
+            hovertemplate="%{y}<br>%{customdata}<extra></extra>",
             showlegend=False,
         )
     )
-    top = max(y + e for y, e in zip(ys, err_hi, strict=True)) or 1.0
-    # a goodput below zero cannot happen: a wide interval of 3 repetitions is cut at 0
-    fig.update_xaxes(title_text=f"{objective} per GPU at capacity", range=[0, 1.05 * top])
+    top = max((y + e for y, e in zip(ys, err_hi, strict=True) if y is not None), default=0.0) or 1.0
+    # no objective's figure is below zero: a wide interval of 3 repetitions is cut at 0
+    fig.update_xaxes(title_text=m.axis_title, range=[0, 1.05 * top])
     fig.update_yaxes(autorange="reversed", automargin=True)
     chart.fig = _layout(fig, 120 + 34 * len(rows))
     reps = [t for t in rows if t.ci]
+    at = "capacity" if m.searches_capacity else "one load, the workload's own"
     chart.note = (
-        f"Green: the winner; dark grey: the baseline. Bars: {objective} per GPU at each "
-        "config's capacity, ranked as the study ranked them: the repetitions' mean where "
+        f"Green: the winner; dark grey: the baseline. Bars: {m.axis_title}, at each "
+        f"config's {at}, ranked as the study ranked them: the repetitions' mean where "
         "a config was re-run, with their 95% t-interval as whiskers ("
         + (f"{len(reps)} config(s), {reps[0].ci['n']} repetitions" if reps else "none was")
         + "), else its one search run."
@@ -141,6 +165,7 @@ def sim_vs_measured(data: ReportData) -> Chart | None:
         )
         return chart
     go = _go()
+    m = metric(data)
     by_label = {t.label: t for t in trials(data)}
     xs = [name(data, by_label[r["label"]]) if r["label"] in by_label else r["label"] for r in rows]
     fig = go.Figure()
@@ -148,20 +173,21 @@ def sim_vs_measured(data: ReportData) -> Chart | None:
         ("sim_score", "simulator", "#ff7f0e"),
         ("real_score", "measured", "#1f77b4"),
     ):
+        values = [m.value(r.get(key)) for r in rows]
         fig.add_trace(
             go.Bar(
                 y=xs,
-                x=[r.get(key) for r in rows],
+                x=values,
                 orientation="h",
                 name=label,
                 marker_color=color,
-                text=[f"{r.get(key) or 0:.3g}" for r in rows],
+                text=["-" if v is None else f"{v:.3g}" for v in values],
                 textposition="outside",
                 cliponaxis=False,
             )
         )
     fig.update_layout(barmode="group")
-    fig.update_xaxes(title_text="score at capacity (per GPU)", rangemode="tozero")
+    fig.update_xaxes(title_text=m.axis_title, rangemode="tozero")
     fig.update_yaxes(autorange="reversed", automargin=True)
     chart.fig = _layout(fig, 140 + 60 * len(rows))
     errs = [
@@ -187,7 +213,11 @@ def binding(data: ReportData) -> Chart | None:
             ratio = (c.get("value") or 0) / (c.get("target") or 1)
             rows.append((name(data, t), ratio, f"{check_with_n(c, p)} at {p.load:.3g} {unit(t)}"))
     if not rows:
-        chart.note = "No config broke an SLO target within the loads tried (lower bounds)."
+        chart.note = (
+            "No config broke an SLO target within the loads tried (lower bounds)."
+            if metric(data).searches_capacity
+            else "Every config met the SLO at the workload's own load (no capacity search)."
+        )
         return chart
     go = _go()
     fig = go.Figure(
@@ -213,5 +243,9 @@ def binding(data: ReportData) -> Chart | None:
     )
     fig.update_yaxes(autorange="reversed", automargin=True)
     chart.fig = _layout(fig, 120 + 34 * len(rows))
-    chart.note = "Each config's worst missed check at the load just above its capacity."
+    chart.note = (
+        "Each config's worst missed check at the load just above its capacity."
+        if metric(data).searches_capacity
+        else "Each config's worst missed check at the workload's own load."
+    )
     return chart

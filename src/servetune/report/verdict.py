@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from servetune.measure import steady
 from servetune.metrics.pct import pct_text
 from servetune.report.data import ReportData, RunData
-from servetune.report.tuning import name, unit
+from servetune.report.tuning import metric, name, unit
+from servetune.tune.objective import ObjectiveMetric
 from servetune.tune.trial import TrialResult
 
 
@@ -40,32 +41,38 @@ def _pct(a: float | None, b: float | None) -> str:
 def tune_verdict(data: ReportData) -> Verdict:
     s = data.tune or {}
     w, b = _trial(s.get("winner")), _trial(s.get("baseline"))
-    objective = s.get("objective", "goodput")
+    m = metric(data)
     if w is None:
         return Verdict("No config could be measured", [("study", str(s.get("study")))])
     met = s.get("slo_met", True)
     head = f"{'Winner' if met else 'Best effort (no config met the SLO)'}: {name(data, w)}"
     rows: list[tuple[str, str]] = []
-    if w.capacity is not None:
-        rows.append(("capacity", f"{w.capacity:.3g} {unit(w)} within the SLO ({_slo(s)})"))
+    capacity = m.capacity_of(w)
+    if capacity is not None:
+        rows.append(("capacity", f"{capacity:.3g} {unit(w)} within the SLO ({_slo(s)})"))
+    elif not m.searches_capacity and w.best is not None:
+        load = f"{w.best.load:.3g} {unit(w)}"
+        rows.append(("load", f"{load}, the workload's own: no capacity search ({_slo(s)})"))
     if b is not None and b.key != w.key:  # like with like: each config's search run
+        wv, bv = m.value(w.score), m.value(b.score)
         rows.append(
             (
                 "vs baseline",
-                f"{_pct(w.score, b.score)} {objective} per GPU in the search "
-                f"({_num(w.score)} vs {_num(b.score)}, baseline {name(data, b)})",
+                f"{m.margin(wv, bv)} in the search "
+                f"({m.text(wv)} vs {m.text(bv)}, baseline {name(data, b)})",
             )
         )
     elif b is not None:
         rows.append(("vs baseline", "the baseline itself won: no knob in the space beat it"))
-    rows.append(("how sure", _sureness(w, s)))
+    rows.append(("how sure", _sureness(w, s, m)))
     if w.best is not None:
         evidence = steady.evidence_text(w.best.signals) or (
             "closed loop: not judged for steady state (its users bound the queue)"
         )
         p95 = pct_text("p95", w.best.ttft_p95_ms, w.best.completed)
-        rows.append(("capacity point", f"{evidence}; TTFT {p95}"))
-    rows.append(("sim vs real", _sim_error(w, s)))
+        point = "capacity point" if m.searches_capacity else "measured point"
+        rows.append((point, f"{evidence}; TTFT {p95}"))
+    rows.append(("sim vs real", _sim_error(w, s, m)))
     rec = s.get("recommended") or {}
     if rec and not rec.get("same_as_winner") and rec.get("launch_command"):
         rows.append(("ship", f"one safe step back from the OOM edge: {rec.get('label')}"))
@@ -73,10 +80,6 @@ def tune_verdict(data: ReportData) -> Verdict:
     else:
         command = w.launch_command
     return Verdict(head, rows, command)
-
-
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3g}"
 
 
 def _slo(s: dict) -> str:
@@ -91,11 +94,11 @@ def _slo(s: dict) -> str:
     return ", ".join(parts) or "no SLO"
 
 
-def _sureness(w: TrialResult, s: dict) -> str:
+def _sureness(w: TrialResult, s: dict, m: ObjectiveMetric) -> str:
     if w.ci:
-        ci = w.ci
+        ci = w.ci  # the metric's own values ($, ms, req/s/GPU), as repetitions keep them
         return (
-            f"{ci['n']} repetitions: {ci['mean']:.3g} (95% CI {ci['low']:.3g} .. "
+            f"{ci['n']} repetitions: {m.text(ci['mean'])} (95% CI {ci['low']:.3g} .. "
             f"{ci['high']:.3g}), {ci['passed']}/{ci['n']} met the SLO"
         )
     if s.get("mode") == "sim":
@@ -103,13 +106,14 @@ def _sureness(w: TrialResult, s: dict) -> str:
     return "not repeated: no interval (tune --repeats 3)"
 
 
-def _sim_error(w: TrialResult, s: dict) -> str:
+def _sim_error(w: TrialResult, s: dict, m: ObjectiveMetric) -> str:
     rows = s.get("sim_vs_real") or []
     mine = next((r for r in rows if r.get("label") == w.label), None)
     if mine is not None and mine.get("req_s_error") is not None:
         return (
             f"simulator {mine['req_s_error']:+.0%} on req/s per GPU at the same load, "
-            f"{_pct(mine.get('sim_score'), mine.get('real_score'))} on the score"
+            f"{_pct(m.value(mine.get('sim_score')), m.value(mine.get('real_score')))} on the "
+            f"{m.label}"
         )
     if rows:
         errs = [abs(r["req_s_error"]) for r in rows if r.get("req_s_error") is not None]

@@ -271,9 +271,13 @@ def run_expected_error(
 ) -> str:
     """The tier's expected error on `hw` (the setup's note), or for a run under `arrival`:
     a vLLM closed loop's at its users' load band (the error grows with load), any other
-    the all-runs figure; a CPU host none (the figures are GPU runs')."""
+    the all-runs figure; a CPU host none (the figures are GPU runs'). llama.cpp's GPU
+    server has no published runs: its prediction says so rather than quote vLLM's error
+    as its own."""
     if hw.kind != "gpu":
         return ""
+    if engine == "llamacpp":
+        return "expected |error| not known: no published llama.cpp GPU runs to check it on"
     if arrival is None:
         return expected_error_note(tier)
     return expected_error_note(tier, band_users(engine, arrival.kind, arrival.concurrency))

@@ -141,6 +141,8 @@ def make_executor(name: str, address: str | None = None, num_cpus: int | None = 
     if name == "local":
         if address:
             raise InputError("--address", "only with --executor ray")
+        if num_cpus is not None:
+            raise InputError("--ray-cpus", "only with --executor ray")
         return LocalExecutor()
     if name == "ray":
         return RayExecutor(address, num_cpus)

@@ -144,23 +144,24 @@ def explain(
     score = winner.score
     others = [t for t in ranked if t.key != winner.key and t.status == TrialStatus.OK]
     line = f"best {objective.label}: {objective.show(score)}"
-    if winner.capacity is not None and objective.searches_capacity:
+    capacity = objective.capacity_of(winner)
+    if capacity is not None:
         unit = "users" if winner.best and winner.best.load_kind == "concurrency" else "req/s"
-        cap_at = winner.capacity if winner.capacity_load is None else winner.capacity_load
+        cap_at = capacity if winner.capacity_load is None else winner.capacity_load
         if winner.best and winner.best.load != cap_at:
             # the score is the best passing point's, which need not be the capacity's
             # (a host past its sweet spot serves less at its capacity): name both loads
-            line += (
-                f" at {_load(winner.best)} (capacity {winner.capacity:.3g} {unit} within the SLO)"
-            )
+            line += f" at {_load(winner.best)} (capacity {capacity:.3g} {unit} within the SLO)"
         else:
-            line += f" at a capacity of {winner.capacity:.3g} {unit} within the SLO"
+            line += f" at a capacity of {capacity:.3g} {unit} within the SLO"
         evidence = steady.evidence_text(winner.best.signals) if winner.best else None
         line += f" ({evidence})" if evidence else ""
+    elif not objective.searches_capacity and winner.best:
+        line += f" at the workload's own load, {_load(winner.best)} (no capacity search)"
     if winner.ci:
         ci = winner.ci  # the metric's own units, as the finalist line prints them
         line += (
-            f"; its {ci['n']} repetitions: {objective.show(_figure(winner, objective))} "
+            f"; its {ci['n']} repetitions: {objective.text(_figure(winner, objective))} "
             f"(95% CI {ci['low']:.3g} .. {ci['high']:.3g})"
         )
     out.append(line)
@@ -181,7 +182,12 @@ def explain(
             out.append(f"the baseline ({baseline.label}) {baseline.reason or baseline.status}")
     elif baseline is not None:
         out.append("the baseline itself won: no knob in the space beat it")
-    out.append("binding SLO " + binding_slo(winner))
+    if objective.searches_capacity:
+        out.append("binding SLO " + binding_slo(winner))
+    else:
+        out.append(
+            "binding SLO not searched: the latency objective runs the workload's own load only"
+        )
     out.append("bottleneck: " + bottleneck(winner))
     ss = winner.sweet_spot
     if ss and ss.get("knee") is not None:
@@ -192,26 +198,15 @@ def explain(
     return out
 
 
-def _pct(a: float, b: float) -> str:
-    if b == 0:
-        return "n/a"
-    return f"{(a - b) / abs(b):+.0%}"
-
-
-def _sign(objective: Objective) -> int:
-    """Scores are higher-is-better; repetitions keep the metric's own sign ($, ms)."""
-    return 1 if objective.higher_is_better else -1
-
-
 def _figure(t: TrialResult, objective: Objective) -> float | None:
-    """A config's figure for a margin, as a score: the mean of its repetitions where it was
-    re-run, else its trial's score (one measurement)."""
-    return _sign(objective) * t.ci["mean"] if t.ci else t.score
+    """A config's figure for a margin, in the metric's own units ($, ms, req/s/GPU): the
+    mean of its repetitions where it was re-run, else its trial's score (one measurement)."""
+    return t.ci["mean"] if t.ci else objective.value(t.score)
 
 
 def _shown(t: TrialResult, objective: Objective) -> str:
     """The figure a margin is taken from, said as such."""
-    text = objective.show(_figure(t, objective))
+    text = objective.text(_figure(t, objective))
     return f"{text} over {t.ci['n']} repetitions" if t.ci else text
 
 
@@ -225,7 +220,7 @@ def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str
     a, b = _figure(winner, objective), _figure(other, objective)
     if a is None or b is None:
         return "n/a"
-    text = _pct(a, b)
+    text = objective.margin(a, b)
     if not winner.ci:
         return text
     if other.ci:
@@ -233,8 +228,7 @@ def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str
         theirs = interval_of(other.ci)
     else:  # one trial: a point, and Welch's test is then the one-sample t-test
         text += " on the winner's repetitions"
-        v = _sign(objective) * b  # back to the metric's own units, as `ci` keeps them
-        theirs = Interval(1, v, v, v)
+        theirs = Interval(1, b, b, b)
     if not differ(interval_of(winner.ci), theirs):
         text += (
             "; within this host's noise at 95%, not a proven difference "

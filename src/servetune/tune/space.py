@@ -192,6 +192,12 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
             f"{size:,} combinations, more than the {_MAX_POINTS:,} a space may hold",
             "fewer values per knob: a range with mult, or a larger step",
         )
+    if both := sorted(set(knobs) & set(fixed)):  # the knobs' values replaced the fixed one
+        raise InputError(
+            f"space.fixed.{both[0]}",
+            "is also a knob: fixed means every config, a knob varies",
+            "keep it in one of fixed or knobs",
+        )
     for name in (*fixed, *baseline):
         if name not in _FIXED_ONLY:
             _check_name(name, "space.fixed" if name in fixed else "space.baseline")
@@ -311,8 +317,11 @@ def _check_values(space: SearchSpace) -> None:
 
 
 def _check_engine_maps(space: SearchSpace) -> None:
-    """A knob the engine has no flag for would make every trial the same config."""
-    for name, values in space.knobs.items():
+    """A knob the engine has no flag for would make every trial the same config; under
+    `fixed:` it was kept in the winner's config and left out of its launch command."""
+    entries = [("knobs", name, values) for name, values in space.knobs.items()]
+    entries += [("fixed", name, [v]) for name, v in space.fixed.items()]
+    for part, name, values in entries:
         for v in values:
             try:
                 spec = launch_command(space.engine, space.config({name: v}), "model")
@@ -323,9 +332,9 @@ def _check_engine_maps(space: SearchSpace) -> None:
             why = spec.why_unsupported(name)
             if why is not None:
                 raise InputError(
-                    f"space.knobs.{name}",
+                    f"space.{part}.{name}",
                     f"{space.engine} has no flag for {name}" + (f": {why}" if why else ""),
-                    "drop it from the space (the trials would not differ)",
+                    "drop it from the space (the engine would not run with it)",
                 )
 
 

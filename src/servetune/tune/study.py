@@ -220,12 +220,20 @@ def fingerprint(parts: dict[str, Any]) -> str:
 
 
 def open_study(
-    store: Store, name: str, fp: str, settings: dict[str, Any], fresh: bool, named: bool = True
+    store: Store,
+    name: str,
+    fp: str,
+    settings: dict[str, Any],
+    fresh: bool,
+    named: bool = True,
+    parts: dict[str, Any] | None = None,
 ) -> str:
     """Create or resume study `name`. A study started with other settings is refused
-    (resuming it would mix two searches); `fresh` picks a new name instead. An unnamed
+    (resuming it would mix two searches), naming which of `parts` (the settings the
+    fingerprint `fp` hashes) differ; `fresh` picks a new name instead. An unnamed
     (fingerprint-named) study that already finished is not replayed: running the same
     command again measures again, under `NAME-2`, ... (a killed one is resumed)."""
+    part_fps = {k: fingerprint({k: v}) for k, v in (parts or {}).items()}
     meta = store.study_meta(name)
     if meta is not None and not named and meta.get("status") != "running":
         fresh = True
@@ -236,16 +244,19 @@ def open_study(
         name = f"{name}-{k}"
         meta = None
     if meta is not None and meta.get("fingerprint") not in (None, fp):
+        before = meta.get("parts") or {}
+        changed = sorted(k for k in part_fps if k in before and before[k] != part_fps[k])
+        what = ", ".join(changed) or "space, workload, SLO, backend or strategy"
         raise InputError(
             "--study",
-            f"study {name!r} was started with other settings (space, workload, SLO, backend "
-            "or strategy)",
+            f"study {name!r} was started with other settings ({what})",
             "give another --study name, or --fresh",
         )
     store.update_study_meta(
         name,
         {
             "fingerprint": fp,
+            "parts": part_fps,
             "settings": settings,
             "status": "running",
             "started_unix_s": (meta or {}).get("started_unix_s") or time.time(),

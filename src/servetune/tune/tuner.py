@@ -84,7 +84,12 @@ class TuneSettings:
             "space": self.space.to_json(),
             "mode": self.mode,
             "objective": [self.objective.kind, self.objective.gpu_hour_usd],
-            "search": [self.search.load_kind, self.search.lattice, self.search.fixed_load],
+            "search": [
+                self.search.load_kind,
+                self.search.lattice,
+                self.search.fixed_load,
+                self.search.max_probes,
+            ],
             "sim": self.sim,
             "real": self.real,
             "strategy": self.strategy,
@@ -92,6 +97,21 @@ class TuneSettings:
             "seed": self.seed,
             **({"host_slo": self.host_slo.model_dump()} if self.host_slo else {}),
         }
+
+
+# What each part of a study's fingerprint is, in the user's words (a refused resume names
+# the parts that differ).
+PART_NAMES = {
+    "mode": "--backend",
+    "search": "the load search (--load, --max-load, --max-probes)",
+    "sim": "the simulated engine (model, GPU, workload, SLO, profile)",
+    "real": "the real engine (model, workload, SLO)",
+    "strategy": "--strategy",
+    "budget": "--trials",
+    "seed": "--seed",
+    "objective": "--objective",
+    "host_slo": "the host-derived SLO",
+}
 
 
 class NothingMeasured(InputError):
@@ -195,6 +215,7 @@ class Tuner:
             {"mode": settings.mode, "strategy": settings.strategy, "seed": settings.seed},
             settings.fresh,
             named=settings.study is not None,
+            parts={PART_NAMES.get(k, k): v for k, v in settings.fingerprint_parts().items()},
         )
         self.knobs = list(settings.space.knobs)
         self.executor = make_executor(settings.executor, settings.address, settings.num_cpus)
@@ -275,8 +296,9 @@ class Tuner:
         n = len({k for (b, k) in self.trials if b == t.backend})
         fresh = t.measured or t.launched or t.status == TrialStatus.SKIPPED
         cached = "" if fresh else ", from the store"
+        cap = self.s.objective.capacity_of(t)
         what = (
-            f"{self.s.objective.show(t.score)} (capacity {t.capacity:.3g})"
+            f"{self.s.objective.show(t.score)}" + (f" (capacity {cap:.3g})" if cap else "")
             if t.status == TrialStatus.OK and t.capacity is not None
             else f"{t.status}: {t.reason[:160]}"
         )

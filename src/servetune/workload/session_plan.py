@@ -27,6 +27,7 @@ from servetune.workload.sessions import (
 from servetune.workload.sources import read_trace
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, WordTokenizer
+from servetune.yamlfile import read_text
 
 # Closed loops bounded only by a duration start sessions from a pool this big.
 SESSION_POOL = 512
@@ -166,12 +167,7 @@ def read_conversations(ds: SessionDataset) -> list[list[tuple[str, str]]]:
     other than user/assistant (system, tool) are skipped. A file without any turn is an
     error naming the field."""
     path = BUILTIN_DATASET if str(ds.path) == "builtin" else ds.path
-    try:
-        raw = path.read_text()
-    except OSError as exc:
-        raise InputError(
-            "workload.sessions.dataset.path", f"cannot read {path}: {exc.strerror}"
-        ) from exc
+    raw = read_text(path, "workload.sessions.dataset.path")  # unreadable or binary: a line
     try:
         if ds.format == "sharegpt":
             roles = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant"}

@@ -16,16 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from servetune.workload.spec import Fixed, LengthDist, PrefixGroups
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from servetune.workload.spec import Fixed, LengthDist, PrefixGroups, StrictModel
 
 
-class Seconds(_Strict):
+class Seconds(StrictModel):
     """A delay in seconds. `fixed` (`value`), `uniform` (`low`..`high`), `exponential`
     (`mean`: a memoryless user) or `lognormal` (`mean`, log-space `sigma`: tool latencies
     have long tails). A bare number is `fixed`."""
@@ -46,12 +42,32 @@ class Seconds(_Strict):
 
     @model_validator(mode="after")
     def _order(self) -> Seconds:
+        """A field the dist does not read is refused, and so is an exponential or lognormal
+        delay without its mean: `{dist: exponential, value: 2}` ran with no delay."""
+        uses = SECONDS_FIELDS[self.dist]
+        fields = type(self).model_fields
+        given = {f for f in fields if f != "dist" and getattr(self, f) != fields[f].default}
+        if unused := sorted(given - uses):  # a spec dumped whole holds the defaults too
+            raise ValueError(
+                f"{', '.join(unused)}: not read by dist {self.dist} (it reads "
+                f"{', '.join(sorted(uses))})"
+            )
+        if "mean" in uses and self.mean <= 0:
+            raise ValueError(f"dist {self.dist} needs its mean (seconds, > 0)")
         if self.dist == "uniform" and self.high < self.low:
             raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
         return self
 
 
-class SessionDataset(_Strict):
+SECONDS_FIELDS = {  # what each delay distribution reads (`Seconds`)
+    "fixed": {"value"},
+    "uniform": {"low", "high"},
+    "exponential": {"mean"},
+    "lognormal": {"mean", "sigma"},
+}
+
+
+class SessionDataset(StrictModel):
     """Conversations from a file; each user message is a turn's new text and the reply that
     follows it sets that turn's output length (sent with ignore_eos, as for request
     datasets). `messages`: JSONL, one conversation a line as {"messages": [{role,
@@ -66,7 +82,7 @@ class SessionDataset(_Strict):
     shuffle: bool = True
 
 
-class _SessionBase(_Strict):
+class _SessionBase(StrictModel):
     system_prompt: PrefixGroups | None = Field(
         None, description="Each session opens with one of `groups` system prompts."
     )

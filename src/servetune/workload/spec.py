@@ -31,7 +31,7 @@ MAX_REQUESTS = 10_000_000
 MIN_RATE = 1e-6
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     """Every field finite (no .inf/.nan), no unknown keys, no true/false for a number."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -45,7 +45,7 @@ class _Strict(BaseModel):
 # --- length distributions -------------------------------------------------------------
 
 
-class _Bounded(_Strict):
+class _Bounded(StrictModel):
     min: int = Field(
         1, ge=0, le=MAX_TOKENS, description="Samples are clipped to at least this many tokens."
     )
@@ -144,7 +144,7 @@ LengthDist = Annotated[
 # --- sources ---------------------------------------------------------------------------
 
 
-class Dataset(_Strict):
+class Dataset(StrictModel):
     """Prompts from a file. `jsonl`: one object per line with `prompt` (text) or `messages`
     (chat), optional `output_tokens`. `sharegpt`: the ShareGPT JSON list; the first human
     turn is the prompt and the first reply's token count the output length (the common
@@ -155,7 +155,7 @@ class Dataset(_Strict):
     shuffle: bool = True
 
 
-class Trace(_Strict):
+class Trace(StrictModel):
     """Trace replay: JSONL lines with `timestamp` (ms), `input_length`, `output_length` and
     optional `hash_ids` (Mooncake trace format: each hash id names one block of
     `block_tokens` prompt tokens, so equal ids are shared prefixes)."""
@@ -167,7 +167,7 @@ class Trace(_Strict):
     time_scale: float = Field(1.0, ge=1e-6, le=1e6, description="2.0 replays twice as fast.")
 
 
-class PrefixGroups(_Strict):
+class PrefixGroups(StrictModel):
     """Shared prefixes (system prompts reused across requests; seed 003 §4 prefix cache).
     Each request picks one of `groups` prefixes of `tokens` tokens, then its own suffix.
     The suffix length is the request's input length minus the prefix."""
@@ -176,7 +176,7 @@ class PrefixGroups(_Strict):
     tokens: int = Field(ge=1, le=MAX_TOKENS)
 
 
-class SubWorkload(_Strict):
+class SubWorkload(StrictModel):
     """One class of traffic. Weighted mixes model long/short blends (seed 003 §14 stage 6)."""
 
     name: str = "default"
@@ -189,6 +189,10 @@ class SubWorkload(_Strict):
 
     @model_validator(mode="after")
     def _source(self) -> SubWorkload:
+        if self.dataset is not None and self.input_tokens is not None:
+            raise ValueError("input_tokens: a dataset's prompts set their own lengths")
+        if self.dataset is not None and self.prefix is not None:
+            raise ValueError("prefix: a dataset's prompts are sent as they are, unprefixed")
         if self.dataset is None and self.input_tokens is None:
             raise ValueError("give input_tokens (synthetic) or dataset")
         if self.dataset is None and self.output_tokens is None:
@@ -201,7 +205,7 @@ class SubWorkload(_Strict):
 # --- arrivals --------------------------------------------------------------------------
 
 
-class Arrival(_Strict):
+class Arrival(StrictModel):
     """How requests arrive. `closed`: `concurrency` users, each sends the next request when
     its previous one ends. `constant`/`poisson`/`gamma`: open loop at `rate` req/s, the
     schedule precomputed and every send anchored to it; `concurrency` then caps in-flight
@@ -218,8 +222,15 @@ class Arrival(_Strict):
 
     @model_validator(mode="after")
     def _needs(self) -> Arrival:
+        """What the kind needs, and no field it would ignore: a closed loop's or a trace's
+        rate, a burstiness other than gamma's (each used to run as if not given)."""
         if self.kind == "closed" and self.concurrency is None:
             raise ValueError("closed-loop arrival needs concurrency (number of users)")
+        if self.kind in ("closed", "trace") and self.rate is not None:
+            why = "its users set the pace" if self.kind == "closed" else "it replays its times"
+            raise ValueError(f"rate: arrival.kind {self.kind} has no rate ({why})")
+        if self.kind != "gamma" and self.burstiness != 1.0:
+            raise ValueError(f"burstiness: only arrival.kind gamma reads it, not {self.kind}")
         return self
 
     @property
@@ -227,7 +238,7 @@ class Arrival(_Strict):
         return self.kind != "closed"
 
 
-class Sampling(_Strict):
+class Sampling(StrictModel):
     """Generation parameters sent with every request. `ignore_eos` and `min_tokens` (vLLM,
     llama.cpp accept them) make the output length the one asked for."""
 
@@ -236,12 +247,31 @@ class Sampling(_Strict):
     min_tokens_equal_max: bool = True
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _no_override(self) -> Sampling:
+        """`extra_body` adds fields; one servetune sets itself (`bench.client.build_body`)
+        would replace it unseen: `max_tokens: 50` sent 50-token answers recorded as 5,
+        `stream: false` read as streamed. Those come from the workload's own fields."""
+        if taken := sorted(set(self.extra_body) & BODY_FIELDS):
+            raise ValueError(
+                f"extra_body: {', '.join(taken)} set by servetune itself (use output_tokens, "
+                "stream, temperature, api, model or the sampling fields)"
+            )
+        return self
+
+
+# Request fields servetune sets from the workload (`bench.client.build_body`).
+BODY_FIELDS = frozenset(
+    {"model", "messages", "prompt", "max_tokens", "ignore_eos", "min_tokens", "temperature",
+     "stream", "stream_options", "priority"}
+)  # fmt: skip
+
 
 # Why a trace cannot be swept by users (with_load's ValueError, said to the user as such)
 TRACE_USERS = "a trace replays its own send times, so it cannot be run at a number of users"
 
 
-class WorkloadSpec(_Strict):
+class WorkloadSpec(StrictModel):
     name: str = "workload"
     seed: int = Field(0, ge=0, description="numpy seeds are non-negative.")
     api: Literal["chat", "completions"] = "chat"
@@ -281,10 +311,16 @@ class WorkloadSpec(_Strict):
             raise ValueError("give input_tokens/output_tokens, a dataset, a mix or a trace")
         if self.arrival.kind == "trace" and self.trace is None:
             raise ValueError("arrival.kind trace needs a `trace` file")
+        if self.trace is not None and self.mix:
+            raise ValueError("give a trace or input_tokens/dataset/mix, not both")
+        if self.arrival.kind == "trace" and self.duration_s is not None:
+            raise ValueError("duration_s: a trace replays its own span (count cuts it short)")
         if self.arrival.kind in ("constant", "poisson", "gamma") and self.arrival.rate is None:
             raise ValueError(f"arrival.kind {self.arrival.kind} needs a rate (req/s)")
         if self.count is None and self.duration_s is None and self.trace is None:
             raise ValueError("give count or duration_s")
+        if self.count is not None and self.duration_s is not None:
+            raise ValueError("give count or duration_s, not both (the count ends the run first)")
         rate, span = self.arrival.rate, self.duration_s
         open_loop = self.count is None and self.arrival.open_loop
         if open_loop and span and rate and rate * span > MAX_REQUESTS:
@@ -315,12 +351,14 @@ class WorkloadSpec(_Strict):
                 raise ValueError(TRACE_USERS)
             arrival["kind"] = "closed"
             arrival["rate"] = None  # a closed loop offers no rate: the users set the pace
+            arrival["burstiness"] = 1.0  # nor a burstiness
         if concurrency is not None:
             arrival["concurrency"] = concurrency
         data = self.model_dump()
         data["arrival"] = arrival
         if count is not None:
             data["count"] = count
+            data["duration_s"] = None  # the count ends the run (materialize: count first)
         if duration_s is not None:
             data["duration_s"] = duration_s
             if count is None:  # --duration alone sizes the run: the file's count would end it
