@@ -135,7 +135,8 @@ def test_a_simulated_modelopt_checkpoint_is_not_told_to_take_an_fp8_kv_cache() -
 def test_a_pool_fixed_in_tokens_is_recorded_as_simulated_and_grown_by_its_number() -> None:
     """`kv_cache_tokens` (vLLM's --num-gpu-blocks-override) fixes the pool: the run records
     the pool it simulated (62 blocks x 16 = 992 tokens, not the planner's 447,120), and the
-    advice raises that number: FP8 KV or more memory would not grow a pool fixed in blocks."""
+    advice raises that number first: FP8 KV or more memory alone would not grow a pool fixed
+    in blocks (FP8 is offered second, for the same memory once the number is raised)."""
     from servetune.engines.config import EngineConfig
     from servetune.hardware import get_hardware
     from servetune.measure import SimSession
@@ -154,7 +155,9 @@ def test_a_pool_fixed_in_tokens_is_recorded_as_simulated_and_grown_by_its_number
     assert res.target.sim.preemptions > 0
     f = next(f for f in diagnose_result(res).findings if f.key == "kv_pressure")
     assert [(a.knob, a.now, a.next) for a in f.actions][0] == ("kv_cache_tokens", 1000, 2000)
-    assert not {"kv_cache_dtype", "gpu_memory_utilization"} & {a.knob for a in f.actions}
+    assert "gpu_memory_utilization" not in {a.knob for a in f.actions}
+    fp8 = next(a for a in f.actions if a.knob == "kv_cache_dtype")
+    assert "once kv_cache_tokens is raised" in fp8.why and fp8.predicted is None
 
 
 def test_low_gpu_utilisation_first_asks_for_load_when_the_batch_is_not_full() -> None:

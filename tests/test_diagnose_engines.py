@@ -139,13 +139,16 @@ def test_vllm_kv_pool_too_small_preempts(vllm_small_kv_server) -> None:
     d = measure(srv, closed(8, 16, 200, 150), "kv")
     f = first_engine(d)
     assert f.key == "kv_pressure", [x.key for x in d.findings]
-    assert f.actions[0].knob == "kv_cache_dtype" and f.actions[0].next == "fp8"
+    # the pool is fixed in blocks (kv_cache_tokens): its number first, then FP8 KV
+    assert (f.actions[0].knob, f.actions[0].now) == ("kv_cache_tokens", srv.cfg.kv_cache_tokens)
+    fp8 = next(a for a in f.actions if a.knob == "kv_cache_dtype")
+    assert fp8.next == "fp8"
     # the engine's own log names the pool's dtype and the model's (its config line)
     reported = d.evidence.settings
     assert (reported["kv_cache_dtype"], reported["dtype"]) == ("auto", VLLM_TEST_CONFIG.dtype)
     # fp8 KV holds 2x the tokens of bf16, 4x those of float32
     factor = {"bfloat16": 2.0, "float32": 4.0}[VLLM_TEST_CONFIG.dtype]
-    assert f"x{factor:.1f} blocks" in f.actions[0].why, f.actions[0].why
+    assert f"x{factor:.1f} blocks" in fp8.why, fp8.why
 
 
 @pytest.mark.timeout(900)

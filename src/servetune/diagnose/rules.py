@@ -410,22 +410,21 @@ def kv_pressure(ev: Evidence) -> Finding | None:
         trig += f"; TTFT P99 {_ms(ev.ttft['p99'])} vs P50 {_ms(ev.ttft.get('p50'))}"
     after = (kv or 0) / factor if factor else None
     acts = []
-    if "kv_cache_tokens" in c:  # a pool fixed in tokens (vLLM --num-gpu-blocks-override,
-        # llama.cpp -c): neither FP8 KV nor more memory grows it, only the number does
+    # A pool fixed in tokens (vLLM --num-gpu-blocks-override, llama.cpp -c) grows only
+    # with its number: an FP8 KV cache or more memory alone leaves it as it is.
+    fixed = "kv_cache_tokens" in c
+    if fixed:
         tokens = int(c["kv_cache_tokens"])
         acts.append(Action("kv_cache_tokens", tokens, 2 * tokens, "x2 pool, if memory holds it"))
-    elif factor and factor > 1:
-        acts.append(
-            Action(
-                "kv_cache_dtype",
-                cur,
-                "fp8",
-                f"x{factor:.1f} blocks, from the planner's KV bytes per element",
-                f"peak KV usage {kv or 0:.0%} -> {after:.0%} at this load"
-                + (", preemptions -> 0" if after is not None and after < 0.9 else ""),
-            )
+    if factor and factor > 1:
+        why = f"x{factor:.1f} blocks, from the planner's KV bytes per element"
+        predicted = f"peak KV usage {kv or 0:.0%} -> {after:.0%} at this load" + (
+            ", preemptions -> 0" if after is not None and after < 0.9 else ""
         )
-    if "kv_cache_tokens" in c:
+        if fixed:
+            why += f", in the same memory once kv_cache_tokens is raised x{factor:.1f}"
+        acts.append(Action("kv_cache_dtype", cur, "fp8", why, None if fixed else predicted))
+    if fixed:
         pass
     elif "kv_cache_space_gib" in c:
         space = float(c["kv_cache_space_gib"])
