@@ -335,7 +335,7 @@ def _mock_process(port: int) -> subprocess.Popen:
     # one hash seed: the mock's word tokenizer must give every replica the same ids
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a spawned interpreter starts slowly on a busy host
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
