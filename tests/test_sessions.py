@@ -299,6 +299,8 @@ def test_bench_open_loop_sessions_start_on_schedule() -> None:
         opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1)
         res = run_point(spec, materialize(spec, WordTokenizer()), opts)
     assert res.metrics.completed == 10
+    # the schedule offers sessions: its rate and count are the first turns'
+    assert res.metrics.offered_unit == "sessions/s" and res.metrics.offered_arrivals == 5
     firsts = {r.prefix_group: r for r in res.records if r.sub == "turn0"}
     for s in plan.sessions:  # each first turn at its planned start (the send lag is measured)
         assert firsts[s.index].scheduled_ns == int(s.start_s * 1e9)

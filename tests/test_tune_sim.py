@@ -311,3 +311,25 @@ def test_keep_sits_on_the_run_at_the_winners_best_passing_load(tmp_path: Path) -
     tag = kept[0].tune
     assert (tag.key, tag.phase, tag.load_kind, tag.load) == (w.key, "trial", "rate", w.best.load)
     assert kept[0].metrics["slo_pass"] and "within the SLO" in kept[0].conclusion_note
+
+
+def test_cli_sessions_at_a_rate_search_sessions_per_second(tmp_path: Path) -> None:
+    """An open-loop sessions workload's schedule starts sessions: the capacity and its
+    steady-state evidence are in sessions/s, achieved counts first turns (every turn
+    counted read 127% of the offered rate), and the stored runs are labelled so."""
+    wl = (Path(__file__).parents[1] / "examples" / "multi-turn-chat.yaml").read_text()
+    wl = wl.replace("{kind: closed, concurrency: 8}", "{kind: poisson, rate: 1}")
+    (tmp_path / "chat.yaml").write_text(wl)
+    db = str(tmp_path / "x.db")
+    p = _cli("--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "-w",
+             "chat.yaml", "--trials", "1", "--db", db, "--json", cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    best = json.loads(p.stdout)["explanation"][0]
+    assert "sessions/s within the SLO" in best and "req/s within" not in best, best
+    got = float(best.split("steady state: achieved ")[1].split("%")[0])
+    assert 90 <= got <= 102, best  # first turns: near 100% at a point that keeps up
+    runs = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "runs", "list", "--db", db, "--json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert runs.returncode == 0 and "sessions/s" in runs.stdout, runs.stderr

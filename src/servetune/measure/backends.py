@@ -119,6 +119,8 @@ class _Probes:
                 self.live.close()
         steady = apply_steady_state(res, point.spec, self.steady)
         out = PointResult.from_run(res, kind, load)
+        if kind == "rate" and point.spec.sessions is not None:
+            out.signals["rate_unit"] = "sessions/s"  # the schedule starts sessions
         if steady is not None:
             out.signals |= steady.signals()
         return out, res

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from servetune.measure.steady import rate_unit
 from servetune.results.schema import Metrics, RunResult, SimStats, Target
 from servetune.status import RunStatus
 from servetune.store.meta import server_summary
@@ -87,6 +88,11 @@ class PointResult:
         return cls.from_metrics(
             res.metrics, load_kind, load, signals=signals(res), status=res.status
         )
+
+    @property
+    def unit(self) -> str:
+        """The unit of `load`: users, req/s, or sessions/s (a sessions workload's rate)."""
+        return "users" if self.load_kind == "concurrency" else rate_unit(self.signals)
 
     def missed(self) -> list[dict[str, Any]]:
         """The SLO checks this point failed, worst (value/target) first."""

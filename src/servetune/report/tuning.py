@@ -84,9 +84,9 @@ def _color(r: str) -> str:
 
 
 def unit(t: TrialResult) -> str:
-    """The unit of a trial's loads: users (concurrency) or req/s (rate)."""
-    kind = t.best.load_kind if t.best else (t.points[0].load_kind if t.points else "")
-    return "users" if kind == "concurrency" else "req/s"
+    """The unit of a trial's loads: users (concurrency), req/s or sessions/s (rate)."""
+    p = t.best or (t.points[0] if t.points else None)
+    return p.unit if p else "req/s"
 
 
 def capacity(data: ReportData) -> Chart | None:

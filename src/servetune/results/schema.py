@@ -166,6 +166,10 @@ class Metrics(BaseModel):
     total_tok_s: float = 0.0
     req_s: float = 0.0
     offered_req_s: float | None = None
+    # What offered_req_s counts: requests, or sessions (a sessions workload's schedule
+    # starts sessions; a follow-up turn is sent when its answer and think time are over).
+    offered_unit: Literal["req/s", "sessions/s"] = "req/s"
+    offered_arrivals: int | None = None  # the scheduled arrivals offered_req_s counts
     sent_req_s: float = 0.0
     goodput_req_s: float | None = None
     slo_attainment: float | None = None

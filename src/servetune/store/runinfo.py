@@ -71,8 +71,9 @@ class RunInfo:
     def load_label(self) -> str:
         if self.concurrency is not None and self.load_kind in (None, "closed", "concurrency"):
             return f"c={self.concurrency}"
-        if self.rate is not None:
-            return f"{self.rate:g} req/s"
+        if self.rate is not None:  # a sessions workload's schedule starts sessions
+            unit = "sessions/s" if (self.part("workload") or {}).get("sessions") else "req/s"
+            return f"{self.rate:g} {unit}"
         if self.concurrency is not None:
             return f"c={self.concurrency}"
         return self.load_kind or "-"

@@ -124,7 +124,7 @@ def bottleneck(t: TrialResult, cfg_seqs: int | None = None) -> str:
 
 
 def _load(p: PointResult) -> str:
-    return f"{p.load:g} users" if p.load_kind == "concurrency" else f"{p.load:.3g} req/s"
+    return f"{p.load:g} users" if p.load_kind == "concurrency" else f"{p.load:.3g} {p.unit}"
 
 
 def differing(a: dict[str, Any], b: dict[str, Any], knobs: list[str]) -> list[str]:
@@ -146,7 +146,7 @@ def explain(
     line = f"best {objective.label}: {objective.show(score)}"
     capacity = objective.capacity_of(winner)
     if capacity is not None:
-        unit = "users" if winner.best and winner.best.load_kind == "concurrency" else "req/s"
+        unit = winner.best.unit if winner.best else "req/s"
         cap_at = capacity if winner.capacity_load is None else winner.capacity_load
         if winner.best and winner.best.load != cap_at:
             # the score is the best passing point's, which need not be the capacity's

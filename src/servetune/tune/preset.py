@@ -102,7 +102,7 @@ def load_plan(opts: TuneOptions, workload: Any) -> tuple[str, Any, float | None]
     # The lowest load a search tries: one user, or 0.25 req/s (the rate lattice's start).
     low = 1.0 if kind == "concurrency" else RATE_START
     if opts.max_load is not None and opts.max_load < low:
-        unit = "users" if kind == "concurrency" else "req/s"
+        unit = "users" if kind == "concurrency" else "sessions/s" if workload.sessions else "req/s"
         raise InputError(
             "--max-load", f"{opts.max_load:g} is below the lowest load tried", f">= {low:g} {unit}"
         )

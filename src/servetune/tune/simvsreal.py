@@ -91,7 +91,7 @@ def row(real: TrialResult, sim: TrialResult, sim_at: PointResult | None) -> dict
     if at is None or sim_at is None:
         return out
     gpus = gpus_of(real.cfg)
-    out.update(load_kind=at.load_kind, load=at.load)
+    out.update(load_kind=at.load_kind, load=at.load, load_unit=at.unit)
     for name, err, attr, per_gpu in FIGURES:
         s, r = getattr(sim_at, attr), getattr(at, attr)
         if per_gpu:
@@ -169,7 +169,7 @@ def line(r: dict[str, Any]) -> str:
     TPOT at the same load, each with its error."""
     if "load" not in r:
         return f"sim vs real, {r['label']}: no point to compare (the real trial measured none)"
-    unit = "users" if r["load_kind"] == "concurrency" else "req/s"
+    unit = r.get("load_unit") or ("users" if r["load_kind"] == "concurrency" else "req/s")
 
     def ms(name: str) -> str:
         s, v = r.get(f"sim_{name}_ms"), r.get(f"real_{name}_ms")
