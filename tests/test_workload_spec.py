@@ -479,3 +479,34 @@ def test_a_dataset_or_trace_refuses_the_lengths_it_would_ignore(tmp_path: Path) 
                     "arrival": {"kind": "poisson", "rate": 1}})  # fmt: skip
     spec = parse_workload(trace).with_load(rate=4.0)
     assert spec.arrival.kind == "poisson" and spec.trace is not None
+
+
+def test_count_or_duration_from_the_command_line_sizes_a_file_without_either(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--count/--duration size the run as --rate/--concurrency set its load: a file that
+    gives neither was refused ("give count or duration_s") with the flag right there."""
+    from cli_run import run_cli
+    from servetune.mock.server import MockConfig, mock_in_thread
+
+    wl = tmp_path / "w.yaml"
+    wl.write_text(
+        "arrival: {kind: closed, concurrency: 2}\n"
+        "input_tokens: {dist: fixed, value: 8}\noutput_tokens: {dist: fixed, value: 4}\n"
+    )
+    code, out, err = run_cli(capsys, "simulate", "-w", str(wl), "--count", "12", "--no-store",
+                             "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["completed"] == 12
+    code, out, err = run_cli(capsys, "simulate", "-w", str(wl), "--duration", "2", "--no-store",
+                             "--json")  # fmt: skip
+    assert code == 0, err
+    with mock_in_thread(MockConfig()) as srv:
+        code, out, err = run_cli(
+            capsys, "bench", "--url", f"http://127.0.0.1:{srv.port}", "-w", str(wl),
+            "--count", "6", "--tokenizer", "word", "--no-store", "--json",
+        )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["metrics"]["measured"] == 6
+    code, _, err = run_cli(capsys, "simulate", "-w", str(wl), "--no-store")
+    assert code == 2 and "give count or duration_s" in err  # nothing sizes it: still refused

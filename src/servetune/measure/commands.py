@@ -72,11 +72,11 @@ class BenchSettings:
 def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
     """Measure the server at every load point (see `sweep`)."""
 
-    swept = s.loads.swept
+    swept, sized = s.loads.swept, s.loads.sized
     spec = (
-        load_workload(s.workload, swept=swept)
+        load_workload(s.workload, swept=swept, sized=sized)
         if s.workload
-        else parse_workload(DEFAULT_WORKLOAD, swept=swept)
+        else parse_workload(DEFAULT_WORKLOAD, swept=swept, sized=sized)
     )
     spec = engine_sampling(spec, s.engine)
     slo = load_slo(s.slo) if s.slo else None
@@ -179,5 +179,5 @@ def _sim_workload(s: SimulateSettings) -> tuple[WorkloadSpec, list[Request] | No
             raise InputError("--replay", f"{s.replay} holds no requests", "bench with -o")
         return WorkloadSpec.model_validate(base.workload), base.requests
     if s.workload is not None:
-        return load_workload(s.workload, swept=s.loads.swept), None
+        return load_workload(s.workload, swept=s.loads.swept, sized=s.loads.sized), None
     raise InputError("--workload", "give a workload file or --replay", "see docs/simulate.md")

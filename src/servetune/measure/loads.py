@@ -45,6 +45,11 @@ class SweepLoads:
         return bool(self.rates or self.users)
 
     @property
+    def sized(self) -> bool:
+        """The command line sizes the run (--count/--duration), so the file need not."""
+        return self.count is not None or self.duration_s is not None
+
+    @property
     def many(self) -> bool:
         """More than one point: a sweep (its files and runs are per point)."""
         return len(self.rates) + len(self.users) > 1

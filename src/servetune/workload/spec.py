@@ -366,17 +366,22 @@ class WorkloadSpec(StrictModel):
         return WorkloadSpec.model_validate(data)
 
 
-def load_workload(path: str | Path, swept: bool = False) -> WorkloadSpec:
+def load_workload(path: str | Path, swept: bool = False, sized: bool = False) -> WorkloadSpec:
     """Read a YAML/JSON workload file; problems become one InputError naming the field.
 
-    `swept`: the command line sets the load (--rate/--concurrency), so the file need not."""
+    `swept`: the command line sets the load (--rate/--concurrency), so the file need not;
+    `sized`: it sets the count or duration (--count/--duration), likewise."""
     data = load_yaml(path, "--workload")
-    return parse_workload(data, base_dir=Path(path).parent, swept=swept)
+    return parse_workload(data, base_dir=Path(path).parent, swept=swept, sized=sized)
 
 
-def parse_workload(data: Any, base_dir: Path | None = None, swept: bool = False) -> WorkloadSpec:
+def parse_workload(
+    data: Any, base_dir: Path | None = None, swept: bool = False, sized: bool = False
+) -> WorkloadSpec:
     if not isinstance(data, dict):
         raise InputError("workload", "must be a mapping of fields", "see docs/bench.md")
+    if sized and data.get("count") is None and data.get("duration_s") is None:
+        data = {**data, "count": 1}  # a placeholder every point's with_load() replaces
     if swept:  # placeholders that every sweep point's with_load() replaces
         arrival = dict(data.get("arrival") or {"kind": "closed"})
         if arrival.get("kind", "poisson") == "closed":
