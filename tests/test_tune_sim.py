@@ -333,3 +333,19 @@ def test_cli_sessions_at_a_rate_search_sessions_per_second(tmp_path: Path) -> No
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )  # fmt: skip
     assert runs.returncode == 0 and "sessions/s" in runs.stdout, runs.stderr
+
+
+def test_cli_a_capacity_no_load_missed_is_said_to_be_a_lower_bound(tmp_path: Path) -> None:
+    """Two probes per config never reach a miss on an H100: each capacity is only the
+    highest load tried, and the progress lines, the ranking and the winner's line say
+    "at least" (it read as a measured capacity, and only --json's note said otherwise)."""
+    p = _cli("--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trials",
+             "1", "--max-probes", "2", "--db", str(tmp_path / "x.db"), cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    text = p.stdout + p.stderr
+    assert "(capacity >=" in text and "capacity is a lower bound" in text, text
+    assert "at a capacity of at least " in text or "(capacity at least " in text, text
+    full = _cli("--backend", "sim", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--trials",
+                "1", "--db", str(tmp_path / "y.db"), cwd=tmp_path)  # fmt: skip
+    text = full.stdout + full.stderr  # bracketed: a measured capacity
+    assert full.returncode == 0 and "capacity of at least" not in text and ">=" not in text

@@ -376,7 +376,7 @@ def print_outcome(out: Any) -> None:
         sf = shortfall(t) if t.best is None else None
         b = t.best or (sf.point if sf else None)  # no passing point: the closest one
         cap_t = obj.capacity_of(t)  # none for latency: its one load is the workload's own
-        cap = f"{cap_t:.3g}" if cap_t is not None else "-"
+        cap = "-" if cap_t is None else f"{'>=' if t.capacity_is_lower_bound else ''}{cap_t:.3g}"
         n = b.completed if b else None
         print(
             f"{i:>3}  {t.label:{width}s} {t.status:10s} {cap:>8s} {obj.show(t.score):>20s} "
@@ -387,6 +387,8 @@ def print_outcome(out: Any) -> None:
             print(f"     {t.reason[:150]}")
     if len(out.ranked) > 12:
         print(f"     ... {len(out.ranked) - 12} more in the study")
+    if any(t.capacity_is_lower_bound and obj.capacity_of(t) for t in out.ranked[:12]):
+        print("     >=: no load tried missed the SLO (the capacity is a lower bound)")
     if w is None:
         return
     if not out.slo_met:  # a result, not an error: what to run, and how far it missed

@@ -148,12 +148,15 @@ def explain(
     if capacity is not None:
         unit = winner.best.unit if winner.best else "req/s"
         cap_at = capacity if winner.capacity_load is None else winner.capacity_load
+        least = "at least " if winner.capacity_is_lower_bound else ""
         if winner.best and winner.best.load != cap_at:
             # the score is the best passing point's, which need not be the capacity's
             # (a host past its sweet spot serves less at its capacity): name both loads
-            line += f" at {_load(winner.best)} (capacity {capacity:.3g} {unit} within the SLO)"
+            line += (
+                f" at {_load(winner.best)} (capacity {least}{capacity:.3g} {unit} within the SLO)"
+            )
         else:
-            line += f" at a capacity of {capacity:.3g} {unit} within the SLO"
+            line += f" at a capacity of {least}{capacity:.3g} {unit} within the SLO"
         evidence = steady.evidence_text(winner.best.signals) if winner.best else None
         line += f" ({evidence})" if evidence else ""
     elif not objective.searches_capacity and winner.best:

@@ -79,6 +79,12 @@ class TrialResult:
     def cfg(self) -> EngineConfig:
         return EngineConfig.model_validate(self.config)
 
+    @property
+    def capacity_is_lower_bound(self) -> bool:
+        """No load tried missed the SLO (the lattice's top, the probe budget or the time
+        budget stopped the search): the capacity is at least this much."""
+        return self.capacity is not None and self.first_fail is None
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -298,7 +298,8 @@ class Tuner:
         cached = "" if fresh else ", from the store"
         cap = self.s.objective.capacity_of(t)
         what = (
-            f"{self.s.objective.show(t.score)}" + (f" (capacity {cap:.3g})" if cap else "")
+            f"{self.s.objective.show(t.score)}"
+            + (f" (capacity {'>=' if t.capacity_is_lower_bound else ''}{cap:.3g})" if cap else "")
             if t.status == TrialStatus.OK and t.capacity is not None
             else f"{t.status}: {t.reason[:160]}"
         )
