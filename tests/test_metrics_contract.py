@@ -242,6 +242,19 @@ def test_a_run_with_no_completion_in_its_window_says_why_it_reads_0_req_s() -> N
     )
 
 
+def test_a_warm_up_longer_than_the_run_is_said_not_dropped_silently() -> None:
+    """30 requests over 3 s with 10 s of warm-up: no window is left, so the whole run is
+    measured, warm-up included; the note says so (it read as if the warm-up were cut)."""
+    m = compute_metrics(open_loop(30, 100, 500), warmup_s=10)
+    assert m.window_whole_run and m.measured == 30
+    assert window_note(m) == (
+        "the warm-up + cool-down (10 s) leave no window in this run: every request is "
+        "measured, the warm-up's too; raise --count or --duration, or shorten "
+        "warmup_s/cooldown_s"
+    )
+    assert window_note(compute_metrics(open_loop(30, 100, 500), warmup_s=1)) is None
+
+
 def test_a_schedule_far_from_the_rate_asked_is_said_with_the_spread_to_expect() -> None:
     """60 sends 100 ms apart offer 10 req/s. Asked for 6 (a drawn schedule that came out
     fast, as seed 7 of the CPU held-out check did: 1.03 asked, 1.73 offered) the note

@@ -436,6 +436,7 @@ def compute_metrics(
         window_end_ns=end,
         window_s=window_s,
         window_whole_run=whole_run,
+        window_trim_s=warmup_s + cooldown_s,
         completion_shift_s=shift / NS_PER_S,
         measured=n_measured,
         completed=int(ok.sum()),
@@ -592,7 +593,15 @@ def window_note(m: Metrics) -> str | None:
     """Why a run that completed requests shows 0 req/s: `req_s` counts completions inside
     the measurement window (first to last send, an open loop's moved by the median
     latency), and in a run of a few requests none may finish inside it. A run of one send
-    has no window between sends: its rate is one over its own latency, no throughput."""
+    has no window between sends: its rate is one over its own latency, no throughput. A
+    warm-up + cool-down longer than the run leave no window: the whole run is measured,
+    and the warm-up asked for is not left out (it was, silently)."""
+    if m.window_whole_run and m.window_trim_s > 0:
+        return (
+            f"the warm-up + cool-down ({m.window_trim_s:g} s) leave no window in this run: "
+            "every request is measured, the warm-up's too; raise --count or --duration, "
+            "or shorten warmup_s/cooldown_s"
+        )
     if m.completed == 1 and m.measured <= 1 and m.req_s > 0:
         return (
             f"{m.req_s:.3g} req/s is one request over its own latency, not a throughput: "

@@ -140,6 +140,9 @@ class Metrics(BaseModel):
         description="The window was too short (a handful of requests): the whole "
         "run, first send to last end, was measured instead.",
     )
+    window_trim_s: float = Field(
+        0.0, description="The warm-up + cool-down asked, cut from the window's ends."
+    )
     completion_shift_s: float = Field(
         0.0,
         description="Completions and arriving tokens are counted in the window moved "
