@@ -28,7 +28,7 @@ def _trial(seqs: int, score: float, load: float, capacity: float | None) -> Tria
     return TrialResult(
         key=f"s{seqs}", config={"max_num_seqs": seqs}, label=f"max_num_seqs={seqs}",
         backend="sim", status=TrialStatus.OK, points=[p], capacity=capacity, score=score,
-        best=p,
+        best=p, first_fail=None if capacity is None else 2 * capacity,  # a bracketed search
     )  # fmt: skip
 
 

@@ -191,7 +191,8 @@ def _hybrid_study(store: Store) -> dict:
             points.append(p)
         t = TrialResult(key=key, config=cfg.model_dump(mode="json", exclude_defaults=True),
                         label=key, backend="real", status="ok", points=points,
-                        capacity=float(cap), score=cap * 0.5, best=points[cap.bit_length() - 1],
+                        capacity=float(cap), first_fail=float(2 * cap), score=cap * 0.5,
+                        best=points[cap.bit_length() - 1],
                         launch_command=f"vllm serve m --max-num-seqs {seqs or 256}")  # fmt: skip
         trials.append(t)
     base, a, b = trials

@@ -24,7 +24,9 @@ def report(
     images: Path | None = typer.Option(
         None, "--images", help="Also write each chart into this folder (PNG or SVG)."
     ),
-    image_format: str = typer.Option("png", "--image-format", help="png, svg or png,svg."),
+    image_format: str | None = typer.Option(
+        None, "--image-format", help="png (default), svg or png,svg; with --images."
+    ),
     db: str | None = typer.Option(
         None, "--db", help="File path or SQLAlchemy URL (default $SERVETUNE_DB, ./servetune.db)."
     ),

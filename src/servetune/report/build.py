@@ -44,6 +44,54 @@ def _need_plotly() -> None:
         ) from exc
 
 
+def sqlite_file(store: Store) -> str | None:
+    """The store's SQLite file, or None for a server database (nothing to overwrite)."""
+    url = store.engine.url
+    return url.database if url.get_backend_name() == "sqlite" else None
+
+
+def _is_html(path: Path) -> bool:
+    """An earlier report (or any HTML page): its first bytes open an HTML document. A
+    file that cannot be read is not known to be one, so it is kept."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(512).lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    except OSError:
+        return False
+    return head.startswith((b"<!doctype html", b"<html"))
+
+
+def check_replaceable(out: Path, db_file: str | None) -> None:
+    """Refuse an `-o` that would overwrite measured data: the store's own database, or an
+    existing file that is not an HTML document. A report is HTML, so replacing an earlier
+    report (or an empty file) stays allowed; a pipe or a device is written in place. The
+    database's WAL and journal files count as the database."""
+    target = Path(os.path.realpath(out))
+    if db_file and db_file != ":memory:":
+        db = Path(os.path.realpath(db_file))
+        if target in {db.with_name(db.name + s) for s in ("", "-wal", "-shm", "-journal")}:
+            raise InputError("--output", f"{out} is the store's database", "give an .html file")
+    if target.is_file() and target.stat().st_size and not _is_html(target):
+        raise InputError(
+            "--output",
+            f"{out} exists and is not an HTML report",
+            "give a new file name, or remove it first",
+        )
+
+
+def image_formats(image_format: str | None, images: Path | None) -> list[str]:
+    """The `--image-format` list (png by default). It means nothing without `--images`,
+    so giving it alone is refused rather than silently ignored."""
+    if image_format is None:
+        return ["png"]
+    if images is None:
+        raise InputError("--image-format", "needs --images DIR")
+    formats = [f.strip().lower() for f in image_format.split(",") if f.strip()]
+    if not formats or set(formats) - set(IMAGE_FORMATS):
+        raise InputError("--image-format", f"{image_format!r}: use png, svg or png,svg")
+    return formats
+
+
 def build_report(
     store: Store,
     refs: Sequence[str],
@@ -51,16 +99,15 @@ def build_report(
     *,
     title: str | None = None,
     images: Path | None = None,
-    image_format: str = "png",
+    image_format: str | None = None,
 ) -> ReportOutput:
     """Write the HTML report for `refs` to `out` (atomically) and, with `images`, each
     chart as PNG or SVG into that folder."""
     _need_plotly()
     if not out.parent.is_dir():
         raise InputError("--output", f"folder {out.parent} does not exist")
-    formats = [f.strip().lower() for f in image_format.split(",") if f.strip()]
-    if images is not None and (not formats or set(formats) - set(IMAGE_FORMATS)):
-        raise InputError("--image-format", f"{image_format!r}: use png, svg or png,svg")
+    check_replaceable(out, sqlite_file(store))
+    formats = image_formats(image_format, images)
     data = load_report_data(store, refs, title)
     charts = build_charts(data)
     text = render_html(data, charts)

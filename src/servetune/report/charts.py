@@ -15,10 +15,11 @@ from servetune.metrics import sweep
 from servetune.metrics.compute import request_latencies_ms
 from servetune.metrics.pct import is_max_only, sample_note
 from servetune.report.analysis import ecdf
-from servetune.report.data import X_TITLES, ReportData, RunData, closed_loop
+from servetune.report.data import X_TITLES, ReportData, RunData, closed_loop, traffic
 from servetune.report.labels import knobs_of
 from servetune.report.sweetspot import SeriesSweetSpot, report_sweet_spot
 from servetune.status import RequestStatus
+from servetune.store.runinfo import RunInfo
 
 PALETTE = (
     "#1f77b4",
@@ -38,6 +39,7 @@ REGION_COLORS = {
     sweep.SATURATION: "rgba(255,127,14,0.13)",
     sweep.OVER: "rgba(214,39,40,0.12)",
 }
+SIM_DASHES = ("dash", "longdash", "dashdot")  # a real series' simulated twins, in turn
 MAX_CDF_RUNS = 8
 MAX_SERVER_RUNS = 6
 
@@ -190,7 +192,7 @@ def latency_vs_load(data: ReportData) -> Chart:
                 row=1,
                 col=3,
             )
-    slo = data.runs[0].result.slo
+    slo, slo_note = shared_slo([r for name in sweeps for r in data.series[name]])
     if slo is not None:
         for col, metric in ((1, slo.ttft_ms), (2, slo.tpot_ms)):
             for stat, target in metric.items() if metric else []:
@@ -212,9 +214,22 @@ def latency_vs_load(data: ReportData) -> Chart:
         "measured requests (warm-up excluded; each point's n in its hover); an open marker "
         "is a tail percentile resting on too few requests, the maximum. Dash-dotted: the "
         "SLO targets; x: a repetition's P95. Right: achieved (solid) and goodput (dotted) "
-        "requests per second." + off_axis_note(data)
+        "requests per second." + slo_note + off_axis_note(data)
     )
     return chart
+
+
+def shared_slo(runs: Sequence[RunData]) -> tuple[Any, str]:
+    """The SLO the runs judged by one share, drawn as lines; when they differ, none (one
+    set of lines would misjudge the other runs), and a sentence saying so."""
+    slos = {
+        json.dumps(r.result.slo.model_dump(mode="json"), sort_keys=True): r.result.slo
+        for r in runs
+        if r.result.slo is not None
+    }
+    if len(slos) > 1:
+        return None, f" No SLO lines: these runs were judged by {len(slos)} different SLOs."
+    return next(iter(slos.values()), None), ""
 
 
 def off_axis_note(data: ReportData) -> str:
@@ -585,11 +600,14 @@ def _server_panels(
 
 def sim_vs_real(data: ReportData) -> Chart:
     """Each config that has both real and simulated runs: its measured curve (solid) and
-    its simulated twin (dashed) in one colour; the TPOT P50 error at the loads both ran."""
+    its simulated twins (dashed, `twin_key`: same model, knobs, traffic and GPU) in one
+    colour; the TPOT P50 error at the loads both ran."""
     chart = Chart("sim-vs-real", "Simulation vs real")
     twins = _twins(data)
     if not twins:
-        chart.note = "Needs both real (bench) and simulated runs of the same config and load."
+        chart.note = (
+            "Needs both real (bench) and simulated runs of the same config, workload and GPU."
+        )
         return chart
     from plotly.subplots import make_subplots
 
@@ -599,9 +617,12 @@ def sim_vs_real(data: ReportData) -> Chart:
     )
     all_x: list[float | None] = []
     errs: list[float] = []
-    for real_name, sim_name in twins:
+    for real_name, sim_names in twins:
         color = _color(data, real_name)
-        for name, dash in ((real_name, None), (sim_name, "dash")):
+        dashes = [(real_name, None)] + [
+            (s, SIM_DASHES[k % len(SIM_DASHES)]) for k, s in enumerate(sim_names)
+        ]
+        for name, dash in dashes:
             runs = _curve(data, name)
             xs = [data.x(r) for r in runs]
             all_x += xs
@@ -642,7 +663,8 @@ def sim_vs_real(data: ReportData) -> Chart:
                 row=1,
                 col=3,
             )
-        errs += _tpot_errors(data, _curve(data, real_name), _curve(data, sim_name))
+        for sim_name in sim_names:
+            errs += _tpot_errors(data, _curve(data, real_name), _curve(data, sim_name))
     for col in (1, 2, 3):
         _x_axis(fig, data, all_x, row=1, col=col)
     fig.update_yaxes(type="log", dtick=1, row=1, col=1)
@@ -664,19 +686,36 @@ def _curve(data: ReportData, name: str) -> list[RunData]:
     return list(firsts.values())
 
 
-def _twins(data: ReportData) -> list[tuple[str, str]]:
-    """(real series, simulated series) pairs of the same config, model and workload."""
+def gpu_model(name: str | None) -> str | None:
+    """The GPU's model as every source names it: nvidia-smi's "NVIDIA H100 80GB HBM3",
+    the catalog's "NVIDIA H100 80GB SXM5" and "h100-sxm" are all H100 (the first word
+    with a digit); None for a CPU host."""
+    words = (name or "").replace("-", " ").split()
+    return next((w.upper() for w in words if any(c.isdigit() for c in w)), name)
+
+
+def twin_key(info: RunInfo) -> str:
+    """What a simulated run must share with a real one to be its twin: the model, the
+    knobs, the traffic (sizing fields aside) and the GPU model. The GPU count is left
+    out: a real run records the host's GPUs, a simulated one its config's."""
+    hw = info.meta.get("hardware") or {}
+    parts = [info.model, knobs_of(info), traffic(info), gpu_model(hw.get("gpu"))]
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
+def _twins(data: ReportData) -> list[tuple[str, list[str]]]:
+    """Each real series with its simulated twins (`twin_key`), when it has any."""
 
     def key(name: str) -> str:
-        info = data.series[name][0].info
-        return json.dumps([info.model, knobs_of(info)], sort_keys=True, default=str)
+        return twin_key(data.series[name][0].info)
 
-    sims = {key(n): n for n, m in data.series.items() if m[0].info.backend == "sim"}
-    return [
-        (n, sims[key(n)])
+    sims = [n for n, m in data.series.items() if m[0].info.backend == "sim"]
+    pairs = [
+        (n, [s for s in sims if key(s) == key(n)])
         for n, m in data.series.items()
-        if m[0].info.backend == "real" and key(n) in sims
+        if m[0].info.backend == "real"
     ]
+    return [(n, twins) for n, twins in pairs if twins]
 
 
 def _tpot_errors(data: ReportData, real: list[RunData], sim: list[RunData]) -> list[float]:

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servetune.errors import InputError
-from servetune.report.labels import config_labels, context_of, differing_knobs, varying
+from servetune.report.labels import (
+    config_labels,
+    context_of,
+    differing_knobs,
+    server_of,
+    varying,
+)
 from servetune.results.schema import RequestRecord, RunResult
 from servetune.store import RunInfo, Store
 from servetune.store.compare import compare_runs
@@ -114,18 +120,29 @@ class ReportData:
 _SIZING = ("arrival", "count", "duration_s", "warmup_s", "seed")
 
 
+def traffic(info: RunInfo) -> dict[str, Any]:
+    """The run's workload without the fields that only size a load point (`_SIZING`)."""
+    return {k: v for k, v in (info.part("workload") or {}).items() if k not in _SIZING}
+
+
 def _config_key(info: RunInfo) -> str:
+    """What makes runs one config (one curve): backend, model, hardware, engine and its
+    version, knobs, traffic, and the server measured (`labels.server_of`), the context
+    `runs compare` calls a difference."""
     hw = info.meta.get("hardware") or {}
-    wl = {k: v for k, v in (info.part("workload") or {}).items() if k not in _SIZING}
+    sw = info.meta.get("software") or {}
     return json.dumps(
         [
             info.backend,
             info.model,
             hw.get("gpu"),
             hw.get("gpu_count"),
+            hw.get("cpu"),
             info.engine,
+            sw.get("engine_version") or info.engine_version,
             info.engine_config,
-            wl,
+            traffic(info),
+            server_of(info),
         ],
         sort_keys=True,
         default=str,
@@ -213,7 +230,7 @@ def _title(refs: Sequence[str], infos: list[RunInfo]) -> str:
 
 
 def _group(data: ReportData) -> None:
-    """Runs with the same config, model, hardware, workload and backend form a series
+    """Runs with the same config, model, hardware, workload, server and backend form a series
     (one curve), named by the knobs that differ between series (`labels`). The baseline
     is the tune study's, else the first series."""
     groups: dict[str, list[RunData]] = {}

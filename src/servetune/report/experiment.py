@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servetune.measure.result import sim_signals
@@ -180,6 +180,22 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
         ),
     ]
     return sections
+
+
+def side_by_side(records: Sequence[list[Section]]) -> list[tuple[str, list[tuple[str, list[str]]]]]:
+    """Several runs' records as one table: each section's rows are the ordered union of
+    the runs' labels, each value looked up by its label ('-' where a run has none), since
+    runs differ in their rows (engine knobs recorded or not, their own quality scores)."""
+    titles: dict[str, dict[str, None]] = {}
+    for rec in records:
+        for title, fields in rec:
+            titles.setdefault(title, {}).update(dict.fromkeys(label for label, _ in fields))
+    runs = [{title: dict(fields) for title, fields in rec} for rec in records]
+
+    def row(title: str, label: str) -> tuple[str, list[str]]:
+        return label, [run.get(title, {}).get(label, "-") for run in runs]
+
+    return [(title, [row(title, label) for label in labels]) for title, labels in titles.items()]
 
 
 # What a record shows for seed 003 §16 fields that nothing fills yet, and how to fill them.

@@ -13,7 +13,7 @@ from typing import Any
 from servetune import __version__
 from servetune.report.charts import Chart
 from servetune.report.data import ReportData
-from servetune.report.experiment import experiment_record
+from servetune.report.experiment import experiment_record, side_by_side
 from servetune.report.labels import changes
 from servetune.report.verdict import verdict
 
@@ -173,10 +173,9 @@ def _record_section(data: ReportData, per_table: int = 6) -> str:
         records = [experiment_record(r.info, r.metrics) for r in runs]
         head = "".join(f"<th>{_e(r.letter)}</th>" for r in runs)
         rows = [f"<tr><th>field</th>{head}</tr>"]
-        for s, (title, fields) in enumerate(records[0]):
+        for title, fields in side_by_side(records):
             rows.append(f'<tr class="sec"><th colspan="{len(runs) + 1}">{_e(title)}</th></tr>')
-            for f, (label, _) in enumerate(fields):
-                vals = [rec[s][1][f][1] if f < len(rec[s][1]) else "-" for rec in records]
+            for label, vals in fields:
                 cls = ' class="diff"' if len(set(vals)) > 1 and len(runs) > 1 else ""
                 cells = "".join(f"<td{cls}>{_e(v)}</td>" for v in vals)
                 rows.append(f"<tr><th>{_e(label)}</th>{cells}</tr>")

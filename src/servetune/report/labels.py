@@ -36,6 +36,13 @@ def knobs_of(info: RunInfo) -> dict[str, Any]:
     return cfg
 
 
+def server_of(info: RunInfo) -> str | None:
+    """The server a run measured: its URL (two deployments of one config are two
+    configs), but not for a run `tune` launched: each launch takes a free port, and the
+    config itself names the server."""
+    return None if info.tune is not None else info.target.url
+
+
 def context_of(info: RunInfo) -> dict[str, str]:
     """What describes a config besides its knobs, for hovers and the configs table."""
     hw = info.meta.get("hardware") or {}
@@ -51,6 +58,7 @@ def context_of(info: RunInfo) -> dict[str, str]:
         "model": info.model,
         "hardware": gpu or hw.get("catalog"),
         "CPU": cpu,
+        "server": server_of(info),
     }
     return {k: str(v) for k, v in out.items() if v}
 
@@ -81,12 +89,12 @@ def config_labels(
     infos: Sequence[RunInfo], fallback: str = "config", knobs: Sequence[str] | None = None
 ) -> list[str]:
     """One unique, short name per config (one run each): `knob=value` for the knobs that
-    differ (or `knobs`); the backend added when real and simulated twins share the knobs;
-    `fallback` when nothing differs (a single config)."""
+    differ (or `knobs`); the backend (then model, hardware, engine, server, CPU) added when
+    configs share the knobs; `fallback` when nothing differs (a single config)."""
     knobs = differing_knobs(infos) if knobs is None else knobs
     labels = [knob_label(i.engine_config, knobs) for i in infos]
     contexts = [context_of(i) for i in infos]
-    for field in ("backend", "model", "hardware", "engine"):
+    for field in ("backend", "model", "hardware", "engine", "server", "CPU"):
         if len(set(labels)) == len(labels):
             break
         if not _same([c.get(field) for c in contexts]):

@@ -98,6 +98,17 @@ def llamacpp_context(cfg: EngineConfig, launch: Any = None) -> tuple[int | None,
     return n_ctx, int(slots) if slots else LLAMACPP_DEFAULT_SLOTS, unified
 
 
+def kv_pool_tokens(info: RunInfo, planned: int) -> tuple[int, str]:
+    """The KV tokens a config held and where the figure comes from: a simulated run's own
+    pool (its blocks x block size, the null block left out, as the simulator ran it),
+    else the plan's."""
+    blocks = info.target.kv_blocks if info.backend == "sim" else None
+    if not blocks:
+        return planned, "plan"
+    size = info.engine_config.get("block_size") or 16
+    return blocks * size, f"the simulated pool: {blocks:,} blocks x {size}"
+
+
 def picture(info: RunInfo, config: str) -> MemoryPicture:
     """The memory picture of the run's config (raises InputError when the plan cannot
     be made: model or hardware not in the catalog)."""
@@ -109,6 +120,7 @@ def picture(info: RunInfo, config: str) -> MemoryPicture:
         raise InputError("hardware", "no GPU recorded with the run")
     plan = plan_to_json(run_plan(plan_args(info)))
     if engine != "llamacpp":
+        kv_tokens, kv_source = kv_pool_tokens(info, plan["kv_capacity_tokens"])
         return MemoryPicture(
             config,
             engine,
@@ -119,12 +131,12 @@ def picture(info: RunInfo, config: str) -> MemoryPicture:
                 "KV cache pool": plan["kv_pool_bytes"],
             },
             device_bytes=plan["device_bytes"],
-            kv_tokens=plan["kv_capacity_tokens"],
+            kv_tokens=kv_tokens,
             max_concurrency=plan["max_concurrency"],
             rule=f"{engine}: the KV pool is what `servetune plan` leaves of the memory "
             "budget (gpu_memory_utilization x device, or the CPU KV space) after weights, "
             "activation and overheads",
-            detail=f"{plan['kv_capacity_tokens']:,} KV tokens, max concurrency "
+            detail=f"{kv_tokens:,} KV tokens ({kv_source}), max concurrency "
             + (
                 f"{plan['max_concurrency']} (plan)"
                 if plan["max_concurrency"] is not None

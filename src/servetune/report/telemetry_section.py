@@ -6,10 +6,14 @@ Without telemetry (simulated runs, runs stored before it existed) the section is
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from servetune.report.charts import MAX_SERVER_RUNS, PALETTE, Chart, _go, _layout
 from servetune.report.data import ReportData, RunData
+from servetune.results.schema import RequestRecord
 from servetune.status import RequestStatus
 
 # (panel title, [(series name, label, scale)]); a panel with no data in any run is dropped.
@@ -33,17 +37,43 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str, float], ...]], ...] = (
 )
 
 
-def _client_series(r: RunData) -> dict[str, tuple[list[float], list[float]]]:
-    """Throughput per whole second and each request's TTFT at its send time (seconds on
-    the run's clock), from the raw records."""
-    ok = [x for x in r.result.records if x.status == RequestStatus.OK and x.chunk_ns]
-    per_s: dict[int, int] = {}
+NS = 1_000_000_000
+
+
+def _chunk_tokens(x: RequestRecord) -> Iterator[tuple[int, float]]:
+    """(arrival ns, tokens) of each chunk, scaled so they add up to the request's output
+    tokens (the server's count, as the run's tok/s): a token counts when it arrived."""
+    counts = x.chunk_tokens if len(x.chunk_tokens) == len(x.chunk_ns) else [1] * len(x.chunk_ns)
+    scale = x.output_tokens / (sum(counts) or 1)
+    return ((t, n * scale) for t, n in zip(x.chunk_ns, counts, strict=True))
+
+
+def tokens_per_second(records: Sequence[RequestRecord]) -> tuple[list[float], list[float]]:
+    """Output tokens/s in 1 s bins of the run's clock, each chunk in the second it
+    arrived; the last bin, cut by the run's end, divided by its real width (merged into
+    the one before when under half a second, so a sliver reads as no spike)."""
+    ok = [x for x in records if x.status == RequestStatus.OK and x.chunk_ns]
+    if not ok:
+        return [], []
+    end = max(max(x.end_ns for x in records), max(x.chunk_ns[-1] for x in ok), 1) / NS
+    edges = [float(s) for s in range(math.ceil(end))] + [end]
+    if len(edges) > 2 and edges[-1] - edges[-2] < 0.5:
+        del edges[-2]
+    sums = [0.0] * (len(edges) - 1)
     for x in ok:
-        sec = int(x.chunk_ns[-1] // 1_000_000_000)
-        per_s[sec] = per_s.get(sec, 0) + x.output_tokens
-    secs = sorted(per_s)
+        for t, n in _chunk_tokens(x):
+            sums[min(int(t // NS), len(sums) - 1)] += n
+    bins = list(itertools.pairwise(edges))
+    rates = [v / (b - a) for v, (a, b) in zip(sums, bins, strict=True)]
+    return [(a + b) / 2 for a, b in bins], rates
+
+
+def _client_series(r: RunData) -> dict[str, tuple[list[float], list[float]]]:
+    """Throughput per second and each request's TTFT at its send time (seconds on the
+    run's clock), from the raw records."""
+    ok = [x for x in r.result.records if x.status == RequestStatus.OK and x.chunk_ns]
     return {
-        "_tok_s": ([s + 0.5 for s in secs], [float(per_s[s]) for s in secs]),
+        "_tok_s": tokens_per_second(r.result.records),
         "_ttft": ([x.send_ns / 1e9 for x in ok], [(x.chunk_ns[0] - x.send_ns) / 1e6 for x in ok]),
     }
 

@@ -57,11 +57,13 @@ def metric(data: ReportData) -> ObjectiveMetric:
 
 
 def where(m: ObjectiveMetric, t: TrialResult) -> str:
-    """Where a config's figure was measured: `capacity 38.1 req/s`; the latency objective
-    searches no capacity, so its one load, the workload's own (`at 1 req/s`)."""
+    """Where a config's figure was measured: `capacity 38.1 req/s` (`≥38.1` when no load
+    tried broke the SLO: a lower bound); the latency objective searches no capacity, so
+    its one load, the workload's own (`at 1 req/s`)."""
     capacity = m.capacity_of(t)
     if capacity is not None:
-        return f"capacity {capacity:.3g} {unit(t)}"
+        at_least = "≥" if t.capacity_is_lower_bound else ""
+        return f"capacity {at_least}{capacity:.3g} {unit(t)}"
     if not m.searches_capacity and t.best is not None:
         return f"at {t.best.load:.3g} {unit(t)}"
     return "no pass"
@@ -199,20 +201,32 @@ def sim_vs_measured(data: ReportData) -> Chart | None:
     return chart
 
 
+NOT_REACHED = "not reached (capacity is a lower bound)"
+
+
+def _binding_row(data: ReportData, t: TrialResult) -> tuple[str, float | None, str] | None:
+    """(config, value / target, text) of its worst missed check above its capacity; no
+    ratio (`NOT_REACHED`) for a config whose search never broke the SLO, so it is not
+    silently missing; None for one with nothing to show (it met the SLO at its one load)."""
+    p = failing_point(t)
+    missed = p.missed() if p else []
+    if p is not None and missed:
+        c = missed[0]
+        ratio = (c.get("value") or 0) / (c.get("target") or 1)
+        return name(data, t), ratio, f"{check_with_n(c, p)} at {p.load:.3g} {unit(t)}"
+    if metric(data).searches_capacity and t.capacity_is_lower_bound:
+        return name(data, t), None, NOT_REACHED
+    return None
+
+
 def binding(data: ReportData) -> Chart | None:
     """The SLO check that broke first above each config's capacity, as value / target."""
     if not data.is_tune:
         return None
     chart = Chart("binding", "The SLO that binds each config")
-    rows = []
-    for t in shown(data):
-        p = failing_point(t)
-        missed = p.missed() if p else []
-        if missed:
-            c = missed[0]
-            ratio = (c.get("value") or 0) / (c.get("target") or 1)
-            rows.append((name(data, t), ratio, f"{check_with_n(c, p)} at {p.load:.3g} {unit(t)}"))
-    if not rows:
+    rows = [row for t in shown(data) if (row := _binding_row(data, t)) is not None]
+    bars = [(n, ratio, text) for n, ratio, text in rows if ratio is not None]
+    if not bars:
         chart.note = (
             "No config broke an SLO target within the loads tried (lower bounds)."
             if metric(data).searches_capacity
@@ -222,10 +236,10 @@ def binding(data: ReportData) -> Chart | None:
     go = _go()
     fig = go.Figure(
         go.Bar(
-            y=[r[0] for r in rows],
-            x=[r[1] for r in rows],
+            y=[r[0] for r in bars],
+            x=[r[1] for r in bars],
             orientation="h",
-            text=[r[2] for r in rows],
+            text=[r[2] for r in bars],
             textposition="outside",
             cliponaxis=False,
             marker_color="#d62728",
@@ -233,18 +247,39 @@ def binding(data: ReportData) -> Chart | None:
             showlegend=False,
         )
     )
+    unbound = [r for r in rows if r[1] is None]
+    if unbound:  # said in their row, right of the target line: no ratio to draw
+        fig.add_trace(
+            go.Scatter(
+                y=[r[0] for r in unbound],
+                x=[1.0] * len(unbound),
+                mode="text",
+                text=[r[2] for r in unbound],
+                textposition="middle right",
+                textfont={"color": "#555"},
+                cliponaxis=False,
+                hovertemplate="%{y}<br>%{text}<extra></extra>",
+                showlegend=False,
+            )
+        )
     fig.add_vline(x=1.0, line={"color": "#444", "dash": "dash"})
     # a log axis (ratios from 1.01 to 100x) with room right of the longest bar for its text
-    top = math.log10(max(max(r[1] for r in rows), 1.0))
+    top = math.log10(max(max(r[1] for r in bars), 1.0))
     fig.update_xaxes(
         title_text="value / target at the first load above capacity",
         type="log",
-        range=[min(0.0, math.log10(min(r[1] for r in rows) or 1.0)) - 0.05, top + 1.4],
+        range=[min(0.0, math.log10(min(r[1] for r in bars) or 1.0)) - 0.05, top + 1.4],
     )
-    fig.update_yaxes(autorange="reversed", automargin=True)
+    fig.update_yaxes(  # the study's ranking, top down, whichever trace a row is in
+        autorange="reversed",
+        automargin=True,
+        categoryorder="array",
+        categoryarray=[r[0] for r in rows],
+    )
     chart.fig = _layout(fig, 120 + 34 * len(rows))
     chart.note = (
-        "Each config's worst missed check at the load just above its capacity."
+        "Each config's worst missed check at the load just above its capacity"
+        + (f"; {len(unbound)} never broke it within the loads tried." if unbound else ".")
         if metric(data).searches_capacity
         else "Each config's worst missed check at the workload's own load."
     )

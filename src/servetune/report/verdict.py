@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from servetune.measure import steady
 from servetune.metrics.pct import pct_text
-from servetune.report.data import ReportData, RunData
+from servetune.report.data import ReportData, RunData, closed_loop
 from servetune.report.tuning import metric, name, unit
 from servetune.tune.objective import ObjectiveMetric
 from servetune.tune.trial import TrialResult
@@ -49,7 +49,8 @@ def tune_verdict(data: ReportData) -> Verdict:
     rows: list[tuple[str, str]] = []
     capacity = m.capacity_of(w)
     if capacity is not None:
-        rows.append(("capacity", f"{capacity:.3g} {unit(w)} within the SLO ({_slo(s)})"))
+        least = "at least " if w.capacity_is_lower_bound else ""
+        rows.append(("capacity", f"{least}{capacity:.3g} {unit(w)} within the SLO ({_slo(s)})"))
     elif not m.searches_capacity and w.best is not None:
         load = f"{w.best.load:.3g} {unit(w)}"
         rows.append(("load", f"{load}, the workload's own: no capacity search ({_slo(s)})"))
@@ -58,7 +59,7 @@ def tune_verdict(data: ReportData) -> Verdict:
         rows.append(
             (
                 "vs baseline",
-                f"{m.margin(wv, bv)} in the search "
+                f"{_bound(m, w, b)}{m.margin(wv, bv)} in the search "
                 f"({m.text(wv)} vs {m.text(bv)}, baseline {name(data, b)})",
             )
         )
@@ -80,6 +81,18 @@ def tune_verdict(data: ReportData) -> Verdict:
     else:
         command = w.launch_command
     return Verdict(head, rows, command)
+
+
+def _bound(m: ObjectiveMetric, w: TrialResult, b: TrialResult) -> str:
+    """How far a margin holds when a capacity search never broke the SLO (its figure is
+    a lower bound on what the config serves): the winner's could only be better, so the
+    margin is "at least"; the baseline's too, so "at most"; both: neither."""
+    if not m.searches_capacity:
+        return ""
+    winner, base = w.capacity_is_lower_bound, b.capacity_is_lower_bound
+    if winner and base:
+        return "(both capacities are lower bounds) "
+    return "at least " if winner else "at most " if base else ""
 
 
 def _slo(s: dict) -> str:
@@ -122,19 +135,33 @@ def _sim_error(w: TrialResult, s: dict, m: ObjectiveMetric) -> str:
     return "not checked: the study ran on one backend"
 
 
+def own_load(r: RunData) -> float:
+    """A run's own load, on or off the report's axis: users for a closed loop, the
+    offered (else achieved) rate for an open one."""
+    v = r.info.concurrency if closed_loop(r.info) else r.info.rate or r.result.metrics.req_s
+    return float(v or 0.0)
+
+
 def runs_verdict(data: ReportData) -> Verdict:
-    """Per config: its highest load meeting the SLO, else its best throughput."""
+    """Per config: its highest load meeting the SLO, else its best throughput (a config
+    measured without an SLO). Loads rank by the run's own load, runs on the report's
+    load axis first (a config may hold both loop kinds)."""
     rows = []
-    slo = any(r.result.metrics.slo_pass is not None for r in data.runs)
+    with_slo = 0
     for series, members in data.series.items():
-        passing = [r for r in members if r.result.metrics.slo_pass]
-        if slo:
-            best = max(passing, key=lambda r: data.x(r) or 0.0) if passing else None
+        if any(r.result.metrics.slo_pass is not None for r in members):
+            with_slo += 1
+            passing = [r for r in members if r.result.metrics.slo_pass]
+            best = max(passing, key=lambda r: (data.x(r) is not None, own_load(r)), default=None)
             rows.append((series, _carried(best) if best else "no load met the SLO"))
         else:
             top = max(members, key=lambda r: r.result.metrics.output_tok_s)
             rows.append((series, f"best throughput at {top.info.load_label()}: {_point(top)}"))
-    head = "Highest load within the SLO, per config" if slo else "Best throughput per config"
+    head = "Best throughput per config"
+    if with_slo:
+        head = "Highest load within the SLO, per config"
+        if with_slo < len(data.series):
+            head += " (best throughput where no SLO was set)"
     return Verdict(head, rows[:8])
 
 
