@@ -442,6 +442,9 @@ def test_a_kv_bound_point_says_so_and_what_moves_it():
     assert action.startswith("  try kv_cache_dtype: auto -> fp8  (x2.0 blocks"), action
     fp8 = kv_lines(64, kv_cache_dtype="fp8")  # twice the pool: a few preemptions still
     assert fp8 and fp8[1].startswith("  try gpu_memory_utilization: 0.9 -> 0.93"), fp8
+    # at 0.95 already, the memory fraction has no step left: never `0.95 -> 0.95`
+    full = kv_lines(64, kv_cache_dtype="fp8", gpu_memory_utilization=0.95)
+    assert full and "gpu_memory_utilization" not in full[1], full
     assert kv_lines(8) == []
 
 

@@ -20,7 +20,9 @@ def diagnose(
     url: str | None = typer.Option(
         None, "--url", help="Watch a live server's /metrics for --window seconds instead."
     ),
-    window: float = typer.Option(30.0, "--window", help="Seconds to watch with --url."),
+    window: float | None = typer.Option(
+        None, "--window", help="Seconds to watch with --url (default 30)."
+    ),
     engine: str | None = typer.Option(
         None, "--engine", help="With --url: vllm, llamacpp, ... (canonical metric names)."
     ),
@@ -39,8 +41,12 @@ def diagnose(
 
     if (run is None) == (url is None):
         raise InputError("RUN", "give a run id or file, or --url", "servetune diagnose --help")
+    live_only = {"--window": window, "--engine": engine, "--telemetry-url": telemetry_url}
+    given = [flag for flag, v in live_only.items() if v is not None]
+    if url is None and given:
+        raise InputError(given[0], "only applies with --url", "drop it for a stored run or file")
     if url is not None:
-        d = watch(url, window, engine, telemetry_url)
+        d = watch(url, 30.0 if window is None else window, engine, telemetry_url)
     else:
         res, source = load_run(run or "", db)
         d = diagnose_result(res, source)

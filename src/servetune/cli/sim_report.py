@@ -109,12 +109,14 @@ def kv_note(res: RunResult) -> list[str]:
     if not (res.target.sim and res.target.sim.preemptions):
         return []
     from servetune.diagnose.evidence import from_result
-    from servetune.diagnose.rules import kv_pressure
+    from servetune.diagnose.rules import doable, kv_pressure
 
-    found = kv_pressure(from_result(res))
-    if found is None or not found.actions:
+    ev = from_result(res)
+    found = kv_pressure(ev)
+    acts = [a for a in found.actions if doable(ev, a)] if found else []  # as diagnose shows
+    if found is None or not acts:
         return []
-    return [f"  KV-bound: {found.trigger}", f"  try {found.actions[0].line()}"]
+    return [f"  KV-bound: {found.trigger}", f"  try {acts[0].line()}"]
 
 
 def slo_verdict(m: Metrics) -> list[str]:

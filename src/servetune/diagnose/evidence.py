@@ -51,6 +51,9 @@ class Evidence:
     preemptions: float | None = None
     queue_ms: float | None = None  # engine's mean queue time over the run
     prefill_ms: float | None = None
+    # the per-step token budget the run recorded (target.max_num_batched_tokens): the
+    # engine's own default when the config left it unset
+    recorded_batched_tokens: int | None = None
     # telemetry (summarize(): <name>_max/_mean/_min)
     tel: dict[str, float] = field(default_factory=dict)
 
@@ -59,6 +62,21 @@ class Evidence:
         the KV cache dtype it resolved `auto` to: FP8 for a ModelOpt FP8 checkpoint), then
         the config it was given."""
         return self.settings.get(knob) or self.config.get(knob) or default
+
+    @property
+    def batched_tokens(self) -> int | None:
+        """The per-step token budget in force: the config's, else the one the run recorded
+        (vLLM's default is 8192 on a GPU, not 2048); None when neither says."""
+        v = self.config.get("max_num_batched_tokens") or self.recorded_batched_tokens
+        return int(v) if v else None
+
+    @property
+    def kv_pool_tokens(self) -> int | None:
+        """The KV pool in tokens: the config's kv_cache_tokens first (the pool the engine was
+        told to keep: llama.cpp -c, vLLM's block override), else what the engine reported
+        at start (vLLM's "KV cache size: N tokens"); what memory could hold is not the pool."""
+        v = self.config.get("kv_cache_tokens") or self.settings.get("kv_cache_tokens")
+        return int(v) if v else None
 
     @property
     def batch_cap(self) -> int | None:
@@ -133,6 +151,7 @@ def from_result(res: RunResult, source: str | None = None) -> Evidence:
         errors=dict(m.errors_by_class),
         cancellation=res.cancellation,
         tel=summarize(res.telemetry),
+        recorded_batched_tokens=res.target.max_num_batched_tokens,
     )
     ev.oom_errors = sum(
         1

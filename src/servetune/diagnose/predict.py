@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from servetune.diagnose.evidence import Evidence
+from servetune.diagnose.knobs import knobs
 from servetune.plan.quant import kv_dtype_bytes
 
 
@@ -22,16 +23,17 @@ def kv_blocks_factor(cur: str, new: str, dtype: str = "auto") -> float | None:
 
 def fp8_kv_gain(ev: Evidence) -> tuple[str, float | None]:
     """The KV cache dtype the engine runs (`Evidence.effective`: what it reported at start,
-    else its config) and how many times the blocks an FP8 KV cache would hold
-    (`kv_blocks_factor`; 1.0 when the pool already runs 8-bit)."""
+    else its config) and how many times the blocks the engine's 8-bit KV cache (FP8; q8_0
+    on llama.cpp) would hold (`kv_blocks_factor`; 1.0 when the pool already runs 8-bit)."""
     cur = ev.effective("kv_cache_dtype", "auto")
-    return cur, kv_blocks_factor(cur, "fp8", ev.effective("dtype", "auto"))
+    return cur, kv_blocks_factor(cur, knobs(ev.engine).kv8, ev.effective("dtype", "auto"))
 
 
 def fits_in_kv(ev: Evidence) -> int | None:
-    """Sequences the KV pool holds at P99 input + P99 output tokens each (the pool size in
-    tokens as the engine reported it at start: vLLM's "KV cache size: N tokens")."""
-    pool = ev.settings.get("kv_cache_tokens")
+    """Sequences the KV pool holds at P99 input + P99 output tokens each (`kv_pool_tokens`:
+    the configured pool first). On llama.cpp without kv_unified each slot gets pool / slots,
+    so this is also the most slots that leave a request room."""
+    pool = ev.kv_pool_tokens
     per = (ev.input_tokens.get("p99") or 0) + (ev.output_tokens.get("p99") or 0)
     if not pool or per <= 0:
         return None

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from servetune.diagnose.evidence import Evidence
+from servetune.diagnose.knobs import engine_has, knobs
 from servetune.diagnose.predict import (
     fits_in_kv,
     fp8_kv_gain,
@@ -91,9 +92,12 @@ def _ttft_share(ev: Evidence) -> float | None:
 
 def _queue_share(ev: Evidence) -> float | None:
     """Share of TTFT spent queued: the engine's own queue histogram when it has one; else
-    a closed loop past the batch cap queues (users - cap) of every `users` requests."""
+    a closed loop past the batch cap queues (users - cap) of every `users` requests. None
+    when no request completed: there is no TTFT to take a share of."""
     t = ev.ttft.get("mean")
-    if ev.queue_ms is not None and t:
+    if not t:
+        return None
+    if ev.queue_ms is not None:
         return min(1.0, ev.queue_ms / t)
     cap, users = ev.batch_cap, ev.concurrency
     if cap and users and ev.waiting_max and ev.waiting_max > 0 and users > cap:
@@ -181,7 +185,7 @@ def host_starved(ev: Evidence) -> Finding | None:
         f" of {cores or '?'} cores, the engine {eng:.1f}; steal {steal:.1%}"
     )
     free = max(1, round((cores or 1) - other)) if cores else None
-    threads = "threads" if ev.engine == "llamacpp" else "VLLM_CPU_OMP_THREADS_BIND"
+    threads = knobs(ev.engine).threads
     acts = [
         Action(
             "other processes on the host",
@@ -215,10 +219,10 @@ def oom(ev: Evidence) -> Finding | None:
     kind = (ev.failure or {}).get("kind")
     if kind != "oom" and not ev.oom_errors:
         return None
-    c = ev.config
-    gmu = c.get("gpu_memory_utilization") or 0.9
-    mbt = c.get("max_num_batched_tokens")
+    c, k = ev.config, knobs(ev.engine)
+    mbt = ev.batched_tokens
     seqs = ev.batch_cap
+    tp = int(c.get("tensor_parallel_size") or 1)
     need = int((ev.input_tokens.get("p99") or 0) + (ev.output_tokens.get("p99") or 0))
     trig = (
         f"engine failure: {ev.failure.get('reason')}"
@@ -233,12 +237,7 @@ def oom(ev: Evidence) -> Finding | None:
         trig,
         95.0,
         [
-            Action(
-                "gpu_memory_utilization",
-                gmu,
-                round(max(0.8, gmu - 0.05), 2),
-                "1st: a smaller KV pool",
-            ),
+            _smaller_pool(ev),
             Action(
                 "max_num_batched_tokens",
                 mbt or "default",
@@ -246,7 +245,7 @@ def oom(ev: Evidence) -> Finding | None:
                 "2nd: smaller activation peaks",
             ),
             Action(
-                "max_num_seqs",
+                k.batch,
                 seqs or "default",
                 max(1, (seqs or 256) // 2),
                 "3rd: fewer sequences",
@@ -261,11 +260,24 @@ def oom(ev: Evidence) -> Finding | None:
             Action("enforce_eager", bool(c.get("enforce_eager")), True, "6th: CUDA graph buffers"),
             Action(
                 "tensor_parallel_size",
-                c.get("tensor_parallel_size") or 1,
-                2,
+                tp,
+                2 * tp,
                 "7th: also look for duplicate processes",
             ),
         ],
+    )
+
+
+def _smaller_pool(ev: Evidence) -> Action:
+    """Seed 003 §13's 1st OOM step, a smaller KV pool, in the engine's own terms: a smaller
+    memory fraction (0.8 as seed 000 §6.1's first retry), or half the pool in tokens."""
+    if knobs(ev.engine).pool == "kv_cache_tokens":
+        tokens = ev.kv_pool_tokens
+        nxt = tokens // 2 if tokens else "half the default -c"
+        return Action("kv_cache_tokens", tokens or "default", nxt, "1st: a smaller KV pool")
+    gmu = ev.config.get("gpu_memory_utilization") or 0.9
+    return Action(
+        "gpu_memory_utilization", gmu, round(max(0.8, gmu - 0.05), 2), "1st: a smaller KV pool"
     )
 
 
@@ -273,12 +285,13 @@ def _fifth_oom_step(ev: Evidence) -> Action | None:
     """Seed 003 §13's 5th OOM step, "KV cache FP8 or weight quantisation": the KV cache first,
     unless the pool already runs 8-bit (as the engine reported it), then the weights; neither
     when both are already quantized."""
+    k = knobs(ev.engine)
     kv, factor = fp8_kv_gain(ev)
     if (factor or 1.0) > 1.0:
-        return Action("kv_cache_dtype", kv, "fp8", "5th: or weight quantisation")
+        return Action("kv_cache_dtype", kv, k.kv8, "5th: or weight quantisation")
     if ev.effective("quantization"):  # quantized weights and an 8-bit pool: nothing left here
         return None
-    return Action("quantization", "none", "fp8", f"5th: the KV cache is already {kv}")
+    return Action("quantization", "none", k.weights8, f"5th: the KV cache is already {kv}")
 
 
 # Error classes (docs/metrics.md) by what they say about the server, the most telling
@@ -371,13 +384,14 @@ def cancel_leak(ev: Evidence) -> Finding | None:
     if c.get("freed") is not False:
         return None
     left = c.get("running_after_run")
+    left_text = "an unknown number of them" if left is None else f"{left:.0f}"
     e2e = ev.e2e.get("p99")
     return Finding(
         "cancel_leak",
         "engine",
         "Cancelled requests are not freed",
         "seed 003 §13 (P99 bad: disconnected requests not cancelled); seed 002 §6.1",
-        f"{c.get('cancelled')} requests cancelled, {left:.0f} still running after the run",
+        f"{c.get('cancelled')} requests cancelled, {left_text} still running after the run",
         88.0,
         [
             Action(
@@ -403,27 +417,31 @@ def kv_pressure(ev: Evidence) -> Finding | None:
     kv = ev.kv_usage_max
     if pre <= 0 and not (kv is not None and kv >= KV_FULL and (ev.waiting_max or 0) > 0):
         return None
-    c = ev.config
+    c, k = ev.config, knobs(ev.engine)
     cur, factor = fp8_kv_gain(ev)
     trig = f"KV usage peaked at {kv or 0:.0%} with {pre:.0f} preemptions"
     if ev.ttft.get("p99") is not None:
         trig += f"; TTFT P99 {_ms(ev.ttft['p99'])} vs P50 {_ms(ev.ttft.get('p50'))}"
-    after = (kv or 0) / factor if factor else None
     acts = []
     # A pool fixed in tokens (vLLM --num-gpu-blocks-override, llama.cpp -c) grows only
-    # with its number: an FP8 KV cache or more memory alone leaves it as it is.
-    fixed = "kv_cache_tokens" in c
+    # with its number: an 8-bit KV cache or more memory alone leaves it as it is.
+    fixed = "kv_cache_tokens" in c or k.pool == "kv_cache_tokens"
     if fixed:
-        tokens = int(c["kv_cache_tokens"])
-        acts.append(Action("kv_cache_tokens", tokens, 2 * tokens, "x2 pool, if memory holds it"))
+        tokens = ev.kv_pool_tokens
+        acts.append(
+            Action(
+                "kv_cache_tokens",
+                tokens or "default",
+                2 * tokens if tokens else "2x",
+                "x2 pool, if memory holds it",
+            )
+        )
     if factor and factor > 1:
         why = f"x{factor:.1f} blocks, from the planner's KV bytes per element"
-        predicted = f"peak KV usage {kv or 0:.0%} -> {after:.0%} at this load" + (
-            ", preemptions -> 0" if after is not None and after < 0.9 else ""
-        )
         if fixed:
             why += f", in the same memory once kv_cache_tokens is raised x{factor:.1f}"
-        acts.append(Action("kv_cache_dtype", cur, "fp8", why, None if fixed else predicted))
+        predicted = None if fixed else _kv_after(kv or 0.0, factor, pre)
+        acts.append(Action("kv_cache_dtype", cur, k.kv8, why, predicted))
     if fixed:
         pass
     elif "kv_cache_space_gib" in c:
@@ -436,7 +454,7 @@ def kv_pressure(ev: Evidence) -> Finding | None:
         )
     fit = fits_in_kv(ev)
     if fit is not None and ev.batch_cap and fit < ev.batch_cap:
-        acts.append(Action("max_num_seqs", ev.batch_cap, fit, "what the pool holds at P99 lengths"))
+        acts.append(Action(k.batch, ev.batch_cap, fit, "what the pool holds at P99 lengths"))
     return Finding(
         "kv_pressure",
         "engine",
@@ -446,6 +464,20 @@ def kv_pressure(ev: Evidence) -> Finding | None:
         80.0 + min(10.0, pre / 10),
         acts,
     )
+
+
+def _kv_after(peak: float, factor: float, preemptions: float) -> str:
+    """The peak KV usage `factor` times the blocks would give at this load. A pool seen full
+    while it preempted held less than the demand: the peak it would have shown is unknown,
+    so peak / factor is only a floor and says nothing of the preemptions."""
+    after = peak / factor
+    if peak >= KV_FULL and preemptions > 0:
+        return (
+            f"peak KV usage {peak:.0%} -> at least {after:.0%} at this load (the pool was"
+            " full: demand beyond it was not seen, so preemptions may remain)"
+        )
+    done = ", preemptions -> 0" if after < 0.9 else ""
+    return f"peak KV usage {peak:.0%} -> {after:.0%} at this load{done}"
 
 
 def batch_queueing(ev: Evidence) -> Finding | None:
@@ -467,19 +499,17 @@ def batch_queueing(ev: Evidence) -> Finding | None:
     kv_held = ev.kv_usage_max is None or ev.kv_usage_max >= KV_FULL
     if cap and ev.running_max and ev.running_max < cap and kv_held:  # 0: idle scrapes only
         return None
-    knob = "parallel_slots" if ev.engine == "llamacpp" else "max_num_seqs"
+    knob = knobs(ev.engine).batch
     nxt = 2 * cap if cap else None
+    # No more than the pool holds at P99 lengths: past it a paged pool preempts, and
+    # llama.cpp (its -c split over the slots) refuses every request longer than a slot.
+    # At or below the cap the knob drops out as a no-op and replicas come first.
     fit = fits_in_kv(ev)
     if nxt and fit is not None:
         nxt = max(cap or 1, min(nxt, fit))
     t50 = ev.ttft.get("p50")
-    seen = (
-        f"waiting peaked at {ev.waiting_max:.0f} (mean {ev.waiting_mean or 0:.1f})"
-        if ev.waiting_max
-        else f"engine queue time {_ms(ev.queue_ms)} a request (the waiting gauge sampled none)"
-    )
     trig = (
-        f"{seen}, running at {ev.running_max or 0:.0f}"
+        f"{_queue_seen(ev)}"
         + (f" ({knob} {cap})" if cap else "")
         + f"; queueing is {share:.0%} of TTFT (TTFT P50 {_ms(t50)}, TPOT P50"
         f" {_ms(ev.tpot.get('p50'))})"
@@ -515,6 +545,19 @@ def batch_queueing(ev: Evidence) -> Finding | None:
     )
 
 
+def _queue_seen(ev: Evidence) -> str:
+    """What the engine's gauges showed of the queue; figures nobody measured (a simulated
+    run has no gauges, only the closed loop's users past the cap) are left out."""
+    if not ev.waiting_max:
+        return f"engine queue time {_ms(ev.queue_ms)} a request (the waiting gauge sampled none)"
+    seen = f"waiting peaked at {ev.waiting_max:.0f}"
+    if ev.waiting_mean is not None:
+        seen += f" (mean {ev.waiting_mean:.1f})"
+    if ev.running_max is not None:
+        seen += f", running at {ev.running_max:.0f}"
+    return seen
+
+
 def tail_mix(ev: Evidence) -> Finding | None:
     """P99 bad with the mean fine, from long and short requests sharing the batch (seed 003
     §13 "平均延迟正常但P99很差: 长短请求混跑、输出上限"; seed 000 §6.3)."""
@@ -540,7 +583,7 @@ def tail_mix(ev: Evidence) -> Finding | None:
     # Split between the short and the long class: the geometric mean of the input P50
     # and P99 sits between them whatever the blend's weights.
     split = int(round((i.get("p50", 0.0) * i.get("p99", 0.0)) ** 0.5))
-    mbt = ev.config.get("max_num_batched_tokens")
+    mbt = ev.batched_tokens
     return Finding(
         "tail_long_short_mix",
         "engine",
@@ -579,10 +622,18 @@ def prefill_heavy(ev: Evidence) -> Finding | None:
     i50, o50 = ev.input_tokens.get("p50"), ev.output_tokens.get("p50")
     if share is None or share < 0.4 or q >= QUEUE_SHARE or not i50 or not o50 or i50 < 4 * o50:
         return None
-    mbt = ev.config.get("max_num_batched_tokens")
+    mbt = ev.batched_tokens
     # EngineConfig's canonical knob (on by default in vLLM v1 and llama.cpp): when it is
     # already on, the action is to make prompts share their prefix so it hits.
     pc_on = ev.config.get("enable_prefix_caching", True)
+    budget = Action(
+        "max_num_batched_tokens",
+        mbt or "default",
+        2 * (mbt or max(2048, int(i50))),
+        "a bigger prefill budget per step",
+    )
+    # A long/short mix asks for smaller chunks (tail_mix): a bigger budget would undo it.
+    mixed = tail_mix(ev) is not None
     return Finding(
         "prefill_heavy",
         "engine",
@@ -596,12 +647,7 @@ def prefill_heavy(ev: Evidence) -> Finding | None:
             Action("prompt layout", "as sent", "shared part first", "so the prefix cache hits")
             if pc_on
             else Action("enable_prefix_caching", False, True, "shared prefixes skip prefill"),
-            Action(
-                "max_num_batched_tokens",
-                mbt or "default",
-                2 * (mbt or max(2048, int(i50))),
-                "a bigger prefill budget per step",
-            ),
+            *([] if mixed else [budget]),
             Action("input length", f"P50 {i50:.0f}", f"{int(i50 // 2)}", "trim the prompt"),
         ],
     )
@@ -617,7 +663,7 @@ def decode_heavy(ev: Evidence) -> Finding | None:
         return None
     if run is None or run < 1.5:
         return None
-    mbt = ev.config.get("max_num_batched_tokens")
+    mbt = ev.batched_tokens
     cap = ev.batch_cap
     return Finding(
         "decode_heavy",
@@ -630,7 +676,7 @@ def decode_heavy(ev: Evidence) -> Finding | None:
         50.0,
         [
             Action(
-                "max_num_seqs" if ev.engine != "llamacpp" else "parallel_slots",
+                knobs(ev.engine).batch,
                 cap or "default",
                 max(1, int(run // 2)) if run >= 2 else 1,
                 "a smaller decode batch: faster tokens, less throughput",
@@ -654,11 +700,11 @@ def gpu_underused(ev: Evidence) -> Finding | None:
     if util is None or util >= GPU_LOW_UTIL:
         return None
     mem = ev.tel.get("gpu_memory_used_max")
-    cap = ev.batch_cap
+    cap, batch = ev.batch_cap, knobs(ev.engine).batch
     run = ev.running_mean
     trig = f"GPU utilisation averaged {util:.0%}"
     if run is not None:
-        trig += f" with {run:.1f} requests running" + (f" of max_num_seqs {cap}" if cap else "")
+        trig += f" with {run:.1f} requests running" + (f" of {batch} {cap}" if cap else "")
     if mem is not None:
         trig += f"; GPU memory peak {mem / 2**30:.1f} GiB"
     under_cap = cap is not None and run is not None and run < 0.5 * cap
@@ -670,9 +716,7 @@ def gpu_underused(ev: Evidence) -> Finding | None:
             "first in the seed's order: is there enough load",
         )
         if under_cap
-        else Action(
-            "max_num_seqs", cap or "default", 2 * cap if cap else 256, "batch limit too small"
-        ),
+        else Action(batch, cap or "default", 2 * cap if cap else 256, "batch limit too small"),
         Action("CPU / tokenizer / streaming", "-", "check", "host-side stalls"),
     ]
     tp = int(ev.config.get("tensor_parallel_size") or 1)
@@ -733,7 +777,17 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
 )
 
 
+def doable(ev: Evidence, a: Action) -> bool:
+    """An action worth printing: it changes something (not `0.95 -> 0.95`), on a knob the
+    engine has at both values (the adapter's own unsupported-knob report: no fp8 KV cache
+    or memory fraction on llama.cpp)."""
+    return a.now != a.next and engine_has(ev.engine, a.knob, (a.now, a.next))
+
+
 def diagnose(ev: Evidence) -> list[Finding]:
-    """Every finding that fires, client and host problems first, then by score."""
+    """Every finding that fires, client and host problems first, then by score; each with
+    only the actions that are `doable`."""
     found = [f for rule in RULES if (f := rule(ev)) is not None]
+    for f in found:
+        f.actions = [a for a in f.actions if doable(ev, a)]
     return sorted(found, key=lambda f: (KINDS.index(f.kind), -f.score))

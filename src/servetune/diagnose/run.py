@@ -14,6 +14,8 @@ from servetune.diagnose.rules import Finding, diagnose
 from servetune.errors import InputError
 from servetune.results.schema import RunResult
 
+MAX_WINDOW_S = 86_400  # a day: longer is a monitor's job (servetune monitor), not a window
+
 
 @dataclass
 class Diagnosis:
@@ -94,8 +96,10 @@ def watch(
     from servetune.telemetry import sampling, telemetry_options
     from servetune.telemetry.host import local_server_pids
 
-    if not window_s >= 1:  # NaN too
-        raise InputError("--window", f"{window_s:g} s", "give a window of at least 1 second")
+    if not 1 <= window_s <= MAX_WINDOW_S:  # NaN and inf too
+        raise InputError(
+            "--window", f"{window_s:g} s", f"give a window of 1 to {MAX_WINDOW_S} seconds"
+        )
     if engine is not None:
         _check_engine(engine)
     fetch = http_fetcher(url, engine_adapter(engine) if engine else None)

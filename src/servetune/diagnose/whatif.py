@@ -42,20 +42,45 @@ def _fmt_s(ms: float | None) -> str:
     return "-" if ms is None else f"{ms / 1000:.2f} s"
 
 
+# Simulated P99 TTFT within 2% of the run's is no change: a one-step shift in when a batch
+# forms moves it that much on the same requests.
+SAME_TTFT = 0.02
+
+
+def verdict(before: RunResult, after: RunResult) -> str | None:
+    """None when the change gains (a lower simulated P99 TTFT or fewer preemptions); else
+    "worse" (nothing completed, or either got worse) or "no gain"."""
+    b, a = before.metrics.ttft_ms.p99, after.metrics.ttft_ms.p99
+    if not after.metrics.completed or a is None:
+        return "worse (nothing completed)"
+    bp = before.target.sim.preemptions if before.backend == "sim" else None
+    ap = after.target.sim.preemptions
+    if (b is not None and a < b * (1 - SAME_TTFT)) or (bp is not None and ap < bp):
+        return None
+    if (b is not None and a > b * (1 + SAME_TTFT)) or (bp is not None and ap > bp):
+        return "worse"
+    return "no gain"
+
+
 def effect(before: RunResult, after: RunResult) -> str:
-    """`simulated: P99 TTFT a -> b, TPOT P50 c -> d ms, preemptions e -> f`."""
+    """`simulated[: no gain|worse]: P99 TTFT a -> b, TPOT P50 c -> d ms, preemptions e -> f;
+    <the simulator's expected error>`: the figures carry the error the tier is known for."""
     b, a = before.metrics, after.metrics
-    out = f"simulated: P99 TTFT {_fmt_s(b.ttft_ms.p99)} -> {_fmt_s(a.ttft_ms.p99)}"
+    out = f"P99 TTFT {_fmt_s(b.ttft_ms.p99)} -> {_fmt_s(a.ttft_ms.p99)}"
     if b.tpot_ms.p50 is not None and a.tpot_ms.p50 is not None:
         out += f", TPOT P50 {b.tpot_ms.p50:.1f} -> {a.tpot_ms.p50:.1f} ms"
     if before.backend == "sim":
         out += f", preemptions {before.target.sim.preemptions} -> {after.target.sim.preemptions}"
-    return out
+    v = verdict(before, after)
+    out = f"simulated: {v} ({out})" if v else f"simulated: {out}"
+    note = after.target.sim.expected_error
+    return f"{out}; {note}" if note else out
 
 
 def add_simulated_effects(res: RunResult, findings: list[Finding]) -> None:
     """Append the simulator's prediction to the top action of the first engine findings,
-    when that action is an engine knob with a concrete next value."""
+    when that action is an engine knob with a concrete next value. An action the simulator
+    shows gains nothing goes below the finding's other actions."""
     knobs = set(EngineConfig.model_fields)
     done = 0
     for f in findings:
@@ -70,3 +95,5 @@ def add_simulated_effects(res: RunResult, findings: list[Finding]) -> None:
             continue
         sim = effect(res, after)
         act.predicted = f"{act.predicted}; {sim}" if act.predicted else sim
+        if verdict(res, after):
+            f.actions.append(f.actions.pop(0))

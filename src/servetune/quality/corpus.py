@@ -59,6 +59,9 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
             f"{p}: every passage needs id and text, every task id, prompt and answer ({exc})",
             f"see {builtin_path().name} in the package for the shape",
         ) from None
+    empty = next((d.id for d in passages if not d.text.strip()), None)
+    if empty is not None:
+        raise InputError("--corpus", f"{p}: passage {empty!r} has no text", "give it text")
     if len(passages) < 2:
         raise InputError("--corpus", f"{p} has {len(passages)} passage(s)", "give 2 or more")
     return Corpus(passages, tasks)

@@ -172,6 +172,12 @@ def compare(base: Endpoint, cand: Endpoint, corpus: Corpus, s: Settings) -> Qual
                 f"tokenizes passage {p.id!r} differently from the baseline",
                 "compare builds of one model (same tokenizer)",
             )
+        if len(b) < 2:  # the first token has no context: nothing in it to score
+            raise InputError(
+                "--corpus",
+                f"passage {p.id!r} is {len(b)} token(s) long: perplexity scores none of it",
+                "give passages of 2 tokens or more",
+            )
         tokens.append(b)
     first = score(base, corpus, tokens, s)
     other = score(cand, corpus, tokens, s)

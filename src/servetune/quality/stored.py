@@ -3,15 +3,30 @@ bench run (the result itself goes in with `Store.set_quality`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import ValidationError
+
+from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.quality.verdict import Perf
 from servetune.store import Store
+from servetune.store.runinfo import RunInfo
+from servetune.tune.objective import gpus_of
 
 
 def resolve_one(store: Store, ref: str, flag: str) -> str:
+    """The one bench run `ref` names. A simulated run is refused: §2 judges the measured
+    throughput, P99 and errors, and a simulation measured none of them."""
     ids = store.resolve([ref])
     if len(ids) != 1:
         raise InputError(flag, f"{ref!r} names {len(ids)} runs", "give one run id")
+    if store.get(ids[0]).backend == "sim":
+        raise InputError(
+            flag,
+            f"{ids[0]} is a simulated run, not a measurement",
+            "give a bench run of the build (servetune bench)",
+        )
     return ids[0]
 
 
@@ -49,4 +64,17 @@ def perf(store: Store, ref: str, flag: str) -> Perf:
     that never finished)."""
     run_id = resolve_one(store, ref, flag)
     info = store.get(run_id)
-    return Perf.from_metrics(store.metrics(info), info.gpu_count)
+    return Perf.from_metrics(store.metrics(info), build_gpus(info))
+
+
+def build_gpus(info: RunInfo) -> int | None:
+    """GPUs the measured build occupies (TP x PP x DP of its engine config), not the
+    host's count: a TP=2 build and a TP=1 build on one 8-GPU host cost 2 and 1 GPUs.
+    The host's count only when the run recorded no usable config."""
+    cfg: dict[str, Any] = info.engine_config or dict(info.target.config or {})
+    if not cfg:
+        return info.gpu_count
+    try:
+        return gpus_of(EngineConfig.model_validate(cfg))
+    except ValidationError:
+        return info.gpu_count
