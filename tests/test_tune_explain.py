@@ -139,6 +139,7 @@ def test_the_headline_names_the_load_of_its_score_when_it_is_not_the_capacity() 
         PointResult("concurrency", 2.0, True, req_s=1.37, completed=6),
     ]
     win = _trial(points, capacity=2.0)
+    win.first_fail = 4.0  # bracketed: the capacity is measured, not a lower bound
     win.score, win.best = 1.86, points[0]
     line = explain(win, [win], None, Objective(), [])[0]
     assert (
@@ -147,3 +148,6 @@ def test_the_headline_names_the_load_of_its_score_when_it_is_not_the_capacity() 
     win.score, win.best = 1.37, points[1]  # the capacity's point is the best one
     line = explain(win, [win], None, Objective(), [])[0]
     assert line == "best goodput per GPU: 1.37 req/s/GPU at a capacity of 2 users within the SLO"
+    win.first_fail = None  # no load tried missed: the capacity is a lower bound
+    line = explain(win, [win], None, Objective(), [])[0]
+    assert "at a capacity of at least 2 users within the SLO" in line

@@ -233,12 +233,14 @@ def bench(
         if live is not None:
             live.shutdown()
     if as_json:
+        from servetune.metrics.turns import session_fields
+
         payload = [
             {"id": r.id, "load": r.load.model_dump(), "status": r.status,
              "client": r.client.model_dump(), "metrics": r.metrics.model_dump(),
              "cancellation": r.cancellation,
              "server_deltas": r.server.deltas if r.server else None,
-             "ttft_split_ms": ttft_split(r) or None}
+             "ttft_split_ms": ttft_split(r) or None, **session_fields(r)}
             for r in results
         ]  # fmt: skip
         typer.echo(json.dumps(payload if settings.loads.many else payload[0], indent=2))

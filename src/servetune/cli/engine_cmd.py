@@ -16,6 +16,7 @@ import typer
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
+    from servetune.engines.base import Device
     from servetune.engines.config import EngineConfig
 
 engine_app = typer.Typer(
@@ -31,11 +32,25 @@ def register(app: typer.Typer) -> None:
     app.add_typer(engine_app, name="engine")
 
 
+# Fields of EngineConfig that --set must not reach, and the option that sets each: an
+# `engine` knob would swap which engine's rules apply under the one named on the line.
+_NOT_SET = {
+    "engine": "name the engine as the ENGINE argument or with --engine",
+    "extra_args": "give engine flags verbatim with engine command/launch --extra",
+}
+
+
 def parse_sets(
-    engine: str, sets: list[str], extra: str | None = None, *, lacking_ok: bool = False
+    engine: str,
+    sets: list[str],
+    extra: str | None = None,
+    *,
+    lacking_ok: bool = False,
+    device: Device = "gpu",
 ):  # -> EngineConfig
     """`key=value` pairs (JSON values, else strings) -> a validated EngineConfig. A knob
-    the engine has no flag for is refused unless `lacking_ok` (`engine command` lists them)."""
+    the engine has no flag for is refused unless `lacking_ok` (`engine command` lists them);
+    `device` picks the rules the engine's build applies there (vLLM CPU's block sizes)."""
     from servetune.engines.config import EngineConfig
     from servetune.engines.registry import adapter
     from servetune.errors import closest, from_validation_error
@@ -47,9 +62,11 @@ def parse_sets(
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise InputError("--set", f"expected key=value, got {item!r}")
+        if key in _NOT_SET:
+            raise InputError(f"--set {key}", "not a knob", _NOT_SET[key])
         if key not in EngineConfig.model_fields:
-            near = closest(key, EngineConfig.model_fields)
-            knobs = [k for k in EngineConfig.model_fields if k not in ("engine", "extra_args")]
+            knobs = [k for k in EngineConfig.model_fields if k not in _NOT_SET]
+            near = closest(key, knobs)
             hint = f"did you mean {', '.join(near)}?" if near else f"knobs: {', '.join(knobs)}"
             raise InputError("--set", f"unknown knob {key!r}", hint)
         try:
@@ -57,23 +74,24 @@ def parse_sets(
         except ValueError:
             data[key] = raw
     if extra:
-        data["extra_args"] = tuple(shlex.split(extra)) + tuple(data.get("extra_args") or ())
+        data["extra_args"] = tuple(shlex.split(extra))
     try:
         cfg = EngineConfig.model_validate(data)
     except Exception as exc:  # pydantic.ValidationError
         raise from_validation_error(exc, "--set") from None
     if not lacking_ok:
-        _check_engine_has_flags(engine, cfg, [k for k in data if k not in ("engine", "extra_args")])
+        _check_engine_has_flags(engine, cfg, [k for k in data if k not in _NOT_SET], device)
     return cfg
 
 
-def _check_engine_has_flags(engine: str, cfg, names: list[str]) -> None:
+def _check_engine_has_flags(engine: str, cfg, names: list[str], device: Device = "gpu") -> None:
     """A knob set for an engine with no flag for it (llama.cpp's parallel_slots on vLLM)
     would be recorded, or simulated, as a config the engine cannot run: refused, naming
-    the engine's reason (the same LaunchSpec.unsupported the tuner's space check reads)."""
+    the engine's reason (the same LaunchSpec.unsupported the tuner's space check reads).
+    The command is built for `device`, so its rules (block size) are the ones in force."""
     from servetune.engines.registry import launch_command
 
-    spec = launch_command(engine, cfg, "model")
+    spec = launch_command(engine, cfg, "model", device=device)
     for name in names:
         why = spec.why_unsupported(name)
         if why is not None:
@@ -285,9 +303,9 @@ def launch_cmd(
     import time
 
     from servetune.engines import detached
-    from servetune.engines.process import launch
+    from servetune.engines.process import default_device, launch
 
-    cfg = parse_sets(engine, sets, extra)
+    cfg = parse_sets(engine, sets, extra, device=default_device())
     generated = Path(model) / "servetune_spec.json"
     if engine == "vllm" and generated.exists():
         cfg, notes = generated_model_config(cfg, json.loads(generated.read_text()))

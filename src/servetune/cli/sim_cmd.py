@@ -150,8 +150,10 @@ def simulate(
             say_line(warn)
     results = run_simulate(settings, Hooks(ready=ready, point=point, say=say))
     if as_json:
+        from servetune.metrics.turns import session_fields
+
         stored = None if settings.store is None else not store_off  # null: --no-store
-        summaries = [{**_summary(r), "stored": stored} for r in results]
+        summaries = [{**_summary(r), **session_fields(r), "stored": stored} for r in results]
         sys.stdout.write(json.dumps(summaries if settings.loads.many else summaries[0], indent=2))
         sys.stdout.write("\n")
     refused_all(results)

@@ -47,7 +47,39 @@ def _run_files(runs: str) -> list[Path]:
     return files
 
 
+# The modes that read each mode-specific flag; any other mode refuses it rather than run
+# without it (`--published --profile p.json` ran the published set and never read p.json).
+_READ_BY = {
+    "--profile": ("--runs", "--live"),
+    "--profile-out": ("--runs", "--live"),
+    "--engine": ("--runs", "--live"),
+    "--repeats": ("--live",),
+    "--published-file": ("--published",),
+    "--tier": ("--published",),
+    "--per-run": ("--published",),
+    "--measure": ("--published",),
+    "--jobs": ("--published",),
+}
+
+
+def check_mode_flags(mode: str, given: list[str]) -> None:
+    """InputError for the first flag in `given` that `mode` (--published, --runs, --live)
+    does not read, naming the modes that do."""
+    for flag in given:
+        modes = _READ_BY.get(flag, (mode,))
+        if mode not in modes:
+            raise InputError(flag, f"not used with {mode}", f"drop it, or use {'/'.join(modes)}")
+
+
+def _given_flags(ctx: typer.Context) -> list[str]:
+    """The options typed on the command line (a default value typed out counts). By the
+    source's name: typer bundles its own click, whose ParameterSource is not click's."""
+    sources = {p.opts[0]: p.name and ctx.get_parameter_source(p.name) for p in ctx.command.params}
+    return [flag for flag, src in sources.items() if getattr(src, "name", "") == "COMMANDLINE"]
+
+
 def validate(
+    ctx: typer.Context,
     runs: str = typer.Option(None, "--runs", help="Directory of saved real RunResult JSON files."),
     live: bool = typer.Option(False, "--live", help="Start the engine and run the workloads."),
     engine: str = typer.Option("vllm", "--engine", help="vllm (CPU build) or llamacpp."),
@@ -84,9 +116,11 @@ def validate(
     if published or published_file:
         if runs or live:
             raise InputError("--published", "give --published alone, not with --runs/--live", None)
+        check_mode_flags("--published", _given_flags(ctx))
         from servetune.procfs import usable_cores
 
-        _published(published_file, tier or None, per_run, as_json, measure, jobs or usable_cores())
+        tiers = list(dict.fromkeys(tier or ())) or None  # `--tier gpu --tier gpu`: once
+        _published(published_file, tiers, per_run, as_json, measure, jobs or usable_cores())
         return
     from servetune import validate as v
     from servetune.results.files import check_outputs
@@ -94,13 +128,14 @@ def validate(
 
     if bool(runs) == bool(live):
         raise InputError("validate", "give exactly one of --runs DIR, --live and --published", None)
+    check_mode_flags("--runs" if runs else "--live", _given_flags(ctx))
     check_outputs({"--profile-out": profile_out}, {})  # before the fit or the live runs
     v.check_harness_engine(engine)
     prof = load_profile(profile) if profile else None
-    files = _run_files(runs) if runs else []
+    saved = load_results(_run_files(runs), "--runs") if runs else []  # before the model
     h = v.harness_for(engine)  # makes or fetches the model once
     if runs:
-        out = v.validate_runs(load_results(files), h, prof)
+        out = v.validate_runs(saved, h, prof)
     else:
         say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
         # a calibration run in every block, unless a profile is given

@@ -120,8 +120,9 @@ def _kv_fraction(cfg: EngineConfig, pool: PlannedPool | None, b: FlagBuilder) ->
     docs ("How to Change KV Cache Behavior") read the default 0.9 as "90% of free GPU
     memory". With the plan's figures: fraction = KV pool / (device - weights - activation
     peak - fixed overheads), floored to 4 decimals so the pool never exceeds the plan."""
-    if cfg.kv_cache_space_gib is not None:
-        return  # kv_cache_config.max_gpu_total_bytes sizes the pool
+    if cfg.kv_cache_space_gib is not None:  # kv_cache_config.max_gpu_total_bytes sizes it
+        b.unsupported_if_set("gpu_memory_utilization", "kv_cache_space_gib sizes the KV pool")
+        return
     free = pool.free_after_load_bytes if pool else 0.0
     if pool is None or pool.kv_bytes <= 0 or free <= 0:
         b.unsupported_if_set(

@@ -31,6 +31,8 @@ name = "vllm"
 default_port = 8000
 health_path = "/health"
 MODULE = "vllm.entrypoints.openai.api_server"
+# The CPU backend's block size when none is given (vllm/platforms/cpu.py).
+CPU_DEFAULT_BLOCK = 128
 
 _KV_DTYPE = {"fp8": "fp8", "fp16": "float16", "bf16": "bfloat16", "int8": "int8_per_token_head"}
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "mxfp4": "mxfp4"}
@@ -125,11 +127,17 @@ def build(
         if device == "cpu" and float(cfg.kv_cache_space_gib).is_integer():
             b.env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.kv_cache_space_gib))
     if cfg.kv_cache_tokens is not None:
-        blocks = -(-cfg.kv_cache_tokens // cfg.block_size)
+        block = block_in_force(cfg, device)
+        blocks = -(-cfg.kv_cache_tokens // block)
         b.flag("--num-gpu-blocks-override", blocks)
         b.notes.append(
-            f"kv_cache_tokens: {cfg.kv_cache_tokens} tokens -> {blocks} blocks of {cfg.block_size}"
+            f"kv_cache_tokens: {cfg.kv_cache_tokens} tokens -> {blocks} blocks of {block}"
         )
+        if cfg.kv_cache_space_gib is not None:  # vLLM allocates the override's blocks
+            b.notes.append(
+                "kv_cache_space_gib: the memory vLLM reserves and checks; the pool is "
+                "kv_cache_tokens' blocks (--num-gpu-blocks-override wins)"
+            )
     _block_size(cfg, device, b)
     check_scheduling_policy(cfg)  # fcfs or priority: lpm is SGLang's
     b.map(
@@ -145,6 +153,14 @@ def build(
     return b.finish(name, host, port)
 
 
+def block_in_force(cfg: EngineConfig, device: Device) -> int:
+    """Tokens per block vLLM will use: the override counts blocks of this size, so a pool
+    in tokens divided by 16 on CPU (whose default block is 128) would be 8x too large."""
+    if device == "cpu" and cfg.block_size == 16:
+        return CPU_DEFAULT_BLOCK
+    return cfg.block_size
+
+
 def _block_size(cfg: EngineConfig, device: Device, b: FlagBuilder) -> None:
     check_block_size(cfg, device)  # a multiple of 16 on GPU, of 32 on CPU
     if device != "cpu":
@@ -153,7 +169,7 @@ def _block_size(cfg: EngineConfig, device: Device, b: FlagBuilder) -> None:
         return
     if cfg.block_size == 16:
         # 16 is the canonical (GPU) default; the CPU backend then picks its own (128).
-        b.notes.append("block_size: left to vLLM CPU's default (128)")
+        b.notes.append(f"block_size: left to vLLM CPU's default ({CPU_DEFAULT_BLOCK})")
         return
     b.flag("--block-size", cfg.block_size)
 

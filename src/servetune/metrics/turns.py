@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -215,6 +216,13 @@ def run_session_metrics(res: RunResult) -> SessionMetrics | None:
         server_deltas=res.server.deltas if res.server else None,
         system_prompts=plan_sessions(spec).system_prompts(),
     )
+
+
+def session_fields(res: RunResult) -> dict[str, Any]:
+    """`{"sessions": ...}` for a session run's --json summary (empty otherwise): the
+    figures `session_line` prints, for scripts, without changing the RunResult schema."""
+    m = run_session_metrics(res)
+    return {} if m is None else {"sessions": m.model_dump(mode="json")}
 
 
 def session_line(res: RunResult) -> str | None:

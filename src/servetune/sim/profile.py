@@ -118,6 +118,7 @@ def save_profile(profile: Profile, path: str | Path, field: str = "--output") ->
         tmp.write_text(profile.model_dump_json(indent=2) + "\n")
 
 
-def load_results(paths: Sequence[str | Path]) -> list[RunResult]:
-    """Bench result files (RunResult JSON) for calibration."""
-    return [load_result(path, "calibrate") for path in paths]
+def load_results(paths: Sequence[str | Path], field: str = "calibrate") -> list[RunResult]:
+    """Bench result files (RunResult JSON) for calibration; a bad one names `field`, the
+    option that gave it (calibrate's arguments, validate's --runs)."""
+    return [load_result(path, field) for path in paths]

@@ -98,6 +98,17 @@ class _SessionBase(StrictModel):
         "all", description="The turns the SLO judges (e.g. followup: P95 TTFT of follow-ups)."
     )
 
+    @model_validator(mode="after")
+    def _cap_rule_needs_cap(self) -> _SessionBase:
+        """`on_cap: end_session` with no cap would never end a session. Only the non-default
+        rule is refused: a spec dumped whole (a result's workload) holds drop_oldest."""
+        if self.on_cap != "drop_oldest" and self.context_cap_tokens is None:
+            raise ValueError(
+                f"on_cap {self.on_cap} is read only with context_cap_tokens "
+                "(give context_cap_tokens, or drop on_cap)"
+            )
+        return self
+
 
 class Conversation(_SessionBase):
     """A chat: `turns` per session; per turn a new user message (`user_tokens`) and the
@@ -113,8 +124,17 @@ class Conversation(_SessionBase):
 
     @model_validator(mode="after")
     def _source(self) -> Conversation:
-        if self.dataset is None and None in (self.turns, self.user_tokens, self.output_tokens):
+        """Lengths come from the dataset or from the three fields, never both: beside a
+        dataset they would be ignored."""
+        names = ("turns", "user_tokens", "output_tokens")
+        given = [n for n in names if getattr(self, n) is not None]
+        if self.dataset is None and len(given) < len(names):
             raise ValueError("give turns, user_tokens and output_tokens, or a dataset")
+        if self.dataset is not None and given:
+            raise ValueError(
+                f"{', '.join(given)}: not read with a dataset, whose conversations set "
+                "them (drop them, or the dataset)"
+            )
         return self
 
 
