@@ -212,3 +212,12 @@ def test_meta_is_validated(store: Store) -> None:
     rid = store.begin_run(RunMeta(model="m", engine_config={"engine": "tgi"}))
     with pytest.raises(InputError, match="already"):
         store.begin_run(RunMeta(id=rid))
+
+
+def test_a_gpu_count_left_unsaid_is_the_configs_world(store: Store) -> None:
+    """A run on a GPU whose host did not count its GPUs (an import): TP x PP x DP of its
+    config, as the tuner counts GPUs per replica (DP was left out: TP2 DP2 read 2)."""
+    rid = store.begin_run({"backend": "real", "hardware": {"gpu": "h100-sxm"},
+                           "engine_config": {"tensor_parallel_size": 2,
+                                             "data_parallel_size": 2}})  # fmt: skip
+    assert store.get(rid).gpu_count == 4

@@ -641,7 +641,13 @@ def records_metrics(
 
 
 def _world(cfg: Mapping[str, Any]) -> int:
-    return int(cfg.get("tensor_parallel_size") or 1) * int(cfg.get("pipeline_parallel_size") or 1)
+    """GPUs a stored config occupies when the host did not say: TP x PP x DP, as
+    `tune.objective.gpus_of` counts an EngineConfig (DP was left out: a DP=2 run read 1)."""
+    return (
+        int(cfg.get("tensor_parallel_size") or 1)
+        * int(cfg.get("pipeline_parallel_size") or 1)
+        * int(cfg.get("data_parallel_size") or 1)
+    )
 
 
 def _as_meta(meta: RunMeta | Mapping[str, Any] | None) -> RunMeta:
