@@ -113,6 +113,14 @@ def test_space_validation_errors_name_the_field() -> None:
         parse_space({"engine": "llamacpp", "knobs": {"gpu_memory_utilization": [0.8, 0.9]}})
     with pytest.raises(InputError, match="not allowed"):
         parse_space({"knobs": {"max_num_seqs": [8]}, "constraints": ["__import__('os')"]})
+    # a knob the space leaves unset is None in every config: the constraint never bound
+    with pytest.raises(InputError, match="max_num_batched_tokens is neither a knob nor fixed"):
+        parse_space({"knobs": {"max_num_seqs": [8, 64]},
+                     "constraints": ["max_num_batched_tokens >= max_num_seqs"]})  # fmt: skip
+    fixed = parse_space({"knobs": {"max_num_seqs": [8, 64]},
+                         "fixed": {"max_num_batched_tokens": 32},
+                         "constraints": ["max_num_batched_tokens >= max_num_seqs"]})  # fmt: skip
+    assert [p["max_num_seqs"] for p in fixed.valid_points()] == [8]
     s = parse_space({"knobs": {"max_num_seqs": {"min": 8, "max": 64, "mult": 2},
                                "max_num_batched_tokens": [16, 4096]},
                      "constraints": ["max_num_batched_tokens >= max_num_seqs"]})  # fmt: skip

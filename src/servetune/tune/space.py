@@ -206,7 +206,7 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
         constraints = [constraints]
     names = set(knobs) | set(fixed) | set(EngineConfig.model_fields)
     for c in constraints:
-        parse_constraint(str(c), names)
+        _check_bound(str(c), parse_constraint(str(c), names), set(knobs) | set(fixed))
     space = SearchSpace(eng, knobs, fixed, baseline, tuple(str(c) for c in constraints))
     _check_values(space)
     _check_engine_maps(space)
@@ -400,6 +400,21 @@ def parse_constraint(text: str, names: set[str]) -> ast.Expression:
             hint = f"did you mean {', '.join(near)}?" if near else None
             raise InputError("space.constraints", f"{text!r}: unknown name {node.id!r}", hint)
     return tree
+
+
+def _check_bound(text: str, tree: ast.Expression, space_names: set[str]) -> None:
+    """Refuse a constraint on a knob the space neither varies nor fixes: every config
+    leaves it unset, and an unset knob makes its comparisons true, so the constraint
+    would never bind (`dtype > 1` kept every config, silently)."""
+    for node in ast.walk(tree):
+        name = node.id if isinstance(node, ast.Name) else None
+        if name in EngineConfig.model_fields and name not in space_names:
+            raise InputError(
+                "space.constraints",
+                f"{text!r}: {name} is neither a knob nor fixed in the space, so the "
+                "constraint never binds",
+                f"add {name} to knobs or fixed, or drop the constraint",
+            )
 
 
 def check_constraint(text: str, values: Mapping[str, Any]) -> bool:
