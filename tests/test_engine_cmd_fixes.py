@@ -66,6 +66,28 @@ def test_launch_on_a_cpu_host_checks_the_cpu_block_rule(
     assert code == 2 and "multiple of 32, which vLLM's CPU backend needs" in err
 
 
+@pytest.mark.parametrize("command", ["simulate", "calibrate"])
+def test_simulate_and_calibrate_on_cpu_host_name_the_cpu_block_rule(
+    capsys: pytest.CaptureFixture[str], command: str, tmp_path
+) -> None:
+    """`simulate --gpu cpu-host --set block_size=24` named the GPU rule (a multiple of 16),
+    whose fix (16, 32, 64) the CPU backend refuses in turn."""
+    args = {
+        "simulate": ["simulate", "--no-store"],
+        "calibrate": [
+            "calibrate",
+            str(tmp_path / "r.json"),
+            "-m",
+            "llama-3.1-8b",
+            "-o",
+            str(tmp_path / "p.json"),
+        ],
+    }[command]
+    code, out, err = run_cli(capsys, *args, "--gpu", "cpu-host", "--set", "block_size=24")
+    assert code == 2 and out == ""
+    assert "multiple of 32, which vLLM's CPU backend needs" in err
+
+
 def test_vllm_says_which_kv_knob_sizes_the_pool_when_both_are_given() -> None:
     spec = launch_command("vllm", EngineConfig(kv_cache_tokens=4096, kv_cache_space_gib=2), "m")
     assert any(n.startswith("kv_cache_space_gib:") and "override" in n for n in spec.notes)

@@ -27,6 +27,7 @@ from servetune.cli.bench_cmd import (
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
+    from servetune.engines.base import Device
     from servetune.results.schema import RunResult
 
 _SET_HELP = "Canonical knob, repeatable: --set max_num_seqs=64 --set enable_prefix_caching=false"
@@ -107,7 +108,10 @@ def simulate(
     if gpus < 1:
         raise InputError("--gpus", f"{gpus} is not allowed", "give the GPUs of one replica, >= 1")
     check_outputs({"--output": output, "--trace": trace_path}, {})  # before the run
-    cfg = parse_sets(engine, sets)
+    from servetune.hardware import get_hardware
+
+    # the device's own rules (vLLM CPU's block sizes) name the fix the run would need
+    cfg = parse_sets(engine, sets, device=get_hardware(gpu, hardware_file).kind)
     if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
         cfg = cfg.with_(tensor_parallel_size=gpus)
     settings = SimulateSettings(
@@ -223,7 +227,7 @@ def calibrate(
     m, hw = get_model(model), get_hardware(gpu)
     adapter(engine)  # an unknown engine is refused in one line, not fitted under its name
     if sets:  # the engine's start-up rules, before a sweep or a fit (as simulate checks)
-        check_model_config(parse_sets(engine, sets), m, device=hw.kind)
+        check_model_config(parse_sets(engine, sets, device=hw.kind), m, device=hw.kind)
     if url:
         from servetune.bench.reach import check_server
 
@@ -241,7 +245,11 @@ def calibrate(
     if not url:
         measured = runs
     # The sweep is ours, run against one engine: its knobs default when not given.
-    cfg = parse_sets(engine, sets) if url else _replay_config(engine, sets, known)
+    cfg = (
+        parse_sets(engine, sets, device=hw.kind)
+        if url
+        else _replay_config(engine, sets, known, hw.kind)
+    )
     prof = fit_profile(
         runs, engine=engine, model=m.name, hardware=hw.name, engine_version=engine_version
     )
@@ -322,14 +330,16 @@ def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, eng
     return fd.least_disturbed_per_case(runs), runs
 
 
-def _replay_config(engine: str, sets: list[str], known: list[dict | None]) -> Any:
+def _replay_config(
+    engine: str, sets: list[str], known: list[dict | None], device: Device = "gpu"
+) -> Any:
     """The engine's knobs for the replay fit: --set, else the one config every stored run
     recorded (bench --set, tune); None when they are unknown (least squares only)."""
     from servetune.cli.engine_cmd import parse_sets
     from servetune.engines.config import EngineConfig
 
     if sets:
-        return parse_sets(engine, sets)
+        return parse_sets(engine, sets, device=device)
     first = known[0]
     if not first or any(k != first for k in known):
         return None
