@@ -288,6 +288,21 @@ def test_the_decode_batch_leaves_out_the_idle_scrapes_at_the_ends() -> None:
     assert ev.running_mean == pytest.approx(1.2) and ev.running_busy_mean == 2.0
 
 
+def test_the_pool_an_engine_exports_is_the_pool_a_bench_run_had() -> None:
+    """A bench run against a server nobody launched here has no start-up log: the pool
+    its /metrics reports (SGLang's max_total_num_tokens, vLLM's cache_config_info) is the
+    one `fits_in_kv` measures against; the log's figure, where there is one, stays."""
+    from servetune.diagnose.evidence import engine_figures
+
+    series = ServerSeries(values=[{"kv_cache_capacity_tokens": 32768.0}] * 2)
+    ev = Evidence("x")
+    engine_figures(ev, series)
+    assert ev.kv_pool_tokens == 32768
+    logged = Evidence("x", settings={"kv_cache_tokens": 30000})
+    engine_figures(logged, series)
+    assert logged.kv_pool_tokens == 30000
+
+
 def test_nothing_fires_on_a_healthy_run() -> None:
     ev = Evidence("x", running_mean=2.0, waiting_max=0.0, kv_usage_max=0.4, preemptions=0.0)
     ev.ttft = {"mean": 50.0, "p50": 48.0, "p99": 70.0}

@@ -193,3 +193,20 @@ def test_parse_keeps_labels() -> None:
     samples = parse(VLLM_TEXT)
     rows = samples["vllm:request_success_total"]
     assert {r[0]["finished_reason"] for r in rows} == {"stop", "length"}
+
+
+def test_vllm_block_size_and_pool_come_from_its_cache_config_info_labels() -> None:
+    """vLLM exports its KV block size and pool only as labels of an info gauge (value 1):
+    summing values, as for every other gauge, would read 1 for both."""
+    info = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",cache_dtype="auto",'
+        'num_cpu_blocks="None",num_gpu_blocks="256"} 1.0\n'
+    )
+    m = canonical("vllm", VLLM_TEXT + info)
+    assert m.values["kv_block_tokens"] == 128.0
+    assert m.values["kv_cache_blocks"] == 256.0
+    assert m.values["kv_cache_capacity_tokens"] == 128.0 * 256.0
+    unset = info.replace('num_gpu_blocks="256"', 'num_gpu_blocks="None"')
+    m = canonical("vllm", VLLM_TEXT + unset)  # before the pool is sized: no pool figure
+    assert m.values["kv_block_tokens"] == 128.0 and "kv_cache_capacity_tokens" not in m.values

@@ -14,7 +14,7 @@ from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.hardware.catalog import get_hardware
 from servetune.metrics.compute import compute_metrics
-from servetune.metrics.turns import in_class, session_metrics
+from servetune.metrics.turns import in_class, run_session_metrics, session_metrics
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.model.catalog import get_model
 from servetune.sim.engine import simulate
@@ -185,6 +185,27 @@ def test_sim_follow_up_ttft_falls_with_prefix_caching_and_hits_match_the_allowan
     assert m is not None and m.measured_hit_rate is not None
     assert abs(m.measured_hit_rate - m.allowed_hit_rate) < 0.03
     assert session_metrics(list(off.records)).measured_hit_rate == 0
+
+
+def test_the_allowed_hit_rate_counts_in_the_block_the_engine_reported() -> None:
+    """vLLM CPU runs 128-token blocks when none is given: counting a bench run's allowed
+    reuse in 16-token blocks (the GPU default) overstated what its cache could serve."""
+    from servetune.results.schema import ServerSeries
+
+    wl = chat(count=8, users=2, user_tokens={"dist": "fixed", "value": 100})
+    res = sim(wl)
+    configured = run_session_metrics(res)
+    res.server = ServerSeries(values=[{"kv_block_tokens": 128.0}])
+    reported = run_session_metrics(res)
+    assert configured is not None and reported is not None
+    systems = plan_sessions(parse_workload(wl)).system_prompts()
+    by_block = {
+        b: session_metrics(list(res.records), block_tokens=b, system_prompts=systems)
+        for b in (16, 128)
+    }
+    assert configured.allowed_hit_rate == by_block[16].allowed_hit_rate  # type: ignore[union-attr]
+    assert reported.allowed_hit_rate == by_block[128].allowed_hit_rate  # type: ignore[union-attr]
+    assert reported.allowed_hit_rate < configured.allowed_hit_rate
 
 
 def test_sim_eviction_under_a_small_pool_turns_hits_into_misses() -> None:

@@ -13,7 +13,7 @@ import pytest
 from servetune.engines.process import launch, pid_alive
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG, VLLM_TEST_CONFIG
 from servetune.measure import EngineSession, Point
-from servetune.metrics.turns import SessionMetrics, session_metrics
+from servetune.metrics.turns import SessionMetrics, run_session_metrics, session_metrics
 from servetune.results.schema import RunResult
 from servetune.workload.session_plan import plan_sessions
 from servetune.workload.spec import WorkloadSpec, load_workload, parse_workload
@@ -65,7 +65,12 @@ def test_vllm_follow_ups_hit_the_prefix_cache_as_the_workload_allows(
     vllm_server, llama_test_model: Path
 ) -> None:
     spec = vllm_spec()
-    on = metrics(run(vllm_server, spec), spec, VLLM_TEST_CONFIG.block_size)
+    res = run(vllm_server, spec)
+    on = metrics(res, spec, VLLM_TEST_CONFIG.block_size)
+    # the block the allowance counts in is the one vLLM's /metrics reports
+    assert res.server is not None and res.server.peak("kv_block_tokens") == 32
+    assert (res.server.peak("kv_cache_capacity_tokens") or 0) > 0
+    assert run_session_metrics(res) == on
     assert on.allowed_hit_rate > 0.5 and on.measured_hit_rate is not None
     assert abs(on.measured_hit_rate - on.allowed_hit_rate) <= 0.10  # within 10 points
 

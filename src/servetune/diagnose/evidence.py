@@ -116,6 +116,8 @@ def engine_figures(ev: Evidence, series: ServerSeries | None) -> None:
     if busy:
         ev.running_busy_mean = float(np.mean(busy))
     ev.kv_usage_max = series.peak("kv_cache_usage")
+    if pool := series.peak("kv_cache_capacity_tokens"):  # the pool the engine says it keeps
+        ev.settings.setdefault("kv_cache_tokens", int(pool))
     d = series.deltas
     if "preemptions_total" in d:
         ev.preemptions = d["preemptions_total"]

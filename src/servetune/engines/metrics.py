@@ -3,7 +3,10 @@
 Canonical names (same meaning on every engine; absent when an engine does not export it):
   requests_running, requests_waiting          gauges, requests
   kv_cache_usage                              gauge, fraction 0..1 of the KV pool in use
-  kv_cache_capacity_tokens                    gauge, KV pool size in tokens (SGLang, TGI)
+  kv_cache_capacity_tokens                    gauge, KV pool size in tokens (SGLang, TGI,
+                                              vLLM: blocks x block tokens of its cache_config_info)
+  kv_block_tokens, kv_cache_blocks            the paged pool's block size (tokens) and blocks
+                                              (vLLM's cache_config_info labels)
   prefix_cache_queries_total, prefix_cache_hits_total   counters, tokens
   prefix_cache_hit_rate                       gauge (SGLang reports a rate, not counters)
   preemptions_total                           counter (SGLang: retracted requests)
@@ -100,6 +103,21 @@ def _histogram(samples: Samples, family: str) -> Histogram | None:
     return Histogram(tuple(sorted(by_le.items())), count, total)
 
 
+def _label_values(samples: Samples, labels: dict[str, tuple[str, str]]) -> dict[str, float]:
+    """Figures an engine exports as a label of an info gauge (vLLM's
+    `vllm:cache_config_info{block_size="16",num_gpu_blocks="2048",...} 1`): canonical name
+    -> (gauge, label), read from its first series whose label is a number."""
+    out: dict[str, float] = {}
+    for canon, (gauge, label) in labels.items():
+        for lbls, _ in samples.get(gauge, []):
+            try:
+                out[canon] = float(lbls[label])
+            except (KeyError, ValueError):
+                continue
+            break
+    return out
+
+
 def canonical(engine: str, text: str) -> EngineMetrics:
     """Map one engine's /metrics text to canonical names."""
     mod = adapter(engine)
@@ -111,6 +129,11 @@ def canonical(engine: str, text: str) -> EngineMetrics:
             continue
         vals = [v for _, v in found]
         values[canon] = sum(vals) / len(vals) if canon in _MEAN else sum(vals)
+    values |= _label_values(samples, getattr(mod, "METRIC_LABELS", {}))
+    if "kv_cache_capacity_tokens" not in values and {"kv_block_tokens", "kv_cache_blocks"} <= set(
+        values
+    ):  # a paged pool holds its blocks x the tokens of one block
+        values["kv_cache_capacity_tokens"] = values["kv_block_tokens"] * values["kv_cache_blocks"]
     hists = {c: h for c, fam in mod.HISTOGRAMS.items() if (h := _histogram(samples, fam))}
     raw = {name: sum(v for _, v in rows) for name, rows in samples.items()}
     if derive := getattr(mod, "derived", None):  # figures an engine exports only as parts

@@ -50,6 +50,13 @@ METRICS: dict[str, str] = {
     "generation_tokens_total": "vllm:generation_tokens_total",
     "requests_finished_total": "vllm:request_success_total",
 }
+# Figures vLLM exports only as labels of an info gauge (v1/metrics/loggers.py,
+# `log_metrics_info("cache_config", ...)`: one series of value 1 whose labels are the
+# CacheConfig's fields; num_gpu_blocks is the pool on every device, CPU included).
+METRIC_LABELS: dict[str, tuple[str, str]] = {
+    "kv_block_tokens": ("vllm:cache_config_info", "block_size"),
+    "kv_cache_blocks": ("vllm:cache_config_info", "num_gpu_blocks"),
+}
 HISTOGRAMS: dict[str, str] = {
     "ttft_seconds": "vllm:time_to_first_token_seconds",
     "itl_seconds": "vllm:inter_token_latency_seconds",

@@ -202,14 +202,16 @@ def apply_turn_slo(
 
 def run_session_metrics(res: RunResult) -> SessionMetrics | None:
     """`session_metrics` of a stored or fresh run: the cache block of its engine (vLLM's
-    block size, 16 by default; 1 for llama.cpp or an unknown server), the engine's
-    counters, the system prompts of its workload. None when it is not a session run."""
+    block size as its /metrics reported it, else as configured, else 16, its GPU default;
+    1 for llama.cpp or an unknown server), the engine's counters, the system prompts of its
+    workload. None when it is not a session run."""
     spec = WorkloadSpec.model_validate(res.workload) if res.workload else None
     if spec is None or spec.sessions is None:
         return None
     cfg = res.target.config or {}
     engine = res.target.engine or cfg.get("engine")
-    block = int(cfg.get("block_size", 16)) if engine == "vllm" else 1
+    reported = res.server.peak("kv_block_tokens") if res.server else None
+    block = int(reported or cfg.get("block_size", 16)) if engine == "vllm" else 1
     return session_metrics(
         res.records,
         block_tokens=block,
