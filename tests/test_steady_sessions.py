@@ -102,3 +102,42 @@ def test_the_schedule_note_counts_sessions() -> None:
     note = schedule_note(m, Load.of(spec.arrival))
     assert note is not None and note.startswith("the schedule offered 3 sessions/s")
     assert f": {m.offered_arrivals} poisson arrivals" in note and m.offered_arrivals < 200
+
+
+def test_a_sessions_point_warms_up_for_as_long_as_its_sessions_think() -> None:
+    """Sessions that think 30 s between 4 turns: after the rule's 15 s of warm-up the
+    window opened on first turns only, and read a lighter load than the steady one (the
+    follow-ups, with their longer prompts, had not joined). The sized point warms up for
+    the sessions' mean idle time, and its window holds the steady share of follow-ups."""
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware.catalog import get_hardware
+    from servetune.model.catalog import get_model
+    from servetune.sim.engine import simulate
+    from servetune.workload.spec import WorkloadSpec
+
+    def spec(think: float) -> WorkloadSpec:
+        return parse_workload({
+            "count": 10, "api": "chat", "arrival": {"kind": "poisson", "rate": 1},
+            "sessions": {"kind": "chat", "turns": {"dist": "fixed", "value": 4},
+                         "user_tokens": {"dist": "fixed", "value": 64},
+                         "output_tokens": {"dist": "fixed", "value": 16},
+                         "think_time_s": {"dist": "fixed", "value": think}},
+        })  # fmt: skip
+
+    quick = SIM_STEADY.sized(spec(1.0), 2.0)
+    assert quick.warmup_s == SIM_STEADY.warmup_s  # 3 s of thinking: the rule's warm-up
+    sized = SIM_STEADY.sized(spec(30.0), 2.0)
+    assert sized.warmup_s == pytest.approx(90.0)  # 3 gaps of 30 s
+    assert sized.count >= 2.0 * (90.0 + SIM_STEADY.window_s)
+
+    def opening_load(s: WorkloadSpec) -> float:
+        """Turns sent in the window's first 30 s, per second, over the steady 8/s (2
+        sessions a second, 4 turns each)."""
+        res, _ = simulate(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), EngineConfig(), s)
+        start = res.metrics.window_start_ns
+        sent = [r for r in res.records if start <= r.send_ns < start + 30 * S]
+        return len(sent) / 30 / 8.0
+
+    short = sized.model_copy(update={"warmup_s": SIM_STEADY.warmup_s})
+    assert opening_load(short) < 0.5  # first turns, and the follow-ups only beginning
+    assert opening_load(sized) == pytest.approx(1.0, abs=0.2)

@@ -33,6 +33,8 @@ Closed-loop points are not judged: their users bound the queue (Little's law: at
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -84,25 +86,52 @@ class SteadyRule:
         if self.percentile_confidence is not None and not 0 < self.percentile_confidence < 1:
             raise ValueError("percentile_confidence in (0, 1)")
 
-    def count(self, rate: float, base: int) -> int:
-        """Requests whose Poisson arrivals at `rate` span warm-up + window (the expected
-        count, rate x seconds), the window holding at least `min_arrivals`, at least
-        `base`; `max_requests` caps them all."""
+    def count(self, rate: float, base: int, warmup_s: float | None = None) -> int:
+        """Requests whose Poisson arrivals at `rate` span warm-up (`warmup_s`, default the
+        rule's) + window (the expected count, rate x seconds), the window holding at least
+        `min_arrivals`, at least `base`; `max_requests` caps them all."""
+        warm = self.warmup_s if warmup_s is None else warmup_s
         want = max(
-            math.ceil(rate * (self.warmup_s + self.window_s)),
-            math.ceil(rate * self.warmup_s) + self.min_arrivals,
+            math.ceil(rate * (warm + self.window_s)),
+            math.ceil(rate * warm) + self.min_arrivals,
         )
         return max(1, min(self.max_requests, max(base, want)))
 
     def sized(self, spec: WorkloadSpec, rate: float) -> WorkloadSpec:
-        """`spec` at `rate`, long enough for the window, its warm-up excluded."""
+        """`spec` at `rate`, long enough for the window, its warm-up excluded. A sessions
+        workload warms up for its sessions' mean think time (or tool latency) at least:
+        until then the window would open on first turns only, before the follow-ups, with
+        their longer prompts, have joined, and read a load lighter than the steady one."""
         at = spec.with_load(rate=rate)
         base = at.count or math.ceil(rate * (at.duration_s or 0.0))
+        warm = max(at.warmup_s, self.warmup_s, session_idle_s(at))
         data = at.model_dump()
-        data["count"] = self.count(rate, base)
+        data["count"] = self.count(rate, base, warm)
         data["duration_s"] = None  # the count ends the arrivals (materialize: count first)
-        data["warmup_s"] = max(at.warmup_s, self.warmup_s)
+        data["warmup_s"] = warm
         return WorkloadSpec.model_validate(data)
+
+
+def session_idle_s(spec: WorkloadSpec) -> float:
+    """A session's mean planned idle time (the think times or tool latencies between its
+    turns): a lower bound on how long it lives, its model calls left out. 0 for a
+    workload of single requests."""
+    if spec.sessions is None:
+        return 0.0
+    return _mean_idle_s(spec.model_dump_json(include={"sessions", "seed"}))
+
+
+@functools.lru_cache(maxsize=64)
+def _mean_idle_s(sessions_json: str) -> float:
+    """`session_idle_s` of a spec's sessions and seed, over a fixed draw of 256 sessions
+    (a run of 24 would be noisy); cached: a capacity search sizes many points of one
+    workload, and planning a dataset's sessions takes ~0.3 s."""
+    from servetune.workload.session_plan import plan_sessions
+
+    data = {**json.loads(sessions_json), "count": 256, "arrival": {"kind": "poisson", "rate": 1}}
+    plan = plan_sessions(WorkloadSpec.model_validate(data))
+    idle = [sum(t.delay_s for t in s.turns) for s in plan.sessions]
+    return sum(idle) / len(idle) if idle else 0.0
 
 
 # The simulator is cheap (3,000 requests in ~0.2 s): a minute of window, tight margins.
