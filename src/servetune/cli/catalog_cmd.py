@@ -36,10 +36,9 @@ def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
                 "layers": m.num_layers,
                 "kv_heads": m.num_kv_heads,
                 "head_dim": m.head_dim,
+                "kv_cache": _kv_layout(m),
                 "max_position_embeddings": m.max_position_embeddings,
-                "attention": "MLA"
-                if m.mla
-                else ("sliding+full" if m.sliding_window_layers else "full"),
+                "attention": _attention(m),
             }
         )
     if as_json:
@@ -49,7 +48,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
 
     table = _catalog_table(
         "servetune model catalog",
-        ("params", "active", "layers", "kv heads x dim", "context"),
+        ("params", "active", "layers", "KV cache / layer", "context"),
         ("attention", "HF repo"),
     )
     for r in rows:
@@ -58,12 +57,30 @@ def models(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
             f"{r['params_total'] / 1e9:.2f}B",
             f"{r['params_active'] / 1e9:.2f}B",
             str(r["layers"]),
-            f"{r['kv_heads']} x {r['head_dim']}",
+            r["kv_cache"],
             f"{r['max_position_embeddings']:,}",
             r["attention"],
             r["hf_repo"] or "",
         )
     print_tables(table)
+
+
+def _attention(m: Any) -> str:
+    """MLA, full, sliding (every layer windowed: Mistral v0.1, Phi-3) or sliding+full
+    (Gemma 2/3 and GPT-OSS interleave)."""
+    if m.mla:
+        return "MLA"
+    if not m.sliding_window_layers:
+        return "full"
+    return "sliding" if m.sliding_window_layers >= m.num_layers else "sliding+full"
+
+
+def _kv_layout(m: Any) -> str:
+    """What one token caches per layer (plan.kv): K and V heads x head_dim, or MLA's
+    compressed latent + shared RoPE key (kv_lora_rank + qk_rope_head_dim), not its heads."""
+    if m.mla:
+        return f"latent {m.mla.kv_lora_rank} + rope {m.mla.qk_rope_head_dim}"
+    return f"{m.num_kv_heads} x {m.head_dim}"
 
 
 def gpus(

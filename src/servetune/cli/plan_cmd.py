@@ -50,7 +50,9 @@ def plan(
         "--kv-cache-space",
         help="KV pool in GiB instead of a memory fraction (CPU engines, TensorRT-LLM).",
     ),
-    block_size: int = typer.Option(16, "--block-size"),
+    block_size: int | None = typer.Option(
+        None, "--block-size", help="KV block tokens (default: the engine's, vLLM 16, SGLang 1)."
+    ),
     max_num_seqs: int | None = typer.Option(None, "--max-num-seqs"),
     max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens"),
     tp: int | None = typer.Option(
@@ -110,6 +112,7 @@ def plan(
         overhead=overhead,
         hardware_file=hardware_file,
         engine=engine,
+        from_flags=True,
     )
     result = run_plan(args)
     host = local.measurement_behind(result.hardware)  # None unless --gpu local

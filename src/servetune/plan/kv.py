@@ -39,14 +39,20 @@ def kv_bytes_per_token(model: ModelSpec, dtype_bytes: int, tp: int = 1, pp: int 
     return layers_per_gpu * kv_bytes_per_token_layer(model, dtype_bytes, tp)
 
 
+def stage_layers(model: ModelSpec, pp: int = 1) -> tuple[int, int]:
+    """(full-attention, sliding-window) layers on the most loaded pipeline stage: PP splits
+    the layers, ceil(layers / pp) a stage, and the sliding ones as evenly (`pp` 1: all)."""
+    swa_layers = math.ceil(model.sliding_window_layers / pp)
+    return math.ceil(model.num_layers / pp) - swa_layers, swa_layers
+
+
 def kv_bytes_for_sequence(
     model: ModelSpec, dtype_bytes: int, tokens: int, tp: int = 1, pp: int = 1
 ) -> int:
     """KV bytes of one sequence of `tokens` tokens on one GPU, sliding-window layers capped."""
     per_layer = kv_bytes_per_token_layer(model, dtype_bytes, tp)
     window = model.sliding_window or tokens
-    swa_layers = math.ceil(model.sliding_window_layers / pp)
-    full_layers = math.ceil(model.num_layers / pp) - swa_layers
+    full_layers, swa_layers = stage_layers(model, pp)
     return per_layer * (full_layers * tokens + swa_layers * min(tokens, window))
 
 

@@ -17,7 +17,8 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.engines.config import EngineConfig
-from servetune.hardware.spec import HardwareSpec
+from servetune.errors import InputError
+from servetune.hardware.spec import MAX_MEMORY_GIB, HardwareSpec
 from servetune.model.spec import ModelSpec
 from servetune.plan import kv as kvmath
 from servetune.plan.quant import (
@@ -34,19 +35,21 @@ from servetune.units import GiB
 
 class Overheads(BaseModel):
     """Fixed per-GPU costs, GiB. Defaults are stated estimates, overridable with
-    `servetune plan --overhead name=GiB`. Seed 000 §2.3 advises reserving 1-2 GB in all."""
+    `servetune plan --overhead name=GiB`. Seed 000 §2.3 advises reserving 1-2 GB in all.
+    Each is finite and at most MAX_MEMORY_GIB (the hardware catalog's bound on a device's
+    memory): an infinite one would make every pool -inf GiB."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # CUDA context + loaded kernels: ~0.3-0.6 GiB on Ampere/Hopper (measured by
     # nvidia-smi on an idle torch process); 0.5 used.
-    cuda_context_gib: float = Field(0.5, ge=0)
+    cuda_context_gib: float = Field(0.5, ge=0, le=MAX_MEMORY_GIB)
     # cuBLAS/cuBLASLt workspaces and torch's allocator slack.
-    cublas_workspace_gib: float = Field(0.25, ge=0)
+    cublas_workspace_gib: float = Field(0.25, ge=0, le=MAX_MEMORY_GIB)
     # vLLM logs "Graph capturing finished ... took 0.5-1.5 GiB" for 7-70B models.
-    cuda_graphs_gib: float = Field(0.75, ge=0)
+    cuda_graphs_gib: float = Field(0.75, ge=0, le=MAX_MEMORY_GIB)
     # NCCL communicator buffers, only when the replica spans more than one GPU.
-    nccl_gib: float = Field(0.5, ge=0)
+    nccl_gib: float = Field(0.5, ge=0, le=MAX_MEMORY_GIB)
 
     def total_bytes(self, hw: HardwareSpec, cfg: EngineConfig) -> float:
         """What the engine subtracts from its budget besides weights and activations.
@@ -68,6 +71,17 @@ class Overheads(BaseModel):
         if cfg.world_size > 1:
             gib += self.nccl_gib
         return gib * GiB
+
+
+def check_kv_cache_space(gib: float | None, field_name: str = "kv_cache_space_gib") -> None:
+    """An explicit KV pool is a size a device can hold: at most MAX_MEMORY_GIB (the hardware
+    catalog's bound), so 1e300 GiB is a one-line error, not a NaN block count."""
+    if gib is not None and not 0 < gib <= MAX_MEMORY_GIB:
+        raise InputError(
+            field_name,
+            f"{gib:g} GiB is not a KV pool a device holds",
+            f"give the pool per GPU in GiB, more than 0 and at most {MAX_MEMORY_GIB:g}",
+        )
 
 
 def context_in_headroom(cfg: EngineConfig) -> bool:
@@ -113,7 +127,12 @@ def activation_peak_bytes(
     Estimate: per token, the live tensors of one layer at the widest point - the residual
     and normed hidden states (2 x hidden), the QKV output, and the gated MLP's gate+up
     output (2 x intermediate), sharded by TP - in 16-bit, plus fp32 logits for the
-    sampled positions (one per sequence, max_num_seqs x vocab x 4 B)."""
+    sampled positions (one per sequence, max_num_seqs x vocab x 4 B).
+
+    Under pipeline parallelism this is the most loaded stage's peak, not a 1/pp share:
+    every stage pushes all `max_num_batched_tokens` through its layers (the per-token term
+    is one layer's, whichever stage), and the last stage, which holds the LM head (and is
+    the most loaded stage in `weights_per_gpu_bytes`), also holds the logits."""
     tp = cfg.tensor_parallel_size
     if model.moe is not None:
         inter = model.moe.experts_per_token * model.moe.expert_intermediate_size
@@ -161,6 +180,12 @@ class MemoryBudget(BaseModel):
     max_num_batched_tokens: int
     max_num_seqs: int
     explicit_kv_pool: bool
+    # vLLM sizing its own pool: the CUDA context, which must fit the (1 - utilization)
+    # headroom (`memory_budget`); 0 where the budget holds it or there is none
+    headroom_context_bytes: float = 0.0
+    # the share of memory the engine sizes with: vLLM's gpu_memory_utilization, SGLang's
+    # mem_fraction_static (given or its own default); None with an explicit pool
+    memory_fraction: float | None = None
 
     @property
     def free_after_load_bytes(self) -> float:
@@ -181,33 +206,44 @@ def memory_budget(
     cfg: EngineConfig,
     max_model_len: int,
     overheads: Overheads | None = None,
+    given_knobs: frozenset[str] | None = None,
 ) -> MemoryBudget:
-    """The per-GPU budget for one replica (TP x PP GPUs) of `model` under `cfg`."""
+    """The per-GPU budget for one replica (TP x PP GPUs) of `model` under `cfg`.
+
+    `given_knobs`: the EngineConfig knobs the user set (`plan` knows; None: unknown, and
+    SGLang reads the canonical 0.9 and 16 as "not given", `sglang_pool`)."""
     overheads = overheads or Overheads()
+    check_kv_cache_space(cfg.kv_cache_space_gib)
     fmt = served_format(cfg.dtype, cfg.quantization, model, hw)
     kv_bytes = kv_dtype_bytes(resolved_kv_cache_dtype(cfg.kv_cache_dtype, model, cfg.engine), fmt)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     batched = cfg.max_num_batched_tokens or default_batched_tokens(hw, cfg.engine)
     seqs = cfg.max_num_seqs or default_max_num_seqs(hw, cfg.engine)
     weights = weights_per_gpu_bytes(model, fmt, tp, pp)
-    activation = activation_peak_bytes(model, cfg, batched, seqs) / pp
+    activation = activation_peak_bytes(model, cfg, batched, seqs)  # the worst stage's
     overhead = overheads.total_bytes(hw, cfg)
     device = float(hw.memory_bytes)
+    headroom_context = 0.0
+    fraction: float | None = cfg.gpu_memory_utilization
     if cfg.kv_cache_space_gib is not None:
         usable = device
         pool = cfg.kv_cache_space_gib * GiB
+        fraction = None
     elif cfg.engine == "sglang" and hw.kind == "gpu":
         # SGLang sizes by --mem-fraction-static (plan.sglang_pool); its 1 - f share is the
         # activation term, the CUDA context and NCCL taken before it measures the overhead.
         overhead = overheads.cuda_context_gib * GiB
         overhead += overheads.nccl_gib * GiB if cfg.world_size > 1 else 0.0
         per_token = kvmath.kv_bytes_per_token(model, kv_bytes, tp, pp)
-        sg = sglang_pool(hw, cfg, weights, per_token, max_model_len, overhead)
+        sg = sglang_pool(hw, cfg, weights, per_token, max_model_len, overhead, given_knobs)
         usable, pool, activation = sg.usable_bytes, sg.kv_pool_bytes, sg.reserved_bytes
         batched, seqs = sg.chunked_prefill_size or MAX_PREFILL_TOKENS, sg.max_running_requests
+        fraction = sg.mem_fraction_static
     else:
         usable = cfg.gpu_memory_utilization * device
         pool = usable - weights - activation - overhead
+        if hw.kind == "gpu" and context_in_headroom(cfg):
+            headroom_context = overheads.cuda_context_gib * GiB
     return MemoryBudget(
         device_bytes=device,
         usable_bytes=usable,
@@ -227,4 +263,6 @@ def memory_budget(
         max_num_batched_tokens=batched,
         max_num_seqs=seqs,
         explicit_kv_pool=cfg.kv_cache_space_gib is not None,
+        headroom_context_bytes=headroom_context,
+        memory_fraction=fraction,
     )

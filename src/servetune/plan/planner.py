@@ -7,6 +7,8 @@ number in a plan comes from the same maths.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, Field
 
 from servetune.engines.config import EngineConfig
@@ -36,6 +38,12 @@ class PlanRequest(BaseModel):
     output_tokens: int = Field(256, gt=0)
     scenario: str | None = None
     overheads: Overheads = Overheads()
+    # The EngineConfig knobs the user set (`plan` knows which flags were passed); None:
+    # unknown, and SGLang's sizing reads the canonical 0.9 and 16 as not given
+    # (`plan.sglang_pool.page_tokens`, `sglang_pool`).
+    given_knobs: frozenset[str] | None = None
+    # why the KV dtype planned is not the one a scenario asked for (the engine has none)
+    kv_dtype_note: str = ""
 
     @property
     def context(self) -> int:
@@ -58,6 +66,7 @@ class Evaluation(BaseModel):
     fits: bool
     breaking_term: str | None
     verdict: str
+    block_tokens: int = 16  # tokens per KV block (SGLang: per page) the pool is cut into
 
 
 class ParallelOption(BaseModel):
@@ -126,12 +135,14 @@ def evaluate(
     cfg: EngineConfig,
     avg_context: int | None = None,
     overheads: Overheads | None = None,
+    given_knobs: frozenset[str] | None = None,
 ) -> Evaluation:
     """Score one config: the KV pool, its capacity in tokens and sequences, and whether
-    the engine would start (vLLM refuses when one max_model_len sequence does not fit)."""
+    the engine would start (vLLM refuses when one max_model_len sequence does not fit).
+    `given_knobs`: `PlanRequest.given_knobs`."""
     max_len = resolve_max_model_len(model, cfg)
-    budget = memory_budget(model, hw, cfg, max_len, overheads)
-    block = page_tokens(cfg)  # SGLang: --page-size, 1 by default
+    budget = memory_budget(model, hw, cfg, max_len, overheads, given_knobs)
+    block = page_tokens(cfg, given_knobs)  # SGLang: --page-size, 1 by default
     blocks = kvmath.pool_blocks(budget.kv_pool_bytes, block, budget.kv_effective_bytes_per_token)
     capacity = blocks * block
     context = min(avg_context or max_len, max_len)
@@ -181,6 +192,7 @@ def evaluate(
         fits=breaking is None,
         breaking_term=breaking,
         verdict=verdict,
+        block_tokens=block,
     )
 
 
@@ -193,22 +205,59 @@ def readable_bytes(n: float) -> str:
     return f"{n:,.0f} B"
 
 
+def utilization_limit(b: MemoryBudget) -> float:
+    """The highest gpu_memory_utilization (2 decimals, rounded down) whose (1 - utilization)
+    headroom holds the CUDA context vLLM starts with: 1 - context / device."""
+    return math.floor((1 - b.headroom_context_bytes / b.device_bytes) * 100) / 100
+
+
+def explicit_pool_room(b: MemoryBudget) -> float:
+    """Bytes an explicit KV pool (kv_cache_space) may take: the device less the weights,
+    the activation peak and the fixed overheads."""
+    return b.device_bytes - b.weights_bytes - b.activation_bytes - b.overhead_bytes
+
+
 def _verdict(
     b: MemoryBudget, capacity: int, max_len: int, hw: HardwareSpec
 ) -> tuple[str | None, str]:
     """Name the first term that breaks the budget, in the order memory is claimed."""
     gib = GiB
+    headroom = b.device_bytes - b.usable_bytes
+    if b.headroom_context_bytes > headroom:
+        # vLLM's worker refuses to start when the memory free at start-up (after the CUDA
+        # context) is below utilization x total (vllm/v1/worker/gpu_worker.py `init_device`:
+        # "Free memory on device ... is less than desired GPU memory utilization")
+        limit = utilization_limit(b)
+        fix = (
+            f"lower gpu_memory_utilization to at most {limit:.2f} (1 - context / device)"
+            if limit > 0
+            else "the context is larger than the device"
+        )
+        return "gpu_memory_utilization", (
+            f"the CUDA context ({b.headroom_context_bytes / gib:.1f} GiB) does not fit the "
+            f"{headroom / gib:.1f} GiB that gpu_memory_utilization={b.memory_fraction:g} leaves "
+            f"free on the {b.device_bytes / gib:.1f} GiB {hw.display_name} (vLLM refuses to "
+            f"start with less than utilization x device free): {fix}"
+        )
     if b.weights_bytes > b.usable_bytes:
         return "weights", (
             f"weights need {b.weights_bytes / gib:.1f} GiB per GPU but only "
             f"{b.usable_bytes / gib:.1f} GiB is usable"
         )
     if b.explicit_kv_pool:
-        total = b.weights_bytes + b.kv_pool_bytes + b.activation_bytes + b.overhead_bytes
-        if total > b.device_bytes:
+        room = explicit_pool_room(b)
+        if b.kv_pool_bytes > room:
+            total = b.device_bytes - room + b.kv_pool_bytes
+            fix = (
+                f"lower kv_cache_space to at most {math.floor(room / gib * 100) / 100:.2f} GiB"
+                if room >= 0.01 * gib
+                else "no KV pool fits beside them"
+            )
             return "kv_cache_space", (
-                f"weights + KV pool + activations = {total / gib:.1f} GiB exceed the "
-                f"{b.device_bytes / gib:.1f} GiB of {hw.display_name}"
+                f"weights {b.weights_bytes / gib:.1f} + KV pool {b.kv_pool_bytes / gib:.1f} + "
+                f"activations {b.activation_bytes / gib:.1f} + overheads "
+                f"{b.overhead_bytes / gib:.1f} GiB = {total / gib:.1f} GiB exceed the "
+                f"{b.device_bytes / gib:.1f} GiB of {hw.display_name}: {fix}"
             )
     elif b.kv_pool_bytes <= 0:
         term = "activation" if b.activation_bytes >= b.overhead_bytes else "overhead"
@@ -235,19 +284,22 @@ def tp_candidates(model: ModelSpec, hw: HardwareSpec, gpus: int) -> list[int]:
 
 
 def parallel_options(req: PlanRequest) -> list[ParallelOption]:
-    """Every TP within a node (and PP across nodes when a node is not enough) with its
+    """Every TP within a node, and PP stages on the largest of them when that is not
+    enough (across nodes, or within one when the heads allow no larger TP), with its
     per-GPU memory, capacity and TP communication cost."""
     model, hw = req.model, req.hardware
     options = []
-    for tp in tp_candidates(model, hw, req.gpus):
+    sizes = tp_candidates(model, hw, req.gpus)
+    for tp in sizes:
         pps = [1]
-        if tp == min(req.gpus, hw.devices_per_node) and req.gpus > hw.devices_per_node:
-            pps = list(range(2, min(req.gpus // tp, model.num_layers) + 1))  # a layer a stage
+        if tp == sizes[-1]:  # the largest TP that splits the heads within a node
+            pps += list(range(2, min(req.gpus // tp, model.num_layers) + 1))  # a layer a stage
         for pp in pps:
             cfg = req.config.with_(tensor_parallel_size=tp, pipeline_parallel_size=pp)
-            ev = evaluate(model, hw, cfg, req.context, req.overheads)
+            ev = evaluate(model, hw, cfg, req.context, req.overheads, req.given_knobs)
             ev = request_verdict(ev, req.input_tokens + req.output_tokens)
-            comm = roofline.comm_s(model, hw, tp, 1)
+            # a token's all-reduces: one stage's, once per stage (`bounds`)
+            comm = roofline.comm_s(model, hw, tp, 1, pp) * pp
             options.append(
                 ParallelOption(
                     tp=tp,
@@ -285,24 +337,51 @@ def choose_parallelism(req: PlanRequest, options: list[ParallelOption]) -> Engin
     )
 
 
+def _lower(
+    action: str, knob: str, current: float, new: float
+) -> list[tuple[str, dict[str, object]]]:
+    """A "lower <knob>" step, or none when `new` would not be lower than `current`."""
+    return [(action, {knob: new})] if new < current else []
+
+
 def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
-    """Seed 003 §13's OOM handling order, each step evaluated on the same maths."""
+    """Seed 003 §13's OOM handling order, each step evaluated on the same maths. A "lower"
+    step that would not lower its knob is left out. With an explicit KV pool
+    (kv_cache_space) the first step lowers it to what fits, and utilization, which does
+    not size that pool, is not offered."""
     cfg, b = base.config, base.budget
-    steps: list[tuple[str, dict[str, object]]] = [
-        (
-            "lower gpu_memory_utilization",
-            {"gpu_memory_utilization": round(max(cfg.gpu_memory_utilization - 0.05, 0.05), 2)},
-        ),
-        (
-            "lower max_num_batched_tokens",
-            {"max_num_batched_tokens": max(b.max_num_batched_tokens // 2, 256)},
-        ),
-        ("lower max_num_seqs", {"max_num_seqs": max(b.max_num_seqs // 2, 1)}),
-    ]
+    steps: list[tuple[str, dict[str, object]]] = []
+    if b.explicit_kv_pool:
+        room = math.floor(explicit_pool_room(b) / GiB * 100) / 100
+        if room > 0:
+            steps += _lower(
+                "lower kv_cache_space to what fits",
+                "kv_cache_space_gib",
+                b.kv_pool_bytes / GiB,
+                room,
+            )
+    elif b.memory_fraction is not None:
+        util = round(max(b.memory_fraction - 0.05, 0.05), 2)
+        if base.breaking_term == "gpu_memory_utilization":
+            util = min(util, utilization_limit(b))
+        if util > 0:
+            steps += _lower(
+                "lower gpu_memory_utilization", "gpu_memory_utilization", b.memory_fraction, util
+            )
+    batched = b.max_num_batched_tokens
+    steps += _lower(
+        "lower max_num_batched_tokens",
+        "max_num_batched_tokens",
+        batched,
+        max(batched // 2, 256),
+    )
+    steps += _lower(
+        "lower max_num_seqs", "max_num_seqs", b.max_num_seqs, max(b.max_num_seqs // 2, 1)
+    )
     shorter = max(base.max_model_len // 2, 256)
     if shorter >= max(req.input_tokens + req.output_tokens, req.avg_context or 0):
         # never a max_model_len the workload's requests outgrow: the engine would refuse them
-        steps.append(("lower max_model_len", {"max_model_len": shorter}))
+        steps += _lower("lower max_model_len", "max_model_len", base.max_model_len, shorter)
     if cfg.quantization is None and req.model.quantization is None:  # 16-bit weights
         quant = "fp8" if "fp8" in req.hardware.tflops else "awq"
         steps.append((f"quantize weights ({WEIGHT_FORMATS[quant].note})", {"quantization": quant}))
@@ -319,8 +398,11 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
         steps.append(("raise TP / add GPUs", {"tensor_parallel_size": bigger[0]}))
     fixes = []
     for i, (action, change) in enumerate(steps, start=1):
+        given = None if req.given_knobs is None else req.given_knobs | set(change)
         try:
-            ev = evaluate(req.model, req.hardware, cfg.with_(**change), req.context, req.overheads)
+            ev = evaluate(
+                req.model, req.hardware, cfg.with_(**change), req.context, req.overheads, given
+            )
             ev = request_verdict(ev, req.input_tokens + req.output_tokens)
         except (InputError, ValueError):
             continue
@@ -348,20 +430,31 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
 
 
 def bounds(req: PlanRequest, ev: Evaluation) -> Bounds:
-    """Roofline TPOT/TTFT floors and the decode throughput ceiling versus batch."""
+    """Roofline TPOT/TTFT floors and the decode throughput ceiling versus batch.
+
+    Each roofline term is one GPU of the most loaded PP stage (its weights, KV, FLOPs and
+    all-reduces); a token passes every stage in turn, so per-token time is pp x one stage.
+    KV reads honour sliding windows: the per-token KV at a context is the sequence's bytes
+    over its length (`kv.effective_kv_bytes_per_token`), not every layer in full. MoE
+    experts are read at their own bytes (`roofline.weight_bytes_read` with the format)."""
     model, hw, cfg = req.model, req.hardware, ev.config
     fmt = served_format(cfg.dtype, cfg.quantization, model, hw)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     w = ev.budget.weights_bytes
-    kvb = ev.budget.kv_bytes_per_token
+    dtype_bytes = ev.budget.kv_dtype_bytes
     # the request fits max_model_len (`check_workload`), so nothing here is clamped
     context = req.avg_context or (req.input_tokens + req.output_tokens // 2)
     prompt = req.input_tokens
-    # PP: a token passes every stage in turn, so per-token time is pp x one stage.
-    step1 = roofline.decode_step(model, hw, w, kvb, 1, context, fmt.compute, tp)
-    prefill = roofline.prefill_time(model, hw, w, kvb, prompt, fmt.compute, tp)
+    kv_decode = kvmath.effective_kv_bytes_per_token(model, dtype_bytes, context, tp, pp)
+    kv_prefill = kvmath.effective_kv_bytes_per_token(model, dtype_bytes, prompt, tp, pp)
+    step1 = roofline.decode_step(
+        model, hw, w, kv_decode, 1, context, fmt.compute, tp, pp=pp, weight_format=fmt
+    )
+    prefill = roofline.prefill_time(model, hw, w, kv_prefill, prompt, fmt.compute, tp, pp)
     max_batch = max(1, min(ev.budget.max_num_seqs, max(ev.max_concurrency, 1)))
-    curve = roofline.throughput_curve(model, hw, w, kvb, context, fmt.compute, max_batch, tp)
+    curve = roofline.throughput_curve(
+        model, hw, w, kv_decode, context, fmt.compute, max_batch, tp, pp=pp, weight_format=fmt
+    )
     return Bounds(
         tpot_lower_bound_ms=step1.time_s * pp * 1e3,
         ttft_lower_bound_ms=prefill.time_s * pp * 1e3,
@@ -369,13 +462,13 @@ def bounds(req: PlanRequest, ev: Evaluation) -> Bounds:
         decode_context=context,
         decode_bound_at_batch1=step1.bound,
         compute_bound_batch=roofline.compute_bound_batch(
-            model, hw, w, kvb, context, fmt.compute, tp
+            model, hw, w, kv_decode, context, fmt.compute, tp, pp=pp, weight_format=fmt
         ),
-        tp_comm_ms_per_token=step1.comm_s * 1e3,
+        tp_comm_ms_per_token=step1.comm_s * pp * 1e3,
         throughput_curve=[
             {
                 "batch": b,
-                "step_ms": ms / 1.0 * pp,
+                "step_ms": ms * pp,
                 "output_tok_s": tps / pp * cfg.data_parallel_size,
             }
             for b, ms, tps in curve
@@ -420,7 +513,7 @@ def make_plan(req: PlanRequest) -> Plan:
             "give more GPUs",
         )
     cfg = choose_parallelism(req, options)
-    ev = evaluate(req.model, req.hardware, cfg, req.context, req.overheads)
+    ev = evaluate(req.model, req.hardware, cfg, req.context, req.overheads, req.given_knobs)
     check_workload(req, ev.max_model_len)
     ev = request_verdict(ev, req.input_tokens + req.output_tokens)
     return Plan(

@@ -191,6 +191,27 @@ def check_runs_on(fmt: WeightFormat, hw: HardwareSpec, field_name: str) -> None:
         )
 
 
+# vLLM's bfloat16 rule (vllm/platforms/cuda.py `check_if_supports_dtype`, formerly the
+# worker's `_check_if_gpu_supports_dtype`): "Bfloat16 is only supported on GPUs with
+# compute capability of at least 8.0. Your ... GPU has compute capability 7.5. You can use
+# float16 instead by explicitly setting the `dtype` flag in CLI, for example: --dtype=half."
+BF16_MIN_CAPABILITY = 8.0
+
+
+def check_dtype_runs_on(dtype: str, hw: HardwareSpec, field_name: str = "--dtype") -> None:
+    """A one-line error for an explicit bfloat16 on a GPU below compute capability 8.0
+    (V100, T4), which vLLM refuses at start-up (BF16_MIN_CAPABILITY). `auto` is not
+    checked: vLLM serves a bfloat16 checkpoint there in float16 itself."""
+    cc = hw.compute_capability
+    if _DTYPE_ALIASES.get(dtype, dtype) == "bf16" and cc is not None and cc < BF16_MIN_CAPABILITY:
+        raise InputError(
+            field_name,
+            f"bfloat16 needs compute capability >= {BF16_MIN_CAPABILITY}, and "
+            f"{hw.display_name} has {cc} (vLLM refuses bfloat16 below it)",
+            "use --dtype float16",
+        )
+
+
 def loads_as_shipped(quantization: str, model: ModelSpec) -> bool:
     """Whether asking `quantization` of a quantized checkpoint loads it as it ships
     (`names_checkpoint_method`): Qwen3-32B-FP8 under `--quantization fp8` keeps its

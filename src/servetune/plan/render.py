@@ -7,7 +7,6 @@ from rich.table import Table
 
 from servetune.plan.memory import context_in_headroom
 from servetune.plan.service import PlanResult
-from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB
 
 
@@ -84,7 +83,7 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     kv.add_column("value", justify="right")
     kv.add_row("bytes / token (this GPU, all its layers)", f"{b.kv_bytes_per_token:,}")
     kv.add_row("KV dtype bytes", str(b.kv_dtype_bytes))
-    kv.add_row("block size / blocks", f"{page_tokens(cfg)} / {ev.kv_blocks:,}")
+    kv.add_row("block size / blocks", f"{ev.block_tokens} / {ev.kv_blocks:,}")
     kv.add_row("capacity (tokens)", f"{ev.kv_capacity_tokens:,}")
     none = "none (does not fit)"  # a config that does not start serves nobody
     kv.add_row(
@@ -96,6 +95,8 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
         f"{ev.max_concurrency:,} (limited by {ev.concurrency_limited_by})" if ev.fits else none,
     )
     console.print(kv)
+    if result.kv_dtype_note:
+        console.print(f"[yellow]KV dtype:[/] {result.kv_dtype_note}", highlight=False)
 
     par = Table(title="Parallelism options", title_justify="left")
     for col in (

@@ -4,15 +4,15 @@ PlanRequest, run it, and shape the stable JSON output."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from servetune.engines import launch_command, launch_commands
-from servetune.engines.base import Device, PlannedPool
-from servetune.engines.config import EngineConfig, Quantization
+from servetune.engines.base import Device, LaunchSpec, PlannedPool
+from servetune.engines.config import EngineConfig, KVDtype, Quantization
 from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.errors import InputError, from_validation_error
 from servetune.hardware.catalog import get_hardware
@@ -20,7 +20,7 @@ from servetune.hardware.spec import HardwareSpec
 from servetune.model.catalog import get_model, serving_reference
 from servetune.model.spec import ModelSpec
 from servetune.plan import kv as kvmath
-from servetune.plan.memory import Overheads
+from servetune.plan.memory import Overheads, check_kv_cache_space
 from servetune.plan.planner import (
     Evaluation,
     Plan,
@@ -31,8 +31,7 @@ from servetune.plan.planner import (
     tp_candidates,
 )
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
-from servetune.plan.quant import check_runs_on, weight_format
-from servetune.plan.sglang_pool import page_tokens
+from servetune.plan.quant import check_dtype_runs_on, check_runs_on, weight_format
 from servetune.units import GiB
 
 _DTYPES = {
@@ -61,7 +60,7 @@ class PlanArgs:
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     kv_cache_space: float | None = None
-    block_size: int = 16
+    block_size: int | None = None  # None: the engine's own (vLLM 16, SGLang page 1)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     tp: int | None = None
@@ -73,6 +72,10 @@ class PlanArgs:
     overhead: list[str] = field(default_factory=list)
     hardware_file: Path | None = None
     engine: str = "vllm"
+    # The values are flags the user passed (`servetune plan`): an explicit 0.9 or 16 is the
+    # user's own. Callers that fill PlanArgs from an EngineConfig (report) leave it False:
+    # there those values are the defaults, which SGLang reads as not given (sglang_pool).
+    from_flags: bool = False
 
 
 @dataclass
@@ -85,6 +88,7 @@ class PlanResult:
     engine_reason: str
     launch: dict[str, Any]
     weight_format_origin: str = "--dtype"  # --quant, scenario <name>, checkpoint, --dtype
+    kv_dtype_note: str = ""  # why the planned KV dtype is not the scenario's (`kv_dtype_fallback`)
 
 
 def _flag(name: str) -> str:
@@ -95,6 +99,7 @@ _KNOB_FLAGS = {
     "tensor_parallel_size": "tp",
     "pipeline_parallel_size": "pp",
     "quantization": "quant",
+    "kv_cache_space_gib": "kv_cache_space",
 }
 
 
@@ -181,9 +186,11 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "kv_cache_space_gib": args.kv_cache_space,
-        "block_size": args.block_size,
         "enforce_eager": args.enforce_eager,
     }
+    check_kv_cache_space(args.kv_cache_space, "--kv-cache-space")
+    if args.block_size is not None:
+        knobs["block_size"] = args.block_size
     if args.gpu_memory_utilization is not None:
         knobs["gpu_memory_utilization"] = args.gpu_memory_utilization
     try:
@@ -207,10 +214,16 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         explicit.discard("kv_cache_dtype")
     if args.gpu_memory_utilization is None:
         explicit.discard("gpu_memory_utilization")
+    # what the user set, when known: SGLang's sizing and command read it (sglang_pool)
+    given = frozenset(explicit) if args.from_flags else None
     if scenario is not None:
-        config = scenario_config(scenario, config, explicit, model)
+        # a scenario's utilization is vLLM's knob: SGLang keeps its own fraction unless given
+        keep = explicit | {"gpu_memory_utilization"} if args.engine == "sglang" else explicit
+        config = scenario_config(scenario, config, keep, model)
     quant_flag = "--quant" if args.quant else "--scenario"
     check_engine_loads(config, model, args.model, quant_flag, rule_device)
+    config, kv_note = kv_dtype_fallback(config, args, scenario, rule_device)
+    check_dtype_runs_on(config.dtype, hardware)  # an explicit bfloat16 below cc 8.0
     fmt = weight_format(config.dtype, config.quantization, model)
     check_runs_on(fmt, hardware, quant_flag if config.quantization else "--gpu")
     try:
@@ -230,6 +243,8 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         output_tokens=output_tokens,
         scenario=scenario.name if scenario else None,
         overheads=parse_overheads(args.overhead),
+        given_knobs=given,
+        kv_dtype_note=kv_note,
     )
     return req, scenario
 
@@ -269,12 +284,56 @@ _QUANT_FORMATS = get_args(Quantization)
 GGUF_TYPES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k")
 
 
-def _missing_flag(cfg: EngineConfig, reference: str, device: Device) -> str | None:
-    """Why `cfg.engine` has no flag for `cfg.quantization` (None: it has one), read from
-    the engine adapter's launch command (LaunchSpec.why_unsupported), as simulate's
-    `--set` check reads it."""
+def _missing_flag(
+    cfg: EngineConfig, reference: str, device: Device, knob: str = "quantization"
+) -> str | None:
+    """Why `cfg.engine` has no flag for `cfg.<knob>` (None: it has one), read from the
+    engine adapter's launch command (LaunchSpec.why_unsupported), as simulate's `--set`
+    check reads it."""
     spec = launch_command(cfg.engine, cfg, reference, device=device)
-    return spec.why_unsupported("quantization")
+    return spec.why_unsupported(knob)
+
+
+def kv_dtype_fallback(
+    cfg: EngineConfig, args: PlanArgs, scenario: Scenario | None, device: Device
+) -> tuple[EngineConfig, str]:
+    """A KV cache dtype the planned engine cannot run is never sized (an 8-bit pool the
+    engine would not give doubles the capacity): `--kv-dtype` naming one is refused in
+    one line, as `check_engine_loads` refuses a weight format; a scenario's (long-context:
+    fp8) falls back to the engine's own 16-bit KV (`auto`), with a note saying so."""
+    why = _missing_flag(cfg, args.model, device, "kv_cache_dtype")
+    if why is None:
+        return cfg, ""
+    runs = [
+        d
+        for d in get_args(KVDtype)
+        if _missing_flag(cfg.with_(kv_cache_dtype=d), args.model, device, "kv_cache_dtype") is None
+    ]
+    detail = f": {why}" if why else ""
+    if args.kv_dtype is not None:
+        raise InputError(
+            "--kv-dtype",
+            f"{cfg.engine} has no flag for {cfg.kv_cache_dtype}{detail}",
+            f"drop it, or use one {cfg.engine} runs: {', '.join(runs)}",
+        )
+    origin = f"scenario {scenario.name}'s" if scenario else "the"
+    note = (
+        f"{origin} {cfg.kv_cache_dtype} KV cache is not one {cfg.engine} runs{detail}; "
+        "planned with its 16-bit KV (auto)"
+    )
+    return cfg.with_(kv_cache_dtype="auto"), note
+
+
+def given_sglang_flags(spec: LaunchSpec, cfg: EngineConfig, given: frozenset[str]) -> LaunchSpec:
+    """SGLang's command with the values the user gave that its adapter leaves out as
+    EngineConfig's defaults (0.9, 16: docs/sglang-sim.md), so it starts with the pool the
+    plan sized from them rather than SGLang's own fraction and page size."""
+    extra: list[str] = []
+    if "gpu_memory_utilization" in given and "--mem-fraction-static" not in spec.argv:
+        extra += ["--mem-fraction-static", f"{cfg.gpu_memory_utilization:g}"]
+    if "block_size" in given and "--page-size" not in spec.argv:
+        extra += ["--page-size", str(cfg.block_size)]
+    return replace(spec, argv=[*spec.argv, *extra]) if extra else spec
 
 
 def _sizes(dtype: str, quant: str, model: ModelSpec) -> bool:
@@ -438,10 +497,14 @@ def run_plan(args: PlanArgs) -> PlanResult:
         launch = launch_commands(cfg, serving_reference(args.model), device=device, pool=pool)
         gguf = gguf_reference(args.model, plan.evaluation.budget.weight_format)
         launch["llamacpp"] = launch_command("llamacpp", cfg, gguf, device=device, pool=pool)
+        if "sglang" in launch and req.given_knobs is not None:
+            launch["sglang"] = given_sglang_flags(launch["sglang"], cfg, req.given_knobs)
     origin = weight_format_origin(
         plan.evaluation.budget.weight_format_source, args.quant is not None, plan.scenario
     )
-    return PlanResult(plan, req.model, req.hardware, scenario, engine, reason, launch, origin)
+    return PlanResult(
+        plan, req.model, req.hardware, scenario, engine, reason, launch, origin, req.kv_dtype_note
+    )
 
 
 def weight_format_origin(source: str, quant_given: bool, scenario: str | None) -> str:
@@ -476,10 +539,11 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
         "usable_bytes": round(b.usable_bytes),
         "kv_pool_bytes": round(b.kv_pool_bytes),
         "kv_dtype_bytes": b.kv_dtype_bytes,
+        "kv_dtype_note": result.kv_dtype_note,
         "kv_bytes_per_token": kvmath.kv_bytes_per_token(result.model, b.kv_dtype_bytes),
         "kv_bytes_per_token_per_gpu": b.kv_bytes_per_token,
         "kv_blocks": ev.kv_blocks,
-        "block_size": page_tokens(cfg),  # SGLang: its page size
+        "block_size": ev.block_tokens,  # SGLang: its page size
         "kv_capacity_tokens": ev.kv_capacity_tokens,
         "max_model_len": ev.max_model_len,
         # a config that does not start serves nobody: no concurrency to report

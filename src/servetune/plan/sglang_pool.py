@@ -52,6 +52,10 @@ SGLANG_PAGE = 1
 # EngineConfig's gpu_memory_utilization default: left to SGLang's own rule when unchanged
 # (the adapter emits --mem-fraction-static only when it differs).
 CANONICAL_UTILIZATION = 0.9
+# Those two "unchanged means not given" readings hold for callers that only have an
+# EngineConfig (simulate, the tuner: docs/sglang-sim.md). A caller that knows which knobs
+# the user set (`plan`) passes them as `given_knobs`, so an explicit 0.9 or 16 is the
+# user's value and a default nobody gave (a scenario's vLLM utilization) is not.
 
 
 @dataclass(frozen=True)
@@ -70,12 +74,20 @@ class SglangPool:
     max_running_requests: int
 
 
-def page_tokens(cfg: EngineConfig) -> int:
+def page_tokens(cfg: EngineConfig, given_knobs: frozenset[str] | None = None) -> int:
     """Tokens per KV page the engine allocates: SGLang's --page-size (1 unless block_size
-    is set to something other than vLLM's 16), every other engine's block_size."""
-    if cfg.engine == "sglang" and cfg.block_size == CANONICAL_BLOCK:
-        return SGLANG_PAGE
-    return cfg.block_size
+    is given, or without `given_knobs` set to something other than vLLM's 16), every other
+    engine's block_size."""
+    if cfg.engine != "sglang":
+        return cfg.block_size
+    given = _given(given_knobs, "block_size", cfg.block_size != CANONICAL_BLOCK)
+    return cfg.block_size if given else SGLANG_PAGE
+
+
+def _given(given_knobs: frozenset[str] | None, knob: str, differs: bool) -> bool:
+    """Whether the user set `knob`: from `given_knobs` when the caller knows, else whether
+    it differs from the canonical default (the sentinel above)."""
+    return differs if given_knobs is None else knob in given_knobs
 
 
 def memory_tier(device_gib: float, tp: int) -> tuple[int, int]:
@@ -110,17 +122,20 @@ def sglang_pool(
     kv_bytes_per_token: float,
     context_len: int,
     start_overhead_bytes: float,
+    given_knobs: frozenset[str] | None = None,
 ) -> SglangPool:
     """The KV pool SGLang sizes on one GPU of `hw` under `cfg` (module docstring).
     `start_overhead_bytes`: what is taken before SGLang measures free memory (CUDA context,
-    NCCL buffers)."""
+    NCCL buffers). `given_knobs`: the knobs the user set, when the caller knows (`_given`);
+    SGLang's own fraction is used unless gpu_memory_utilization is one of them."""
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     chunk, graph_bs = memory_tier(hw.memory_gib, tp)
     if not cfg.enable_chunked_prefill:
         chunk = 0
     elif cfg.max_num_batched_tokens is not None:
         chunk = cfg.max_num_batched_tokens  # the adapter's --chunked-prefill-size
-    given = cfg.gpu_memory_utilization != CANONICAL_UTILIZATION
+    differs = cfg.gpu_memory_utilization != CANONICAL_UTILIZATION
+    given = _given(given_knobs, "gpu_memory_utilization", differs)
     if given:
         fraction = cfg.gpu_memory_utilization
     else:
@@ -128,7 +143,7 @@ def sglang_pool(
     free = hw.memory_bytes - start_overhead_bytes
     usable = fraction * free
     pool = usable - weights_bytes
-    page = page_tokens(cfg)
+    page = page_tokens(cfg, given_knobs)
     tokens = int(max(pool, 0) // (kv_bytes_per_token * page)) * page
     if cfg.kv_cache_tokens is not None:  # --max-total-tokens caps the profiled pool
         tokens = min(tokens, cfg.kv_cache_tokens // page * page)
