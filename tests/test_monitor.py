@@ -163,6 +163,28 @@ def test_manifests_and_dashboard_pass_their_published_schemas(engine: str) -> No
     assert schemas.problems(docs["adapter"], schemas.PROMETHEUS_ADAPTER) == []
 
 
+def test_every_slo_alert_has_a_dashboard_panel_with_its_line() -> None:
+    """The rules alerted on TTFT P50/mean, ITL P99 and E2E P95, but the dashboard's fixed
+    panels showed none of them: an alert with nothing to look at."""
+    d = from_description("vllm", queue_target=2, kv_threshold=0.8, slo=FULL_SLO)
+    alerts = documents(d)["rules"]["groups"][1]["rules"]
+    exprs = {r["record"]: r["expr"] for r in documents(d)["rules"]["groups"][0]["rules"]}
+    panels = {q: p for p in dashboard(d)["panels"] for q in queries({"panels": [p]})}
+    slo_alerts = [
+        a for a in alerts if a["labels"]["servetune_action"] == "slo" and "_seconds:" in a["expr"]
+    ]
+    assert len(slo_alerts) > 5
+    for a in slo_alerts:
+        record, limit = (x.strip() for x in a["expr"].split(">"))
+        panel = panels.get(exprs[record])
+        assert panel is not None, a["alert"]
+        steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert any(s["value"] == float(limit) for s in steps), (a["alert"], steps)
+    titles = [p["title"] for p in dashboard(d)["panels"]]
+    assert {"P50 TTFT (SLO)", "Mean TTFT (SLO)", "P95 E2E (SLO)"} <= set(titles)
+    assert len(titles) == len(set(titles))
+
+
 def test_the_schemas_reject_what_grafana_and_kubernetes_would() -> None:
     d = from_description("vllm", queue_target=2, kv_threshold=0.8)
     dash = dashboard(d)

@@ -112,3 +112,43 @@ def test_a_large_queue_target_is_written_as_a_plain_quantity(capsys, tmp_path: P
     assert code == 0, err
     assert "averageValue: '1000000'" in (out / "hpa.yaml").read_text()
     assert plain(1e-9) == "0.000000001" and plain(0.24037360435156027) == "0.240374"
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "mlx", "transformers"])
+def test_an_engine_with_nothing_to_scale_on_is_named_not_a_schema_error(capsys, tmp_path, engine):
+    """trtllm exports no pending-requests gauge: KEDA's triggers came out empty and the
+    schema refused the file; with --kv-threshold the fix named a queue it does not have."""
+    for extra in ([], ["--kv-threshold", "0.8"]):
+        code, _, err = run_cli(capsys, "monitor", "export", "--engine", engine,
+                               "--queue-target", "4", *extra,
+                               "-o", str(tmp_path / "mon"))  # fmt: skip
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"error: --engine: {engine} exports no /metrics servetune can scale")
+        assert "use vllm, sglang, tgi, llamacpp or onnx" in err and "schema" not in err
+        assert "pending queue" not in err and not (tmp_path / "mon").exists()
+    # a study tuned on it: named the same way, the study being what gave the engine
+    s = _summary(MEASURED)
+    s["winner"]["config"]["engine"] = engine
+    with pytest.raises(InputError, match=f"--from-study: {engine} exports no /metrics"):
+        from_summary(s)
+
+
+def test_a_prometheus_url_keda_cannot_query_is_refused(capsys, tmp_path: Path):
+    """An empty --prometheus-url was written as `serverAddress: ''` (exit 0)."""
+
+    def export(url: str, out: Path) -> tuple[int, str]:
+        code, _, err = run_cli(capsys, "monitor", "export", "--engine", "vllm", "--queue-target",
+                               "2", "--kv-threshold", "0.8", "--prometheus-url", url,
+                               "-o", str(out))  # fmt: skip
+        return code, err
+
+    for url in ("", "not a url", "prometheus:9090", "ftp://prom:9090", "http://",
+                "http://p:0", "http://prom:9090/?x=1"):  # fmt: skip
+        code, err = export(url, tmp_path / "bad")
+        assert code == 2 and err.startswith("error: --prometheus-url:"), (url, err)
+        assert err.count("\n") == 1 and not (tmp_path / "bad").exists()
+    for k, url in enumerate(("https://prom.example:9443", "http://gw.monitoring/prometheus")):
+        code, err = export(url, tmp_path / f"ok{k}")
+        assert code == 0, err
+        keda = yaml.safe_load((tmp_path / f"ok{k}" / "keda-scaledobject.yaml").read_text())
+        assert {t["metadata"]["serverAddress"] for t in keda["spec"]["triggers"]} == {url}

@@ -22,6 +22,7 @@ from servetune.engines.metrics import EngineMetrics, scrape
 from servetune.errors import InputError
 from servetune.measure import Point, ServerSession, StoreSettings, server_software, sweep
 from servetune.results.schema import RunResult
+from servetune.status import RunStatus
 from servetune.store import RunMeta, software_info
 from servetune.workload.materialize import Request, materialize
 from servetune.workload.spec import WorkloadSpec
@@ -136,6 +137,9 @@ class Prober:
         )
         store = replace(self.store, tags=("accept", f"accept:{label}"))
         res = sweep(session, [Point(label, spec, requests)], store=store)[0]
+        if res.status == RunStatus.INTERRUPTED:  # Ctrl-C: sweep kept the part measured
+            self.say(f"  {label}: interrupted (run {res.id} kept)")
+            raise KeyboardInterrupt(f"interrupted during {label}")
         m = res.metrics
         self.say(
             f"  {label}: {m.completed} ok, {m.failed} failed, {m.req_s:.2f} req/s (run {res.id})"

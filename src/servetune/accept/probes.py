@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from servetune.accept.checklist import Finding, failed, not_applicable, passed, unchecked
+from servetune.accept.checklist import (
+    Finding,
+    Status,
+    failed,
+    not_applicable,
+    passed,
+    unchecked,
+)
 from servetune.accept.measuring import (
     Prober,
     Sizes,
@@ -27,6 +34,14 @@ from servetune.workload.materialize import Request
 from servetune.workload.spec import WorkloadSpec
 
 SHED_CODES = (429, 503)  # what a deployment answers when it sheds load
+# What an engine or gateway answers a request too long for it: vLLM and llama.cpp 400,
+# TGI 422 (validation), a gateway 413. Any other 4xx is no length refusal.
+LENGTH_REFUSALS = (400, 413, 422)
+# Answers that say nothing about a request's length: it was shed or not let in.
+NOT_JUDGED = {
+    **dict.fromkeys(SHED_CODES, "re-run when the deployment has room (the request was shed)"),
+    **dict.fromkeys((401, 403), "give an --api-key the deployment accepts"),
+}
 REJECT_FAST_MS = 1000.0  # a shed request answered later than this has queued anyway
 # How fast the admitted requests' TTFT may grow under overload k: at most FLAT_SHARE of
 # what an unbounded queue gives. Without a bound the backlog grows at (k - 1) x capacity
@@ -103,8 +118,10 @@ def output_cap(p: Prober, spec: WorkloadSpec, cap: int | None) -> Finding:
     res = p.measure("output-cap", single(spec, req, stream=True), [req])
     rec = res.records[0]
     base = f"asked max_tokens={ask} (4x the cap {cap})"
-    if rec.http_status is not None and 400 <= rec.http_status < 500:
+    if rec.http_status in LENGTH_REFUSALS:
         return passed(f"{base}: refused with HTTP {rec.http_status}", cap=cap).with_run(res.id)
+    if fix := _unjudged_fix(rec, "output cap"):
+        return unchecked(fix, f"{base}: HTTP {rec.http_status}", cap=cap).with_run(res.id)
     if rec.status != RequestStatus.OK:
         return failed(
             "the over-long request must be refused or truncated, not fail",
@@ -125,7 +142,8 @@ def output_cap(p: Prober, spec: WorkloadSpec, cap: int | None) -> Finding:
 
 def input_limit(p: Prober, spec: WorkloadSpec, sample: list[Request], limit: int | None) -> Finding:
     """The context limit against the real distribution's P99 input + output, and a
-    request over the limit: refused quickly (4xx), never a 5xx or a hang."""
+    request over the limit: refused quickly (400/413/422) or served truncated (its usage
+    within the limit), never served whole, a 5xx or a hang."""
     need = total_p99(sample)
     if limit is None:
         return unchecked(
@@ -141,37 +159,78 @@ def input_limit(p: Prober, spec: WorkloadSpec, sample: list[Request], limit: int
         timeouts=Timeouts(10.0, 60.0, 60.0, 60.0),
     )
     rec = res.records[0]
-    ms = (rec.end_ns - rec.send_ns) / 1e6
-    if rec.http_status is not None and 400 <= rec.http_status < 500:
-        ev.append(
-            f"a {req.prompt_tokens}-token prompt was refused: HTTP {rec.http_status} in {ms:.0f} ms"
-        )
-        over_ok = True
-    else:
-        what = f"HTTP {rec.http_status}" if rec.http_status else (rec.error or rec.status)
-        ev.append(f"a {req.prompt_tokens}-token prompt got {what} after {ms:.0f} ms")
-        over_ok = rec.status == RequestStatus.OK  # served by truncating: not an error
+    line, status, fix = _over_limit(rec, req.prompt_tokens, limit)
+    ev.append(line)
+    values: dict[str, Any] = {"limit": limit, "need": need}
+    if rec.usage_prompt_tokens is not None:
+        values["served_prompt_tokens"] = rec.usage_prompt_tokens
     if need > limit:
         return failed(
             f"raise the input limit to at least {need} tokens (the real P99), or "
             "route long requests to a long-context pool",
             *ev,
-            limit=limit,
-            need=need,
+            **values,
         ).with_run(res.id)
-    if not over_ok:
-        return failed(
-            "a prompt over the limit must get a 4xx, not an error or a hang",
-            *ev,
-            limit=limit,
-            need=need,
-        ).with_run(res.id)
-    return passed(*ev, limit=limit, need=need).with_run(res.id)
+    return Finding(status, ev, fix=fix, values=values).with_run(res.id)
+
+
+def _over_limit(rec: RequestRecord, sent: int, limit: int) -> tuple[str, Status, str | None]:
+    """How the deployment answered a `sent`-token prompt over its `limit`: (evidence
+    line, status, fix)."""
+    ms = (rec.end_ns - rec.send_ns) / 1e6
+    what = f"a {sent}-token prompt"
+    if rec.http_status in LENGTH_REFUSALS:
+        return f"{what} was refused: HTTP {rec.http_status} in {ms:.0f} ms", Status.PASS, None
+    if fix := _unjudged_fix(rec, "input limit"):
+        return f"{what} got HTTP {rec.http_status} after {ms:.0f} ms", Status.UNCHECKED, fix
+    if rec.status != RequestStatus.OK:
+        got = f"HTTP {rec.http_status}" if rec.http_status else (rec.error or rec.status)
+        return (
+            f"{what} got {got} after {ms:.0f} ms",
+            Status.FAIL,
+            "a prompt over the limit must be refused (400, 413 or 422), not an error or a hang",
+        )
+    served = rec.usage_prompt_tokens
+    if served is None:
+        return (
+            f"{what} was served (HTTP 200) in {ms:.0f} ms; the answer reports no usage",
+            Status.UNCHECKED,
+            "report usage in the answer, or refuse over-limit prompts: a 200 without the "
+            "prompt's token count cannot show the prompt was truncated",
+        )
+    if served > limit:
+        return (
+            f"{what} was served whole: {served} prompt tokens > the limit {limit}",
+            Status.FAIL,
+            "the server does not enforce max_model_len: set the engine's context limit "
+            f"(--max-model-len {limit}) or refuse longer prompts at the gateway",
+        )
+    return f"{what} was served truncated to {served} tokens in {ms:.0f} ms", Status.PASS, None
+
+
+def _unjudged_fix(rec: RequestRecord, what: str) -> str | None:
+    """Why a one-request probe's answer says nothing about the length limit under test
+    (`what`): its request was shed (429/503) or not let in (401/403); None otherwise.
+    Passing such an answer as a refusal once accepted a deployment that refused all."""
+    status = rec.http_status
+    if status not in NOT_JUDGED:
+        return None
+    return f"{NOT_JUDGED[status]}: HTTP {status} says nothing about the {what}"
 
 
 def queue_bound(p: Prober, spec: WorkloadSpec, cap: Capacity, sizes: Sizes) -> Finding:
     """Offer `overload` x the measured capacity (open loop): a bounded queue sheds the
-    excess with 429/503 quickly, and the wait of what it admits stays flat."""
+    excess with 429/503 quickly, and the wait of what it admits stays flat. A bound must
+    also admit what the deployment carries: one that serves nothing (every request 429)
+    bounds nothing, and with no capacity measured there is no overload to offer."""
+    if not (np.isfinite(cap.req_s) and cap.req_s > 0):
+        return failed(
+            "the deployment must serve what it can carry and shed only the excess",
+            f"the capacity probe ({cap.users} users, run {cap.run_id}) served no request: "
+            "no capacity to overload, nothing admitted to bound",
+            offered_req_s=0.0,
+            served=0,
+        ).with_run(cap.run_id)
     rate = max(cap.req_s, 0.1) * sizes.overload
     n = max(sizes.min_queue_requests, int(rate * sizes.queue_seconds))
     pt = at_rate(spec, rate, n)
@@ -204,6 +263,13 @@ def queue_bound(p: Prober, spec: WorkloadSpec, cap: Capacity, sizes: Sizes) -> F
         return failed(
             "put a hard queue bound in front (a gateway that answers 429 beyond N "
             "in flight, e.g. `servetune accept-shedder`)",
+            *ev,
+            **values,
+        ).with_run(res.id)
+    if not ok:
+        return failed(
+            "the bound refused everything: admit what the deployment carries at its "
+            "capacity and shed only the excess",
             *ev,
             **values,
         ).with_run(res.id)

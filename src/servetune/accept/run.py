@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from servetune.accept import probes, stability, static
 from servetune.accept.checklist import Checklist, Finding, Status
@@ -25,6 +25,7 @@ from servetune.store import RunInfo, Store
 from servetune.workload.tokenizer import Tokenizer
 
 Say = Callable[[str], None]
+T = TypeVar("T")
 ACCEPT_KIND = "accept"
 
 
@@ -68,22 +69,28 @@ class Acceptance:
         except Exception as exc:  # noqa: BLE001 - the JSON file still holds it
             self.checklist.notes.append(f"checklist not stored: {exc}")
 
-    def item(self, item_id: str, check: Callable[[], Finding]) -> Finding | None:
-        """Run one check, record it and save; a check that raises saves what is done and
-        stops the run (ProbeFailed)."""
-        self.say(f"[{item_id}]")
-        t0 = time.monotonic()
+    def guard(self, step: str, work: Callable[[], T]) -> T:
+        """Run one step of the run (an item's check, or a measurement several items
+        share); one that raises (the server went away, a bug, Ctrl-C) saves what is done
+        and stops the run with ProbeFailed naming the step."""
         try:
-            f = check()
+            return work()
         except BaseException as exc:
             reason = (
                 "interrupted"
                 if isinstance(exc, KeyboardInterrupt)
                 else (" ".join(str(exc).split())[:300] or type(exc).__name__)
             )
-            self.checklist.notes.append(f"{item_id} broke off: {reason}")
+            self.checklist.notes.append(f"{step} broke off: {reason}")
             self.save()
-            raise ProbeFailed(item_id, reason, self.checklist) from exc
+            raise ProbeFailed(step, reason, self.checklist) from exc
+
+    def item(self, item_id: str, check: Callable[[], Finding]) -> Finding | None:
+        """Run one check, record it and save; a check that raises saves what is done and
+        stops the run (ProbeFailed)."""
+        self.say(f"[{item_id}]")
+        t0 = time.monotonic()
+        f = self.guard(item_id, check)
         it = self.checklist.record(item_id, f)
         lines = it.evidence[:2] or [it.fix or ""]
         self.say(f"  -> {it.status} ({time.monotonic() - t0:.1f} s): {'; '.join(lines)}"[:300])
@@ -126,17 +133,19 @@ class Acceptance:
         # live
         p, spec = self.prober, dep.workload
         self.item("warmup-before-traffic", lambda: probes.warm_up(p, spec, sz))
-        mon = probes.monitoring(p)
+        # measurements several items share: under the same guard as an item
+        mon = self.guard("monitoring", lambda: probes.monitoring(p))
         self.item("latency-monitored", lambda: mon[0])
         self.item("prefix-cache-monitored", lambda: mon[1])
-        sample = workload_sample(p, spec)
+        sample = self.guard("workload-sample", lambda: workload_sample(p, spec))
         self.item("long-short-pools", lambda: static.long_short_pools(sample, dep.pools))
         limit = self.context_limit()
-        cap = dep.max_new_tokens
-        self.item("output-cap", lambda: probes.output_cap(p, spec, cap))
+        out_cap = self.item("output-cap", lambda: probes.output_cap(p, spec, dep.max_new_tokens))
+        # the stages trust the cap only where the server was seen to hold it
+        cap = dep.max_new_tokens if out_cap and out_cap.status == Status.PASS else None
         self.item("input-limit", lambda: probes.input_limit(p, spec, sample, limit))
         users = self.capacity_users()
-        capacity = probes.capacity(p, spec, users, sz)
+        capacity = self.guard("capacity", lambda: probes.capacity(p, spec, users, sz))
         self.checklist.context["capacity"] = {
             "req_s": capacity.req_s,
             "users": users,
@@ -152,6 +161,8 @@ class Acceptance:
 
         def stage() -> Finding:
             nonlocal st
+            if unsized := stability.unsized(dep.load_kind, dep.load, capacity):
+                return unsized
             st = stability.run_stage(p, spec, tuned, sample, limit, cap, sz, fault)
             st.fault_note = note
             return stability.verdict(st, tuned, source)

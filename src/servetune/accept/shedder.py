@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from servetune.aio import loop_in_thread
 from servetune.errors import InputError
@@ -89,32 +90,53 @@ class Shedder:
             k.strip().lower(): v.strip()
             for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)
         }
-        body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-        key = headers.get("authorization", "")
-        method, _, rest = lines[0].partition(" ")
-        is_generation = method == "POST" and rest.split(" ")[0].endswith("completions")
-        if is_generation and not self.admit(key):
-            self.shed += 1
-            msg = b'{"error":{"message":"over capacity, retry later","type":"overloaded"}}'
-            writer.write(
-                b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
-                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
-                + str(len(msg)).encode()
-                + b"\r\n\r\n"
-                + msg
+        length = headers.get("content-length", "0") or "0"
+        if not length.isdigit():  # `abc`, `-1`: readexactly would raise, the client hang
+            await self._answer(
+                writer, "400 Bad Request", f"Content-Length {length!r} is not a byte count"
             )
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+            return
+        try:
+            body = await reader.readexactly(int(length))
+        except (asyncio.IncompleteReadError, ConnectionError):  # gone before its body
             writer.close()
             return
-        if is_generation and self.max_tokens is not None:
+        key = headers.get("authorization", "")
+        method, _, rest = lines[0].partition(" ")
+        path = request_path(rest.split(" ")[0])
+        counted = method == "POST" and path not in UNCOUNTED_PATHS
+        if counted and not self.admit(key):
+            self.shed += 1
+            await self._answer(writer, "429 Too Many Requests", "over capacity, retry later",
+                               "overloaded", "Retry-After: 1\r\n")  # fmt: skip
+            return
+        if counted and self.max_tokens is not None and path.endswith(GENERATION_PATHS):
             body = cap_tokens(body, self.max_tokens)
         try:
             await self._forward(lines, body, reader, writer)
         finally:
-            if is_generation:
+            if counted:
                 self.release(key)
             writer.close()
+
+    @staticmethod
+    async def _answer(
+        writer: asyncio.StreamWriter,
+        status: str,
+        message: str,
+        kind: str = "invalid_request_error",
+        extra: str = "",
+    ) -> None:
+        """Answer the client at once (an OpenAI-style error) and close."""
+        msg = json.dumps({"error": {"message": message, "type": kind}}).encode()
+        writer.write(
+            f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}"
+            f"Connection: close\r\nContent-Length: {len(msg)}\r\n\r\n".encode("latin-1")
+            + msg
+        )
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
 
     async def _forward(
         self,
@@ -166,24 +188,57 @@ class Shedder:
 
 
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")  # OpenAI, llama.cpp
+# The paths whose requests generate (their output is capped): OpenAI's /v1/completions and
+# /v1/chat/completions, llama.cpp's native /completion, /completions and /infill.
+GENERATION_PATHS = ("/completions", "/completion", "/infill")
+# POSTs that generate nothing: not counted in flight (the probes' prompt maker calls them)
+UNCOUNTED_PATHS = ("/tokenize", "/detokenize")
+
+
+def request_path(target: str) -> str:
+    """The path a request line's target routes to, as the engine's router sees it: no
+    query or fragment (`/v1/chat/completions?api-version=1`), percent-escapes decoded
+    (`/v1/chat%2Fcompletions`), no trailing slash; an absolute-form target's path."""
+    path = target.split("?", 1)[0].split("#", 1)[0]
+    if "://" in path:
+        path = urlsplit(path).path
+    return unquote(path).rstrip("/") or "/"
+
+
+def _asked(value: object) -> int | None:
+    """The output length a field asks for: a whole number >= 1 (a numeric string or float
+    as an engine's JSON validation would coerce it), else None - no ask: llama.cpp reads
+    -1 as unlimited, and 0, null or a non-number leave the engine's own default."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 1:
+        return int(value)
+    return None
 
 
 def cap_tokens(body: bytes, cap: int) -> bytes:
     """The request with every output-length field at most `cap` (and `max_tokens` set
     when it asked for none): the cap a gateway enforces whatever the engine allows (a
-    llama.cpp request's own n_predict overrides the server's -n). A body that is not a
-    JSON object goes through unchanged; the engine answers it."""
+    llama.cpp request's own n_predict overrides the server's -n). A field that asks for
+    no bound (-1, 0, null, not a number) is set to the cap. A body that is not a JSON
+    object goes through unchanged; the engine answers it."""
     try:
         data = json.loads(body)
     except ValueError:
         return body
     if not isinstance(data, dict):
         return body
-    asked = [f for f in TOKEN_FIELDS if isinstance(data.get(f), int)]
-    for f in asked or ["max_tokens"]:
-        data[f] = min(int(data.get(f) or cap), cap)
-    if isinstance(data.get("min_tokens"), int):
-        data["min_tokens"] = min(data["min_tokens"], cap)
+    given = [f for f in TOKEN_FIELDS if f in data]
+    for f in given or ["max_tokens"]:
+        asked = _asked(data.get(f))
+        data[f] = cap if asked is None else min(asked, cap)
+    if "min_tokens" in data and (least := _asked(data["min_tokens"])) is not None:
+        data["min_tokens"] = min(least, cap)
     return json.dumps(data, separators=(",", ":")).encode()
 
 

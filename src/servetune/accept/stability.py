@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from servetune.accept.checklist import Finding, failed, passed
+from servetune.accept.checklist import Finding, failed, passed, unchecked
 from servetune.accept.measuring import Prober, Sizes, at_rate
+from servetune.accept.probes import Capacity
 from servetune.measure.steady import SteadyRule, judge
 from servetune.results.schema import RequestRecord, RunResult
 from servetune.status import RequestStatus
@@ -354,6 +355,21 @@ def verdict(st: Stability, tuned: Load, source: str) -> Finding:
     )
     f.runs = st.runs
     return f
+
+
+def unsized(kind: str | None, load: float | None, capacity: Capacity) -> Finding | None:
+    """The item, unchecked, when no load sizes the stages: none was tuned or given and the
+    capacity probe served nothing (a deployment refusing every request with 429). The
+    stages would otherwise run at a token 0.1 req/s: hours for what proves nothing."""
+    if (kind and load) or (math.isfinite(capacity.req_s) and capacity.req_s > 0):
+        return None
+    return unchecked(
+        "make the deployment serve the capacity probe's requests, or give --load rate=R "
+        "(the load it is sized for)",
+        f"the capacity probe ({capacity.users} users, run {capacity.run_id}) served "
+        f"{capacity.req_s:g} req/s: no load to size the stages by, none run",
+        capacity_req_s=capacity.req_s,
+    ).with_run(capacity.run_id)
 
 
 def tuned_load(kind: str | None, load: float | None, capacity_req_s: float) -> tuple[Load, str]:

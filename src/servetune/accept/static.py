@@ -5,6 +5,7 @@ Pure functions over what `run` gathered, except `hash_files` and `autoscaling_si
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -263,29 +264,67 @@ def cuda_graphs(cfg: EngineConfig | None, on_gpu: bool, peak_running: float | No
 
 
 METRIC_PARENTS = ("metric", "resource", "containerResource")
-GPU_UTIL_NAMES = ("gpu_util", "dcgm_fi_dev_gpu_util", "nvidia_gpu_utilization", "gpu_utilization")
+# Seed 003 §11's scaling metrics (扩容指标): queue_wait, pending_requests, active_tokens,
+# KV utilisation and TTFT - a metric is one when its name carries one of these (the
+# engines' own names included: vLLM num_requests_waiting / gpu_cache_usage_perc, SGLang
+# num_queue_reqs / token_usage, TGI queue_size / batch_current_size, llama.cpp
+# requests_deferred / requests_processing, servetune's recorded servetune:* signals).
+LOAD_SIGNALS = {
+    "queue wait / pending requests": ("queue", "waiting", "pending", "deferred"),
+    "active requests / tokens": ("running", "active_tokens", "active_requests",
+                                 "batch_current", "requests_processing"),
+    "KV cache use": ("kv_cache", "cache_usage", "token_usage"),
+    "TTFT": ("ttft", "time_to_first_token"),
+}  # fmt: skip
+# GPU exporters (DCGM, nvidia-smi's): never a load signal, whatever their names carry
+# (DCGM_FI_PROF_GR_ENGINE_ACTIVE is the graphics engine's busy share, not active tokens).
+GPU_EXPORTERS = ("dcgm_", "nvidia_", "nvml_")
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+
+
+def load_signal(metric: str) -> str | None:
+    """Which §11 scaling signal a metric name or PromQL expression reads (its first), or
+    None: GPU utilisation, CPU, memory or anything else. Quoted strings (label values) are
+    not metric names and are skipped."""
+    for name in _IDENT.findall(_QUOTED.sub(" ", metric)):
+        low = name.lower()
+        if low.startswith(GPU_EXPORTERS):
+            continue
+        for signal, words in LOAD_SIGNALS.items():
+            if any(w in low for w in words):
+                return signal
+    return None
 
 
 def autoscaling_signals(path: Path | None) -> Finding:
     """The scaling metrics of an HPA, a KEDA ScaledObject or a rules file: at least one
-    must be a load signal other than GPU utilisation - seed 003 §11's scaling metrics are
-    queue_wait, pending_requests, active_tokens, KV use and TTFT."""
+    must be one of seed 003 §11's scaling metrics - queue_wait, pending_requests,
+    active_tokens, KV use or TTFT ("不要仅以GPU计算利用率作为扩容依据"). GPU utilisation
+    under any name (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_PROF_SM_ACTIVE, nvidia-smi's) and CPU
+    or memory say nothing about the queue."""
     if path is None:
         return unchecked("give --autoscaling FILE (HPA, KEDA ScaledObject or rules YAML)")
     docs = autoscaling_docs(path)
     names = sorted(set(_metric_names(docs)))
     if not names:
         return failed("the file names no scaling metric", f"{path}: no metrics found")
-    gpu = [n for n in names if any(g in n.lower() for g in GPU_UTIL_NAMES)]
-    other = [n for n in names if n not in gpu]
+    found = {n: sig for n in names if (sig := load_signal(n))}
     ev = f"scaling metrics: {', '.join(names)}"
-    if not other:
+    if not found:
         return failed(
-            "scale on queue length, waiting requests or TTFT too: GPU utilisation "
-            "is high whether the queue is empty or not",
+            "scale on queue wait, pending requests, active tokens, KV cache use or TTFT "
+            "(seed 003 §11): GPU utilisation is high whether the queue is empty or not, and "
+            "CPU or memory do not see the queue",
             ev,
+            "none of them is a load signal of seed 003 §11",
         )
-    return passed(ev, metrics=names)
+    return passed(
+        ev,
+        "load signals: " + ", ".join(f"{n} ({sig})" for n, sig in found.items()),
+        metrics=names,
+        signals=sorted(found),
+    )
 
 
 def autoscaling_docs(path: Path) -> list[Any]:
@@ -345,14 +384,15 @@ def _same_config(a: dict[str, Any], b: EngineConfig) -> bool:
 
 def config_linked(cfg: EngineConfig | None, runs: Sequence[RunInfo]) -> Finding:
     """The shipped config has performance data in the store from before acceptance (a
-    bench or tune run of exactly this config), so a change can be compared and rolled
-    back to a measured state."""
+    real bench or tune run of exactly this config; a simulated one measured the
+    simulator), so a change can be compared and rolled back to a measured state."""
     if cfg is None:
         return unchecked("give --config or --from-study: the shipped config is needed")
     linked = [
         r
         for r in runs
-        if r.engine_config
+        if r.backend == "real"  # a simulated run measured a model, not this deployment
+        and r.engine_config
         and _same_config(r.engine_config, cfg)
         and "accept" not in r.tags
         and r.metrics
@@ -361,7 +401,7 @@ def config_linked(cfg: EngineConfig | None, runs: Sequence[RunInfo]) -> Finding:
         return failed(
             "measure this exact config before shipping (bench --set / tune) so the "
             "change is linked to data",
-            "no stored run has this config",
+            "no stored real run has this config (simulated runs do not count)",
         )
     ids = [r.id for r in linked]
     f = passed(

@@ -29,7 +29,7 @@ def export_cmd(
         None, "--from-study", help="A tuned study: engine, SLO and limits from its winner."
     ),
     engine: str | None = typer.Option(
-        None, "--engine", help="vllm, sglang, tgi, llamacpp (needed without --from-study)."
+        None, "--engine", help="vllm, sglang, tgi, llamacpp, onnx (needed without --from-study)."
     ),
     slo: str | None = typer.Option(None, "--slo", help="SLO file (default: the study's)."),
     replicas: str = typer.Option("1:4", "--replicas", help="MIN:MAX replicas."),
@@ -43,7 +43,9 @@ def export_cmd(
     namespace: str = typer.Option("default", "--namespace"),
     job: str = typer.Option("servetune-engine", "--job", help="Prometheus scrape job."),
     prometheus_url: str = typer.Option(
-        "http://prometheus.monitoring.svc:9090", "--prometheus-url", help="For KEDA."
+        "http://prometheus.monitoring.svc:9090",
+        "--prometheus-url",
+        help="The Prometheus KEDA queries: http(s)://HOST[:PORT].",
     ),
     db: str | None = typer.Option(
         None, "--db", help="File path or SQLAlchemy URL (default $SERVETUNE_DB, ./servetune.db)."
@@ -54,13 +56,14 @@ def export_cmd(
 
     from servetune.monitor import export, from_description
     from servetune.monitor import from_study as study_deployment
-    from servetune.monitor.deployment import check_limits
+    from servetune.monitor.deployment import check_limits, check_prometheus_url
     from servetune.results.files import check_folder
     from servetune.slo import load_slo
 
     check_folder(Path(out), "--out")  # before the study is read or a file written
     lo, hi = _replicas(replicas)
     check_limits(queue_target, kv_threshold)  # before the study is read
+    check_prometheus_url(prometheus_url)
     kw = {
         "slo": load_slo(slo) if slo else None,
         "queue_target": queue_target,

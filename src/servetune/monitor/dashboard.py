@@ -12,7 +12,7 @@ from typing import Any
 
 from servetune.monitor.coverage import targets
 from servetune.monitor.deployment import Deployment
-from servetune.monitor.promql import signals
+from servetune.monitor.promql import LATENCY_SIGNALS, signals
 
 SCHEMA_VERSION = 39  # Grafana 11's dashboard schemaVersion
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -31,6 +31,28 @@ _PANELS: tuple[tuple[str, str, str], ...] = (
     ("request_errors:ratio", "Failed requests (share)", "percentunit"),
     ("replicas", "Replicas scraped", "short"),
 )
+
+
+def slo_panel(signal: str) -> tuple[str, str, str]:
+    """The panel of an SLO latency statistic the fixed panels do not show
+    (`ttft_seconds:p50` -> "P50 TTFT", `e2e_seconds:mean` -> "Mean E2E"): its alert has a
+    line to be read against."""
+    name, _, stat = signal.partition(":")
+    metric = next((m for m, n in LATENCY_SIGNALS.items() if n == name), name)
+    label = metric.removesuffix("_ms").upper()
+    return signal, f"{'Mean' if stat == 'mean' else stat.upper()} {label} (SLO)", "s"
+
+
+def panels(d: Deployment, sig: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(signal, title, unit) of each panel: the fixed ones the engine can give, then one
+    per SLO target with an alert that no fixed panel shows."""
+    shown = [(s, t, u) for s, t, u in _PANELS if s in sig]
+    have = {s for s, _, _ in shown}
+    for t in targets(d.engine, d.slo):
+        if t.signal is not None and t.signal not in have and t.signal in sig:
+            shown.append(slo_panel(t.signal))
+            have.add(t.signal)
+    return shown
 
 
 def thresholds(d: Deployment) -> dict[str, float]:
@@ -69,9 +91,9 @@ def _panel(i: int, title: str, unit: str, expr: str, line: float | None) -> dict
 
 
 def dashboard(d: Deployment) -> dict[str, Any]:
-    sig = signals(d.engine, d.job, d.rate_window)
+    sig = signals(d.engine, d.job, d.rate_window, d.slo)
     lines = thresholds(d)
-    shown = [(s, t, u) for s, t, u in _PANELS if s in sig]
+    shown = panels(d, sig)
     return {
         "uid": f"servetune-{d.name}"[:40],
         "title": f"servetune · {d.name} ({d.engine})",

@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
-from servetune.engines.registry import adapter
+from servetune.engines.registry import ADAPTERS, adapter
 from servetune.errors import InputError
 from servetune.monitor import coverage
 from servetune.slo import SLO, parse_slo
@@ -59,7 +60,9 @@ class Deployment:
 
     def __post_init__(self) -> None:
         adapter(self.engine)  # an unknown engine is an InputError naming the choices
+        check_scalable(self.engine)  # before the KV check, whose fix names the queue
         check_names(self.name, self.namespace, self.job)
+        check_prometheus_url(self.prometheus_url)
         check_limits(self.queue_target, self.kv_threshold)
         if self.kv_threshold is not None and not has_kv_gauge(self.engine):
             raise InputError(
@@ -77,6 +80,45 @@ class Deployment:
                 f"min {self.min_replicas} / max {self.max_replicas}",
                 f"give MIN:MAX with 1 <= MIN <= MAX <= {MAX_REPLICAS:,}, e.g. 1:4",
             )
+
+
+def scalable_engines() -> list[str]:
+    """The engines whose /metrics carry a pending-requests gauge: every autoscaler and
+    scale-out rule here needs one (seed 003 §11's pending_requests)."""
+    return [e for e, mod in ADAPTERS.items() if "requests_waiting" in mod.METRICS]
+
+
+def check_scalable(engine: str, flag: str = "--engine") -> None:
+    """An engine with no pending-requests gauge gives the autoscalers nothing to scale on:
+    KEDA's triggers would be empty (its schema refuses them) and no scale-out rule fires.
+    Named here, before a file is written or a limit asked for."""
+    if "requests_waiting" not in adapter(engine).METRICS:
+        ok = scalable_engines()
+        raise InputError(
+            flag,
+            f"{engine} exports no /metrics servetune can scale on (no pending-requests gauge)",
+            f"use {', '.join(ok[:-1])} or {ok[-1]}",
+        )
+
+
+def check_prometheus_url(url: str) -> None:
+    """KEDA's `serverAddress`: the Prometheus its triggers query. KEDA appends
+    `/api/v1/query?...` to it, so it must be an http(s) URL with a host and no query; an
+    empty one was written as `serverAddress: ''` and every trigger failed in the cluster."""
+    fix = "give the Prometheus KEDA queries, e.g. http://prometheus.monitoring.svc:9090"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or any(c.isspace() for c in url):
+        raise InputError("--prometheus-url", f"{url!r} is not an http(s):// URL", fix)
+    try:
+        port_ok = parts.port is None or 1 <= parts.port <= 65535
+    except ValueError:
+        port_ok = False
+    if not parts.hostname or not port_ok:
+        raise InputError("--prometheus-url", f"{url!r} has no valid host[:port]", fix)
+    if parts.query or parts.fragment:
+        raise InputError(
+            "--prometheus-url", f"{url!r} has a query or fragment: KEDA appends its own", fix
+        )
 
 
 def check_limits(queue_target: float | None, kv_threshold: float | None) -> None:
@@ -238,6 +280,7 @@ def from_summary(summary: dict[str, Any], engine: str | None = None, **kw: Any) 
             "--from-study", "the study has no winner with a passing point", "tune it first"
         )
     eng = check_engine((winner.get("config") or {}).get("engine"), engine)
+    check_scalable(eng, "--engine" if engine else "--from-study")
     slo = kw.pop("slo", None)
     if slo is None and summary.get("slo"):
         slo = parse_slo(summary["slo"], "study slo")
@@ -286,6 +329,7 @@ def from_description(engine: str, **kw: Any) -> Deployment:
         adapter(engine)
     except InputError as e:
         raise InputError("--engine", e.problem, e.fix) from None
+    check_scalable(engine)  # before asking for limits no rule could use
     if kw.get("queue_target") is None:
         raise InputError(
             "--queue-target",
