@@ -86,6 +86,25 @@ def list_runs(
     # a filter no run can match would list nothing and look like an empty store
     _one_of("--status", status, [s.value for s in RunStatus])
     _one_of("--backend", backend, ["real", "sim"])
+    if studies:  # they filter runs: a study list that ignored them would look filtered
+        given = {
+            "--model": model,
+            "--engine": engine,
+            "--study": study,
+            "--tag": tag,
+            "--since": since,
+            "--until": until,
+            "--status": status,
+            "--backend": backend,
+            "-n/--limit": limit,
+        }
+        for flag, value in given.items():
+            if value is not None:
+                raise InputError(
+                    flag,
+                    "filters runs, not --studies",
+                    "drop it, or list runs (without --studies)",
+                )
     with _open(db) as store:
         if studies:
             rows = store.studies()
@@ -355,7 +374,7 @@ def tag(
 ) -> None:
     """Add or remove tags (e.g. baseline, candidate, prod)."""
     with _open(db) as store:
-        ids = store.resolve([ref])
+        ids = store.resolve([ref], allow_empty=False)
         changed = store.tag(ids, add=() if remove else tags, remove=tags if remove else ())
     typer.echo(_tag_line(remove, changed, len(ids), tags))
 
@@ -378,7 +397,7 @@ def conclude(
 ) -> None:
     """Record the seed 003 §16 conclusion of a run."""
     with _open(db) as store:
-        ids = store.resolve([ref])
+        ids = store.resolve([ref], allow_empty=False)
         for rid in ids:
             store.conclude(rid, verdict, note)
     typer.echo(f"{verdict}: {', '.join(ids)}")
@@ -405,7 +424,7 @@ def export(
 
     check_outputs({"--output": output}, {})
     with _open(db) as store:
-        ids = store.resolve(refs) if refs else [i.id for i in store.list_runs()]
+        ids = store.resolve(refs, allow_empty=False) if refs else [i.id for i in store.list_runs()]
         n = do_export(store, ids, output, fmt_, records=records)
     typer.echo(f"wrote {n} {'runs' if fmt_ == 'json' else 'rows'} to {output}")
 
@@ -414,7 +433,9 @@ def export(
 def import_(
     files: list[Path] = typer.Argument(..., help="bench result JSON, record JSONL, export JSON."),
     study: str | None = typer.Option(None, "--study", help="Put the runs in this study."),
-    tags: list[str] = typer.Option([], "--tag", help="Tag the imported runs (repeatable)."),
+    tags: list[str] = typer.Option(
+        [], "--tag", help="Tag the imported runs (repeatable).", callback=_no_blank
+    ),
     db: str | None = _DB,
 ) -> None:
     """Import result files from earlier runs (or another store's export)."""
@@ -423,6 +444,9 @@ def import_(
 
     resolve_url(db)  # a bad --db first: it names the flag, before any file is read
     parsed = [(f, list(read_import(f))) for f in files]  # every file, before the store
+    if not any(items for _, items in parsed):  # an empty export: no empty store either
+        typer.echo(f"no runs in {', '.join(f.name for f in files)}: nothing imported", err=True)
+        return
     with _open(db, create=True) as store:
         for f, items in parsed:
             for rid, what in store.import_items(items, f.name, study=study, tags=tags):
@@ -438,12 +462,22 @@ def delete(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
     db: str | None = _DB,
 ) -> None:
-    """Delete runs and their records (cannot be undone)."""
+    """Delete runs and their records (cannot be undone). A study named here goes too,
+    with its meta (a tuner's settings and summary), once it has no runs left."""
     with _open(db) as store:
         ids = store.resolve(refs)
+        studies = store.studies_named(refs)
+        also = f" and {_plural(len(studies), 'study', 'studies')} {', '.join(studies)}"
+        also = also if studies else ""
         if not yes:
             if not sys.stdin.isatty():
-                raise InputError("--yes", f"refusing to delete {len(ids)} run(s) without --yes")
-            typer.confirm(f"delete {len(ids)} run(s): {', '.join(ids)}?", abort=True)
-        n = store.delete(ids)
-    typer.echo(f"deleted {n} run(s)")
+                raise InputError(
+                    "--yes", f"refusing to delete {len(ids)} run(s){also} without --yes"
+                )
+            typer.confirm(f"delete {len(ids)} run(s){also}: {', '.join(ids)}?", abort=True)
+        n = store.delete(ids, studies=studies)
+    typer.echo(f"deleted {n} run(s){also}")
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many

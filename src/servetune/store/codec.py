@@ -33,6 +33,9 @@ _NULL = np.iinfo(np.int64).min
 # Per-request instants stored relative to the request's own send time (small numbers).
 _RELATIVE = ("scheduled_ns", "first_event_ns", "first_answer_ns", "end_ns")
 _NARROW = (np.int8, np.int16, np.int32, np.int64)
+# The magnitude an integer field must stay under: instants are stored as differences of
+# two of them, which then fit int64 (and never meet the _NULL sentinel).
+INT_LIMIT = 2**62
 
 
 @lru_cache(maxsize=1)
@@ -60,6 +63,25 @@ def _is_union(ann: Any) -> bool:
 def _row(r: RequestRecord | Mapping[str, Any]) -> Mapping[str, Any]:
     # pydantic keeps field values in __dict__; reading it avoids per-field attribute calls.
     return r if isinstance(r, Mapping) else r.__dict__
+
+
+def out_of_range(record: RequestRecord | Mapping[str, Any]) -> tuple[str, int] | None:
+    """The first integer field of `record` (and its value) that this codec cannot store
+    (see INT_LIMIT); None when all fit. Import files are checked with it before a run is
+    written."""
+    row = _row(record)
+    for name, kind in field_kinds().items():
+        value = row.get(name)
+        if kind == "int" and value is not None:
+            values = (value,)
+        elif kind == "ints" and value:
+            values = (min(value), max(value))
+        else:
+            continue
+        for v in values:
+            if not -INT_LIMIT < v < INT_LIMIT:
+                return name, v
+    return None
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:

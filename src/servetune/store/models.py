@@ -17,7 +17,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # Bumped by every migration; a database with a higher number was written by a newer
 # servetune and is refused rather than misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APP = "servetune"
 
 
@@ -54,6 +54,9 @@ class Run(Base):
         ForeignKey("studies.id", ondelete="SET NULL"), index=True
     )
     created_utc: Mapped[str] = mapped_column(String(32), index=True)
+    # Insertion order: breaks ties between runs created in the same second (created_utc
+    # has second precision), so a sweep lists in the order it ran (schema 2).
+    seq: Mapped[int | None] = mapped_column(Integer, index=True)
     updated_utc: Mapped[str] = mapped_column(String(32))  # heartbeat while running
     backend: Mapped[str] = mapped_column(String(8))
     # running | completed | interrupted | circuit_breaker | failed | incomplete

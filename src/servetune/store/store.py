@@ -20,7 +20,7 @@ import hashlib
 import json
 import secrets
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,7 @@ from servetune.store.meta import (
 from servetune.store.models import Blob, RecordChunk, Run, RunBlob, RunTag, Study
 from servetune.store.runinfo import RunInfo, run_info
 from servetune.store.timestamps import day_end, utc_now, utc_text
-from servetune.store.transfer import WARNED, ImportItem, read_import
+from servetune.store.transfer import UNMEASURED, WARNED, ImportItem, read_import
 from servetune.telemetry import summarize
 from servetune.workload.materialize import Request
 
@@ -165,40 +165,47 @@ class Store:
         """Record that a run started; returns its id. Marks runs of dead writers
         incomplete on the way (so `runs list` agrees with what readers compute)."""
         m = _as_meta(meta).filled()
-        run_id = m.id or f"{'sim' if m.backend == 'sim' else 'run'}-{secrets.token_hex(5)}"
-        now = utc_now()
         try:
             with self._session() as s, s.begin():
-                if s.get(Run, run_id) is not None:
-                    raise InputError("run id", f"{run_id} is already in {self.where}")
-                study_id = self._study_id(s, m.study, m.study_kind, None) if m.study else None
-                cfg = m.engine_config or {}
-                run = Run(
-                    id=run_id,
-                    study_id=study_id,
-                    created_utc=utc_text(m.created_utc) if m.created_utc else now,
-                    updated_utc=now,
-                    backend=m.backend,
-                    status=RunStatus.RUNNING,
-                    writer=writer_token(),
-                    model=m.model or m.target.model,
-                    engine=m.engine(),
-                    engine_version=m.software.get("engine_version"),
-                    hardware=m.hardware.get("gpu") or m.hardware.get("cpu"),
-                    gpu_count=m.hardware.get("gpu_count")
-                    or (_world(cfg) if m.hardware.get("gpu") else None),
-                    n_records=0,
-                    meta=m.model_dump(mode="json", exclude={"id", "tags", "study"}),
-                    result={},
-                    **_load_columns(m.load),
-                )
-                s.add(run)
-                s.flush()
-                for t in sorted(set(m.tags)):
-                    s.add(RunTag(run_id=run_id, tag=t))
+                run_id = self._begin(s, m)
             self.reap()
         except SQLAlchemyError as exc:
             raise _db_error(self, exc) from exc
+        return run_id
+
+    def _begin(self, s: Session, m: RunMeta) -> str:
+        """begin_run's row (and tags, and the study on first use) in session `s`."""
+        run_id = m.id or f"{'sim' if m.backend == 'sim' else 'run'}-{secrets.token_hex(5)}"
+        now = utc_now()
+        if s.get(Run, run_id) is not None:
+            raise InputError("run id", f"{run_id} is already in {self.where}")
+        study_id = self._study_id(s, m.study, m.study_kind, None) if m.study else None
+        cfg = m.engine_config or {}
+        run = Run(
+            id=run_id,
+            study_id=study_id,
+            created_utc=utc_text(m.created_utc) if m.created_utc else now,
+            # after every run stored so far, in one statement (see models.Run.seq)
+            seq=select(func.coalesce(func.max(Run.seq), 0) + 1).scalar_subquery(),
+            updated_utc=now,
+            backend=m.backend,
+            status=RunStatus.RUNNING,
+            writer=writer_token(),
+            model=m.model or m.target.model,
+            engine=m.engine(),
+            engine_version=m.software.get("engine_version"),
+            hardware=m.hardware.get("gpu") or m.hardware.get("cpu"),
+            gpu_count=m.hardware.get("gpu_count")
+            or (_world(cfg) if m.hardware.get("gpu") else None),
+            n_records=0,
+            meta=m.model_dump(mode="json", exclude={"id", "tags", "study"}),
+            result={},
+            **_load_columns(m.load),
+        )
+        s.add(run)
+        s.flush()
+        for t in sorted(set(m.tags)):
+            s.add(RunTag(run_id=run_id, tag=t))
         return run_id
 
     def append_records(
@@ -234,52 +241,57 @@ class Store:
         carries records they replace the streamed chunks (compacted, with the fields the
         runner filled in at the end); otherwise the streamed chunks stay."""
         with self._session() as s, s.begin():
-            run = self._run(s, run_id)
-            records = list(result.records)
-            if records:
-                s.execute(delete(RecordChunk).where(RecordChunk.run_id == run_id))
-                for seq, i in enumerate(range(0, len(records), CHUNK_RECORDS)):
-                    part = records[i : i + CHUNK_RECORDS]
-                    s.add(
-                        RecordChunk(
-                            run_id=run_id,
-                            seq=seq,
-                            n=len(part),
-                            codec=codec.CODEC,
-                            data=codec.encode_records(part),
-                        )
+            self._finish(s, run_id, result)
+
+    def _finish(self, s: Session, run_id: str, result: RunResult) -> None:
+        """finish_run in session `s`."""
+        run = self._run(s, run_id)
+        records = list(result.records)
+        if records:
+            s.execute(delete(RecordChunk).where(RecordChunk.run_id == run_id))
+            for seq, i in enumerate(range(0, len(records), CHUNK_RECORDS)):
+                part = records[i : i + CHUNK_RECORDS]
+                s.add(
+                    RecordChunk(
+                        run_id=run_id,
+                        seq=seq,
+                        n=len(part),
+                        codec=codec.CODEC,
+                        data=codec.encode_records(part),
                     )
-                run.n_records = len(records)
-            else:
-                records = self._records(s, run_id)
-            if result.requests:
-                self._put_blob(
-                    s,
-                    run_id,
-                    "requests",
-                    [r.model_dump(mode="json", exclude_none=True) for r in result.requests],
                 )
-            if result.server is not None:
-                self._put_blob(s, run_id, "server", result.server.model_dump(mode="json"))
-            if result.telemetry is not None:
-                tel = result.telemetry.model_dump(mode="json")
-                self._put_blob(s, run_id, "telemetry", tel)
-            small = result.model_dump(mode="json", exclude=_RESULT_BULK)
-            small["id"] = run_id
-            small["server_summary"] = server_summary(result.server, result.telemetry)
-            if result.telemetry is not None:
-                small["telemetry_summary"] = summarize(result.telemetry)
-            run.result = small
-            run.status = result.status
-            run.stop_reason = result.stop_reason
-            run.metrics = result.metrics.model_dump(mode="json")
-            run.request_dist = request_distribution(records, result.metrics, result.load)
-            run.stability = stability(records, result.metrics, result.cancellation)
-            run.updated_utc = utc_now()
-            run.model = run.model or result.target.model
-            if result.load:
-                for k, v in _load_columns(result.load).items():
-                    setattr(run, k, v)
+            run.n_records = len(records)
+        else:
+            records = self._records(s, run_id)
+        if result.requests:
+            self._put_blob(
+                s,
+                run_id,
+                "requests",
+                [r.model_dump(mode="json", exclude_none=True) for r in result.requests],
+            )
+        if result.server is not None:
+            self._put_blob(s, run_id, "server", result.server.model_dump(mode="json"))
+        if result.telemetry is not None:
+            tel = result.telemetry.model_dump(mode="json")
+            self._put_blob(s, run_id, "telemetry", tel)
+        unset = UNMEASURED - result.model_fields_set  # never measured: not 0.0
+        small = result.model_dump(mode="json", exclude=_RESULT_BULK | unset)
+        small["id"] = run_id
+        small["server_summary"] = server_summary(result.server, result.telemetry)
+        if result.telemetry is not None:
+            small["telemetry_summary"] = summarize(result.telemetry)
+        run.result = small
+        run.status = result.status
+        run.stop_reason = result.stop_reason
+        run.metrics = result.metrics.model_dump(mode="json")
+        run.request_dist = request_distribution(records, result.metrics, result.load)
+        run.stability = stability(records, result.metrics, result.cancellation)
+        run.updated_utc = utc_now()
+        run.model = run.model or result.target.model
+        if result.load:
+            for k, v in _load_columns(result.load).items():
+                setattr(run, k, v)
 
     def abandon_run(
         self, run_id: str, status: RunStatus = RunStatus.FAILED, reason: str | None = None
@@ -297,8 +309,27 @@ class Store:
         study: str | None = None,
         tags: Iterable[str] = (),
     ) -> str:
-        """Store a finished RunResult in one go (begin + finish). Returns the run id."""
+        """Store a finished RunResult in one go (begin + finish, one transaction: a result
+        that cannot be stored leaves no run behind). Returns the run id."""
         m = _as_meta(meta)
+        try:
+            with self._session() as s, s.begin():
+                run_id = self._save(s, result, m, study=study, tags=tags)
+            self.reap()
+        except SQLAlchemyError as exc:
+            raise _db_error(self, exc) from exc
+        return run_id
+
+    def _save(
+        self,
+        s: Session,
+        result: RunResult,
+        m: RunMeta,
+        *,
+        study: str | None = None,
+        tags: Iterable[str] = (),
+    ) -> str:
+        """save_result in session `s`: the meta completed from the result, begin, finish."""
         update_: dict[str, Any] = {
             "id": m.id or result.id,
             "created_utc": m.created_utc or result.created_utc,
@@ -311,8 +342,8 @@ class Store:
         }
         if study:
             update_["study"] = study
-        run_id = self.begin_run(m.model_copy(update=update_))
-        self.finish_run(run_id, result)
+        run_id = self._begin(s, m.model_copy(update=update_).filled())
+        self._finish(s, run_id, result)
         return run_id
 
     def reap(self) -> int:
@@ -372,8 +403,19 @@ class Store:
         return InputError("run", f"no run or study {ref!r} in {self.where}", fix)
 
     def get(self, run_id: str) -> RunInfo:
+        """The run as readers see it. A run that never finished (killed, still running)
+        has its measured request distribution and stability computed from the records
+        that reached the store, as `finish_run` computes them for a finished one (and
+        `runs import` for the same run exported), so its record reads the same anywhere."""
         with self._session() as s:
-            return run_info(self._run(s, run_id), datetime.now(timezone.utc))
+            run = self._run(s, run_id)
+            info = run_info(run, datetime.now(timezone.utc))
+            if run.metrics is None:
+                records = self._records(s, run_id)
+                m = self._unfinished_metrics(info, records)
+                info.request_dist = request_distribution(records, m, info.load)
+                info.stability = stability(records, m)
+            return info
 
     def list_runs(
         self,
@@ -407,42 +449,66 @@ class Store:
             q = q.where(Run.created_utc <= day_end(until, "--until"))
         if backend:
             q = q.where(Run.backend == backend)
-        if limit:
-            q = q.order_by(Run.created_utc.desc(), Run.id.desc()).limit(limit)
+        if status:  # a `running` row whose writer is gone reads `incomplete` (liveness)
+            live = (RunStatus.RUNNING, RunStatus.INCOMPLETE)
+            q = q.where(Run.status.in_(live if status in live else (status,)))
+        newest_in_sql = bool(limit) and not status  # else: the status first, then the last N
+        if newest_in_sql:
+            q = q.order_by(*(c.desc() for c in _ORDER)).limit(limit)
         else:
-            q = q.order_by(Run.created_utc, Run.id)
+            q = q.order_by(*_ORDER)
         now = datetime.now(timezone.utc)
         with self._session() as s:
             infos = [run_info(r, now) for r in s.scalars(q).unique()]
-        if limit:
+        if newest_in_sql:
             infos.reverse()
         if status:
             infos = [i for i in infos if i.status == status]
+            if limit:
+                infos = infos[-limit:]
         return infos
 
-    def resolve(self, refs: Iterable[str]) -> list[str]:
+    def resolve(self, refs: Iterable[str], *, allow_empty: bool = True) -> list[str]:
         """Run ids for references: a run id, a unique id prefix, a study name or id,
-        `last`, or comma-separated lists of these. Order kept, duplicates dropped."""
+        `last`, or comma-separated lists of these. Order kept, duplicates dropped.
+        `allow_empty=False`: a study of no runs is an InputError (a command that edits or
+        exports runs would otherwise report success doing nothing)."""
         out: list[str] = []
         with self._session() as s:
-            for ref in (p.strip() for r in refs for p in r.split(",") if p.strip()):
-                out.extend(self._resolve_one(s, ref))
+            for ref in _split(refs):
+                ids = self._resolve_one(s, ref)
+                if not ids and not allow_empty:
+                    raise InputError(
+                        "run",
+                        f"study {ref!r} has no runs",
+                        "`servetune runs list --studies` counts each study's runs; "
+                        f"`servetune runs delete {ref} --yes` removes it",
+                    )
+                out.extend(ids)
         return list(dict.fromkeys(out))
+
+    def studies_named(self, refs: Iterable[str]) -> list[str]:
+        """The names of the studies among `refs` (read as `resolve` reads them)."""
+        with self._session() as s:
+            found = (self._study_ref(s, ref) for ref in _split(refs))
+            return list(dict.fromkeys(st.name for st in found if st is not None))
+
+    def _study_ref(self, s: Session, ref: str) -> Study | None:
+        """The study `ref` names, when it names no run first (a run id, `last`)."""
+        if s.get(Run, ref) is not None or (ref == "last" and s.scalar(select(Run.id))):
+            return None
+        return s.scalar(select(Study).where((Study.name == ref) | (Study.id == ref)))
 
     def _resolve_one(self, s: Session, ref: str) -> list[str]:
         if s.get(Run, ref) is not None:
             return [ref]
         if ref == "last":
-            rid = s.scalar(select(Run.id).order_by(Run.created_utc.desc(), Run.id.desc()))
+            rid = s.scalar(select(Run.id).order_by(*(c.desc() for c in _ORDER)))
             if rid:
                 return [rid]
-        st = s.scalar(select(Study.id).where((Study.name == ref) | (Study.id == ref)))
+        st = self._study_ref(s, ref)
         if st is not None:
-            return list(
-                s.scalars(
-                    select(Run.id).where(Run.study_id == st).order_by(Run.created_utc, Run.id)
-                )
-            )
+            return list(s.scalars(select(Run.id).where(Run.study_id == st.id).order_by(*_ORDER)))
         if len(ref) >= 4:
             hits = list(s.scalars(select(Run.id).where(Run.id.startswith(ref)).limit(3)))
             if len(hits) == 1:
@@ -514,13 +580,15 @@ class Store:
         computes them, so `runs list`, `show`, exports, diagnose and quality agree."""
         if info.metrics is not None:
             return info.metrics
+        return self._unfinished_metrics(info, self.records(info.id)).model_dump(mode="json")
+
+    @staticmethod
+    def _unfinished_metrics(info: RunInfo, records: Sequence[RequestRecord]) -> Metrics:
+        """`records_metrics` with the run's stored workload and SLO."""
         slo = info.part("slo")
-        m = records_metrics(
-            self.records(info.id),
-            info.part("workload") or {},
-            SLO.model_validate(slo) if slo else None,
+        return records_metrics(
+            records, info.part("workload") or {}, SLO.model_validate(slo) if slo else None
         )
-        return m.model_dump(mode="json")
 
     # -- editing ------------------------------------------------------------------------
 
@@ -549,9 +617,7 @@ class Store:
         if verdict not in VERDICTS:
             raise InputError("verdict", f"{verdict!r} is not one of {', '.join(VERDICTS)}")
         with self._session() as s, s.begin():
-            run = self._run(s, run_id)
-            run.conclusion, run.conclusion_note = verdict, note
-            run.concluded_utc = utc_text(when) if when else utc_now()
+            _set_conclusion(self._run(s, run_id), verdict, note, when)
 
     def set_quality(self, run_id: str, table: Mapping[str, Any]) -> None:
         """Seed 003 §16 quality results (task accuracy, structured-output success, ...)."""
@@ -559,8 +625,10 @@ class Store:
             run = self._run(s, run_id)
             run.quality = {**(run.quality or {}), **dict(table)}
 
-    def delete(self, run_ids: Sequence[str]) -> int:
-        """Delete runs with their records; blobs no other run uses go too."""
+    def delete(self, run_ids: Sequence[str], *, studies: Iterable[str] = ()) -> int:
+        """Delete runs with their records; blobs no other run uses go too. `studies`
+        (names or ids: the studies the user named) are deleted with their meta once they
+        have no runs left. Returns how many runs were deleted."""
         with self._session() as s, s.begin():
             for rid in run_ids:
                 self._run(s, rid)
@@ -568,6 +636,14 @@ class Store:
                 s.execute(delete(model).where(model.run_id.in_(run_ids)))
             s.execute(delete(Run).where(Run.id.in_(run_ids)))
             s.execute(delete(Blob).where(Blob.hash.not_in(select(RunBlob.hash))))
+            names = list(studies)
+            if names:
+                used = select(Run.study_id).where(Run.study_id.is_not(None))
+                s.execute(
+                    delete(Study)
+                    .where(Study.name.in_(names) | Study.id.in_(names))
+                    .where(Study.id.not_in(used))
+                )
         return len(run_ids)
 
     # -- import -------------------------------------------------------------------------
@@ -591,38 +667,91 @@ class Store:
     ) -> list[tuple[str, str]]:
         """`import_file` on items already read (`read_import`): `runs import` reads every
         file before it opens the store, so a bad second file neither leaves the first
-        imported alone nor an empty store behind."""
+        imported alone nor an empty store behind. Each run is one transaction (its row,
+        records, status, conclusion, quality and its study's record): a run is imported
+        whole or not at all. A run the store has but never finished (its writer died, or
+        the store failed mid-run) is finished with the file's final result."""
         out: list[tuple[str, str]] = []
         for item in items:
             rid = item.meta.id or item.result.id
-            if self._exists(rid):
-                out.append((rid, "skipped: already in the store"))
-                continue
             try:
-                rid = self.save_result(
-                    item.result, item.meta, study=study or item.meta.study, tags=tags
-                )
+                with self._session() as s, s.begin():
+                    out.append((rid, self._import_one(s, item, study, tags)))
             except ValidationError as exc:
                 raise from_validation_error(exc, name) from exc
-            if item.status is not None and item.status != item.result.status:
-                self._set_status(rid, item.status, item.stop_reason)  # `incomplete`, say
-            if item.conclusion:
-                self.conclude(rid, item.conclusion, item.conclusion_note, item.concluded_utc)
-            if item.quality:
-                self.set_quality(rid, item.quality)
-            out.append((rid, f"imported{WARNED}{item.warning}" if item.warning else "imported"))
+            except (SQLAlchemyError, OverflowError) as exc:
+                first = str(getattr(exc, "orig", exc)).splitlines()[0]
+                raise InputError(
+                    "--db",
+                    f"writing run {rid} of {name} to {self.where} failed: {first}",
+                    "nothing of that run was written; import the file again once the cause "
+                    "is fixed (runs already imported are skipped)",
+                ) from exc
+        self.reap()
         return out
 
-    def _set_status(self, run_id: str, status: RunStatus, reason: str | None) -> None:
-        """An imported run's status and stop reason as its export says (a run that never
-        finished stays `incomplete`, not its rebuilt result's `interrupted`)."""
-        with self._session() as s, s.begin():
-            run = self._run(s, run_id)
-            run.status, run.stop_reason = status, reason
+    def _import_one(
+        self, s: Session, item: ImportItem, study: str | None, tags: Iterable[str]
+    ) -> str:
+        """One run of an import file in session `s`; returns what happened."""
+        rid = item.meta.id or item.result.id
+        into = study or item.meta.study
+        record = item.study_record
+        if record is not None and record["name"] == into:  # not carried to another study
+            self._merge_study(s, record)
+        what = f"imported{WARNED}{item.warning}" if item.warning else "imported"
+        run = s.get(Run, rid)
+        if run is None:
+            self._save(s, item.result, item.meta, study=into, tags=tags)
+            run = self._run(s, rid)
+        else:
+            kept = _kept_over(run, item)
+            if kept is not None:
+                return f"skipped: already in the store{kept}"
+            before = f"the store's {run_info(run, datetime.now(timezone.utc)).status} run"
+            before += f" ({run.n_records} records)"
+            self._finish(s, rid, item.result)
+            if study or (run.study_id is None and into):
+                run.study_id = self._study_id(s, into, item.meta.study_kind, None)
+            have = {t.tag for t in run.tags}
+            for t in sorted((set(item.meta.tags) | set(tags)) - have):
+                run.tags.append(RunTag(run_id=rid, tag=t))
+            what = f"imported: finished {before} with the file's result" + what[len("imported") :]
+        if item.status is not None and item.status != item.result.status:
+            run.status, run.stop_reason = item.status, item.stop_reason  # `incomplete`, say
+        if item.conclusion:
+            _set_conclusion(run, item.conclusion, item.conclusion_note, item.concluded_utc)
+        if item.quality:
+            run.quality = {**(run.quality or {}), **item.quality}
+        return what
 
-    def _exists(self, run_id: str) -> bool:
+    def _merge_study(self, s: Session, record: Mapping[str, Any]) -> None:
+        """An exported study's own record (kind, note, date, meta: a tuner's settings and
+        summary) into the study of that name: a study this import creates gets it all;
+        one the store has keeps what it holds and gains only what it lacks."""
+        name = record["name"]
+        row = s.scalar(select(Study).where(Study.name == name))
+        if row is None:
+            row = s.get(Study, self._study_id(s, name, record.get("kind"), record.get("note")))
+            if record.get("created_utc"):
+                row.created_utc = utc_text(record["created_utc"])
+        row.kind = row.kind or record.get("kind")
+        row.note = row.note or record.get("note")
+        row.meta = {**(record.get("meta") or {}), **(row.meta or {})}
+
+    def study_record(self, name: str) -> dict[str, Any] | None:
+        """Study `name` as `runs export --format json` writes it (None: no such study)."""
         with self._session() as s:
-            return s.get(Run, run_id) is not None
+            row = s.scalar(select(Study).where(Study.name == name))
+            if row is None:
+                return None
+            return {
+                "name": row.name,
+                "kind": row.kind,
+                "note": row.note,
+                "created_utc": row.created_utc,
+                "meta": dict(row.meta or {}),
+            }
 
 
 def records_metrics(
@@ -638,6 +767,42 @@ def records_metrics(
         slo=slo if isinstance(slo, SLO) else None,
         stream=bool(workload.get("stream", True)),
     )
+
+
+# Readers list runs oldest first; runs created in the same second (created_utc keeps
+# seconds) in the order they were stored, then by id (concurrent writers may share a seq).
+_ORDER = (Run.created_utc, Run.seq, Run.id)
+
+# Where a stored run stands when an import may still finish it: its writer died, the store
+# failed mid-run, or it was abandoned before a result.
+_UNFINISHED = (RunStatus.RUNNING, RunStatus.INCOMPLETE, RunStatus.FAILED)
+
+
+def _kept_over(run: Run, item: ImportItem) -> str | None:
+    """Why the stored `run` stays as it is rather than be finished with an import file's
+    item ("" or a reason; None: finish it with the item). Only a run that never finished
+    takes a final result, and never one with fewer records than the store holds (nothing
+    measured is lost); an export of the same unfinished run changes nothing."""
+    status = run_info(run, datetime.now(timezone.utc)).status
+    final = item.status or item.result.status
+    if status not in _UNFINISHED or final in (RunStatus.RUNNING, RunStatus.INCOMPLETE):
+        return ""
+    if run.result and final == status:  # the same final result, stored before
+        return ""
+    got = len(item.result.records)
+    if got and got < run.n_records:
+        return f", with more records ({run.n_records}) than the file ({got})"
+    return None
+
+
+def _split(refs: Iterable[str]) -> Iterator[str]:
+    """References as given: comma-separated lists split, blanks dropped."""
+    return (p.strip() for r in refs for p in r.split(",") if p.strip())
+
+
+def _set_conclusion(run: Run, verdict: str, note: str | None, when: str | None) -> None:
+    run.conclusion, run.conclusion_note = verdict, note
+    run.concluded_utc = utc_text(when) if when else utc_now()
 
 
 def _world(cfg: Mapping[str, Any]) -> int:

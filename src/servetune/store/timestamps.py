@@ -14,9 +14,13 @@ def utc_now() -> str:
 
 def utc_text(value: datetime | str | None, field: str = "date") -> str:
     """ISO-8601 UTC with a Z, second precision: sortable as text on every database. A
-    string that is no date is an InputError under `field` (the flag the user typed)."""
+    string that is no date, or a value that is neither text nor a datetime (a number in
+    a hand-edited file), is an InputError under `field` (the flag or field the user gave)."""
     if value is None:
         return utc_now()
+    if not isinstance(value, (str, datetime)):
+        kind = "a number" if isinstance(value, (int, float)) else type(value).__name__
+        raise InputError(field, f"is {kind}, not an ISO date/time", "e.g. 2026-01-10T12:00:00Z")
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -18,8 +18,10 @@ from servetune.errors import InputError, from_validation_error
 from servetune.metrics.compute import compute_metrics
 from servetune.metrics.table import csv_row
 from servetune.outfile import replaced
+from servetune.results.schema import SCHEMA_VERSION as RESULT_SCHEMA
 from servetune.results.schema import RequestRecord, RunResult
 from servetune.status import RunStatus
+from servetune.store.codec import out_of_range
 from servetune.store.meta import VERDICTS, RunMeta
 from servetune.store.runinfo import RunInfo
 from servetune.store.timestamps import utc_now, utc_text
@@ -30,7 +32,13 @@ if TYPE_CHECKING:  # the Store imports this module to read import files
 
 EXPORT_FORMAT = 1
 FORMATS = ("csv", "json", "parquet")
-_DIST_STATS = ("mean", "p50", "p90", "p95", "p99", "max")
+# A distribution's columns in a summary row: its sample size first (a P99 of 14 requests
+# is no P99 of 14,000).
+_DIST_STATS = ("count", "mean", "p50", "p90", "p95", "p99", "max")
+# RunResult fields whose default (0.0) would read as a measurement: a result that never
+# set them (a run that never finished, rebuilt from its records) is stored and exported
+# without them.
+UNMEASURED = frozenset({"started_unix_s", "duration_s"})
 
 
 @dataclass
@@ -44,6 +52,8 @@ class ImportItem:
     status: RunStatus | None = None  # an export's run status (`incomplete` is no result's)
     stop_reason: str | None = None  # ... and why it stopped, as the run's row said it
     concluded_utc: str | None = None
+    # the export's record of the run's study (name, kind, note, created_utc, meta)
+    study_record: dict[str, Any] | None = None
 
 
 # Joins a warning to what `Store.import_file` says happened (`imported; warning: ...`): the
@@ -107,45 +117,134 @@ def _kind(value: Any) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
+_FIX = "give a file `servetune runs export --format json` wrote"
+
+
 def _from_export(name: str, doc: dict[str, Any]) -> Iterator[ImportItem]:
     """A `runs export --format json` file; each part checked before it is used, so a
     hand-edited or foreign file is one line naming the part, never a traceback."""
-    fix = "give a file `servetune runs export --format json` wrote"
     version = doc["servetune_export"]
     if not isinstance(version, int) or isinstance(version, bool):
         raise InputError(
-            f"{name}.servetune_export", f"is {_kind(version)}, not a format number", fix
+            f"{name}.servetune_export", f"is {_kind(version)}, not a format number", _FIX
         )
     if version > EXPORT_FORMAT:
-        raise InputError("FILE", f"{name} is a newer export format", "upgrade servetune")
-    runs = doc.get("runs", [])
+        raise InputError(
+            f"{name}.servetune_export",
+            f"is {version}: written by a newer servetune (this one reads format {EXPORT_FORMAT})",
+            "upgrade servetune",
+        )
+    if version < 1:
+        raise InputError(
+            f"{name}.servetune_export", f"is {version}, not a format number (1 or more)", _FIX
+        )
+    if "runs" not in doc:
+        raise InputError(f"{name}.runs", "is missing", _FIX)
+    runs = doc["runs"]
     if not isinstance(runs, list):
-        raise InputError(f"{name}.runs", f"is {_kind(runs)}, not a list of runs", fix)
+        raise InputError(f"{name}.runs", f"is {_kind(runs)}, not a list of runs", _FIX)
+    studies = _export_studies(name, doc.get("studies"))
     for i, run in enumerate(runs):
         where = f"{name}.runs[{i}]"
         if not isinstance(run, dict):
-            raise InputError(where, f"is {_kind(run)}, not a run", fix)
+            raise InputError(where, f"is {_kind(run)}, not a run", _FIX)
         if "result" not in run:
-            raise InputError(f"{where}.result", "is missing", fix)
+            raise InputError(f"{where}.result", "is missing", _FIX)
         conclusion, quality = run.get("conclusion"), run.get("quality")
         if conclusion is not None and conclusion not in VERDICTS:
             raise InputError(
                 f"{where}.conclusion", f"{conclusion!r} is not one of {', '.join(VERDICTS)}"
             )
         if quality is not None and not isinstance(quality, dict):
-            raise InputError(f"{where}.quality", f"is {_kind(quality)}, not an object", fix)
+            raise InputError(f"{where}.quality", f"is {_kind(quality)}, not an object", _FIX)
         concluded = run.get("concluded_utc")
         when = None if concluded is None else utc_text(concluded, f"{where}.concluded_utc")
-        result = _validate(RunResult, run["result"], f"{where}.result")
+        result = _checked(_validate(RunResult, run["result"], f"{where}.result"), f"{where}.result")
+        meta = _validate(RunMeta, run.get("meta") or {}, f"{where}.meta")
+        _date(meta.created_utc, f"{where}.meta.created_utc")
+        if any(not t.strip() for t in meta.tags):
+            raise InputError(
+                f"{where}.meta.tags", f"has a blank tag ({meta.tags!r})", "remove it or name it"
+            )
         yield ImportItem(
             result,
-            _validate(RunMeta, run.get("meta") or {}, f"{where}.meta"),
+            meta,
             conclusion,
-            run.get("conclusion_note"),
+            _text(run.get("conclusion_note"), f"{where}.conclusion_note"),
             quality,
             status=_export_status(run.get("status"), f"{where}.status"),
-            stop_reason=run.get("stop_reason", result.stop_reason),  # older exports: none
+            # older exports have no stop_reason beside the result's
+            stop_reason=_text(run.get("stop_reason", result.stop_reason), f"{where}.stop_reason"),
             concluded_utc=when,
+            study_record=studies.get(meta.study) if meta.study else None,
+        )
+
+
+def _export_studies(name: str, value: Any) -> dict[str, dict[str, Any]]:
+    """An export's `studies` (absent in exports written before they were kept), by name."""
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise InputError(f"{name}.studies", f"is {_kind(value)}, not a list of studies", _FIX)
+    out: dict[str, dict[str, Any]] = {}
+    for i, st in enumerate(value):
+        where = f"{name}.studies[{i}]"
+        if not isinstance(st, dict):
+            raise InputError(where, f"is {_kind(st)}, not a study", _FIX)
+        study = st.get("name")
+        if not isinstance(study, str) or not study.strip():
+            raise InputError(f"{where}.name", f"is {_kind(study)}, not a study name", _FIX)
+        meta = st.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise InputError(f"{where}.meta", f"is {_kind(meta)}, not an object", _FIX)
+        created = st.get("created_utc")
+        out[study] = {
+            "name": study,
+            "kind": _text(st.get("kind"), f"{where}.kind"),
+            "note": _text(st.get("note"), f"{where}.note"),
+            "created_utc": None if created is None else utc_text(created, f"{where}.created_utc"),
+            "meta": meta or {},
+        }
+    return out
+
+
+def _text(value: Any, where: str) -> str | None:
+    """A text field of an import file (None when absent)."""
+    if value is not None and not isinstance(value, str):
+        raise InputError(where, f"is {_kind(value)}, not text", _FIX)
+    return value
+
+
+def _date(value: Any, where: str) -> None:
+    """A date of an import file is checked here, not when its run is half written."""
+    if value is not None:
+        utc_text(value, where)
+
+
+def _checked(result: RunResult, where: str) -> RunResult:
+    """A result the store can keep: from no newer servetune, with a real date, and every
+    record's integers within what the codec holds."""
+    if result.schema_version > RESULT_SCHEMA:
+        raise InputError(
+            f"{where}.schema_version",
+            f"is {result.schema_version}: written by a newer servetune (this one reads up to "
+            f"{RESULT_SCHEMA})",
+            "upgrade servetune",
+        )
+    _date(result.created_utc, f"{where}.created_utc")
+    for i, record in enumerate(result.records):
+        _fits(record, f"{where}.records[{i}]")
+    return result
+
+
+def _fits(record: RequestRecord, where: str) -> None:
+    bad = out_of_range(record)
+    if bad is not None:
+        field, value = bad
+        raise InputError(
+            f"{where}.{field}",
+            f"is {value}, beyond what the store keeps (magnitude under 2**62)",
+            "correct or drop that record (instants are nanoseconds)",
         )
 
 
@@ -168,7 +267,7 @@ def _from_json(path: Path, obj: Any) -> Iterator[ImportItem]:
     for i, run in enumerate(runs):
         if not isinstance(run, dict) or "id" not in run or "records" not in run:
             raise InputError("FILE", f"{name}: entry {i} is not a servetune run result")
-        result = _validate(RunResult, run, name)
+        result = _checked(_validate(RunResult, run, name), f"{name}[{i}]" if obj is runs else name)
         yield ImportItem(result, _result_meta(result))
 
 
@@ -232,7 +331,11 @@ def _from_jsonl(path: Path, text: str) -> ImportItem:
     head = rows[0][1].get("run") if rows and isinstance(rows[0][1], dict) else None
     if not isinstance(head, dict) or not isinstance(head.get("id"), str):
         raise InputError("FILE", f"{path.name} is not a bench record log (no run header)")
-    records = [_validate(RequestRecord, row, f"{path.name}:{n}") for n, row in rows[1:]]
+    records = []
+    for n, row in rows[1:]:
+        records.append(_validate(RequestRecord, row, f"{path.name}:{n}"))
+        _fits(records[-1], f"{path.name}:{n}")
+    _date(head.get("created_utc"), f"{path.name}:{rows[0][0]}.run.created_utc")
     records.sort(key=lambda r: (r.send_ns, r.index))
     stop = f"imported from the record log {path.name} (no final result)"
     warning = None
@@ -317,13 +420,18 @@ def record_rows(store: Store, run_ids: Sequence[str]) -> Iterator[dict[str, Any]
 def export_json(store: Store, run_ids: Sequence[str], path: Path) -> None:
     """A file `runs import` reads back into any store (SQLite -> team PostgreSQL)."""
     runs = []
+    studies: dict[str, Any] = {}
     for rid in run_ids:
         info = store.get(rid)
         meta = {**info.meta, "id": rid, "study": info.study, "tags": info.tags}
+        if info.study and info.study not in studies:
+            studies[info.study] = store.study_record(info.study)
+        res = store.load_result(rid)
+        unset = UNMEASURED - res.model_fields_set  # a run that never finished: not 0.0
         runs.append(
             {
                 "meta": meta,
-                "result": json.loads(store.load_result(rid).model_dump_json()),
+                "result": json.loads(res.model_dump_json(exclude=unset)),
                 "status": info.status,
                 "stop_reason": info.stop_reason,
                 "conclusion": info.conclusion,
@@ -332,7 +440,12 @@ def export_json(store: Store, run_ids: Sequence[str], path: Path) -> None:
                 "quality": info.quality,
             }
         )
-    doc = {"servetune_export": EXPORT_FORMAT, "exported_utc": utc_now(), "runs": runs}
+    doc = {
+        "servetune_export": EXPORT_FORMAT,
+        "exported_utc": utc_now(),
+        "studies": [st for st in studies.values() if st is not None],  # their own record
+        "runs": runs,
+    }
     with replaced(path) as tmp:
         tmp.write_bytes(json.dumps(doc, separators=(",", ":")).encode())
 
