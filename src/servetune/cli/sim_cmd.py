@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -233,15 +234,22 @@ def calibrate(
 
         check_server(url)  # fail fast with the cause, as bench does
         runs, measured = _sweep(url, served_model, repeats, keep_in, engine)
-        known = [None]
-    elif results:
-        runs = load_results(results)
-        _simulated_files(results, runs, m.name, hw.name)
-        _refuse_foreign(engine, [r.target.engine for r in runs], "calibrate")
-        known = [r.target.config for r in runs]
+        known: list[dict | None] = [None]
+        names = {r.id: r.workload_name for r in runs}
     else:
-        runs, known, served = _stored_runs(from_store, db)
-        _refuse_foreign(engine, served, "--from-store")
+        if results:
+            runs = load_results(results)
+            _simulated_files(results, runs, m.name, hw.name)
+            _refuse_foreign(engine, [r.target.engine for r in runs], "calibrate")
+            known, field = [r.target.config for r in runs], "calibrate"
+            names = {r.id: str(p) for p, r in zip(results, runs, strict=True)}
+        else:
+            runs, known, served = _stored_runs(from_store, db)
+            _refuse_foreign(engine, served, "--from-store")
+            field, names = "--from-store", {}
+        _refuse_mixed_models([r.target.model for r in runs], field)
+        kept = _served(runs, names, field)
+        runs, known = [runs[i] for i in kept], [known[i] for i in kept]
     if not url:
         measured = runs
     # The sweep is ours, run against one engine: its knobs default when not given.
@@ -258,8 +266,11 @@ def calibrate(
     elif not all(r.requests for r in runs):
         print("least squares only: the runs keep no requests to replay", file=sys.stderr)
     else:
-        from servetune.sim.calibrate import fit_by_replay, repeat_spread
+        from servetune.sim.calibrate import fit_by_replay, repeat_spread, replay_note
 
+        for run in runs:  # a replay of a run its engine did not serve whole, said
+            if note := replay_note(run, names.get(run.id)):
+                print(note, file=sys.stderr)
         spread = repeat_spread(measured)
         prof = fit_by_replay(runs, prof, model, cfg, hardware=hw.name, spread=spread)
     save_profile(prof, output, "--output")
@@ -324,6 +335,8 @@ def _sweep(url: str, served_model: str | None, repeats: int, runs_dir: Path, eng
         keep=lambda r: fd.save_run(r, runs_dir),
     )
     print(f"{len(runs)} sweep runs kept in {runs_dir}", file=err)
+    # before the pick: a run of fast errors must not pass for the least disturbed
+    runs = [runs[i] for i in _served(runs, {r.id: r.workload_name for r in runs}, "--url")]
     if repeats == 1:
         return runs, runs
     print(f"fitting on the least disturbed of each workload's {repeats} runs", file=err)
@@ -371,6 +384,28 @@ def _simulated_files(paths: list[Path], runs: list[Any], model: str, hardware: s
             "simulator against itself, it measures no engine",
             file=sys.stderr,
         )
+
+
+def _refuse_mixed_models(models: list[str | None], field: str) -> None:
+    """Refuse runs of more than one served model: one profile holds one model's step
+    times. A run that names none (an old result) goes with the others."""
+    named = Counter(m for m in models if m)
+    if len(named) > 1:
+        each = ", ".join(f"{m} ({k} run{'s' * (k > 1)})" for m, k in sorted(named.items()))
+        raise InputError(
+            field,
+            f"the {len(models)} runs served {len(named)} models: {each}",
+            "fit one model at a time: give only the runs of the model --model names",
+        )
+
+
+def _served(runs: list[Any], names: dict[str, str], field: str) -> list[int]:
+    """The indices of the runs that served a request (`sim.calibrate.served`): a run in
+    which every request failed holds no step to fit, and its replay would be a load the
+    engine never served; each is left out with one line on stderr, none left is refused."""
+    from servetune.sim.calibrate import served
+
+    return served(runs, lambda line: print(f"calibrate: {line}", file=sys.stderr), names, field)
 
 
 def _refuse_foreign(engine: str, served: list[str | None], field: str) -> None:

@@ -5,6 +5,7 @@ these settings and shows what the hooks report."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -160,24 +161,37 @@ def run_simulate(s: SimulateSettings, hooks: Hooks | None = None) -> list[RunRes
     slo = load_slo(s.slo) if s.slo else None
     session = SimSession(m, hw, s.config, profile=prof, slo=slo)
     session.setup  # noqa: B018 - fail fast, one line, before any work
-    spec, fixed = _sim_workload(s)
-    points = [replace(p, label=str(i)) for i, p in enumerate(sweep_points(spec, s.loads))]
-    if fixed is not None and not s.loads.swept and s.loads.count is None:
-        points = [replace(points[0], requests=fixed)]
     hooks = hooks or Hooks()
+    spec, fixed = _sim_workload(s, hooks.say)
+    points = [replace(p, label=str(i)) for i, p in enumerate(sweep_points(spec, s.loads))]
+    if fixed is not None and _own_requests(s):
+        points = [replace(points[0], requests=fixed)]
     hooks.ready(session)
     store = replace(s.store, meta=session.run_meta) if s.store else None
     return sweep(session, points, files=s.files, store=store, hooks=hooks)
 
 
-def _sim_workload(s: SimulateSettings) -> tuple[WorkloadSpec, list[Request] | None]:
-    """The workload to simulate, and the replayed run's requests (None: draw them)."""
+def _own_requests(s: SimulateSettings) -> bool:
+    """A replay without --rate, --concurrency or --count sends the run's own requests."""
+    return not s.loads.swept and s.loads.count is None
+
+
+def _sim_workload(
+    s: SimulateSettings, say: Callable[[str], None] | None = None
+) -> tuple[WorkloadSpec, list[Request] | None]:
+    """The workload to simulate, and the replayed run's requests (None: draw them): those
+    it sent (`sim.calibrate.sent_requests`); `say` gets one line when that is not the
+    load its engine served (`sim.calibrate.replay_note`)."""
 
     if s.replay is not None:
+        from servetune.sim.calibrate import replay_note, sent_requests
+
         base = load_result(s.replay, "--replay")
         if not base.requests:
             raise InputError("--replay", f"{s.replay} holds no requests", "bench with -o")
-        return WorkloadSpec.model_validate(base.workload), base.requests
+        if say is not None and _own_requests(s) and (note := replay_note(base, str(s.replay))):
+            say(note)
+        return WorkloadSpec.model_validate(base.workload), sent_requests(base)
     if s.workload is not None:
         return load_workload(s.workload, swept=s.loads.swept, sized=s.loads.sized), None
     raise InputError("--workload", "give a workload file or --replay", "see docs/simulate.md")

@@ -18,7 +18,8 @@ replaying the runs' exact requests through the simulator and matching their figu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -44,6 +45,43 @@ WORST_NAMED = 2  # the worst-replayed runs a verdict names
 
 
 # --- least squares on client records -----------------------------------------------
+
+
+def unserved(result: RunResult) -> str | None:
+    """Why `result` cannot calibrate, or None: no request came back OK with a streamed
+    token (every one failed: a server that answered 500). Such a run has no step to fit,
+    and its replay would serve requests the engine never did ("0 of 24 requests ok")."""
+    ok = [r for r in result.records if r.status == RequestStatus.OK]
+    if any(r.chunk_ns for r in ok):
+        return None
+    if ok:
+        return f"none of its {len(ok)} ok requests streamed a token"
+    return f"0 of {len(result.records)} requests ok"
+
+
+def served(
+    runs: Sequence[RunResult],
+    say: Callable[[str], None],
+    names: Mapping[str, str] | None = None,
+    field: str = "runs",
+) -> list[int]:
+    """The indices of the runs fit to calibrate on (`unserved`: None); each other is left
+    out, said in one line naming it (`names`: run id -> what the user gave, its file) and
+    why. None left of those given: an InputError naming `field` (the source of the
+    runs); none given is the caller's to say (`fit_profile`: no gaps to fit)."""
+    kept = []
+    for i, run in enumerate(runs):
+        if why := unserved(run):
+            say(f"{(names or {}).get(run.id, run.id)} left out: {why}")
+        else:
+            kept.append(i)
+    if runs and not kept:
+        raise InputError(
+            field,
+            f"no run served a streamed request ({len(runs)} given)",
+            "measure again once the engine answers, and calibrate on those runs",
+        )
+    return kept
 
 
 def step_samples(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
@@ -117,7 +155,9 @@ def fit_coefficients(
     while True:
         xa = x[:, active]
         sol, *_ = np.linalg.lstsq(xa, y, rcond=None)
-        neg = [i for i, v in zip(active, sol, strict=True) if v < 0 and i != 0]
+        # the constant too: a negative one prices small steps below zero, and a profile
+        # must hold seconds >= 0 (`sim.profile`)
+        neg = [i for i, v in zip(active, sol, strict=True) if v < 0]
         if not neg:
             break
         worst = min(neg, key=lambda i: sol[active.index(i)])
@@ -277,16 +317,82 @@ SHAPE_COST_ENGINES = frozenset({"vllm"})
 SHAPE_Q = (10, 25, 50, 75, 90, 95)
 
 
+def sent_requests(real: RunResult) -> list[Request]:
+    """The requests a run sent: those with a record. A run that stopped early (a circuit
+    breaker, an interrupt, the end of its --duration) keeps every request it drew, and the
+    ones it never sent are no load the engine saw. A run without records: all of them."""
+    if not real.records:
+        return list(real.requests)
+    sent = {r.index for r in real.records}
+    return [q for q in real.requests if q.index in sent]
+
+
+def replay_note(real: RunResult, name: str | None = None) -> str | None:
+    """One line when a replay of `real` (`replay_inputs`, `simulate --replay`) is not the
+    load its engine served, else None: it replays only the requests the run sent, and the
+    simulator serves every one of them whole, also those that failed, were cancelled or
+    were cut off when the run stopped. `name`: what the user calls the run (its file)."""
+    n, sent = len(real.requests), len(sent_requests(real))
+    counts = Counter(r.status for r in real.records)
+    lost = [
+        f"{counts[status]} {what}"
+        for status, what in (
+            (RequestStatus.ERROR, "failed"),
+            (RequestStatus.CANCELLED, "cancelled"),
+            (RequestStatus.ABORTED, "cut off by the stop"),
+        )
+        if counts[status]
+    ]
+    if not n or (sent == n and not lost):
+        return None
+    name = name or real.id
+    if sent < n:
+        stop = real.stop_reason or real.status
+        head = f"note: {name} sent {sent} of its {n} requests ({stop}): the replay sends those"
+        head += f" {sent}" + ("; of them " if lost else "")
+    else:
+        head = f"note: {name}: of its {n} requests "
+    if not lost:
+        return head
+    return (
+        f"{head}{', '.join(lost)} in the real run; the simulator serves each whole, "
+        "so the replay loads the engine more than the real run did"
+    )
+
+
 def replay_inputs(real: RunResult) -> tuple[WorkloadSpec, list[Request]]:
-    """(spec, requests) to simulate a real run: its workload and exact requests, with the
-    server-counted prompt tokens (BOS included)."""
+    """(spec, requests) to simulate a real run: its workload and the exact requests it
+    sent (`sent_requests`), with the server-counted prompt tokens (BOS included)."""
     spec = WorkloadSpec.model_validate(real.workload)
     usage = {r.index: r.usage_prompt_tokens for r in real.records}
     reqs = [
         q.model_copy(update={"prompt_tokens": usage.get(q.index) or q.prompt_tokens})
-        for q in real.requests
+        for q in sent_requests(real)
     ]
     return spec, reqs
+
+
+def served_order(runs: Sequence[RunResult]) -> list[RunResult]:
+    """`runs` in the order the engine served them (their start times; stable)."""
+    return sorted(runs, key=lambda r: r.started_unix_s or 0.0)
+
+
+def replay_on_one_engine(
+    inputs: Iterable[tuple[WorkloadSpec, list[Request]]],
+    model: Any,
+    hw: Any,
+    cfg: EngineConfig,
+    profile: Profile,
+) -> Iterator[RunResult]:
+    """The simulated run of each (spec, requests) of `inputs` (`replay_inputs`), in the
+    order given, on one simulated engine: its step-size history (`shapes`, what vLLM-CPU
+    pays once per new size, `StepModel.new_shape_s`) carries from one run to the next, as
+    the real engine's did. Give them in the order the engine served them (`served_order`):
+    replayed each on a fresh engine, every run pays every size again (a profile with
+    new-size terms read 100% off in TTFT where the fit had replayed it 4.6% off)."""
+    shapes: set[int] = set()
+    for spec, reqs in inputs:
+        yield simulate(model, hw, cfg, spec, reqs, profile=profile, shapes=shapes)[0]
 
 
 def shape_of(res: RunResult) -> dict[str, float]:
@@ -324,14 +430,29 @@ def log_error_loss(
     return total, m
 
 
+def repeats(runs: Sequence[RunResult]) -> list[list[RunResult]]:
+    """Runs grouped into repeats: the same workload (by name) at the same load (arrival
+    kind, rate, users, burstiness), each group in start order. A sweep's load points share
+    their workload's name but are not repeats: a 1- and a 4-user point of a deterministic
+    mock differ by 27%, which read as the host's noise."""
+    by: dict[tuple[Any, ...], list[RunResult]] = {}
+    for name, runs_of in by_workload(runs).items():
+        for r in runs_of:
+            load = r.load
+            key = (name, load.kind, load.rate, load.concurrency, load.burstiness)
+            by.setdefault(key, []).append(r)
+    return list(by.values())
+
+
 def repeat_spread(runs: Sequence[RunResult]) -> float | None:
-    """How far repeats of one workload differ among themselves: over every pair of repeats,
-    the RMS of log(a / b) over their figures (`shape_of`), divided by sqrt(2), since each
-    of two independent runs carries its own share of the host's noise. A profile cannot
-    replay its runs closer than they repeat, so this is the host's part of a replay error
-    (`confidence.replay_fix`). None: no workload ran twice."""
+    """How far repeats of one workload differ among themselves (`repeats`: same workload,
+    same load): over every pair of repeats, the RMS of log(a / b) over their figures
+    (`shape_of`), divided by sqrt(2), since each of two independent runs carries its own
+    share of the host's noise. A profile cannot replay its runs closer than they repeat,
+    so this is the host's part of a replay error (`confidence.replay_fix`). None: no
+    workload ran twice at one load."""
     total, m = 0.0, 0
-    for reps in by_workload(runs).values():
+    for reps in repeats(runs):
         shapes = [shape_of(r) for r in reps]
         for i, a in enumerate(shapes):
             for b in shapes[i + 1 :]:
@@ -388,12 +509,8 @@ def _replayed_hits(
     prof: Profile,
 ) -> int:
     """Prefix-cache hit tokens of the calibration runs replayed under `prof`."""
-    shapes: set[int] = set()
-    hits = 0
-    for (spec, reqs), _ in replays:
-        sim, _ = simulate(model, hw, cfg, spec, reqs, profile=prof, shapes=shapes)
-        hits += sim.target.sim.prefix_hit_tokens if sim.target.sim else 0
-    return hits
+    sims = replay_on_one_engine((inputs for inputs, _ in replays), model, hw, cfg, prof)
+    return sum(sim.target.sim.prefix_hit_tokens if sim.target.sim else 0 for sim in sims)
 
 
 def fit_by_replay(
@@ -413,7 +530,8 @@ def fit_by_replay(
     inference). Why: client-side gaps attribute a step's prefill work only approximately
     (chunk arrival != step boundary on a shared CPU), so OLS on gaps is biased; matching
     the figures through the same scheduler model removes that attribution error. The runs
-    are replayed in the order given, on one simulated engine (its step-size history).
+    are replayed in the order the engine served them, on one simulated engine
+    (`replay_on_one_engine`: its step-size history).
     The terms the least squares fitted on decode-only gaps (`fit.held`, `decode_line`) are
     held: the figures' quantiles under-determine them (a flatter decode line trades
     against the prefill terms at an equal loss), the gaps measure them directly.
@@ -424,6 +542,7 @@ def fit_by_replay(
     verdict's gaps."""
 
     model, hw = get_model(model_path), get_hardware(hardware)
+    runs = served_order(runs)
     replays = [(replay_inputs(r), shape_of(r)) for r in runs]
     base, side = _start_point(start, cfg.engine)
     held = {t: start.coefficients.get(t, 0.0) for t in (start.fit.held if start.fit else [])}
@@ -448,12 +567,11 @@ def fit_by_replay(
 
     def replay(prof: Profile) -> list[tuple[float, int]]:
         """(sum, count) of squared log errors per run."""
-        shapes: set[int] = set()  # one engine served the runs, in this order
-        out = []
-        for (spec, reqs), real in replays:
-            sim, _ = simulate(model, hw, cfg, spec, reqs, profile=prof, shapes=shapes)
-            out.append(log_error_loss(shape_of(sim), real, robust))
-        return out
+        sims = replay_on_one_engine((inputs for inputs, _ in replays), model, hw, cfg, prof)
+        return [
+            log_error_loss(shape_of(sim), real, robust)
+            for sim, (_, real) in zip(sims, replays, strict=True)
+        ]
 
     def replay_loss(prof: Profile) -> float:
         per = replay(prof)

@@ -3,24 +3,44 @@
 A profile holds the calibrated tier's coefficients for one (engine, version, model,
 hardware) and how well they fitted; :mod:`servetune.sim.calibrate` fits them from measured
 runs. Loading refuses anything that is not a profile, and `Profile.check` a profile
-measured on another engine, model or hardware.
+measured on another engine, model or hardware. Every step and front-end term is a
+finite number of seconds in [0, MAX_TERM_S] (a NaN step hung `simulate`, a negative one
+made negative TTFTs), named as `steptime.FEATURES` names them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
 
-from servetune.errors import InputError
+from servetune.errors import InputError, from_validation_error
 from servetune.outfile import replaced
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
+from servetune.sim.steptime import FEATURES
 from servetune.yamlfile import read_text
 
 PROFILE_KIND = "servetune-sim-profile"
+PROFILE_VERSION = 1  # the newest profile format this servetune reads
+# The most any term may be, in seconds per unit: a step of a minute is far past any engine
+# serving interactively, and a larger one overflows the simulator's nanosecond clock
+# (`"const": 1e9` gave 0 tok/s and a cast warning).
+MAX_TERM_S = 60.0
+FIX = "recalibrate (servetune calibrate)"
+
+
+def _seconds(v: float) -> float:
+    if not (math.isfinite(v) and 0.0 <= v <= MAX_TERM_S):
+        raise ValueError(f"must be a finite number of seconds from 0 to {MAX_TERM_S:g}")
+    return v
+
+
+Seconds = Annotated[float, AfterValidator(_seconds)]
 
 
 class FitQuality(BaseModel):
@@ -28,7 +48,7 @@ class FitQuality(BaseModel):
     runs: list[str] = Field(default_factory=list)
     r2: float
     rel_rmse: float
-    confidence: str  # high | medium | low (the rules: sim.confidence)
+    confidence: Literal["high", "medium", "low"]  # the rules: sim.confidence
     dropped: list[str] = Field(default_factory=list)
     # Step terms fitted on the decode-only gaps (sim.calibrate.decode_line) and held
     # there by the replay fit.
@@ -49,23 +69,43 @@ class Profile(BaseModel):
     """Coefficients of the calibrated tier for one (engine, version, model, hardware)."""
 
     kind: str = PROFILE_KIND
-    version: int = 1
+    version: int = PROFILE_VERSION
     engine: str
     engine_version: str = "unknown"
     model: str
     hardware: str
     tier: str = "calibrated"
-    coefficients: dict[str, float]
+    # Seconds per unit of each `steptime.FEATURES` term; a missing one is 0 (a profile
+    # from before the term), but a profile file must carry "const" (`load_profile`).
+    coefficients: dict[str, Seconds]
     stderr: dict[str, float] = Field(default_factory=dict)
-    api_overhead_s: float = 0.0
+    api_overhead_s: Seconds = 0.0
     # Serial front-end time per request before the engine sees it (steptime.StepModel).
-    ingress_s: float = 0.0
-    ingress_per_token_s: float = 0.0
+    ingress_s: Seconds = 0.0
+    ingress_per_token_s: Seconds = 0.0
     # First-time cost of a new step size (steptime.StepModel.new_shape_s).
-    new_shape_s: float = 0.0
-    new_shape_per_token_s: float = 0.0
+    new_shape_s: Seconds = 0.0
+    new_shape_per_token_s: Seconds = 0.0
     fit: FitQuality | None = None
     created_utc: str = ""
+
+    @field_validator("version")
+    @classmethod
+    def _readable_version(cls, v: int) -> int:
+        if not 1 <= v <= PROFILE_VERSION:  # a newer format's fields would be misread
+            known = "1" if PROFILE_VERSION == 1 else f"1 to {PROFILE_VERSION}"
+            raise ValueError(f"this servetune reads profile version {known}")
+        return v
+
+    @field_validator("coefficients")
+    @classmethod
+    def _known_terms(cls, coef: dict[str, float]) -> dict[str, float]:
+        unknown = [k for k in coef if k not in FEATURES]
+        if unknown:  # a misspelt term would be priced at 0 unseen
+            raise ValueError(
+                f"unknown term {', '.join(map(repr, unknown))}: the terms are {', '.join(FEATURES)}"
+            )
+        return coef
 
     @property
     def fit_for_use(self) -> bool:
@@ -79,9 +119,10 @@ class Profile(BaseModel):
             return None
         fit = self.fit
         assert fit is not None
+        why = f" ({'; '.join(fit.problems)})" if fit.problems else ""
         return (
-            f"profile {self.key} has LOW confidence ({'; '.join(fit.problems)}): its "
-            f"predictions may be far off; fix: {'; '.join(fit.fixes)}"
+            f"profile {self.key} has LOW confidence{why}: its predictions may be far off; "
+            f"fix: {'; '.join(fit.fixes) or FIX}"
         )
 
     @property
@@ -100,6 +141,8 @@ class Profile(BaseModel):
 
 
 def load_profile(path: str | Path) -> Profile:
+    """The profile in `path`; anything else, or a profile with a bad or missing value, is
+    refused in one line naming the field (`coefficients.const`, `fit.r2`)."""
     p = Path(path)
     try:
         data = json.loads(read_text(p, "--profile"))  # unreadable or binary: one line
@@ -108,9 +151,13 @@ def load_profile(path: str | Path) -> Profile:
     if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
         raise InputError("--profile", f"{p} is not a servetune simulator profile", None)
     try:
-        return Profile.model_validate(data)
+        prof = Profile.model_validate(data)
     except ValidationError as exc:
-        raise InputError("--profile", f"{p}: {exc.errors()[0]['msg']}", None) from None
+        bad = from_validation_error(exc)  # field: the value's path, problem: what is wrong
+        raise InputError("--profile", f"{p}: {bad.field}: {bad.problem}", FIX) from None
+    if "const" not in prof.coefficients:  # every step costs it: 0 unseen is no profile
+        raise InputError("--profile", f"{p}: coefficients.const is missing", FIX)
+    return prof
 
 
 def save_profile(profile: Profile, path: str | Path, field: str = "--output") -> None:

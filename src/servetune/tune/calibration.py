@@ -46,7 +46,7 @@ from servetune.model import get_model
 from servetune.paths import cache_root
 from servetune.results.files import load_result
 from servetune.results.schema import RunResult
-from servetune.sim.calibrate import fit_by_replay, fit_profile, repeat_spread
+from servetune.sim.calibrate import fit_by_replay, fit_profile, repeat_spread, served
 from servetune.sim.confidence import BATCH_COVERED, SPREAD_COVERED, Coverage
 from servetune.sim.profile import Profile, load_profile, save_profile
 from servetune.store import RunMeta, Store
@@ -556,7 +556,11 @@ def calibrate_first(
             return cal
         why = checked[0].reason()
     say("calibration: fitting the step-time profile (least squares, then replay)")
-    prof = fit(runs, real, baseline, version, measured, needs_of(study))
+    # a sweep run in which no request was served has no step to fit: left out, said; none
+    # left is an InputError, and the study ranks on the roofline tier (`for_hybrid`)
+    names = {r.id: r.workload_name for r in runs}
+    kept = served(runs, lambda line: say(f"calibration: {line}"), names, "calibration")
+    prof = fit([runs[i] for i in kept], real, baseline, version, measured, needs_of(study))
     save_profile(prof, profile_path)
     new = CacheEntry(
         key=asdict(key),
@@ -586,14 +590,15 @@ def for_hybrid(
 ) -> tuple[Calibration | None, str | None]:
     """The hybrid flow's first step: calibrate (or reuse) and point the settings'
     simulator at the profile, before anything ranks. Returns (the calibration, a note).
-    A profile the user gave (--profile) is used as given; a calibration that cannot run
-    (the engine does not start at the baseline) leaves the simulator on its roofline tier,
-    said in the note, and the study goes on."""
+    A profile the user gave (--profile, any mode that simulates) is used as given, its
+    confidence in the note and a low one's warning said (`given_profile_note`); a
+    calibration that cannot run (the engine does not start at the baseline) leaves the
+    simulator on its roofline tier, said in the note, and the study goes on."""
     sim, real = settings.sim, settings.real
+    if sim is not None and sim.profile:
+        return None, given_profile_note(sim.profile, say, hybrid=settings.mode == "hybrid")
     if settings.mode != "hybrid" or sim is None or real is None:
         return None, None
-    if sim.profile:
-        return None, f"the simulator ranks with the given profile {sim.profile} (not calibrated)"
     try:
         cal = calibrate_first(
             real,
@@ -609,6 +614,20 @@ def for_hybrid(
         return None, f"calibration failed ({why}): the simulator ranked on its roofline tier"
     settings.sim = cal.sim_spec(sim)
     return cal, None
+
+
+def given_profile_note(path: str, say: Say, *, hybrid: bool = False) -> str:
+    """The note of a study ranked with a profile the user gave: its path and confidence,
+    and, for a low one, its warning (`Profile.warning`), which is also said at once. A
+    low profile used to rank a study with no word in the output or its --json notes."""
+    prof = load_profile(path)  # a bad profile: one line, before anything ranks
+    conf = prof.fit.confidence if prof.fit is not None else "not stated"
+    how = "not calibrated, " if hybrid else ""
+    note = f"the simulator ranks with the given profile {path} ({how}confidence {conf})"
+    if warn := prof.warning():
+        say(f"simulator: {warn}")
+        note += f": {warn}"
+    return note
 
 
 def store_writer(store: Store, say: Say) -> Callable[[RunResult, CalibrationKey], None]:
@@ -649,6 +668,7 @@ __all__ = [
     "file_identity",
     "fit",
     "for_hybrid",
+    "given_profile_note",
     "host_key",
     "judge",
     "key_for",

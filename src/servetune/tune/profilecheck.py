@@ -7,7 +7,8 @@ served 0.57; the check after the verify trials then marks it stale, but only aft
 ranked a whole study. So a cached profile is first held to runs measured now: the first
 block of the calibration sweep (each sweep case once, at the space's baseline, on the
 real engine) is replayed through the simulator with the profile (the runs' exact
-requests, `sim.calibrate.replay_inputs`), and the judged figures of `tune.simvsreal`
+requests on one simulated engine, as the fit replays them,
+`sim.calibrate.replay_on_one_engine`), and the judged figures of `tune.simvsreal`
 (throughput, P50 TTFT, P50 TPOT) are compared, each as the median |sim - real| / real
 over the cases. Within the profile's tolerance (its stated error, at most the 25% target,
 `calibration.tolerance`) on every figure it is reused and the sweep stops there; beyond
@@ -25,8 +26,7 @@ from servetune.engines.config import EngineConfig
 from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
 from servetune.results.schema import RunResult
-from servetune.sim.calibrate import replay_inputs
-from servetune.sim.engine import simulate
+from servetune.sim.calibrate import replay_inputs, replay_on_one_engine, served_order
 from servetune.sim.profile import Profile
 from servetune.tune import simvsreal
 
@@ -35,12 +35,13 @@ def replay_errors(
     runs: list[RunResult], profile: Profile, model: ModelSpec, hw: HardwareSpec, cfg: EngineConfig
 ) -> dict[str, float]:
     """Per judged figure (`simvsreal.JUDGED`), the median over `runs` of |sim - real| /
-    real, each run replayed through the simulator at `cfg` with `profile`. A figure no run
-    has is left out."""
+    real, the runs replayed through the simulator at `cfg` with `profile` as the replay
+    fit replays them (`calibrate.replay_on_one_engine`: one engine's step-size history,
+    in the order the engine served them). A figure no run has is left out."""
     per: dict[str, list[float]] = {k: [] for k in simvsreal.JUDGED}
-    for run in runs:
-        spec, reqs = replay_inputs(run)
-        sim, _ = simulate(model, hw, cfg, spec, reqs, profile=profile)
+    runs = served_order(runs)
+    sims = replay_on_one_engine(map(replay_inputs, runs), model, hw, cfg, profile)
+    for run, sim in zip(runs, sims, strict=True):
         got, want = simvsreal.run_figures(sim), simvsreal.run_figures(run)
         for k in per:
             e = simvsreal.rel_error(got[k], want[k])
