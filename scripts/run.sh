@@ -87,12 +87,14 @@ case "${1:-}" in
     # test starts inherit it). When other work already holds half a core or more, that
     # spare core is not there: the rest would get only scraps at nice 19 and its own
     # timed tests (mock servers at 80 req/s, a live view's exit) would starve, so the two
-    # parts run one after the other, each with the host as it is. The same on a 2-core
-    # host where the test model runs in float32 (x86 without AVX-512,
-    # testmodel.fast_cpu_dtype): there vLLM's worker, engine core and API server keep both
-    # cores busy (95% + 64% + 12% of a core, measured), so no core is spare either: at once,
-    # one fresh clone took 28.3 min and another 36.6 min with the rest's accept test starved
-    # (715 s) and its vLLM launch past its 240 s; one after the other, 28.9 min.
+    # parts run one after the other, each with the host as it is.
+    # On a 2-core host where the test model runs in float32 (x86 without AVX-512,
+    # testmodel.fast_cpu_dtype), vLLM's worker, engine core and API server hold ~1.6 cores
+    # while it serves, but the timed part as a whole averages 1.3 (engine starts, llama.cpp
+    # on one thread, MLX, the tuner's studies: ~1.0); one after the other, the rest's
+    # ~1,200 CPU-seconds wait for all of it (40 min in CI on that host, 2026-12-06). So
+    # there the rest runs beside it on both cores, niced: it takes what the timed part
+    # leaves, and both cores once the timed part is done (docs/testing.md).
     # `paced` tests start no engine but time the client's own sends: niced beside a vLLM
     # launch one was starved for 1.7 s (send lag P99), so they run with the timed part.
     timed="(engine and not untimed) or paced"
@@ -100,17 +102,15 @@ case "${1:-}" in
     cores=$(nproc 2>/dev/null || echo 2)
     busy=$("$VENV/bin/python" -c 'import psutil; print(round(psutil.cpu_percent(interval=2) * psutil.cpu_count() / 100, 2))')
     dtype=$("$VENV/bin/python" -c 'from servetune.engines.testmodel import host_model_dtype as d; print(d())')
-    why="other work"
     spare=1
     awk -v b="$busy" 'BEGIN { exit !(b < 0.5) }' || spare=0
+    workers=$((cores - 1))
     if [ "$cores" -le 2 ] && [ "$dtype" = float32 ]; then
-      why="the float32 test engine takes both cores"
-      spare=0
+      workers=$cores
     fi
     first=0
     second=0
     if [ "$cores" -gt 1 ] && [ "$spare" -eq 1 ]; then
-      workers=$((cores - 1))
       fast_log=$(mktemp "${TMPDIR:-/tmp}/servetune-fast-tests.XXXXXX")
       echo "== host: $busy of $cores cores busy before the suite: the two parts run at once"
       echo "== pytest: tests without engines and untimed engine tests ($workers worker(s), niced; log printed when done)"
@@ -126,7 +126,7 @@ case "${1:-}" in
       cat "$fast_log"
       rm -f "$fast_log"
     else
-      echo "== host: $busy of $cores cores busy before the suite, no spare core ($why): the two parts run one after the other"
+      echo "== host: $busy of $cores cores busy before the suite, no spare core (other work): the two parts run one after the other"
       echo "== pytest: timed engine tests and paced tests, one at a time"
       run_pytest -m "$timed" || second=$?
       echo "== pytest: tests without engines and untimed engine tests ($cores workers)"

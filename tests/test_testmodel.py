@@ -44,3 +44,21 @@ def test_engine_launch_serves_a_generated_dir_in_its_own_dtype() -> None:
     assert cfg.dtype == "auto" and notes == ["adding --load-format dummy (random weights)"]
     mine = EngineConfig(dtype="bfloat16", extra_args=("--load-format", "dummy"))
     assert generated_model_config(mine, {"dtype": "float32"}) == (mine, [])
+
+
+def test_a_float32_decode_step_reads_the_bf16_models_weight_bytes(tmp_path: Path) -> None:
+    """A small batch's decode step is bound by the weight bytes it reads: the float32
+    model (narrower MLP) reads within 5% of the bf16 one's, counted by the planner from each
+    generated config.json (so the float32 test engine is not 2x slower per step)."""
+    from servetune.model import get_model
+
+    step = {}
+    for dtype, size in (("float32", 4), ("bfloat16", 2)):
+        spec = LlamaSpec(dtype=dtype)
+        out = make_llama_dir(tmp_path / dtype, spec)
+        model = get_model(str(out))
+        assert model.intermediate_size == spec.intermediate
+        step[dtype] = model.params_matmul_active * size
+    assert LlamaSpec(dtype="float32").intermediate < LlamaSpec(dtype="bfloat16").intermediate
+    assert abs(step["float32"] / step["bfloat16"] - 1) < 0.05, step
+    assert LlamaSpec(dtype="float32", intermediate=2816).intermediate == 2816  # a given width

