@@ -201,6 +201,25 @@ def test_the_front_caps_an_ask_for_no_bound_or_a_number_in_another_type(asked, c
     assert json.loads(cap_tokens(json.dumps(asked).encode(), 64)) == capped
 
 
+@pytest.mark.parametrize(
+    ("path", "asked", "capped"),
+    [
+        ("/v1/responses", {"input": "x", "max_output_tokens": 500}, {"max_output_tokens": 64}),
+        ("/v1/responses", {"input": "x"}, {"max_output_tokens": 64}),  # none asked: set
+        ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": 500}},
+         {"parameters": {"max_new_tokens": 64}}),
+        ("/generate_stream", {"inputs": "x"}, {"parameters": {"max_new_tokens": 64}}),
+        ("/generate", {"inputs": "x", "parameters": "odd"}, {"parameters": "odd"}),  # engine's
+    ],
+)  # fmt: skip
+def test_the_front_caps_the_responses_api_and_tgis_native_fields(path, asked, capped):
+    """The Responses API's `max_output_tokens` and TGI's `parameters.max_new_tokens`
+    went to the engine as asked (the OpenAI fields were set beside them, read by no one)."""
+    out = json.loads(cap_tokens(json.dumps(asked).encode(), 64, path))
+    assert {k: v for k, v in out.items() if k in capped} == capped
+    assert not set(out) - set(asked) - set(capped)  # no OpenAI field added beside
+
+
 class _Upstream(BaseHTTPRequestHandler):
     """Records each request's path and body; a generation waits for `hold` (to be in
     flight while the test sends the next)."""
@@ -235,19 +254,26 @@ def upstream():
     srv.server_close()
 
 
+LLAMA_ASK = ({"prompt": "x", "n_predict": -1}, {"prompt": "x", "n_predict": 8})
+TGI_ASK = ({"inputs": "x", "parameters": {"max_new_tokens": 99}},
+           {"inputs": "x", "parameters": {"max_new_tokens": 8}})  # fmt: skip
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
-    "path", ["/completion", "/v1/chat/completions?api-version=1", "/v1/chat%2Fcompletions"]
-)
-def test_the_front_caps_and_counts_every_generation_path(upstream: str, path: str):
+    ("path", "ask"),
+    [("/completion", LLAMA_ASK), ("/v1/chat/completions?api-version=1", LLAMA_ASK),
+     ("/v1/chat%2Fcompletions", LLAMA_ASK), ("/generate_stream", TGI_ASK)],
+)  # fmt: skip
+def test_the_front_caps_and_counts_every_generation_path(upstream: str, path: str, ask):
     """llama.cpp's native /completion and a path with a query went through uncapped and,
-    for /completion, uncounted toward --max-in-flight."""
+    for /completion, uncounted toward --max-in-flight; TGI's /generate_stream uncapped."""
     with (
         shedder_in_thread(upstream, max_in_flight=1, max_tokens=8) as (url, sh),
         httpx.Client(base_url=url, timeout=20) as client,
     ):
         first = threading.Thread(target=client.post, args=(path,),
-                                 kwargs={"json": {"prompt": "x", "n_predict": -1}})  # fmt: skip
+                                 kwargs={"json": ask[0]})  # fmt: skip
         first.start()
         for _ in range(200):  # until the first is in flight upstream
             if _Upstream.seen:
@@ -259,7 +285,7 @@ def test_the_front_caps_and_counts_every_generation_path(upstream: str, path: st
         first.join(20)
     assert second.status_code == 429 and sh.shed == 1
     assert tok.status_code == 200
-    assert _Upstream.seen[0][1] == {"prompt": "x", "n_predict": 8}
+    assert _Upstream.seen[0][1] == ask[1]
 
 
 @pytest.mark.timeout(30)

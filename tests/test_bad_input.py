@@ -134,6 +134,11 @@ ROWS = [
         [*SIM, "-w", "{ok}", "--engine", "llamacpp", "--model", "llama-3.1-405b"],
         "config: the engine would not start: weights need 756.0 GiB",
     ),
+    (
+        "simulate bf16 on a T4",  # vLLM refuses it at start-up; it was simulated as served
+        [*SIM, "-w", "{ok}", "--gpu", "t4", "--model", "llama-3.2-1b", "--set", "dtype=bfloat16"],
+        "--set dtype: bfloat16 needs compute capability >= 8.0, and",
+    ),
     ("tune --db ''", [*TUNE, "--db", ""], "--db: "),
     # what the study would not read: each ran as if not given
     ("tune sim --finalists", [*TUNE, "--finalists", "3"], "--finalists: only the real"),

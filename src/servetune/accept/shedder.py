@@ -111,7 +111,7 @@ class Shedder:
                                "overloaded", "Retry-After: 1\r\n")  # fmt: skip
             return
         if counted and self.max_tokens is not None and path.endswith(GENERATION_PATHS):
-            body = cap_tokens(body, self.max_tokens)
+            body = cap_tokens(body, self.max_tokens, path)
         try:
             await self._forward(lines, body, reader, writer)
         finally:
@@ -188,9 +188,26 @@ class Shedder:
 
 
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")  # OpenAI, llama.cpp
-# The paths whose requests generate (their output is capped): OpenAI's /v1/completions and
-# /v1/chat/completions, llama.cpp's native /completion, /completions and /infill.
-GENERATION_PATHS = ("/completions", "/completion", "/infill")
+# The paths whose requests generate (their output is capped): OpenAI's /v1/completions,
+# /v1/chat/completions and /v1/responses (vLLM serves all three), llama.cpp's native
+# /completion, /completions and /infill, TGI's native /generate and /generate_stream.
+GENERATION_PATHS = (
+    "/completions", "/completion", "/infill", "/responses", "/generate", "/generate_stream"
+)  # fmt: skip
+
+
+def output_fields(path: str) -> tuple[tuple[str, ...], str | None]:
+    """The output-length fields a generation path's body carries, and the object that
+    holds them (None: the body itself). The Responses API names its cap
+    `max_output_tokens`; TGI's native API puts `max_new_tokens` under `parameters`
+    (its docs' GenerateParameters)."""
+    if path.endswith("/responses"):
+        return ("max_output_tokens",), None
+    if path.endswith(("/generate", "/generate_stream")):
+        return ("max_new_tokens",), "parameters"
+    return TOKEN_FIELDS, None
+
+
 # POSTs that generate nothing: not counted in flight (the probes' prompt maker calls them)
 UNCOUNTED_PATHS = ("/tokenize", "/detokenize")
 
@@ -221,24 +238,29 @@ def _asked(value: object) -> int | None:
     return None
 
 
-def cap_tokens(body: bytes, cap: int) -> bytes:
-    """The request with every output-length field at most `cap` (and `max_tokens` set
-    when it asked for none): the cap a gateway enforces whatever the engine allows (a
-    llama.cpp request's own n_predict overrides the server's -n). A field that asks for
-    no bound (-1, 0, null, not a number) is set to the cap. A body that is not a JSON
-    object goes through unchanged; the engine answers it."""
+def cap_tokens(body: bytes, cap: int, path: str = "/v1/completions") -> bytes:
+    """The request with every output-length field of its path (`output_fields`) at most
+    `cap` (and the path's first field set when it asked for none): the cap a gateway
+    enforces whatever the engine allows (a llama.cpp request's own n_predict overrides the
+    server's -n). A field that asks for no bound (-1, 0, null, not a number) is set to the
+    cap. A body that is not a JSON object, or whose `parameters` is not one, goes through
+    unchanged; the engine answers it."""
     try:
         data = json.loads(body)
     except ValueError:
         return body
     if not isinstance(data, dict):
         return body
-    given = [f for f in TOKEN_FIELDS if f in data]
-    for f in given or ["max_tokens"]:
-        asked = _asked(data.get(f))
-        data[f] = cap if asked is None else min(asked, cap)
-    if "min_tokens" in data and (least := _asked(data["min_tokens"])) is not None:
-        data["min_tokens"] = min(least, cap)
+    fields, holder = output_fields(path)
+    target = data if holder is None else data.setdefault(holder, {})
+    if not isinstance(target, dict):
+        return body
+    given = [f for f in fields if f in target]
+    for f in given or [fields[0]]:
+        asked = _asked(target.get(f))
+        target[f] = cap if asked is None else min(asked, cap)
+    if "min_tokens" in target and (least := _asked(target["min_tokens"])) is not None:
+        target["min_tokens"] = min(least, cap)
     return json.dumps(data, separators=(",", ":")).encode()
 
 

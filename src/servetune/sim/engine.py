@@ -24,7 +24,12 @@ from servetune.metrics.compute import apply_memory_slo, compute_metrics
 from servetune.metrics.turns import apply_turn_slo
 from servetune.model.spec import ModelSpec
 from servetune.plan.planner import Evaluation, evaluate
-from servetune.plan.quant import check_runs_on, resolved_kv_cache_dtype, weight_format
+from servetune.plan.quant import (
+    check_dtype_runs_on,
+    check_runs_on,
+    resolved_kv_cache_dtype,
+    weight_format,
+)
 from servetune.results.schema import Load, RunResult, SimStats, Target
 from servetune.sim.expected_error import band_users, expected_error_note
 from servetune.sim.gpu_step import gpu_model
@@ -165,6 +170,7 @@ def setup(
     # what the engine refuses at start-up (block size, TP vs heads, FP8 below compute
     # capability 8.0, as `plan` refuses it) is not simulated
     check_model_config(cfg, model, device=hw.kind)
+    check_dtype_runs_on(cfg.dtype, hw, "--set dtype")  # an explicit bfloat16 below cc 8.0
     check_runs_on(weight_format(cfg.dtype, cfg.quantization, model), hw, "--set quantization")
     default_ev = evaluate(model, hw, cfg)
     if default_ev.breaking_term == "weights":  # no engine loads them (vLLM, SGLang, llama.cpp)
