@@ -67,6 +67,16 @@ def _private_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("SERVETUNE_DB", f"sqlite:///{db}")
 
 
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty store's path, which the CLI under test reads (SERVETUNE_DB), and tables
+    wide enough to print whole. Files that need runs in it build on this one."""
+    path = tmp_path / "runs.db"
+    monkeypatch.setenv("SERVETUNE_DB", str(path))
+    monkeypatch.setenv("COLUMNS", "250")
+    return path
+
+
 def _say(msg: str) -> None:
     print(f"[servetune engines] {msg}", file=sys.stderr)
 

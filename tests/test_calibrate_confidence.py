@@ -12,36 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calibrate_truth import CFG, TRUTH, scaled, sim_run
 from servetune.engines.config import EngineConfig
-from servetune.hardware import get_hardware
-from servetune.model import get_model
 from servetune.results.files import write_result
 from servetune.results.schema import RunResult
 from servetune.sim.calibrate import fit_profile, repeat_spread
 from servetune.sim.confidence import Coverage, Fit, coverage_of, judge
-from servetune.sim.engine import simulate
-from servetune.sim.profile import FitQuality, Profile, load_profile
+from servetune.sim.profile import FitQuality, load_profile
 from servetune.validate import calibration_cases, closed_workload, fixed_tokens
 from servetune.workload.spec import PrefixGroups
 
-CFG = EngineConfig(max_num_seqs=4, max_model_len=2048, kv_cache_tokens=20000)
-TRUTH = Profile(
-    engine="vllm",
-    model="llama-3.2-1b",
-    hardware="cpu-host",
-    coefficients={"const": 0.01, "prefill_tokens": 4e-4, "decode_seqs": 1.5e-3},
-    api_overhead_s=0.003,
-)
 FULL = Coverage(8, 4, 1, 2, 1, 1, fastest_ttft_s=0.05)
 GOOD = Fit("least squares + replay", 900, 0.4, 0.08, [], 6, 0.004)
-
-
-def sim_run(case, profile: Profile = TRUTH, cfg: EngineConfig = CFG) -> RunResult:
-    res, _ = simulate(
-        get_model("llama-3.2-1b"), get_hardware("cpu-host"), cfg, case, profile=profile,
-        keep_requests=True,
-    )  # fmt: skip
-    return res
 
 
 def test_a_good_fit_of_runs_that_cover_everything_is_high() -> None:
@@ -90,12 +72,7 @@ def test_repeat_spread_reads_how_far_repeats_of_one_workload_differ() -> None:
     """A repeat on an engine 1.5x as slow in everything moves every figure by log 1.5;
     each of the two runs carries half of it in squares. Identical repeats differ by 0, and
     runs of different workloads are never compared."""
-    slow = TRUTH.model_copy(
-        update={
-            "coefficients": {k: 1.5 * v for k, v in TRUTH.coefficients.items()},
-            "api_overhead_s": 1.5 * TRUTH.api_overhead_s,
-        }
-    )
+    slow = scaled(TRUTH, 1.5)
     w = closed_workload("w", 2, 6, fixed_tokens(200), fixed_tokens(8))
     other = closed_workload("other", 1, 4, fixed_tokens(64), fixed_tokens(8))
     one, again, slower, alone = sim_run(w), sim_run(w), sim_run(w, slow), sim_run(other)

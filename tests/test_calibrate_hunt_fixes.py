@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from servetune.engines.config import EngineConfig
+from calibrate_truth import CFG, TRUTH, scaled
+from calibrate_truth import sim_run as truth_run
 from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.model import get_model
@@ -28,21 +29,12 @@ from servetune.sim.calibrate import (
     replay_inputs,
     replay_note,
 )
-from servetune.sim.engine import simulate
 from servetune.sim.profile import FitQuality, Profile, load_profile
 from servetune.sim.steptime import FEATURES
 from servetune.status import RequestStatus
 from servetune.validate import closed_workload, fixed_tokens
 
 M, HW = get_model("llama-3.2-1b"), get_hardware("cpu-host")
-CFG = EngineConfig(max_num_seqs=4, max_model_len=2048, kv_cache_tokens=20000)
-TRUTH = Profile(
-    engine="vllm",
-    model="llama-3.2-1b",
-    hardware="cpu-host",
-    coefficients={"const": 0.01, "prefill_tokens": 4e-4, "decode_seqs": 1.5e-3},
-    api_overhead_s=0.003,
-)
 FIX = "recalibrate (servetune calibrate)"
 
 
@@ -56,7 +48,8 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def sim_run(
     w, profile: Profile = TRUTH, *, shapes: set[int] | None = None, t0: float = 0.0
 ) -> RunResult:
-    res, _ = simulate(M, HW, CFG, w, profile=profile, keep_requests=True, shapes=shapes)
+    """`calibrate_truth.sim_run`, started at `t0` (the order calibrate reads runs in)."""
+    res = truth_run(w, profile, shapes=shapes)
     return res.model_copy(update={"started_unix_s": t0})
 
 
@@ -189,12 +182,7 @@ def test_a_sweeps_load_points_are_not_repeats() -> None:
     """Two load points of one workload (1 and 4 users, same name, as `bench
     --concurrency 1,4` writes them) differ by their load, not the host: no repeats. A
     second run of one point at the same load is one, and only it is compared."""
-    slow = TRUTH.model_copy(
-        update={
-            "coefficients": {k: 1.5 * v for k, v in TRUTH.coefficients.items()},
-            "api_overhead_s": 1.5 * TRUTH.api_overhead_s,
-        }
-    )
+    slow = scaled(TRUTH, 1.5)
     c1 = closed_workload("w", 1, 6, fixed_tokens(200), fixed_tokens(8))
     c4 = closed_workload("w", 4, 6, fixed_tokens(200), fixed_tokens(8))
     one, four, one_slow = sim_run(c1), sim_run(c4), sim_run(c1, slow)

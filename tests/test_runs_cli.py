@@ -19,11 +19,9 @@ from synthetic_runs import synthetic_run, synthetic_sweep
 
 
 @pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def db(db: Path) -> Path:
     """A store with a 3-point sweep, a config variant, and a run changing two knobs."""
-    path = tmp_path / "runs.db"
-    monkeypatch.setenv("SERVETUNE_DB", str(path))
-    monkeypatch.setenv("COLUMNS", "250")
+    path = db
     with Store.open(str(path)) as s:
         for r, m in synthetic_sweep((1, 2, 4), seed=1, n_requests=40):
             s.save_result(r, m, study="sweep")

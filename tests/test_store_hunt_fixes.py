@@ -26,14 +26,6 @@ from synthetic_runs import synthetic_run, synthetic_sweep
 DEAD = f"{socket.gethostname()}:999999999:1"  # no such pid on this host: a killed writer
 
 
-@pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "runs.db"
-    monkeypatch.setenv("SERVETUNE_DB", str(path))
-    monkeypatch.setenv("COLUMNS", "250")
-    return path
-
-
 def _one_line(code: int, err: str, *needles: str) -> str:
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err

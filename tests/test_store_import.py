@@ -18,14 +18,6 @@ from servetune.store import Store
 from synthetic_runs import synthetic_run
 
 
-@pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "runs.db"
-    monkeypatch.setenv("SERVETUNE_DB", str(path))
-    monkeypatch.setenv("COLUMNS", "250")
-    return path
-
-
 def _killed_run(db: Path, monkeypatch: pytest.MonkeyPatch, n: int = 22) -> str:
     """A bench killed after `n` records: begun by a writer that is gone, records committed,
     no final result."""
