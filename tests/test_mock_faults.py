@@ -25,11 +25,18 @@ SHORT = {
 }
 
 
-def run(cfg: MockConfig, count: int = 6, users: int = 2, timeouts: Timeouts = GENEROUS, **opts):
+def run(
+    cfg: MockConfig,
+    count: int = 6,
+    users: int = 2,
+    timeouts: Timeouts = GENEROUS,
+    output: int = 10,
+    **opts,
+):
     spec = parse_workload(
         {"count": count, "arrival": {"kind": "closed", "concurrency": users},
          "input_tokens": {"dist": "fixed", "value": 8},
-         "output_tokens": {"dist": "fixed", "value": 10}}
+         "output_tokens": {"dist": "fixed", "value": output}}
     )  # fmt: skip
     with mock_in_thread(cfg) as srv:
         url = f"http://127.0.0.1:{srv.port}"
@@ -107,10 +114,14 @@ def test_circuit_breaker_stops_the_run() -> None:
 
 
 def test_cancelled_streams_free_the_slot() -> None:
+    # 400 tokens at 5 ms: the server is still streaming ~2 s after the client's cut. With
+    # 10 tokens (50 ms) a starved client read its 2 chunks after the server had sent the
+    # last one: the server then saw no cancellation (CI: 7 server-side against 9).
     res, srv = run(
         MockConfig(itl_ms=5.0),
         count=20,
         users=4,
+        output=400,
         cancel_fraction=0.5,
         cancel_after_chunks=2,
         scrape=True,
