@@ -9,6 +9,7 @@ for deltas and for the cancellation check on the mock.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,13 +33,15 @@ RUNNING_KEYS = (
 
 def flatten_prometheus(text: str) -> dict[str, float]:
     """Prometheus text -> {sample name: value summed over label sets}; histogram buckets
-    are dropped (their _sum and _count stay)."""
+    are dropped (their _sum and _count stay), and so are NaN and ±Inf samples (valid
+    exposition, e.g. a summary's quantiles before any observation, but a stored series
+    must hold numbers: a NaN is written as null and the result no longer loads)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name.endswith(("_bucket", "_created")):
+            if s.name.endswith(("_bucket", "_created")) or not math.isfinite(s.value):
                 continue
             out[s.name] = out.get(s.name, 0.0) + float(s.value)
     return out
@@ -117,12 +120,44 @@ class Scraper:
         return self.series
 
 
+# Prometheus naming: a counter's samples end in `_total`, and a histogram's or summary's
+# `_count`, `_sum` and `_bucket` series are counters too (prometheus.io, "Metric and label
+# naming" and the exposition format). Telemetry's own names that break the rule:
+COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+NOT_COUNTERS = {"gpu_count", "gpu_memory_total"}  # gauges: GPUs sampled, memory size
+ALSO_COUNTERS = {"gpu_ecc_uncorrected"}  # NVML volatile count: resets with the driver
+
+
+def is_counter(name: str) -> bool:
+    """Whether a series key is a counter by its name (see COUNTER_SUFFIXES)."""
+    if name in NOT_COUNTERS:
+        return False
+    return name in ALSO_COUNTERS or name.endswith(COUNTER_SUFFIXES)
+
+
+def counter_increase(xs: list[float]) -> float:
+    """What a counter added over the samples, as Prometheus' increase() counts it (without
+    its extrapolation to the window's edges): each rise counts, and a drop is a reset (an
+    engine restart, another replica behind the /metrics URL), so the value after it is
+    what was counted since the reset."""
+    return sum(b - a if b >= a else b for a, b in zip(xs, xs[1:], strict=False))
+
+
 def series_deltas(values: list[dict[str, float]]) -> dict[str, float]:
-    """Last minus first of every key present in both (counters: what the run added)."""
+    """What the run changed, for every key in the first and the last sample: a counter's
+    increase (through resets), a gauge's last minus first."""
     if len(values) < 2:
         return {}
     first, last = values[0], values[-1]
-    return {k: last[k] - first[k] for k in sorted(last) if k in first}
+    out: dict[str, float] = {}
+    for k in sorted(last):
+        if k not in first:
+            continue
+        if is_counter(k):
+            out[k] = counter_increase([v[k] for v in values if k in v])
+        else:
+            out[k] = last[k] - first[k]
+    return out
 
 
 def running_now(values: dict[str, float]) -> float | None:

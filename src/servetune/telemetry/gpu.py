@@ -10,6 +10,7 @@ loaded; XID events from nvmlEventSetWait with nvmlEventTypeXidCriticalError).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 # Throttle reasons that mean "slowed by heat or power", not "idle" or "app clocks set"
@@ -19,20 +20,37 @@ THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
 def open_gpu() -> tuple[GpuSource | None, str | None]:
-    """An NVML source, or None with the one-line reason it is skipped."""
+    """An NVML source, or None, and a one-line note of what is left out (the whole source
+    or the GPUs whose handle NVML cannot open): the run goes on either way."""
     try:
         import pynvml
     except ImportError:
         return None, "GPU: nvidia-ml-py not installed (pip install 'servetune[gpu]')"
     try:
         pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
     except pynvml.NVMLError as exc:
         return None, f"GPU: no NVML on this host ({exc})"
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError as exc:
+        _shutdown(pynvml)
+        return None, f"GPU: no NVML on this host ({exc})"
     if n == 0:
-        pynvml.nvmlShutdown()
+        _shutdown(pynvml)
         return None, "GPU: NVML sees no GPU"
-    return GpuSource(pynvml, n), None
+    src = GpuSource(pynvml, n)
+    if not src.handles:
+        src.close()
+        return None, f"GPU: no GPU handle could be opened ({'; '.join(src.skipped)})"
+    if src.skipped:
+        return src, f"GPU: left out {'; '.join(src.skipped)}"
+    return src, None
+
+
+def _shutdown(nvml: Any) -> None:
+    """nvmlShutdown after nvmlInit succeeded, best effort (NVML counts its inits)."""
+    with contextlib.suppress(nvml.NVMLError):
+        nvml.nvmlShutdown()
 
 
 class GpuSource:
@@ -40,9 +58,17 @@ class GpuSource:
 
     def __init__(self, nvml: Any, count: int) -> None:
         self.nvml = nvml
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self.handles: list[Any] = []
+        self.skipped: list[str] = []  # "GPU i (NVML's reason)" for each handle NVML refused
+        for i in range(count):
+            try:
+                self.handles.append(nvml.nvmlDeviceGetHandleByIndex(i))
+            except nvml.NVMLError as exc:  # e.g. GPU lost, or the container lost the device
+                self.skipped.append(f"GPU {i} ({exc})")
         self.xid = 0
         self.events: Any = None
+        if not self.handles:
+            return
         try:
             self.events = nvml.nvmlEventSetCreate()
             for h in self.handles:
@@ -68,14 +94,18 @@ class GpuSource:
                 m = nv.nvmlDeviceGetMemoryInfo(h)
                 used.append(m.used)
                 total.append(m.total)
+            except nv.NVMLError:
+                pass
+            try:  # its own try: NOT_SUPPORTED on MIG-enabled GPUs, where memory still reads
                 u = nv.nvmlDeviceGetUtilizationRates(h)
                 util.append(u.gpu / 100.0)
                 mem_util.append(u.memory / 100.0)
             except nv.NVMLError:
-                continue
+                pass
         if used:
             out["gpu_memory_used"] = float(sum(used))
             out["gpu_memory_total"] = float(sum(total))
+        if util:
             out["gpu_util"] = sum(util) / len(util)
             out["gpu_mem_bw_util"] = sum(mem_util) / len(mem_util)
         temp = self._each(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)

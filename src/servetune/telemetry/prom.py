@@ -10,6 +10,7 @@ last XID value (not a count: it is kept as-is under gpu_xid_last).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from servetune.engines.metrics import parse
@@ -36,19 +37,36 @@ _COMBINE: dict[str, Callable[[list[float]], float]] = {
 
 
 def map_exposition(text: str) -> dict[str, float]:
-    """Prometheus text -> canonical GPU names (from DCGM fields) plus `url:<name>` raw sums."""
+    """Prometheus text -> canonical GPU names (from DCGM fields) plus `url:<name>` raw sums.
+
+    NaN and ±Inf samples are dropped: the exposition format allows them (a Go summary's
+    quantiles before any observation are NaN), but a stored series must hold numbers.
+    """
     out: dict[str, float] = {}
     raw = 0
     for name, samples in parse(text).items():
-        if name in DCGM:
-            canon, how, scale = DCGM[name]
-            out[canon] = _COMBINE[how]([v for _, v in samples]) * scale
+        vals = [v for _, v in samples if math.isfinite(v)]
+        if not vals:
+            continue
+        field = _dcgm_field(name)
+        if field is not None:
+            canon, how, scale = DCGM[field]
+            out[canon] = _COMBINE[how](vals) * scale
             if canon == "gpu_util":
-                out["gpu_count"] = float(len(samples))
+                out["gpu_count"] = float(len(vals))
         elif raw < MAX_RAW and not name.endswith(("_bucket", "_created")):
-            out[f"url:{name}"] = sum(v for _, v in samples)
+            out[f"url:{name}"] = sum(vals)
             raw += 1
     return out
+
+
+def _dcgm_field(name: str) -> str | None:
+    """The DCGM field a sample belongs to. dcgm-exporter declares some fields counters, and
+    prometheus-client's parser then names their samples `<field>_total`."""
+    for candidate in (name, name.removesuffix("_total")):
+        if candidate in DCGM:
+            return candidate
+    return None
 
 
 class PromSource:

@@ -44,7 +44,7 @@ def open_sources(
         src, why = open_gpu()
         if src is not None:
             sources.append(src)
-        elif why:
+        if why:  # the whole source, or the GPUs NVML could not open
             notes.append(why)
     if url:
         from servetune.telemetry.prom import PromSource
