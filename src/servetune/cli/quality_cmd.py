@@ -88,7 +88,7 @@ def quality(
         return
     for k, v in table.items():
         if k != "checks":
-            typer.echo(f"{k:27} {v}")
+            typer.echo(f"{k:27} {'not measured' if v is None else v}")
     for c in table["checks"]:
         typer.echo(f"  {c}")
     typer.echo(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from servetune.errors import InputError
 from servetune.yamlfile import load_yaml
@@ -47,11 +48,12 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
     data = load_yaml(p, "--corpus")
     try:
         passages = tuple(
-            Passage(str(d["id"]), str(d.get("source", "")), str(d["text"]))
+            Passage(str(d["id"]), str(d.get("source", "")), _text(p, "passage", d, "text"))
             for d in data.get("passages") or []
         )
         tasks = tuple(
-            Task(str(d["id"]), str(d["prompt"]), str(d["answer"])) for d in data.get("tasks") or []
+            Task(str(d["id"]), _text(p, "task", d, "prompt"), _text(p, "task", d, "answer"))
+            for d in data.get("tasks") or []
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise InputError(
@@ -65,3 +67,22 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
     if len(passages) < 2:
         raise InputError("--corpus", f"{p} has {len(passages)} passage(s)", "give 2 or more")
     return Corpus(passages, tasks)
+
+
+def _text(path: Path, kind: str, item: dict[str, Any], key: str) -> str:
+    """`item[key]` as the text the file holds. YAML types unquoted values: an empty one is
+    null, `010` the number 8, `3.10` the float 3.1, `yes` true; str() of those would score
+    or compare the word 'None' or '8' instead of what was written."""
+    value = item[key]
+    if value is None:
+        raise InputError(
+            "--corpus", f"{path}: {kind} {item['id']!r} has no {key}", f'give it one: {key}: "..."'
+        )
+    if not isinstance(value, str):
+        raise InputError(
+            "--corpus",
+            f"{path}: {kind} {item['id']!r}: YAML read its {key} as the "
+            f"{type(value).__name__} {value!r}, not text",
+            f'quote the value as written: {key}: "..."',
+        )
+    return value

@@ -66,17 +66,18 @@ class QualityResult:
         return ppl_ratio_ci(self.base.logprobs, self.cand.logprobs)
 
     @property
-    def agreement(self) -> Interval:
+    def agreement(self) -> Interval | None:
+        """None: not measured (the baseline continued no passage)."""
         return _agreement(self.base, self.cand)
 
     @property
-    def noise(self) -> tuple[Interval, Interval]:
+    def noise(self) -> tuple[Interval, Interval | None]:
         """The baseline against itself (ratio, agreement): a second scoring shows what the
         serving stack alone changes (batch-dependent numerics, cache reuse). Without one
         (the same URL twice), the comparison is its own floor: 1 and 1."""
         if self.again is None:
             one = Interval(1.0, 1.0, 1.0)
-            return one, one
+            return one, (one if self.agreement is not None else None)
         return ppl_ratio_ci(self.base.logprobs, self.again.logprobs), _agreement(
             self.base, self.again
         )
@@ -93,8 +94,10 @@ class QualityResult:
     def regression(self) -> bool:
         """Measurable: the perplexity ratio's interval lies wholly above the baseline's
         own (the noise floor), or the agreement's wholly below it."""
-        ratio, agree = self.noise
-        return self.ppl_ratio.low > ratio.high or self.agreement.high < agree.low
+        ratio, floor = self.noise
+        agree = self.agreement
+        below = agree is not None and floor is not None and agree.high < floor.low
+        return self.ppl_ratio.low > ratio.high or below
 
     @property
     def verdict(self) -> Verdict:
@@ -121,17 +124,14 @@ class QualityResult:
             "perplexity_candidate": round(pooled_perplexity(self.cand.logprobs), 3),
             "perplexity_ratio": round(r.value, 4),
             "perplexity_ratio_ci95": [round(r.low, 4), round(r.high, 4)],
-            "greedy_agreement": round(a.value, 4),
-            "greedy_agreement_ci95": [round(a.low, 4), round(a.high, 4)],
+            "greedy_agreement": round(a.value, 4) if a is not None else None,
+            "greedy_agreement_ci95": _ends(a),
             "exact_match_baseline": f"{self.exact(self.base)}/{n}",
             "exact_match_candidate": f"{self.exact(self.cand)}/{n}",
             "exact_match_counts": self.exact_usable,
             "regression_measurable": self.regression,
             "noise_floor_ratio_ci95": [round(self.noise[0].low, 4), round(self.noise[0].high, 4)],
-            "noise_floor_agreement_ci95": [
-                round(self.noise[1].low, 4),
-                round(self.noise[1].high, 4),
-            ],
+            "noise_floor_agreement_ci95": _ends(self.noise[1]),
             "noise_bound": "95% bootstrap intervals over passages; the floor is the baseline "
             "against itself" + (" (scored twice)" if self.again else " (same URL: 1 and 1)"),
             "threshold_ppl_increase": self.settings.threshold,
@@ -139,8 +139,18 @@ class QualityResult:
         }
 
 
-def _agreement(a: Scores, b: Scores) -> Interval:
-    return mean_ci([agreement(x, y) for x, y in zip(a.greedy, b.greedy, strict=True)])
+def _agreement(a: Scores, b: Scores) -> Interval | None:
+    """Mean agreement over the passages the baseline `a` continued; a passage it stopped at
+    once has nothing to agree with and is left out. None when none is left (not measured):
+    a NaN would poison the mean, its interval, the regression check and the JSON."""
+    values = [agreement(x, y) for x, y in zip(a.greedy, b.greedy, strict=True)]
+    measured = [v for v in values if v is not None]
+    return mean_ci(measured) if measured else None
+
+
+def _ends(ci: Interval | None) -> list[float] | None:
+    """An interval's ends as the table shows them; None when not measured."""
+    return [round(ci.low, 4), round(ci.high, 4)] if ci is not None else None
 
 
 def score(

@@ -62,11 +62,12 @@ def ppl_ratio_ci(
     return Interval(point, *_ends(ratios))
 
 
-def agreement(base: Sequence[int | str], cand: Sequence[int | str]) -> float:
+def agreement(base: Sequence[int | str], cand: Sequence[int | str]) -> float | None:
     """Share of the baseline's greedy tokens the candidate repeats at the same position
-    (a shorter continuation misses the rest)."""
+    (a shorter continuation misses the rest). None when the baseline generated nothing
+    (it stopped at once): there is nothing to agree with, which is not a disagreement."""
     if not base:
-        return math.nan
+        return None
     return sum(a == b for a, b in zip(base, cand, strict=False)) / len(base)
 
 
