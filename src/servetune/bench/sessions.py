@@ -137,7 +137,11 @@ class SessionWorker(Worker):
         item: Item = (index, self.scfg.payload(msgs, turn.output_tokens), sched, None)
         self._items_by_index[index] = item
         self.live[index] = live
-        self._start(item)
+        cap = self.cfg.cap
+        if cap is not None and len(self.in_flight) >= cap:  # waits in the client's queue
+            self.waiting.append((item, _now_ns()))
+        else:
+            self._start(item)
 
     def _done(self, st: RequestState) -> None:
         super()._done(st)

@@ -72,7 +72,12 @@ class ServerSession:
             pids = self.engine_pids or local_server_pids(self.opts.url)
             tel = sampling(self.telemetry, pids)
         store = tel.recorder(sinks.store) if tel is not None else sinks.store
-        opts = replace(self.opts, records_path=sinks.records, progress=sinks.live, store=store)
+        # the tokenizer the requests were counted with: a session worker re-plans the
+        # turns' max_tokens and context cap in it (bench.runner.session_worker)
+        tok = self.opts.tokenizer or self.tokenizer
+        opts = replace(
+            self.opts, records_path=sinks.records, progress=sinks.live, store=store, tokenizer=tok
+        )
         try:
             res = run_point(point.spec, requests, opts, self.slo, point.label)
         except BenchInterrupted as exc:

@@ -34,6 +34,8 @@ class Clients:
         "in_flight",
         "cap",
         "held_back",
+        "freeing",
+        "reserved",
         "stop_issuing_s",
         "ingress_s",
         "ingress_per_token_s",
@@ -65,6 +67,12 @@ class Clients:
         self.in_flight = 0
         self.cap = None if closed else client_cap
         self.held_back: deque[SimRequest] = deque()  # open loop, over the cap
+        # Open loop under a cap: the client times at which ended requests free their place
+        # (a heap), and the sends given a place before the engine sees them. The scheduler
+        # can book an end ahead of sends it has not taken yet; a send before that end must
+        # still find the place taken (the cap held 2 in flight at a cap of 1 without).
+        self.freeing: list[float] = []
+        self.reserved: set[int] = set()
         self.stop_issuing_s = stop_issuing_s
         self.ingress_s = model.ingress_s
         self.ingress_per_token_s = model.ingress_per_token_s
@@ -128,12 +136,43 @@ class Clients:
 
     def accept(self, r: SimRequest) -> bool:
         """r reaches the engine now (True), or waits client-side under the cap (False)."""
+        return self.take_place(r)
+
+    def take_place(self, r: SimRequest) -> bool:
+        """r has a place under the cap and is sent now (True), or waits in the client
+        (False): until a request ends (`held_back`), or, if one has ended later in client
+        time than r was sent, until then."""
+        if r.send_id in self.reserved:
+            self.reserved.discard(r.send_id)
+            return True
         cap = self.cap
-        if cap is not None and self.in_flight >= cap:
-            self.held_back.append(r)
-            return False
+        if cap is not None:
+            freeing = self.freeing
+            while freeing and freeing[0] <= r.arrival_s:
+                heapq.heappop(freeing)
+            if self.in_flight >= cap:
+                self.held_back.append(r)
+                return False
+            if self.in_flight + len(freeing) >= cap:
+                self._place(heapq.heappop(freeing), r)
+                return False
         self.in_flight += 1
         return True
+
+    def _place(self, t: float, r: SimRequest) -> None:
+        """r waited in the client for a place under the cap, and is sent at t in it."""
+        self.in_flight += 1
+        self.reserved.add(r.send_id)
+        r.arrival_s = t
+        self.send(t, r)
+
+    def free_place(self, t: float) -> None:
+        """A request ended for its client at t: the oldest held-back send takes its place
+        under the cap, or the place is free from t on."""
+        if self.held_back:
+            self._place(t, self.held_back.popleft())
+        elif self.cap is not None:
+            heapq.heappush(self.freeing, t)
 
     def finished(self, t: float, r: SimRequest | None = None) -> None:
         """Request `r` ended for its client at t: a closed-loop client sends its next one,
@@ -160,7 +199,5 @@ class Clients:
                 else:  # sent later: it reaches the front end when its time comes (`due`)
                     self.deferred.add(nxt.send_id)
                     heapq.heappush(self.arrivals, (t, nxt.send_id, nxt))
-        elif self.held_back:
-            nxt = self.held_back.popleft()
-            nxt.arrival_s = t
-            self.send(t, nxt)
+        else:
+            self.free_place(t)

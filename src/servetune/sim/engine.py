@@ -414,7 +414,8 @@ def run_sessions(
     arr = spec.arrival
     users = arr.concurrency if not arr.open_loop else None
     stop = spec.duration_s if users and spec.count is None else None
-    clients = SessionClients(setup_.step_model, sessions, users, stop)
+    cap = arr.concurrency if arr.open_loop else None  # turns in flight, as bench caps them
+    clients = SessionClients(setup_.step_model, sessions, users, stop, cap)
     sched = Scheduler(setup_.sched, setup_.step_model, trace=trace, shapes=shapes, clients=clients)
     sched.run([])
     return sched

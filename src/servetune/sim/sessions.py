@@ -96,7 +96,8 @@ def session_requests(
 class SessionClients(Clients):
     """`Clients` for sessions: open loop, each session's first turn at its start time;
     closed loop, `users` run the sessions in order, back to back; every follow-up turn is
-    sent when the previous answer arrived plus its delay.
+    sent when the previous answer arrived plus its delay. An open loop's cap (the
+    arrival's `concurrency`) holds turns client-side past it, as bench's worker does.
 
     The engine's serial front end (`Clients.send`) is applied when a send comes up in time
     order (`accept`), not when it is scheduled: a follow-up planned seconds ahead must not
@@ -110,8 +111,9 @@ class SessionClients(Clients):
         sessions: list[list[TurnRequest]],
         users: int | None,
         stop_issuing_s: float | None,
+        cap: int | None = None,
     ) -> None:
-        super().__init__(model, [], None, None, None, stop_issuing_s)
+        super().__init__(model, [], None, None, None if users is not None else cap, stop_issuing_s)
         self.queue: deque[TurnRequest] = deque(s[0] for s in sessions if s)
         if users is None:
             for r in sorted(self.queue, key=lambda x: (x.arrival_s, x.send_id)):
@@ -126,15 +128,19 @@ class SessionClients(Clients):
 
     def accept(self, r: SimRequest) -> bool:
         """r reaches the engine once the front end had its turn (re-queued until then)."""
-        if isinstance(r, TurnRequest) and not r.through_front:
-            r.through_front = True
-            ing0, ing1 = self.ingress_s, self.ingress_per_token_s
-            if ing0 > 0 or ing1 > 0:
-                t = max(r.arrival_s, self.front_end_free_s) + ing0 + ing1 * r.prompt_tokens
-                self.front_end_free_s = t
-                heapq.heappush(self.arrivals, (t, r.send_id, r))
-                return False
-        self.in_flight += 1
+        if not isinstance(r, TurnRequest):
+            return self.take_place(r)
+        if r.through_front:
+            return True  # its place was taken when it was sent
+        if not self.take_place(r):
+            return False  # an open loop's cap holds it in the client
+        r.through_front = True
+        ing0, ing1 = self.ingress_s, self.ingress_per_token_s
+        if ing0 > 0 or ing1 > 0:
+            t = max(r.arrival_s, self.front_end_free_s) + ing0 + ing1 * r.prompt_tokens
+            self.front_end_free_s = t
+            heapq.heappush(self.arrivals, (t, r.send_id, r))
+            return False
         return True
 
     def start_session(self, t: float) -> None:
@@ -150,3 +156,4 @@ class SessionClients(Clients):
             self.send(nxt.arrival_s, nxt)
         elif self.queue and (self.stop_issuing_s is None or t < self.stop_issuing_s):
             self.start_session(t)
+        self.free_place(t)

@@ -236,9 +236,12 @@ def _pairs(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
 # --- the plan ---------------------------------------------------------------------------
 
 
-def plan_sessions(spec: WorkloadSpec, tok: Tokenizer | None = None) -> SessionPlan:
-    """The sessions of `spec`. With `tok`, every new message has text of its exact token
-    count (bench); without, counts only (simulate; a dataset is counted in words)."""
+def plan_sessions(
+    spec: WorkloadSpec, tok: Tokenizer | None = None, *, with_text: bool = True
+) -> SessionPlan:
+    """The sessions of `spec`. With `tok`, a dataset is counted in its tokens (in words
+    without) and, unless `with_text` is False, every new message has text of its exact
+    token count (bench's requests; its worker needs the same counts but not the text)."""
     ses = spec.sessions
     if ses is None:
         raise ValueError("not a session workload")
@@ -258,7 +261,7 @@ def plan_sessions(spec: WorkloadSpec, tok: Tokenizer | None = None) -> SessionPl
         n = len(starts)
     else:
         n = spec.count or SESSION_POOL
-    maker = PromptMaker(tok, rng_text) if tok is not None else None
+    maker = PromptMaker(tok, rng_text) if tok is not None and with_text else None
     sys_tokens, sys_texts, sys_group = 0, [], np.full(n, -1)
     if ses.system_prompt is not None:
         sys_tokens = ses.system_prompt.tokens
