@@ -6,8 +6,9 @@
     / `delta.reasoning`, `delta.tool_calls` (chat) or `text` (completions); role-only and
     usage-only chunks are not content;
   - tokens per chunk come from the server's cumulative `usage.completion_tokens` when it
-    streams it (vLLM `continuous_usage_stats`), else 1 per chunk; the final `usage` is
-    the request's output token count.
+    streams it (vLLM `continuous_usage_stats`): what it adds to the tokens counted so far,
+    else 1 per chunk; the final `usage` is the request's output token count (on the last
+    content chunk, as TGI sends it, that chunk gets only the tokens not yet counted).
 Timeouts follow seed 003 §10: connect, TTFT (includes slow headers), idle-stream
 (between events, after the response started), total.
 """
@@ -149,7 +150,7 @@ class RequestState:
         "_buf",
         "_body",
         "_saw_done",
-        "_cum_tokens",
+        "_counted",
         "_timer",
         "_timeouts",
         "cancel_after",
@@ -194,7 +195,7 @@ class RequestState:
         self._buf = b""
         self._body: bytearray | None = None
         self._saw_done = False
-        self._cum_tokens = 0
+        self._counted = 0  # output tokens given to chunks so far
         self._timer: asyncio.TimerHandle | None = None
         self._timeouts = timeouts
         self.cancel_after = cancel_after
@@ -288,8 +289,10 @@ class RequestState:
             self._arm()
         if status != 200 or not self.stream:
             self._body = bytearray()
-        elif "text/event-stream" not in headers.get("content-type", "text/event-stream"):
-            self._body = bytearray()  # a JSON answer to a stream request: judged at the end
+        elif "text/event-stream" not in headers.get("content-type", "text/event-stream").lower():
+            # a JSON answer to a stream request: judged at the end (media types are
+            # case-insensitive, RFC 9110 8.3.1: `Text/Event-Stream` is a stream)
+            self._body = bytearray()
 
     def on_body(self, data: bytes, now_ns: int) -> None:
         self.last_event_ns = now_ns
@@ -343,6 +346,9 @@ class RequestState:
         try:
             obj = _loads(payload)
         except _JSONError:
+            if payload.strip() == b"[DONE]":  # `data: [DONE] `, `data:\t[DONE]`: off the hot path
+                self._saw_done = True
+                return
             self.abort(RequestStatus.ERROR, "malformed_response", f"bad SSE JSON: {payload[:80]!r}")
             return
         if type(obj) is not dict:
@@ -376,11 +382,12 @@ class RequestState:
                 text = c.get("text")
                 has = bool(text)
             if has:
+                # tokens not yet counted: continuous usage gives each chunk its share; a
+                # final usage on the last content chunk (TGI) adds only what is left
                 n = 1
                 if usage and usage.get("completion_tokens") is not None:
-                    cum = int(usage["completion_tokens"])
-                    n = max(1, cum - self._cum_tokens)
-                    self._cum_tokens = cum
+                    n = max(1, int(usage["completion_tokens"]) - self._counted)
+                self._counted += n
                 self.chunk_ns.append(now_ns)
                 self.chunk_tokens.append(n)
                 if text and self.first_answer_ns is None:

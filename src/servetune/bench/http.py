@@ -16,7 +16,7 @@ import socket
 import ssl
 import time
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 _now_ns = time.monotonic_ns
 
@@ -48,7 +48,7 @@ class Target:
         self.ssl: ssl.SSLContext | None = (
             ssl.create_default_context() if u.scheme == "https" else None
         )
-        self.base_path = u.path.rstrip("/")
+        self.base_path = base_path(u.path)
         default = (u.scheme == "http" and self.port == 80) or (
             u.scheme == "https" and self.port == 443
         )
@@ -65,8 +65,21 @@ class Target:
             "Accept: text/event-stream, application/json",
             f"Content-Length: {len(body)}",
         ]
-        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        for k, v in (headers or {}).items():
+            if "\r" in k + v or "\n" in k + v:  # it would end the header, inject another
+                raise ValueError(f"header {k!r} has a line break")
+            lines.append(f"{k}: {v}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def base_path(path: str) -> str:
+    """The URL's path as the prefix of the API routes. A trailing /v1 (the base URL the
+    OpenAI SDKs take) is dropped, as `/metrics` scraping, `quality` and `accept` drop it:
+    the routes carry their own /v1, and `http://host/v1` asked for /v1/v1/chat/completions
+    (404 on every request, while /v1/v1/models passed the readiness check as a 404).
+    A path outside ASCII (`/пусть`) is percent-encoded: a request line is ASCII, and the
+    path raised UnicodeEncodeError (a traceback); %-escapes already there are kept."""
+    return quote(path.rstrip("/").removesuffix("/v1"), safe="/%:@!$&'()*+,;=")
 
 
 def where(target: Target) -> str:

@@ -54,6 +54,8 @@ def check_server(
     at `url` within `timeout_s` (connect, then answer): refused, unresolvable, TLS on a
     plain port, another protocol, not ready (5xx), or the API key refused."""
     target = check_url(url, flag)
+    if api_key:
+        check_api_key(api_key)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = target.request_bytes(READY_PATH, b"", headers, method="GET")
     try:
@@ -72,6 +74,20 @@ def check_server(
             flag,
             f"the server at {at} is not ready (HTTP {status} on {READY_PATH})",
             "wait until it has loaded the model",
+        )
+
+
+def check_api_key(api_key: str, flag: str = "--api-key-env") -> None:
+    """An API key goes in a header: printable ASCII only. Anything else broke the run
+    with a traceback (UnicodeEncodeError on a non-latin-1 key), and a line break inside
+    it ended the header early and sent the rest as a header of its own. The key itself is
+    never echoed."""
+    if not all(" " <= ch <= "~" for ch in api_key):
+        raise InputError(
+            flag,
+            "the API key has a character an HTTP header cannot carry "
+            "(non-ASCII, or a control character such as a line break)",
+            "set the variable --api-key-env names to the key alone",
         )
 
 

@@ -138,33 +138,55 @@ def build_items(spec: WorkloadSpec, requests: list[Request], opts: BenchOptions)
         sched = None if r.arrival_s is None else int(r.arrival_s * 1e9)
         cancel_after = opts.cancel_after_chunks if cancel is not None and cancel[k] else None
         items.append((r.index, target.request_bytes(path, body, headers), sched, cancel_after))
+    # Workers send their items in list order, each when its offset comes: a trace whose
+    # lines are out of timestamp order would be sent late (and read as client send lag).
+    # Stable, so equal offsets and closed loops (no offsets) keep their order.
+    items.sort(key=lambda it: it[2] or 0)
     return items
 
 
 def split_configs(
     spec: WorkloadSpec, items: list[Item], opts: BenchOptions, n_workers: int
 ) -> list[WorkerConfig]:
-    """Round-robin the schedule over workers; users, cap and count split evenly."""
+    """Deal the requests over workers in proportion to their share of the load.
+
+    The load is a number of slots: a closed loop's users, a capped open loop's cap (an
+    uncapped one: one slot per worker). No worker gets fewer than one slot, so there are
+    never more workers than slots: a worker with none took its share of the count with it
+    (`--concurrency 1 --workers 2 --count 8` sent 4), and two workers capped at 1 each
+    had 2 in flight under `--max-concurrency 1`. Item k goes to the owner of slot
+    k % slots, so each worker's items (and its share of the count) follow its slots: 3
+    users on 2 workers send 2/3 and 1/3 of the count, so every worker's users run about
+    as many rounds (split evenly, the lone user ran on alone, below the concurrency)."""
     arr = spec.arrival
     closed = not arr.open_loop
     drain = opts.drain_s if opts.drain_s is not None else (opts.timeouts.total_s or 600.0)
-    cfgs = []
+    # a closed loop's users; an open loop's cap (uncapped: one slot per worker)
+    slots = (arr.concurrency or 1) if closed else (arr.concurrency or n_workers)
+    n_workers = max(1, min(n_workers, slots))
 
     def share(total: int, w: int) -> int:
+        """How many of `total` slots, dealt round-robin, worker `w` owns."""
         return total // n_workers + (1 if w < total % n_workers else 0)
 
+    mine: list[list[Item]] = [[] for _ in range(n_workers)]
+    for k, item in enumerate(items):
+        mine[k % slots % n_workers].append(item)
+    cfgs = []
     for w in range(n_workers):
-        users = share(arr.concurrency or 1, w) if closed else 1
-        cap = max(1, share(arr.concurrency, w)) if (not closed and arr.concurrency) else None
+        slot_share = share(slots, w)  # its users, or its part of the cap
+        count = None
+        if closed and spec.count:  # its share of the count, in step with its items
+            count = spec.count // slots * slot_share + share(spec.count % slots, w)
         cfgs.append(
             WorkerConfig(
                 worker_id=w,
                 url=opts.url,
-                items=items[w::n_workers],
+                items=mine[w],
                 closed_loop=closed,
-                users=users,
-                cap=cap,
-                max_requests=share(spec.count, w) if (closed and spec.count) else None,
+                users=slot_share if closed else 1,
+                cap=slot_share if (not closed and arr.concurrency) else None,
+                max_requests=count,
                 duration_s=spec.duration_s if closed else None,
                 drain_s=drain,
                 timeouts=opts.timeouts,
@@ -172,20 +194,23 @@ def split_configs(
                 keep_text=opts.keep_text,
             )
         )
-    return [c for c in cfgs if c.items and (not closed or c.users > 0)]
+    return [c for c in cfgs if c.items]
 
 
 def session_worker(
     spec: WorkloadSpec, requests: list[Request], opts: BenchOptions
 ) -> SessionConfig:
     """Sessions run in one in-process worker that chains every session's turns
-    (`bench.sessions`); `requests` carry each turn's new messages."""
+    (`bench.sessions`); `requests` carry each turn's new messages. The plan is counted
+    with the tokenizer `requests` were made with, so max_tokens and the context cap are in
+    its tokens, not in words."""
     headers = dict(opts.headers)
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
     (base,) = split_configs(spec, [(0, b"", None, None)], opts, 1)
     payload = session_payload(spec, opts.model or spec.model, api_path(spec.api), headers, opts.url)
-    return session_config(base, plan_sessions(spec), requests, payload)
+    plan = plan_sessions(spec, opts.tokenizer, with_text=False)
+    return session_config(base, plan, requests, payload)
 
 
 class Collector:
