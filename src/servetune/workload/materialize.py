@@ -120,8 +120,16 @@ def arrival_offsets_s(
     )
     while True:
         if kind == "constant":
-            gaps = np.full(n, 1.0 / rate)
-        elif kind == "poisson":
+            # k / rate, not a sum of gaps: the sum's rounding put rate x duration + 1 sends
+            # inside the duration (the last at 0.999999999 s of a 1 s run at 10/s)
+            t = np.arange(n) / rate
+            if duration_s is None:
+                return t
+            if t[-1] >= duration_s:
+                return t[t < duration_s]
+            n *= 2
+            continue
+        if kind == "poisson":
             gaps = rng.exponential(1.0 / rate, size=n)
         elif kind == "gamma":
             gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
@@ -448,14 +456,18 @@ def _from_trace(spec: WorkloadSpec, maker: PromptMaker) -> list[Request]:
             )
         )
     if spec.arrival.kind != "trace" and spec.arrival.open_loop:
+        # the trace's lines at another rate: a duration ends the run first (its lines were
+        # all sent, past the duration), else the trace's end does
+        duration = spec.duration_s if spec.count is None else None
         offs = arrival_offsets_s(
             spec.arrival.kind,
             float(spec.arrival.rate or 1.0),
             np.random.default_rng(spec.seed),
-            count=len(reqs),
+            count=None if duration else len(reqs),
+            duration_s=duration,
             burstiness=spec.arrival.burstiness,
         )
         reqs = [
-            r.model_copy(update={"arrival_s": float(t)}) for r, t in zip(reqs, offs, strict=True)
+            r.model_copy(update={"arrival_s": float(t)}) for r, t in zip(reqs, offs, strict=False)
         ]
     return reqs

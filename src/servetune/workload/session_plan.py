@@ -8,7 +8,6 @@ from numpy generators seeded by the spec's seed, like `materialize`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -18,16 +17,14 @@ import numpy as np
 from servetune.errors import InputError
 from servetune.workload.materialize import PromptMaker, Request, arrival_offsets_s, sample_lengths
 from servetune.workload.sessions import (
-    BUILTIN_DATASET,
     AgentLoop,
     Conversation,
     Seconds,
     SessionDataset,
 )
-from servetune.workload.sources import read_trace
+from servetune.workload.sources import conversation_messages, read_trace
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, WordTokenizer
-from servetune.yamlfile import read_text
 
 # Closed loops bounded only by a duration start sessions from a pool this big.
 SESSION_POOL = 512
@@ -166,29 +163,11 @@ def read_conversations(ds: SessionDataset) -> list[list[tuple[str, str]]]:
     """Every conversation of the file as (user message, the reply to it) pairs; messages
     other than user/assistant (system, tool) are skipped. A file without any turn is an
     error naming the field."""
-    path = BUILTIN_DATASET if str(ds.path) == "builtin" else ds.path
-    raw = read_text(path, "workload.sessions.dataset.path")  # unreadable or binary: a line
-    try:
-        if ds.format == "sharegpt":
-            roles = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant"}
-            convs = []
-            for item in json.loads(raw):
-                turns = item.get("conversations") or item.get("conversation") or []
-                msgs = [{"role": roles.get(m.get("from"), ""), "content": m.get("value")}
-                        for m in turns]  # fmt: skip
-                convs.append(msgs)
-        else:
-            convs = [json.loads(ln).get("messages") or [] for ln in raw.splitlines() if ln.strip()]
-        out = [_pairs(msgs) for msgs in convs]
-    except (json.JSONDecodeError, AttributeError, TypeError) as exc:
-        raise InputError(
-            "workload.sessions.dataset", f"{path} is not valid {ds.format}: {exc}"
-        ) from exc
-    out = [c for c in out if c]
+    out = [c for c in (_pairs(msgs) for msgs in conversation_messages(ds)) if c]
     if not out:
         raise InputError(
             "workload.sessions.dataset",
-            f"{path} holds no conversation with a user message followed by a reply",
+            f"{ds.path} holds no conversation with a user message followed by a reply",
             "each line needs messages with role user, then assistant",
         )
     return out

@@ -26,12 +26,14 @@ class Seconds(StrictModel):
     (`mean`: a memoryless user) or `lognormal` (`mean`, log-space `sigma`: tool latencies
     have long tails). A bare number is `fixed`."""
 
+    # At most a day (a pause longer than a session is a typo, and 1e300 s overflowed the
+    # simulator's clock); sigma as a token length's LogNormal (10 spans e^±50).
     dist: Literal["fixed", "uniform", "exponential", "lognormal"] = "fixed"
-    value: float = Field(0.0, ge=0, description="fixed: the delay (s).")
-    low: float = Field(0.0, ge=0)
-    high: float = Field(0.0, ge=0)
-    mean: float = Field(0.0, ge=0)
-    sigma: float = Field(0.5, ge=0)
+    value: float = Field(0.0, ge=0, le=86_400, description="fixed: the delay (s).")
+    low: float = Field(0.0, ge=0, le=86_400)
+    high: float = Field(0.0, ge=0, le=86_400)
+    mean: float = Field(0.0, ge=0, le=86_400)
+    sigma: float = Field(0.5, ge=0, le=10)
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +137,12 @@ class Conversation(_SessionBase):
                 f"{', '.join(given)}: not read with a dataset, whose conversations set "
                 "them (drop them, or the dataset)"
             )
+        if self.dataset is not None and self.dataset.format == "mooncake":
+            if self.think_time_s != Seconds():
+                raise ValueError(
+                    "think_time_s: not read with a mooncake trace, whose turns keep the "
+                    "trace's gaps (drop it)"
+                )
         return self
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from servetune.errors import InputError
-from servetune.workload.sessions import Conversation
+from servetune.workload.sessions import BUILTIN_DATASET, Conversation, SessionDataset
 from servetune.workload.spec import MAX_TOKENS, Dataset
 from servetune.yamlfile import read_text
 
@@ -77,6 +77,47 @@ def check_files(spec: WorkloadSpec) -> None:
     ds = spec.sessions.dataset if isinstance(spec.sessions, Conversation) else None
     if ds is not None and ds.format == "mooncake":
         read_trace(ds.path, "workload.sessions.dataset")
+    elif ds is not None:
+        conversation_messages(ds)
+
+
+# ShareGPT's speakers as chat roles (`from` -> role)
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant"}
+_CONVERSATION = 'each line is {"messages": [{"role": "user", "content": "..."}, ...]}'
+
+
+def conversation_messages(ds: SessionDataset) -> list[list[dict[str, Any]]]:
+    """The messages ({role, content}) of each conversation of a session dataset, ShareGPT's
+    speakers mapped to chat roles; a file that is not valid JSON is one line naming it."""
+    label = "workload.sessions.dataset"
+    path = BUILTIN_DATASET if str(ds.path) == "builtin" else ds.path
+    raw = read_text(path, f"{label}.path")  # unreadable or binary: a line
+    sharegpt = ds.format == "sharegpt"
+    rule = _SHAREGPT_ITEM if sharegpt else _CONVERSATION
+    if sharegpt:
+        items = _json(raw, _At(label, path), rule)
+        if not isinstance(items, list):
+            raise _At(label, path).error(None, f"is a JSON {_kind(items)}, not a list", rule)
+        rows = [(_At(f"{label} item {k}", path), item) for k, item in enumerate(items)]
+    else:
+        rows = _json_lines(raw, label, path, rule)
+    convs = []
+    for at, row in rows:
+        if not isinstance(row, dict):
+            raise at.error(None, f"is a JSON {_kind(row)}, not an object", rule)
+        key = (
+            ("conversations" if "conversations" in row else "conversation")
+            if sharegpt
+            else ("messages")
+        )
+        msgs = row.get(key) or []
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise at.error(key, f"{_shown(msgs)} is not a list of messages", rule)
+        if sharegpt:
+            msgs = [{"role": SHAREGPT_ROLES.get(str(m.get("from")), ""), "content": m.get("value")}
+                    for m in msgs]  # fmt: skip
+        convs.append(msgs)
+    return convs
 
 
 # The longest replay a trace may ask for. Public LLM-serving traces span an hour (Mooncake's
@@ -228,7 +269,8 @@ def _dataset_row(row: Any, at: _At) -> DatasetRow | None:
 
 def _sharegpt_rows(data: Any, label: str, path: Path) -> list[TraceRow | DatasetRow]:
     """The first human turn of each conversation as the prompt, the reply after it as
-    the output (the practice of vLLM's and SGLang's benchmarks)."""
+    the output (the practice of vLLM's and SGLang's benchmarks, which take the first two
+    messages: here by their speaker, so a system message or an opening reply is skipped)."""
     if not isinstance(data, list):
         raise _At(label, path).error(None, f"is a JSON {_kind(data)}, not a list", _SHAREGPT_ITEM)
     rows: list[TraceRow | DatasetRow] = []
@@ -240,9 +282,13 @@ def _sharegpt_rows(data: Any, label: str, path: Path) -> list[TraceRow | Dataset
         conv = item.get(key) or []
         if not isinstance(conv, list) or not all(isinstance(m, dict) for m in conv):
             raise at.error(key, f"{_shown(conv)} is not a list of messages", _SHAREGPT_ITEM)
-        if len(conv) >= 2 and conv[0].get("value"):
-            prompt = _text(conv[0], "value", _At(f"{at.label}.{key}.0", path))
-            reply = _text(conv[1], "value", _At(f"{at.label}.{key}.1", path))
+        roles = [SHAREGPT_ROLES.get(str(m.get("from")), "") for m in conv]
+        # by role, not position: a system message or a greeting may open the conversation
+        ask = next((j for j, m in enumerate(conv) if roles[j] == "user" and m.get("value")), -1)
+        answer = next((j for j in range(ask + 1, len(conv)) if roles[j] == "assistant"), -1)
+        if ask >= 0 and answer >= 0:
+            prompt = _text(conv[ask], "value", _At(f"{at.label}.{key}.{ask}", path))
+            reply = _text(conv[answer], "value", _At(f"{at.label}.{key}.{answer}", path))
             rows.append(DatasetRow(prompt=prompt, messages=None, output_tokens=None, reply=reply))
     return rows
 

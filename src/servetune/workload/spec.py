@@ -118,6 +118,12 @@ class Empirical(_Bounded):
     @model_validator(mode="after")
     def _shape(self) -> Empirical:
         if self.values is not None:
+            if self.counts is not None or self.bin_edges is not None:
+                # they used to be dropped unseen: values [100, 200] + counts [9, 1] drew 50/50
+                raise ValueError(
+                    "counts, bin_edges: not read with values (weight values with weights, "
+                    "or drop values for a histogram)"
+                )
             if not self.values:
                 raise ValueError("values must not be empty")
             if self.weights is not None and len(self.weights) != len(self.values):
@@ -139,6 +145,18 @@ class Empirical(_Bounded):
 LengthDist = Annotated[
     Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="dist")
 ]
+
+
+def longest(d: LengthDist) -> int | None:
+    """The most tokens `d` can draw, where its fields bound it (None: unbounded)."""
+    tops = [d.max] if d.max is not None else []
+    if isinstance(d, Fixed):
+        tops.append(d.value)
+    elif isinstance(d, Uniform):
+        tops.append(d.high)
+    elif isinstance(d, Empirical):
+        tops.append(max(d.values) if d.values is not None else max(d.bin_edges or [0]))
+    return min(tops) if tops else None
 
 
 # --- sources ---------------------------------------------------------------------------
@@ -193,6 +211,13 @@ class SubWorkload(StrictModel):
             raise ValueError("input_tokens: a dataset's prompts set their own lengths")
         if self.dataset is not None and self.prefix is not None:
             raise ValueError("prefix: a dataset's prompts are sent as they are, unprefixed")
+        top = longest(self.input_tokens) if self.input_tokens is not None else None
+        if self.prefix is not None and top is not None and self.prefix.tokens >= top:
+            # a prompt holds the prefix and a token of its own: it was sent longer unseen
+            raise ValueError(
+                f"prefix.tokens ({self.prefix.tokens}) leaves no room in input_tokens (at "
+                f"most {top}): a prompt is its prefix plus its own tokens (lower prefix.tokens)"
+            )
         if self.dataset is None and self.input_tokens is None:
             raise ValueError("give input_tokens (synthetic) or dataset")
         if self.dataset is None and self.output_tokens is None:
@@ -242,7 +267,7 @@ class Sampling(StrictModel):
     """Generation parameters sent with every request. `ignore_eos` and `min_tokens` (vLLM,
     llama.cpp accept them) make the output length the one asked for."""
 
-    temperature: float = 0.0
+    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0: greedy.")
     ignore_eos: bool = True
     min_tokens_equal_max: bool = True
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -263,7 +288,9 @@ class Sampling(StrictModel):
 # Request fields servetune sets from the workload (`bench.client.build_body`).
 BODY_FIELDS = frozenset(
     {"model", "messages", "prompt", "max_tokens", "ignore_eos", "min_tokens", "temperature",
-     "stream", "stream_options", "priority"}
+     "stream", "stream_options", "priority",
+     # vLLM's chat API reads it before max_tokens (the OpenAI name for the same cap)
+     "max_completion_tokens"}
 )  # fmt: skip
 
 
@@ -321,6 +348,11 @@ class WorkloadSpec(StrictModel):
             raise ValueError("give count or duration_s")
         if self.count is not None and self.duration_s is not None:
             raise ValueError("give count or duration_s, not both (the count ends the run first)")
+        names = [m.name for m in self.mix]
+        if dup := next((n for i, n in enumerate(names) if n in names[:i]), None):
+            # results are kept per class by name: two of one name were merged, and the
+            # simulator read one's prefix for both
+            raise ValueError(f"mix: two entries named {dup!r} (give each its own name)")
         rate, span = self.arrival.rate, self.duration_s
         open_loop = self.count is None and self.arrival.open_loop
         if open_loop and span and rate and rate * span > MAX_REQUESTS:
