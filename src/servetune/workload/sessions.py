@@ -137,12 +137,12 @@ class Conversation(_SessionBase):
                 f"{', '.join(given)}: not read with a dataset, whose conversations set "
                 "them (drop them, or the dataset)"
             )
-        if self.dataset is not None and self.dataset.format == "mooncake":
-            if self.think_time_s != Seconds():
-                raise ValueError(
-                    "think_time_s: not read with a mooncake trace, whose turns keep the "
-                    "trace's gaps (drop it)"
-                )
+        mooncake = self.dataset is not None and self.dataset.format == "mooncake"
+        if mooncake and self.think_time_s != Seconds():
+            raise ValueError(
+                "think_time_s: not read with a mooncake trace, whose turns keep the "
+                "trace's gaps (drop it)"
+            )
         return self
 
 
