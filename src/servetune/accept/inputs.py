@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from servetune.bench.http import server_root
 from servetune.engines.config import ENGINES, EngineConfig
 from servetune.errors import InputError, closest, from_validation_error
 from servetune.slo import SLO, load_slo, parse_slo
@@ -78,7 +79,7 @@ def reach(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> dict[
     engine it looks like (vLLM answers /version, llama.cpp /props). Unreachable: exit 2."""
     import httpx
 
-    base = url.rstrip("/").removesuffix("/v1")
+    base = server_root(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(f"{base}/v1/models", headers=headers, timeout=timeout_s)

@@ -16,6 +16,7 @@ import numpy as np
 
 from servetune.accept.inputs import Deployment
 from servetune.bench.client import Timeouts
+from servetune.bench.http import server_root
 from servetune.bench.runner import BenchOptions
 from servetune.bench.server_metrics import engine_adapter, http_fetcher
 from servetune.engines.metrics import EngineMetrics, scrape
@@ -46,10 +47,6 @@ class Sizes:
     cancel_after_chunks: int = 2
     nonstream_abandon_s: float = 1.0  # non-streaming give-up when no stream was cancelled
     free_within_s: float = 5.0  # cancelled work must be gone from the engine within this
-
-
-def base_url(url: str) -> str:
-    return url.rstrip("/").removesuffix("/v1")
 
 
 class Memo:
@@ -93,7 +90,7 @@ class Prober:
         self.dep = dep
         self.say = say
         key = dep.api_keys[0] if dep.api_keys else None
-        self.tokenizer = tokenizer or Memo(ServerTokenizer(base_url(dep.url), api_key=key))
+        self.tokenizer = tokenizer or Memo(ServerTokenizer(server_root(dep.url), api_key=key))
         self.opts = BenchOptions(
             url=dep.url,
             api_key=key,
@@ -173,7 +170,7 @@ class Prober:
     def metrics(self) -> EngineMetrics | None:
         """One scrape of the engine's /metrics (canonical names); None when it has none."""
         try:
-            return scrape(base_url(self.dep.url), self.dep.engine)
+            return scrape(server_root(self.dep.url), self.dep.engine)
         except InputError:
             return None
 

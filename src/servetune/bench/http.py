@@ -72,6 +72,12 @@ class Target:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+def server_root(url: str) -> str:
+    """The server's root URL: a trailing / and /v1 (the base URL the OpenAI SDKs take)
+    dropped, since every route servetune asks for carries its own /v1 (or none)."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
 def base_path(path: str) -> str:
     """The URL's path as the prefix of the API routes. A trailing /v1 (the base URL the
     OpenAI SDKs take) is dropped, as `/metrics` scraping, `quality` and `accept` drop it:
@@ -79,7 +85,7 @@ def base_path(path: str) -> str:
     (404 on every request, while /v1/v1/models passed the readiness check as a 404).
     A path outside ASCII (`/пусть`) is percent-encoded: a request line is ASCII, and the
     path raised UnicodeEncodeError (a traceback); %-escapes already there are kept."""
-    return quote(path.rstrip("/").removesuffix("/v1"), safe="/%:@!$&'()*+,;=")
+    return quote(server_root(path), safe="/%:@!$&'()*+,;=")
 
 
 def where(target: Target) -> str:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from servetune.bench.http import server_root
 from servetune.engines.metrics import canonical
 from servetune.results.schema import RequestRecord, ServerSeries
 from servetune.status import RequestStatus
@@ -67,7 +68,7 @@ def http_fetcher(base_url: str, adapter: Adapter | None = None, timeout_s: float
     import httpx
 
     client = httpx.Client(timeout=timeout_s)
-    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    url = server_root(base_url) + "/metrics"
     mapper = adapter or flatten_prometheus
 
     def fetch() -> dict[str, float]:

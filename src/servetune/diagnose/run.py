@@ -64,11 +64,15 @@ def load_run(ref: str, db: str | None = None) -> tuple[RunResult, str]:
     """A RunResult file when `ref` names one, else a run in the store (id or prefix)."""
     if not ref.strip():  # an unset shell variable; Path("") would be this folder
         raise InputError("RUN", "is empty", "give a run id or a result file")
-    if Path(ref).is_file():
+    try:
+        kind = "file" if Path(ref).is_file() else "dir" if Path(ref).is_dir() else None
+    except OSError:  # a name too long for a path (ENAMETOOLONG): not a file, maybe an id
+        kind = None
+    if kind == "file":
         from servetune.results.files import load_result
 
         return load_result(ref, "RUN"), ref
-    if Path(ref).is_dir():
+    if kind == "dir":
         raise InputError("RUN", f"{ref} is a folder", "give a result file or a run id")
     if "/" in ref or ref.endswith(".json"):  # a path, not a run id: say the file is missing
         raise InputError("RUN", f"no such file: {ref}", "give a result file or a run id")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.bench.client import Timeouts
+from servetune.bench.http import server_root
 from servetune.bench.runner import BenchInterrupted, BenchOptions, run_point
 from servetune.bench.server_metrics import engine_adapter, http_fetcher
 from servetune.engines.process import EngineError
@@ -240,7 +241,7 @@ def server_software(url: str, api_key: str | None = None) -> dict[str, Any]:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    base = url.rstrip("/")
+    base = server_root(url)  # a --url ending in /v1 asked /v1/version
     for path, key in (("/version", "version"), ("/props", "build_info")):
         try:
             r = httpx.get(base + path, headers=headers, timeout=2.0)

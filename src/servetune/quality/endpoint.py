@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from servetune.accept.static import WEIGHT_SUFFIXES
+from servetune.bench.http import server_root
 from servetune.errors import InputError
 from servetune.http_retry import post_twice
 
@@ -44,7 +45,7 @@ class Endpoint:
     flag: str = "--url"  # the option that named it: what an error line points at
 
     def __post_init__(self) -> None:
-        self.base = self.url.rstrip("/").removesuffix("/v1")
+        self.base = server_root(self.url)
         self._http = httpx.Client(base_url=self.base, timeout=self.timeout_s)
 
     def close(self) -> None:
@@ -145,7 +146,7 @@ def connect(url: str, flag: str, timeout_s: float = 5.0) -> Endpoint:
     when nothing answers or the engine cannot report logprobs."""
     if "://" not in url or not url.split("://", 1)[1]:
         raise InputError(flag, f"{url!r} is not a URL", "e.g. http://127.0.0.1:8080")
-    base = url.rstrip("/").removesuffix("/v1")
+    base = server_root(url)
     try:
         reply = httpx.get(f"{base}/v1/models", timeout=timeout_s).json()
     except httpx.InvalidURL as exc:  # not an HTTPError: e.g. 'http://[::1'
