@@ -273,3 +273,12 @@ def test_a_mixed_case_event_stream_content_type_is_a_stream() -> None:
     )
     assert st.status == RequestStatus.OK
     assert st.chunk_ns == [10, 20, 30]  # each chunk timed as it came
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [("http://[::1]:8000", "[::1]:8000"), ("http://[::1]", "[::1]"),
+     ("http://127.0.0.1:8000", "127.0.0.1:8000"), ("https://example.com", "example.com")],
+)  # fmt: skip
+def test_the_host_header_brackets_an_ipv6_literal(url: str, host: str) -> None:
+    assert f"\r\nHost: {host}\r\n".encode() in Target(url).request_bytes("/v1/models", b"", {})

@@ -52,7 +52,9 @@ class Target:
         default = (u.scheme == "http" and self.port == 80) or (
             u.scheme == "https" and self.port == 443
         )
-        self.host_header = self.host if default else f"{self.host}:{self.port}"
+        # an IPv6 literal goes in brackets (RFC 3986 §3.2.2): `::1:8000` is not a host
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if default else f"{host}:{self.port}"
 
     def request_bytes(
         self, path: str, body: bytes, headers: dict[str, str] | None = None, method: str = "POST"
