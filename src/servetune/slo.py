@@ -8,6 +8,9 @@ Example (seed 003 §1: P95 TTFT < 800 ms, P99 TTFT < 2 s, P95 TPOT < 40 ms/token
     error_rate: 0.001
     kv_cache_usage_max: 0.9     # memory headroom: the KV pool never more than 90% full
 
+Each latency metric given needs at least one target: `ttft_ms: {}` is refused (it bounded
+nothing, and every point "met the SLO").
+
 A request "meets the SLO" (goodput, attainment) when it completed without error and its
 TTFT, TPOT and E2E are each at or below that metric's per-request threshold: the
 `goodput` entry when given, else the metric's tightest (smallest) target. Errors and
@@ -54,6 +57,13 @@ class Targets(_Strict):
     p99: float | None = Field(None, gt=0)
     mean: float | None = Field(None, gt=0)
     max: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_target(self) -> Targets:
+        """`ttft_ms: {}` sets no bound: accepted, it read as an SLO that every point met."""
+        if not self.items():
+            raise ValueError("has no target (e.g. p95: 800)")
+        return self
 
     def items(self) -> list[tuple[str, float]]:
         return [(k, v) for k, v in self.model_dump().items() if v is not None]

@@ -82,6 +82,7 @@ def tune(
     from servetune.tune.tuner import NothingMeasured, Tuner
 
     check_outputs({"--report": report}, {})  # before the study, not after it
+    check_report(report, db)
     settings = build_settings(locals())
     say = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     head = (
@@ -130,11 +131,27 @@ def write_report(store: Store, out: TuneOutcome, path: Path | None) -> None:
     path = path or Path("out") / f"{out.study}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        build_report(store, out.report_runs, path, title=f"servetune tune: study {out.study}")
+        build_report(
+            store,
+            out.report_runs,
+            path,
+            title=f"servetune tune: study {out.study}",
+            flag="--report",
+        )
     except InputError as exc:
         out.notes.append(f"report not written: {exc.one_line()}")
         return
     out.report_path = path
+
+
+def check_report(report: Path | None, db: str | None) -> None:
+    """A --report that the finished study could not replace (the store's database, a file
+    that is no HTML report) is refused before the study runs, not noted after it."""
+    from servetune.report.build import check_replaceable, sqlite_file
+    from servetune.store.db import resolve_url
+
+    if report is not None:
+        check_replaceable(report, sqlite_file(resolve_url(db)), "--report")
 
 
 def build_settings(o: dict[str, Any]) -> Any:
@@ -142,6 +159,7 @@ def build_settings(o: dict[str, Any]) -> Any:
     from servetune.engines.process import default_device
     from servetune.measure import BackendSpec
     from servetune.slo import load_slo, parse_slo
+    from servetune.tune.executors import check_executor
     from servetune.tune.objective import Objective
     from servetune.tune.preset import load_plan, load_preset, resolve_model_path
     from servetune.tune.space import load_space, parse_space
@@ -165,6 +183,7 @@ def build_settings(o: dict[str, Any]) -> Any:
     if mode not in MODES:
         raise InputError("--backend", f"unknown backend {mode!r}", "sim, real or hybrid")
     check_unread(o, opts, mode)
+    check_executor(o["executor"], o["address"], o["ray_cpus"])
     engine = o["engine"] or pre.engine
     sp = load_space(o["space"]) if o["space"] else parse_space(pre.space, engine)
     if o["engine"] and sp.engine != engine:
@@ -238,7 +257,9 @@ def build_settings(o: dict[str, Any]) -> Any:
             load_kind=kind,
             lattice=lattice,
             max_probes=opts.max_probes,
-            extra_doublings=1 if mode == "sim" else 0,
+            # past the first failure, for the sweet spot a concurrency trial's points give
+            # (a rate search's is a separate concurrency sweep of the winner)
+            extra_doublings=1 if mode == "sim" and kind == "concurrency" else 0,
             fixed_load=fixed,
         ),
         sim=sim,
@@ -296,16 +317,23 @@ STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # it names out/STUDY.htm
 
 
 def check_unread(o: dict[str, Any], opts: Any, mode: str) -> None:
-    """Refuse what the study would not read: a flag of the real engine's phases under
-    --backend sim, a GPU-hour price without the cost objective (from a flag or the
-    preset), and a study name that is no plain file name (it names the report's file:
-    `../../etc/x` wrote outside out/; an empty one fell back to a fingerprint)."""
+    """Refuse what the study would not read: a flag of the real engine's phases (or
+    --time-budget) under --backend sim, a GPU-hour price without the cost objective (from
+    a flag or the preset), and a study name that is no plain file name (it names the
+    report's file: `../../etc/x` wrote outside out/; an empty one fell back to a
+    fingerprint)."""
     if mode == "sim":
         for key, flag in _REAL_ONLY.items():
             if o[key]:
                 raise InputError(
                     flag, "only the real engine's phases read it", "drop it under --backend sim"
                 )
+        if o["time_budget"] is not None:  # the flag only: a preset's budget is its default
+            raise InputError(
+                "--time-budget",
+                "only real trials are timed (simulated ones take seconds)",
+                "drop it under --backend sim",
+            )
     if opts.gpu_hour_usd is not None and opts.objective != "cost":
         raise InputError(
             "--gpu-hour-usd",
@@ -414,12 +442,16 @@ def print_outcome(out: Any) -> None:
     for e in out.edges:
         print(f"OOM edge ({e.knob}): {e.note}")
     r = out.recommended
-    if r and not r.get("same_as_winner"):
+    if r and r.get("note"):  # the step back missed the SLO: the winner is what to ship
+        print(f"ship {r['note']}")
+    elif r and not r.get("same_as_winner"):
         extra = ""
         if r.get("score") is not None:
             extra = f": {obj.show(r['score'])}"
-            if r.get("cost_of_safety") is not None:
-                extra += f" ({r['cost_of_safety']:+.0%} vs the winner)"
+            if r.get("safety_margin"):
+                extra += f" (vs the winner: {r['safety_margin']})"
+        elif "status" not in r:
+            extra = " (not measured: the time budget ran out; the planner says it fits)"
         print(f"ship one safe step back from the OOM edge: {r['label']}{extra}")
         print(f"  {r['launch_command']}")
     elif r:

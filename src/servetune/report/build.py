@@ -44,9 +44,12 @@ def _need_plotly() -> None:
         ) from exc
 
 
-def sqlite_file(store: Store) -> str | None:
-    """The store's SQLite file, or None for a server database (nothing to overwrite)."""
-    url = store.engine.url
+def sqlite_file(store: Store | str) -> str | None:
+    """The store's SQLite file, or None for a server database (nothing to overwrite); a
+    store or its URL (a command checks its output before it opens the store)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(store) if isinstance(store, str) else store.engine.url
     return url.database if url.get_backend_name() == "sqlite" else None
 
 
@@ -61,19 +64,20 @@ def _is_html(path: Path) -> bool:
     return head.startswith((b"<!doctype html", b"<html"))
 
 
-def check_replaceable(out: Path, db_file: str | None) -> None:
+def check_replaceable(out: Path, db_file: str | None, flag: str = "--output") -> None:
     """Refuse an `-o` that would overwrite measured data: the store's own database, or an
     existing file that is not an HTML document. A report is HTML, so replacing an earlier
     report (or an empty file) stays allowed; a pipe or a device is written in place. The
-    database's WAL and journal files count as the database."""
+    database's WAL and journal files count as the database. `flag` is the option that
+    gave `out` (`tune` calls it --report)."""
     target = Path(os.path.realpath(out))
     if db_file and db_file != ":memory:":
         db = Path(os.path.realpath(db_file))
         if target in {db.with_name(db.name + s) for s in ("", "-wal", "-shm", "-journal")}:
-            raise InputError("--output", f"{out} is the store's database", "give an .html file")
+            raise InputError(flag, f"{out} is the store's database", "give an .html file")
     if target.is_file() and target.stat().st_size and not _is_html(target):
         raise InputError(
-            "--output",
+            flag,
             f"{out} exists and is not an HTML report",
             "give a new file name, or remove it first",
         )
@@ -100,13 +104,14 @@ def build_report(
     title: str | None = None,
     images: Path | None = None,
     image_format: str | None = None,
+    flag: str = "--output",
 ) -> ReportOutput:
     """Write the HTML report for `refs` to `out` (atomically) and, with `images`, each
-    chart as PNG or SVG into that folder."""
+    chart as PNG or SVG into that folder. `flag` names `out`'s option in errors."""
     _need_plotly()
     if not out.parent.is_dir():
-        raise InputError("--output", f"folder {out.parent} does not exist")
-    check_replaceable(out, sqlite_file(store))
+        raise InputError(flag, f"folder {out.parent} does not exist")
+    check_replaceable(out, sqlite_file(store), flag)
     formats = image_formats(image_format, images)
     data = load_report_data(store, refs, title)
     charts = build_charts(data)

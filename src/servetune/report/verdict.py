@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servetune.measure import steady
+from servetune.measure.result import PointResult
 from servetune.metrics.pct import pct_text
 from servetune.report.data import ReportData, RunData, closed_loop
 from servetune.report.tuning import metric, name, unit
+from servetune.slo import SLO_METRICS
 from servetune.tune.objective import ObjectiveMetric
 from servetune.tune.trial import TrialResult
 
@@ -66,21 +68,48 @@ def tune_verdict(data: ReportData) -> Verdict:
     elif b is not None:
         rows.append(("vs baseline", "the baseline itself won: no knob in the space beat it"))
     rows.append(("how sure", _sureness(w, s, m)))
-    if w.best is not None:
-        evidence = steady.evidence_text(w.best.signals) or (
+    at = _capacity_point(w) if m.searches_capacity else w.best
+    if at is not None:
+        evidence = steady.evidence_text(at.signals) or (
             "closed loop: not judged for steady state (its users bound the queue)"
         )
-        p95 = pct_text("p95", w.best.ttft_p95_ms, w.best.completed)
+        p95 = pct_text("p95", at.ttft_p95_ms, at.completed)
         point = "capacity point" if m.searches_capacity else "measured point"
-        rows.append((point, f"{evidence}; TTFT {p95}"))
+        rows.append((point, f"{at.load:.3g} {at.unit}: {evidence}; TTFT {p95}"))
     rows.append(("sim vs real", _sim_error(w, s, m)))
-    rec = s.get("recommended") or {}
-    if rec and not rec.get("same_as_winner") and rec.get("launch_command"):
-        rows.append(("ship", f"one safe step back from the OOM edge: {rec.get('label')}"))
-        command = rec["launch_command"]
-    else:
-        command = w.launch_command
+    ship, command = _ship(s.get("recommended") or {}, w)
+    if ship:
+        rows.append(("ship", ship))
     return Verdict(head, rows, command)
+
+
+def _capacity_point(w: TrialResult) -> PointResult | None:
+    """The winner's point at its capacity (the lattice load it was found at): the best
+    scoring point can sit below it, past the sweet spot. None when no point passed."""
+    load = w.capacity_load or w.capacity
+    at = next((p for p in w.points if p.passed and p.load == load), None)
+    return at or w.best
+
+
+def _ship(rec: dict, w: TrialResult) -> tuple[str, str | None]:
+    """The ship row and the command the box ends with: the step back from the OOM edge
+    only when it met the SLO (or was not measured); one that missed it is no answer, the
+    winner is (`tune.tuner.Tuner._recommend`'s note, or said here for older studies)."""
+    if rec.get("note"):
+        return rec["note"], w.launch_command
+    if not rec or rec.get("same_as_winner") or not rec.get("launch_command"):
+        return "", w.launch_command
+    status = rec.get("status")
+    if status is not None and status != "ok":
+        return (
+            f"the winner: its step back from the OOM edge, {rec.get('label')}, missed "
+            f"the SLO ({status})",
+            w.launch_command,
+        )
+    how = " (not measured)" if status is None else ""
+    if rec.get("safety_margin"):
+        how = f" (vs the winner: {rec['safety_margin']})"
+    return f"one safe step back from the OOM edge: {rec.get('label')}{how}", rec["launch_command"]
 
 
 def _bound(m: ObjectiveMetric, w: TrialResult, b: TrialResult) -> str:
@@ -99,11 +128,14 @@ def _slo(s: dict) -> str:
     slo = s.get("slo") or {}
     parts = [
         f"{stat.upper()} {metric.split('_')[0].upper()} <= {target:g} ms"
-        for metric in ("ttft_ms", "tpot_ms", "e2e_ms")
+        for metric in SLO_METRICS
         for stat, target in (slo.get(metric) or {}).items()
+        if target is not None
     ]
     if slo.get("error_rate") is not None:
         parts.append(f"errors <= {slo['error_rate']:.1%}")
+    if slo.get("kv_cache_usage_max") is not None:
+        parts.append(f"KV cache peak <= {slo['kv_cache_usage_max']:.0%}")
     return ", ".join(parts) or "no SLO"
 
 

@@ -5,6 +5,9 @@ The lattice makes the answer independent of where the search starts: for a confi
 pass/fail is monotone in load, every start gives the same capacity (the largest lattice
 point that passes). That is what lets a warm start (the best capacity so far) save probes
 without changing any trial's score, and lets a resumed study reuse stored points exactly.
+A warm start that fails only says the config is weaker than the best so far: the search
+then restarts where a cold one starts (`cold_index`), so a small probe budget spent
+halving down from a high start cannot call a config with a capacity `no_slo`.
 Concurrency doubles from 1 (seed 000 §3.1: "从batch1开始逐步翻倍"), so the gallop's points
 are also the sweet-spot sweep. Pure: `measure` does the I/O.
 """
@@ -96,11 +99,14 @@ def search_capacity(
     max_probes: int = 12,
     bisect: bool = True,
     extra_doublings: int = 0,
+    cold_index: int | None = None,
 ) -> Capacity:
     """Gallop from `start_index` (doubling up while the SLO holds, halving down while it
     does not) to bracket the capacity, then bisect the bracket to adjacent lattice points.
     `extra_doublings` keeps doubling past the first failure, so the sweet-spot analysis
-    sees the over-saturation region. Stops early after `max_probes` measurements."""
+    sees the over-saturation region. A failing `start_index` above `cold_index` (a warm
+    start) restarts the gallop at `cold_index`, below the failure. Stops early after
+    `max_probes` measurements."""
     seen: dict[int, Probe] = {}
     out = Capacity()
 
@@ -117,12 +123,17 @@ def search_capacity(
     i = max(0, min(lattice.max_index, start_index))
     first = at(i)
     assert first is not None
+    ceiling = lattice.max_index  # the gallop up stops at a load known to fail
+    if not first.passed and cold_index is not None and 0 <= cold_index < i and max_probes > 1:
+        ceiling, i = i, cold_index
+        first = at(i)
+        assert first is not None
     lo: int | None = None
     hi: int | None = None
     if first.passed:
         lo = i
-        while lo < lattice.max_index:
-            j = min(lattice.up(lo), lattice.max_index)
+        while lo < ceiling:
+            j = min(lattice.up(lo), ceiling)
             p = at(j)
             if p is None:
                 break
@@ -131,6 +142,8 @@ def search_capacity(
             else:
                 hi = j
                 break
+        if hi is None and ceiling in seen and not seen[ceiling].passed:
+            hi = ceiling  # the probe budget stopped the gallop below the failed warm start
     else:
         hi = i
         while hi > 0:

@@ -36,6 +36,7 @@ class TrialTask:
     start_index: int = 0
     verbose: bool = True
     deadline_unix_s: float | None = None
+    cold_index: int | None = None  # where a failing warm start restarts
 
 
 _BACKENDS: dict[str, Any] = {}
@@ -73,6 +74,7 @@ def execute(task: TrialTask) -> TrialResult:
         start_index=task.start_index,
         say=say,
         deadline_unix_s=task.deadline_unix_s,
+        cold_index=task.cold_index,
     )
 
 
@@ -108,7 +110,8 @@ class RayExecutor:
             if address:
                 kwargs["address"] = address
             else:  # a private single-node Ray, on loopback only
-                kwargs.update(num_cpus=num_cpus or 2, _node_ip_address="127.0.0.1")
+                cpus = 2 if num_cpus is None else num_cpus
+                kwargs.update(num_cpus=cpus, _node_ip_address="127.0.0.1")
             try:
                 ray.init(**kwargs)
             except ConnectionError as exc:
@@ -137,13 +140,25 @@ class RayExecutor:
             self.ray.shutdown()
 
 
-def make_executor(name: str, address: str | None = None, num_cpus: int | None = None) -> Any:
+def check_executor(name: str, address: str | None, num_cpus: int | None) -> None:
+    """Refuse executor flags that would be ignored or mean nothing, before anything runs:
+    --address and --ray-cpus without Ray, --ray-cpus with a cluster (it has its own
+    CPUs), and fewer than 1 CPU (0 silently became 2)."""
+    if name not in EXECUTORS:
+        raise InputError("--executor", f"unknown executor {name!r}", "local or ray")
     if name == "local":
         if address:
             raise InputError("--address", "only with --executor ray")
         if num_cpus is not None:
             raise InputError("--ray-cpus", "only with --executor ray")
-        return LocalExecutor()
+    if num_cpus is not None and num_cpus < 1:
+        raise InputError("--ray-cpus", f"{num_cpus} runs no trial", "give at least 1 CPU")
+    if num_cpus is not None and address:
+        raise InputError("--ray-cpus", "sizes a local Ray only", "drop it with --address")
+
+
+def make_executor(name: str, address: str | None = None, num_cpus: int | None = None) -> Any:
+    check_executor(name, address, num_cpus)
     if name == "ray":
         return RayExecutor(address, num_cpus)
-    raise InputError("--executor", f"unknown executor {name!r}", "local or ray")
+    return LocalExecutor()

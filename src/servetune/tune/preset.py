@@ -98,7 +98,17 @@ def load_plan(opts: TuneOptions, workload: Any) -> tuple[str, Any, float | None]
     """(load kind, lattice, fixed load): closed-loop workloads search concurrency, open-loop
     ones the Poisson rate; the latency objective measures the workload's own load only."""
     arr = workload.arrival
-    kind = opts.load or ("concurrency" if not arr.open_loop else "rate")
+    own = "rate" if arr.open_loop else "concurrency"
+    if opts.objective == "latency" and opts.load is not None and opts.load != own:
+        # no search: the one load measured is the workload's own, of its own kind (a
+        # concurrency on an open-loop workload measured 1 user, called the workload's load)
+        raise InputError(
+            "--load",
+            f"{opts.load} is not the workload's own load ({own}): --objective latency "
+            "measures only that load",
+            f"drop --load, or give --load {own}",
+        )
+    kind = opts.load or own
     # The lowest load a search tries: one user, or 0.25 req/s (the rate lattice's start).
     low = 1.0 if kind == "concurrency" else RATE_START
     if opts.max_load is not None and opts.max_load < low:

@@ -117,9 +117,11 @@ def run_trial(
     start_index: int = 0,
     say: Say | None = None,
     deadline_unix_s: float | None = None,
+    cold_index: int | None = None,
 ) -> TrialResult:
     """Measure one config; infeasible configs (planner, start-up, crash) are results too.
-    Past `deadline_unix_s` no new load point starts (the capacity is then a lower bound)."""
+    Past `deadline_unix_s` no new load point starts (the capacity is then a lower bound).
+    A warm `start_index` that fails restarts the search at `cold_index`."""
     key = config_key(cfg)
     t0, started = time.monotonic(), time.time()
     trial = TrialResult(
@@ -165,6 +167,7 @@ def run_trial(
                     max_probes=search.max_probes,
                     bisect=search.bisect,
                     extra_doublings=search.extra_doublings,
+                    cold_index=cold_index,
                 )
                 trial.capacity, trial.first_fail = cap.capacity, cap.first_fail
                 trial.capacity_note = cap.reason

@@ -262,12 +262,14 @@ class Tuner:
             start_index=start,
             verbose=self.s.verbose and spec.kind == "real",
             deadline_unix_s=deadline if spec.kind == "real" else None,
+            cold_index=self.s.start_index,
         )
 
     def _start_index(self, kind: str) -> int:
         """Warm start for rate searches: the best capacity so far (the lattice keeps every
-        trial's answer independent of it). Concurrency always doubles from 1 (the sweet
-        spot needs the low points)."""
+        trial's answer independent of it; one that fails restarts at the cold start,
+        `TuneSettings.start_index`). Concurrency always doubles from 1 (the sweet spot
+        needs the low points)."""
         if self.s.search.load_kind != "rate":
             return self.s.start_index
         caps = [
@@ -648,29 +650,41 @@ class Tuner:
     def _recommend(
         self, w: TrialResult, rec_cfg: EngineConfig, spec: BackendSpec
     ) -> dict[str, Any]:
-        """What to ship: the winner, or the winner one safe step back from its OOM edge
-        (measured when the backend is the simulator or time allows)."""
+        """What to ship (`config`, what `accept --from-study` takes): the winner, or the
+        winner one safe step back from its OOM edge (measured when the backend is the
+        simulator or time allows). A step back measured to miss the SLO (no load met it,
+        or it did not run) is never shipped: the winner is, with the step back beside it
+        (`step_back`) and a `note` saying why it has no headroom."""
+        winner = {
+            "config": w.config,
+            "label": w.label,
+            "same_as_winner": True,
+            "launch_command": w.launch_command,
+        }
         if config_key(rec_cfg) == w.key:
-            return {
-                "config": w.config,
-                "label": w.label,
-                "same_as_winner": True,
-                "launch_command": w.launch_command,
-            }
+            return winner
         t = self.trials.get((spec.kind, config_key(rec_cfg)))
         if t is None and (spec.kind == "sim" or not self._out_of_time("real", "the step back")):
             t = self.run_batch(spec, [rec_cfg])[0]
-        d: dict[str, Any] = {
+        step: dict[str, Any] = {
             "config": rec_cfg.model_dump(mode="json", exclude_defaults=True),
             "label": self.label(rec_cfg),
             "same_as_winner": False,
             "launch_command": backend_for(spec).command(rec_cfg),
         }
         if t is not None:
-            d.update(status=t.status, score=t.score, capacity=t.capacity)
-            if t.score is not None and w.score:
-                d["cost_of_safety"] = (t.score - w.score) / abs(w.score)
-        return d
+            step.update(status=t.status, score=t.score, capacity=t.capacity)
+            step.update(safety_margin(self.s.objective, w.score, t.score))
+        if t is None or t.status == TrialStatus.OK:  # unmeasured (out of time): the planner's
+            return step
+        why = f"did not run ({t.status}: {t.reason[:120]})"
+        if t.status == TrialStatus.NO_SLO:
+            why = "met the SLO at no load tried"
+        note = (
+            f"the winner: its step back from the OOM edge, {step['label']}, {why}, so it "
+            "keeps no step of memory headroom"
+        )
+        return {**winner, "step_back": step, "note": note}
 
     def _sim_vs_real(self, sim: list[TrialResult], real: list[TrialResult]) -> list[dict[str, Any]]:
         """Each verified config against the simulator at the same load (`tune.simvsreal`),
@@ -782,3 +796,16 @@ class Tuner:
         self.store.update_study_meta(
             self.study, {"status": status, "summary": out.to_json()}, TUNE_KIND
         )
+
+
+def safety_margin(
+    objective: Objective, winner: float | None, other: float | None
+) -> dict[str, Any]:
+    """What the step back costs, on the objective's own value (req/s/GPU, $ per 1M
+    tokens, P95 TTFT ms), never on the score (negated for cost and latency, so a dearer
+    step back read "-1%"): `cost_of_safety`, the relative change (+ is more of the
+    metric), and `safety_margin`, its words (`1% more expensive`); empty without both."""
+    w, o = objective.value(winner), objective.value(other)
+    if w is None or o is None or not w:
+        return {}
+    return {"cost_of_safety": (o - w) / abs(w), "safety_margin": objective.margin(o, w)}
