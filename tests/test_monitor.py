@@ -44,6 +44,8 @@ FULL_SLO_DATA = {
 }
 FULL_SLO = parse_slo(FULL_SLO_DATA)
 JOB = 'job="servetune-engine"'
+# the labels a Deployment's recorded series carry (the default --name and --namespace)
+SEL = '{servetune_deployment="llm",servetune_namespace="default"}'
 
 
 def summary(signals: dict, engine: str = "vllm", slo: dict | None = None) -> dict:
@@ -176,7 +178,8 @@ def test_every_slo_alert_has_a_dashboard_panel_with_its_line() -> None:
     assert len(slo_alerts) > 5
     for a in slo_alerts:
         record, limit = (x.strip() for x in a["expr"].split(">"))
-        panel = panels.get(exprs[record])
+        assert record.endswith(SEL), a["expr"]  # this Deployment's series
+        panel = panels.get(exprs[record.removesuffix(SEL)])
         assert panel is not None, a["alert"]
         steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
         assert any(s["value"] == float(limit) for s in steps), (a["alert"], steps)
@@ -278,10 +281,11 @@ def promtool_test(
     rules = {r["alert"]: r for r in groups[1]["rules"]}
 
     def close(expr: str, value: float) -> str:  # 1 where within float rounding, NaN: 0
-        return f"abs(({expr}) - {value}) < bool 1e-9"
+        return f"sum(abs(({expr}) - {value}) < bool 1e-9)"  # sum: 2 where two series
 
     def expect(name: str, fires: bool) -> list[dict]:
-        want = {"exp_labels": rules[name]["labels"], "exp_annotations": rules[name]["annotations"]}
+        labels = {**d.labels, **rules[name]["labels"]}  # the Deployment's, from its series
+        want = {"exp_labels": labels, "exp_annotations": rules[name]["annotations"]}
         return [want] if fires else []
 
     case = {
@@ -331,13 +335,14 @@ def test_every_slo_target_is_an_alert_or_a_note_naming_it(engine: str) -> None:
     for key in slo_keys(FULL_SLO_DATA):
         assert (key in watched) != (key in noted), (key, watched, noted)
     for alert in alerts.values():  # each alert reads a series the rules record
-        assert alert["expr"].split(" > ")[0] in records
+        assert alert["expr"].split(" > ")[0].removesuffix(SEL) in records
     if engine == "vllm":  # every latency histogram, the failure counter, the KV gauge
         assert noted == {"ttft_ms.max", "goodput"}, d.notes
-        assert alerts["ServetuneSLOTTFTP50"]["expr"] == "servetune:ttft_seconds:p50 > 0.2"
-        assert alerts["ServetuneSLOTTFTMEAN"]["expr"] == "servetune:ttft_seconds:mean > 0.3"
-        assert alerts["ServetuneSLOE2EP95"]["expr"] == "servetune:e2e_seconds:p95 > 9"
-        assert alerts["ServetuneSLOErrorRate"]["expr"] == "servetune:request_errors:ratio > 0.001"
+        assert alerts["ServetuneSLOTTFTP50"]["expr"] == f"servetune:ttft_seconds:p50{SEL} > 0.2"
+        assert alerts["ServetuneSLOTTFTMEAN"]["expr"] == f"servetune:ttft_seconds:mean{SEL} > 0.3"
+        assert alerts["ServetuneSLOE2EP95"]["expr"] == f"servetune:e2e_seconds:p95{SEL} > 9"
+        assert (alerts["ServetuneSLOErrorRate"]["expr"]
+                == f"servetune:request_errors:ratio{SEL} > 0.001")  # fmt: skip
     if engine == "tgi":
         assert "SLO ttft_ms.p95 800 ms: no rule (tgi exports no TTFT histogram)" in d.notes
         assert "ServetuneSLOErrorRate" in alerts
@@ -466,18 +471,28 @@ def test_adapter_rules_serve_every_external_metric_the_hpa_reads(engine: str) ->
         m["external"]["metric"]["name"] for m in hpa(d)["spec"]["metrics"]
     )
     records = {r["record"] for r in documents(d)["rules"]["groups"][0]["rules"]}
-    for r in rules:  # each reads a recorded series, under a name that matches it
-        assert r["seriesQuery"] in records and re.fullmatch(r["name"]["matches"], r["seriesQuery"])
+    for r in rules:  # each reads this Deployment's recorded series, under a name matching it
+        series = r["seriesQuery"].removesuffix(SEL)
+        assert series in records and re.fullmatch(r["name"]["matches"], series)
         assert r["resources"] == {"namespaced": False}  # the series carry no namespace label
 
 
+def adapter_query(rule: dict, hpa_doc: dict) -> str:
+    """What prometheus-adapter sends for the HPA's External metric `rule` serves:
+    `<<.Series>>` the series name, `<<.LabelMatchers>>` the metric's selector."""
+    metric = next(m["external"]["metric"] for m in hpa_doc["spec"]["metrics"]
+                  if m["external"]["metric"]["name"] == rule["name"]["as"])  # fmt: skip
+    labels = metric.get("selector", {}).get("matchLabels", {})
+    series = rule["name"]["matches"].strip("^$")
+    query = rule["metricsQuery"].replace("<<.Series>>", series)
+    return query.replace("<<.LabelMatchers>>", ",".join(f'{k}="{v}"' for k, v in labels.items()))
+
+
 def test_the_adapter_query_returns_the_recorded_value(tmp_path: Path, promtool: str) -> None:
-    """What prometheus-adapter sends for the HPA (no metric selector: no label matchers)."""
+    """What prometheus-adapter sends for the HPA (its metric selector as label matchers)."""
     d = from_description("vllm", queue_target=2, kv_threshold=0.8)
     rule = {r["name"]["as"]: r for r in adapter_config(d)["externalRules"]}
-    pending = rule["servetune_requests_waiting_value"]
-    query = pending["metricsQuery"].replace("<<.Series>>", pending["seriesQuery"])
-    query = query.replace("<<.LabelMatchers>>", "")
+    query = adapter_query(rule["servetune_requests_waiting_value"], hpa(d))
     seen = {f"vllm:num_requests_waiting{{{JOB}}}": "7x80"}
     promtool_test(promtool, d, tmp_path, seen, {query: 7})
     files = export(d, tmp_path / "out")

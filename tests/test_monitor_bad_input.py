@@ -54,8 +54,10 @@ def test_the_summary_prints_the_hand_limits_the_files_use(capsys, tmp_path: Path
         "measured 24%: KV peak at measured capacity"
     ) in notes
     assert not any(n.startswith(("queue target 1/", "KV threshold 24%")) for n in notes)
-    rules = (out / "prometheus-rules.yaml").read_text()
-    assert "> 3 * servetune:replicas:value" in rules and "kv_cache_usage:value > 0.5" in rules
+    groups = yaml.safe_load((out / "prometheus-rules.yaml").read_text())["groups"]
+    alerts = {r["alert"]: r["expr"] for r in groups[1]["rules"]}
+    assert "> 3 * servetune:replicas:value{" in alerts["ServetuneScaleOutPending"]
+    assert alerts["ServetuneScaleOutKVCache"].endswith("} > 0.5")
     hpa = yaml.safe_load((out / "hpa.yaml").read_text())
     targets = [m["external"]["target"] for m in hpa["spec"]["metrics"]]
     assert {"type": "AverageValue", "averageValue": "3"} in targets
@@ -76,6 +78,7 @@ def test_a_zero_hand_limit_is_refused_not_replaced_by_the_measured_one():
         ("--queue-target", "inf"),
         ("--queue-target", "1e300"),
         ("--queue-target", "0"),
+        ("--queue-target", "1e-300"),  # 0 to the HPA, which reads thousandths
         ("--kv-threshold", "nan"),
         ("--kv-threshold", "inf"),
         ("--kv-threshold", "1e300"),

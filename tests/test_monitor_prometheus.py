@@ -86,10 +86,11 @@ def start_prometheus(tmp: Path, engine_url: str, rules: Path, env: dict) -> str:
     return url
 
 
-def adapter_query(rule: dict) -> str:
-    """The query prometheus-adapter sends for an HPA with no metric selector."""
-    q = rule["metricsQuery"].replace("<<.Series>>", rule["seriesQuery"])
-    return q.replace("<<.LabelMatchers>>", "")
+def adapter_query(rule: dict, labels: dict[str, str]) -> str:
+    """The query prometheus-adapter sends for an HPA metric selecting `labels`:
+    `<<.Series>>` the series name, `<<.LabelMatchers>>` the selector."""
+    q = rule["metricsQuery"].replace("<<.Series>>", rule["name"]["matches"].strip("^$"))
+    return q.replace("<<.LabelMatchers>>", ",".join(f'{k}="{v}"' for k, v in labels.items()))
 
 
 def wait_for(cond, seconds: float, every: float = 1.0):
@@ -114,7 +115,7 @@ def test_scale_out_alert_fires_under_overload_and_stays_quiet_under_light_load(
     running, _ = running_from_signals(signals(cap))
     d = Deployment(
         engine="vllm", queue_target=queue, kv_threshold=kv, running_target=running, job=JOB,
-        scale_out_for="3s", rate_window="10s", eval_interval="1s",
+        scale_out_for="3s", scrape_interval="1s", rate_window="10s", eval_interval="1s",
     )  # fmt: skip
     files = export(d, tmp_path / "export")
     subprocess.run(["promtool", "check", "rules", str(files["rules"])], check=True)
@@ -158,7 +159,7 @@ def test_scale_out_alert_fires_under_overload_and_stays_quiet_under_light_load(
         # every External metric the adapter config serves the HPA (running included)
         exprs = queries(__import__("json").loads(files["dashboard"].read_text()))
         exprs += [t["metadata"]["query"] for t in keda_scaled_object(d)["spec"]["triggers"]]
-        exprs += [adapter_query(r) for r in adapter_config(d)["externalRules"]]
+        exprs += [adapter_query(r, d.labels) for r in adapter_config(d)["externalRules"]]
         empty = [e for e in exprs if not query(prom, e)]
         while heavy.is_alive():
             look()

@@ -83,6 +83,12 @@ def reach(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> dict[
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(f"{base}/v1/models", headers=headers, timeout=timeout_s)
+    except httpx.InvalidURL as exc:  # not an HTTPError: 'http://[::1', 'http://[zz]/'
+        raise InputError(
+            "--url",
+            f"{url!r} is not a valid URL ({exc})",
+            "give http(s)://HOST[:PORT], an IPv6 host in brackets: http://[::1]:8000",
+        ) from None
     except httpx.HTTPError as exc:
         raise InputError(
             "--url",

@@ -27,6 +27,7 @@ from servetune.accept.measuring import (
     total_p99,
 )
 from servetune.bench.client import Timeouts
+from servetune.measure.real import engine_sampling
 from servetune.measure.steady import SteadyRule, judge
 from servetune.results.schema import RequestRecord, RunResult
 from servetune.status import RequestStatus
@@ -107,15 +108,28 @@ def capacity(p: Prober, spec: WorkloadSpec, users: int, sizes: Sizes) -> Capacit
     return Capacity(res.metrics.req_s, users, res.id)
 
 
+def _run_to_length(spec: WorkloadSpec, engine: str) -> WorkloadSpec:
+    """The probe's request with `ignore_eos` on whatever the workload sends: a model that
+    stops at its end-of-text token before the cap shows nothing about the cap. Not to an
+    engine that answers 422 to fields outside the OpenAI schema (engine_sampling): that
+    422 would read as the cap's refusal."""
+    sampling = spec.sampling.model_copy(update={"ignore_eos": True})
+    return engine_sampling(spec.model_copy(update={"sampling": sampling}), engine)
+
+
 def output_cap(p: Prober, spec: WorkloadSpec, cap: int | None) -> Finding:
-    """Ask for 4x the promised cap: the server must refuse (4xx) or stop at the cap.
-    Without a promised cap there is nothing to hold the server to: a missing input is
-    unchecked, as every other item's is, not a failed deployment."""
+    """Ask for 4x the promised cap: the server must refuse (4xx) or stop at the cap for
+    length (finish_reason "length"). An answer that stopped under the cap for another
+    reason (end of text, a stop string) was never long enough to meet a cap: it is
+    unchecked, not a pass. Without a promised cap there is nothing to hold the server to:
+    a missing input is unchecked, as every other item's is, not a failed deployment."""
     if cap is None:
         return unchecked("give --max-new-tokens N (the output cap the deployment promises)")
     ask = 4 * cap
     req = materialize_one(p.tokenizer, spec, 16, ask)
-    res = p.measure("output-cap", single(spec, req, stream=True), [req])
+    res = p.measure(
+        "output-cap", _run_to_length(single(spec, req, stream=True), p.dep.engine), [req]
+    )
     rec = res.records[0]
     base = f"asked max_tokens={ask} (4x the cap {cap})"
     if rec.http_status in LENGTH_REFUSALS:
@@ -128,8 +142,17 @@ def output_cap(p: Prober, spec: WorkloadSpec, cap: int | None) -> Finding:
             f"{base}: {rec.error} {rec.error_detail or ''}".strip(),
         ).with_run(res.id)
     got = rec.output_tokens
-    if got <= cap:
+    if got <= cap and rec.finish_reason == "length":
         return passed(f"{base}: truncated at {got} tokens", cap=cap, got=got).with_run(res.id)
+    if got <= cap:
+        return unchecked(
+            "the answer must run to a length limit: serve the probe a model that honours "
+            "ignore_eos, or give a --max-new-tokens it reaches",
+            f"{base}: the model stopped at {got} tokens "
+            f"(finish_reason {rec.finish_reason or 'not given'}), before any cap",
+            cap=cap,
+            got=got,
+        ).with_run(res.id)
     return failed(
         "cap the output in front of the engine: a gateway that lowers max_tokens "
         f"(servetune accept-shedder --max-tokens {cap}); vLLM's --max-model-len bounds "

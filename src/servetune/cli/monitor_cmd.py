@@ -42,6 +42,17 @@ def export_cmd(
     name: str = typer.Option("llm", "--name", help="Kubernetes Deployment name."),
     namespace: str = typer.Option("default", "--namespace"),
     job: str = typer.Option("servetune-engine", "--job", help="Prometheus scrape job."),
+    scrape_interval: str = typer.Option(
+        "1m",
+        "--scrape-interval",
+        help="How often Prometheus scrapes the replicas (its default: 1m).",
+    ),
+    rate_window: str | None = typer.Option(
+        None,
+        "--rate-window",
+        help="PromQL rate() window (default: 4x --scrape-interval, the least that survives "
+        "a missed scrape).",
+    ),
     prometheus_url: str = typer.Option(
         "http://prometheus.monitoring.svc:9090",
         "--prometheus-url",
@@ -56,7 +67,13 @@ def export_cmd(
 
     from servetune.monitor import export, from_description
     from servetune.monitor import from_study as study_deployment
-    from servetune.monitor.deployment import check_limits, check_prometheus_url
+    from servetune.monitor.deployment import (
+        check_limits,
+        check_prometheus_url,
+        check_rate_window,
+        rate_note,
+        rate_window_for,
+    )
     from servetune.results.files import check_folder
     from servetune.slo import load_slo
 
@@ -64,6 +81,8 @@ def export_cmd(
     lo, hi = _replicas(replicas)
     check_limits(queue_target, kv_threshold)  # before the study is read
     check_prometheus_url(prometheus_url)
+    window = rate_window or rate_window_for(scrape_interval)
+    check_rate_window(window, scrape_interval)
     kw = {
         "slo": load_slo(slo) if slo else None,
         "queue_target": queue_target,
@@ -74,6 +93,8 @@ def export_cmd(
         "min_replicas": lo,
         "max_replicas": hi,
         "prometheus_url": prometheus_url,
+        "scrape_interval": scrape_interval,
+        "rate_window": window,
     }
     if from_study:
         d = study_deployment(from_study, db, engine=engine, **kw)
@@ -83,5 +104,5 @@ def export_cmd(
         raise InputError("--from-study", "give a tuned study or --engine", "see --help")
     for kind, path in export(d, out).items():
         typer.echo(f"{kind:10s} {path}")
-    for note in d.notes:
+    for note in (*d.notes, rate_note(d)):
         typer.echo(f"  {note}")

@@ -17,15 +17,22 @@ past the load the tune proved within the SLO.
 
 The HPA reads External metrics, which prometheus-adapter serves only through an
 `externalRules` entry per metric (it reads no rule files): `adapter_config` writes those,
-from the same names the HPA uses.
+from the same names the HPA uses. Each HPA metric selects its Deployment's recorded
+series by their labels (Deployment.labels), which the adapter passes on as label
+matchers: another Deployment's series of the same name are not read.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from servetune.monitor.deployment import Deployment, duration_s, plain
-from servetune.monitor.promql import external_name, record_name, signals
+from servetune.monitor.deployment import Deployment, duration_s, plain, short_name
+from servetune.monitor.promql import external_name, record_name, recorded, signals
+
+# KEDA copies a ScaledObject's name into label values of the HPA it makes
+# (`app.kubernetes.io/part-of`, and `scaledobject.keda.sh/name` on each External metric:
+# kedacore/keda controllers/keda/hpa.go), and a label value is at most 63 characters.
+MAX_OBJECT_NAME = 63
 
 # trigger name -> the recorded signal it reads (the HPA's External metric is its series)
 TRIGGER_SIGNALS = {
@@ -64,11 +71,18 @@ def behavior(d: Deployment) -> dict[str, Any]:
     }
 
 
+def object_name(d: Deployment) -> str:
+    """The ScaledObject's and HPA's name: `<name>-servetune`, cut with a hash of the whole
+    (short_name) past MAX_OBJECT_NAME, so a 54-63 character Deployment name still gives
+    KEDA label values it can write, and two such names stay two objects."""
+    return short_name(f"{d.name}-servetune", MAX_OBJECT_NAME)
+
+
 def keda_scaled_object(d: Deployment) -> dict[str, Any]:
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": {"name": f"{d.name}-servetune", "namespace": d.namespace},
+        "metadata": {"name": object_name(d), "namespace": d.namespace},
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name},
             "minReplicaCount": d.min_replicas,
@@ -95,7 +109,8 @@ def keda_scaled_object(d: Deployment) -> dict[str, Any]:
 
 def hpa(d: Deployment) -> dict[str, Any]:
     """The same rules as a plain HPA over External metrics (served by prometheus-adapter,
-    configured by `adapter_config`, from the recorded servetune:<signal> series)."""
+    configured by `adapter_config`, from the recorded servetune:<signal> series), each
+    selecting this Deployment's series by its labels."""
     metrics = []
     for name, _q, kind, value in _triggers(d):
         target: dict[str, Any] = {"type": kind}
@@ -104,7 +119,10 @@ def hpa(d: Deployment) -> dict[str, Any]:
             {
                 "type": "External",
                 "external": {
-                    "metric": {"name": external_name(TRIGGER_SIGNALS[name])},
+                    "metric": {
+                        "name": external_name(TRIGGER_SIGNALS[name]),
+                        "selector": {"matchLabels": d.labels},
+                    },
                     "target": target,
                 },
             }
@@ -112,7 +130,7 @@ def hpa(d: Deployment) -> dict[str, Any]:
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": f"{d.name}-servetune", "namespace": d.namespace},
+        "metadata": {"name": object_name(d), "namespace": d.namespace},
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": d.name},
             "minReplicas": d.min_replicas,
@@ -126,16 +144,18 @@ def hpa(d: Deployment) -> dict[str, Any]:
 def adapter_config(d: Deployment) -> dict[str, Any]:
     """prometheus-adapter's `externalRules` serving each recorded series the HPA reads as
     its External metric (github.com/kubernetes-sigs/prometheus-adapter docs/config.md and
-    docs/externalmetrics.md). `namespaced: false`: the recorded series carry no namespace
-    label (they sum over the scrape job), and the adapter would otherwise add the HPA's
-    namespace as a label matcher and match nothing. max() returns the one recorded series
-    without its labels."""
+    docs/externalmetrics.md). `seriesQuery` finds this Deployment's recorded series; the
+    HPA metric's selector (its labels) reaches `<<.LabelMatchers>>`, so the query reads
+    them and no other Deployment's. `namespaced: false`: the recorded series carry no
+    `namespace` label (they sum over the scrape job), and the adapter would otherwise add
+    the HPA's namespace as a label matcher and match nothing. max() returns the one
+    recorded series without its labels."""
     rules = []
     for name, _q, _kind, _value in _triggers(d):
         series = record_name(TRIGGER_SIGNALS[name])
         rules.append(
             {
-                "seriesQuery": series,
+                "seriesQuery": recorded(TRIGGER_SIGNALS[name], d.labels),
                 "resources": {"namespaced": False},
                 "name": {"matches": f"^{series}$", "as": external_name(TRIGGER_SIGNALS[name])},
                 "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>})",

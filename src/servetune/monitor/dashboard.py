@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.monitor.coverage import targets
-from servetune.monitor.deployment import Deployment
+from servetune.monitor.deployment import Deployment, short_name
 from servetune.monitor.promql import LATENCY_SIGNALS, signals
 
 SCHEMA_VERSION = 39  # Grafana 11's dashboard schemaVersion
+# Grafana refuses a dashboard uid over 40 characters (its dashboard JSON model: "uid ...
+# can have a maximum length of 40 characters").
+MAX_UID = 40
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 # signal -> (title, unit, threshold from the deployment or None)
@@ -90,12 +93,19 @@ def _panel(i: int, title: str, unit: str, expr: str, line: float | None) -> dict
     }
 
 
+def dashboard_uid(d: Deployment) -> str:
+    """`servetune-<name>`, cut with a hash of the whole past MAX_UID (short_name): cut
+    bare, two long names sharing their first 30 characters got one uid, and importing the
+    second dashboard replaced the first."""
+    return short_name(f"servetune-{d.name}", MAX_UID)
+
+
 def dashboard(d: Deployment) -> dict[str, Any]:
     sig = signals(d.engine, d.job, d.rate_window, d.slo)
     lines = thresholds(d)
     shown = panels(d, sig)
     return {
-        "uid": f"servetune-{d.name}"[:40],
+        "uid": dashboard_uid(d),
         "title": f"servetune · {d.name} ({d.engine})",
         "tags": ["servetune", d.engine],
         "timezone": "utc",

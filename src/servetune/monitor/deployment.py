@@ -8,6 +8,7 @@ per-replica target queue × replicas, or KV cache utilisation > 85%; scale in on
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,12 +19,17 @@ from urllib.parse import urlsplit
 from servetune.engines.registry import ADAPTERS, adapter
 from servetune.errors import InputError
 from servetune.monitor import coverage
+from servetune.monitor.promql import kv_usage
 from servetune.slo import SLO, parse_slo
 
 QUEUE_WAIT_P95_S = 0.3  # seed 003 §11: P95 queue_wait > 300 ms
 KV_CEILING = 0.85  # seed 003 §11: KV cache utilisation > 85%
 # pending requests per replica: a replica runs hundreds at most, so a million is a typo
 MAX_QUEUE_TARGET = 1_000_000
+# The HPA reads an AverageValue target in thousandths (`Quantity.MilliValue()`,
+# kubernetes pkg/controller/podautoscaler/replica_calculator.go): a smaller target is 0 to
+# it, and plain() writes 1e-300 as "0".
+MIN_QUEUE_TARGET = 0.001
 MAX_REPLICAS = 2**31 - 1  # Kubernetes keeps maxReplicas / maxReplicaCount as an int32
 SCALE_OUT_FOR = "2m"  # seed 003 §11: "for 2 minutes"
 SCALE_IN_AFTER = "15m"  # seed 003 §11: 10-20 min of low load; the middle of that range
@@ -53,7 +59,10 @@ class Deployment:
     queue_wait_p95_s: float = QUEUE_WAIT_P95_S
     scale_out_for: str = SCALE_OUT_FOR
     scale_in_after: str = SCALE_IN_AFTER
-    rate_window: str = "1m"  # PromQL rate() window for the histogram quantiles
+    # How often Prometheus scrapes the replicas: its default global scrape_interval is 1m
+    # (prometheus.io/docs/prometheus/latest/configuration/configuration/).
+    scrape_interval: str = "1m"
+    rate_window: str = "4m"  # PromQL rate() window: rate_window_for(scrape_interval)
     eval_interval: str = "15s"
     prometheus_url: str = "http://prometheus.monitoring.svc:9090"
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -74,12 +83,85 @@ class Deployment:
             raise InputError("running_target", f"{self.running_target} must be > 0")
         for name in ("scale_out_for", "scale_in_after", "rate_window", "eval_interval"):
             duration_s(getattr(self, name), "--" + name.replace("_", "-"))
+        check_rate_window(self.rate_window, self.scrape_interval)
         if not 1 <= self.min_replicas <= self.max_replicas <= MAX_REPLICAS:
             raise InputError(
                 "--replicas",
                 f"min {self.min_replicas} / max {self.max_replicas}",
                 f"give MIN:MAX with 1 <= MIN <= MAX <= {MAX_REPLICAS:,}, e.g. 1:4",
             )
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels every recorded series of this Deployment carries, and the selector
+        its alerts, HPA and adapter rules read them by: two Deployments' rules loaded into
+        one Prometheus record the same series names, which without them collide (one
+        Deployment's pending count read as the other's). A Deployment is its namespace
+        and name in Kubernetes; both are DNS labels, so valid label values in PromQL and
+        in an HPA's matchLabels."""
+        return {"servetune_deployment": self.name, "servetune_namespace": self.namespace}
+
+
+def short_name(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, distinct for distinct texts: a cut one ends in
+    `-` and 8 hex digits of its sha256, so two long names sharing their first characters
+    do not become one (a Grafana uid, a ScaledObject's name). Never ends in `-`, which no
+    Kubernetes name or label value may (the texts are DNS labels: they do not either)."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[: limit - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+# Robust Perception, "What range should I use with rate()?" (Brian Brazil, a Prometheus
+# maintainer): at least 4x the scrape interval. rate() needs two samples in its window;
+# the newest scrape may not be ingested yet, and one scrape may fail, so 2x flaps to
+# nothing at each missed or late scrape (at a 1m scrape, a [1m] window read 0). Grafana's
+# $__rate_interval keeps the same floor (max(interval + scrape, 4 x scrape)).
+RATE_WINDOW_SCRAPES = 4
+
+
+def duration_text(seconds: int) -> str:
+    """A Prometheus duration in its largest whole unit: 240 -> '4m', 90 -> '90s'."""
+    for unit in ("h", "m"):
+        if seconds and seconds % _UNIT_S[unit] == 0:
+            return f"{seconds // _UNIT_S[unit]}{unit}"
+    return f"{seconds}s"
+
+
+def rate_window_for(scrape_interval: str) -> str:
+    """The shortest safe rate() window at this scrape interval (RATE_WINDOW_SCRAPES)."""
+    return duration_text(
+        RATE_WINDOW_SCRAPES * int(duration_s(scrape_interval, "--scrape-interval"))
+    )
+
+
+def check_rate_window(rate_window: str, scrape_interval: str) -> None:
+    """A window too short for the scrape interval reads 0 between samples: the queue-wait
+    and rate signals flap, and no alert on them holds for its `for:`."""
+    scrape = duration_s(scrape_interval, "--scrape-interval")
+    if scrape <= 0:
+        raise InputError(
+            "--scrape-interval", f"{scrape_interval!r} must be more than 0", "e.g. 30s"
+        )
+    if duration_s(rate_window, "--rate-window") < RATE_WINDOW_SCRAPES * scrape:
+        raise InputError(
+            "--rate-window",
+            f"{rate_window} is under {RATE_WINDOW_SCRAPES}x the {scrape_interval} scrape "
+            "interval: rate() would read 0 at a missed or late scrape",
+            f"give --rate-window {rate_window_for(scrape_interval)} or more, or "
+            "--scrape-interval as your Prometheus scrapes the replicas",
+        )
+
+
+def rate_note(d: Deployment) -> str:
+    """What the rate window assumes, printed: the scrape interval is not in any file
+    servetune reads, and Prometheus's default is the slowest common one."""
+    return (
+        f"rate window {d.rate_window}: at least {RATE_WINDOW_SCRAPES}x a {d.scrape_interval} "
+        "scrape interval (give --scrape-interval if Prometheus scrapes the replicas at "
+        "another one)"
+    )
 
 
 def scalable_engines() -> list[str]:
@@ -106,7 +188,10 @@ def check_prometheus_url(url: str) -> None:
     `/api/v1/query?...` to it, so it must be an http(s) URL with a host and no query; an
     empty one was written as `serverAddress: ''` and every trigger failed in the cluster."""
     fix = "give the Prometheus KEDA queries, e.g. http://prometheus.monitoring.svc:9090"
-    parts = urlsplit(url)
+    try:  # a malformed IPv6 host ('http://[::1') is a ValueError here
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InputError("--prometheus-url", f"{url!r} is not a URL ({exc})", fix) from None
     if parts.scheme not in ("http", "https") or any(c.isspace() for c in url):
         raise InputError("--prometheus-url", f"{url!r} is not an http(s):// URL", fix)
     try:
@@ -125,10 +210,11 @@ def check_limits(queue_target: float | None, kv_threshold: float | None) -> None
     """The hand-given limits, before a study is read or a file written: NaN passes every
     comparison and inf or 1e300 cannot be written as a Kubernetes quantity, so the flag
     is named here rather than the manifest that fails its schema later."""
-    if queue_target is not None and not 0 < queue_target <= MAX_QUEUE_TARGET:
+    if queue_target is not None and not MIN_QUEUE_TARGET <= queue_target <= MAX_QUEUE_TARGET:
         raise InputError(
             "--queue-target",
-            f"{queue_target} must be > 0 and at most {MAX_QUEUE_TARGET:,}",
+            f"{queue_target} must be at least {MIN_QUEUE_TARGET:g} and at most "
+            f"{MAX_QUEUE_TARGET:,}",
             "give the pending requests one replica absorbs within the SLO, e.g. 8",
         )
     if kv_threshold is not None and not 0 < kv_threshold <= 1:
@@ -182,8 +268,8 @@ def duration_s(text: str, field: str = "duration") -> float:
 
 
 def has_kv_gauge(engine: str) -> bool:
-    m = adapter(engine).METRICS
-    return "kv_cache_usage" in m or "kv_cache_used_tokens" in m
+    """Whether the engine's /metrics give its KV usage, as a gauge or as parts."""
+    return kv_usage(engine, "job") is not None
 
 
 def running_from_signals(signals: dict[str, Any]) -> tuple[float | None, list[str]]:

@@ -4,6 +4,7 @@ share. Pure functions: names in, query strings out."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from servetune.engines.registry import adapter
@@ -31,6 +32,17 @@ FAILED_REQUESTS: dict[str, tuple[str, str]] = {
     "vllm": ("vllm:request_success_total", 'finished_reason="error"'),
     "tgi": ("tgi_request_failure", ""),
 }
+
+
+# The first bucket edge of an engine's queue-time histogram, where it is far from 0: vLLM
+# observes vllm:request_queue_time_seconds into request_latency_buckets, which start at
+# 0.3 s (vllm/v1/metrics/loggers.py). SGLang's queue buckets start at 0 (sglang/srt/
+# metrics/collector.py) and TGI's at 0.15 ms (0.0001 x 1.5, router/src/server.rs): their
+# first bucket hides nothing a scaling rule reads.
+FIRST_QUEUE_BUCKET_S = {"vllm": 0.3}
+# KV usage an engine exports only as pages in use and the pool's pages (onnx_rt.derived
+# combines the same two gauges for the live view; a test checks the names agree).
+KV_PAGES = {"onnx": ("onnx_genai_kv_pages_in_use", "onnx_genai_kv_pages_capacity")}
 
 
 def _sel(name: str, job: str, match: str = "") -> str:
@@ -66,11 +78,32 @@ def latency(engine: str, canon: str, stat: str, job: str, window: str) -> str | 
     return f"sum(rate({total}[{window}])) / sum(rate({count}[{window}]))"
 
 
-def idle_zero(expr: str) -> str:
-    """0 when nothing flowed: histogram_quantile over all-zero rates is NaN (0/0), which
-    KEDA cannot compare and an HPA cannot scale on. `NaN >= 0` is false, so the NaN sample
-    drops and `or vector(0)` fills in; any real value (>= 0) passes unchanged."""
-    return f"({expr} >= 0) or vector(0)"
+def zero_below(expr: str, floor: float = 0.0) -> str:
+    """0 where a scaling quantile says nothing. Idle: histogram_quantile over all-zero rates
+    is NaN (0/0), which KEDA cannot compare and an HPA cannot scale on. Inside the first
+    bucket [0, floor]: histogram_quantile interpolates linearly from 0 there, so a P95 of
+    requests that all waited under vLLM's first edge reads 0.95 x 0.3 = 0.285 s however
+    short their wait, and an HPA Value target of 0.3 s then holds N replicas for ever
+    (desired = ceil(N x 0.285 / 0.3) = N). `NaN > floor` and `q > floor` for q <= floor
+    are false, so the sample drops and `or vector(0)` fills in; a quantile past the first
+    bucket passes unchanged."""
+    return f"({expr} > {floor:g}) or vector(0)"
+
+
+def kv_usage(engine: str, job: str) -> str | None:
+    """The busiest replica's KV pool use, 0..1 (None: the engine exports none): the
+    engine's own gauge; TGI's tokens in the batch over the pool's total tokens; ONNX's
+    pages in use over the pool's pages, capped at 1 as onnx_rt.derived caps it (a page
+    demoted to the cold tier keeps its reference, so in use may pass capacity)."""
+    if src := _gauge(engine, "kv_cache_usage"):
+        return f"max({_sel(src, job)})"
+    used, cap = _gauge(engine, "kv_cache_used_tokens"), _gauge(engine, "kv_cache_capacity_tokens")
+    if used and cap:
+        return f"max({_sel(used, job)} / {_sel(cap, job)})"
+    if engine in KV_PAGES:
+        in_use, pages = KV_PAGES[engine]
+        return f"clamp_max(max({_sel(in_use, job)} / {_sel(pages, job)}), 1)"
+    return None
 
 
 def tpot_family(engine: str) -> str | None:
@@ -128,14 +161,11 @@ def signals(engine: str, job: str, window: str, slo: SLO | None = None) -> dict[
     for canon in ("requests_waiting", "requests_running"):
         if src := _gauge(engine, canon):
             out[canon] = f"sum({_sel(src, job)})"
-    if src := _gauge(engine, "kv_cache_usage"):
-        out["kv_cache_usage"] = f"max({_sel(src, job)})"
-    elif (used := _gauge(engine, "kv_cache_used_tokens")) and (
-        cap := _gauge(engine, "kv_cache_capacity_tokens")
-    ):  # TGI: tokens in the batch over the pool's total
-        out["kv_cache_usage"] = f"max({_sel(used, job)} / {_sel(cap, job)})"
+    if expr := kv_usage(engine, job):
+        out["kv_cache_usage"] = expr
     if expr := quantile(engine, "queue_time_seconds", 0.95, job, window):
-        out["queue_wait_seconds:p95"] = idle_zero(expr)  # a scaling signal: 0 when idle
+        # a scaling signal: 0 when idle or inside the first bucket
+        out["queue_wait_seconds:p95"] = zero_below(expr, FIRST_QUEUE_BUCKET_S.get(engine, 0.0))
     for canon, stat in (("ttft_seconds", "p95"), ("ttft_seconds", "p99")):
         if expr := quantile(engine, canon, QUANTILES[stat], job, window):
             out[f"ttft_seconds:{stat}"] = expr
@@ -156,6 +186,13 @@ def record_name(signal: str) -> str:
     """Recording-rule name, Prometheus' level:metric:operations convention."""
     metric, _, op = signal.partition(":")
     return f"servetune:{metric}:{op or 'value'}"
+
+
+def recorded(signal: str, labels: Mapping[str, str]) -> str:
+    """One Deployment's recorded series of `signal`, as a selector on the labels its
+    recording rules add (Deployment.labels)."""
+    match = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"{record_name(signal)}{{{match}}}"
 
 
 def external_name(signal: str) -> str:

@@ -1,6 +1,8 @@
 """Prometheus recording and alert rules for one Deployment (seed 003 §11 for scaling,
 the SLO file for the latency alerts). Alerts read the recorded series, so the
-thresholds stay in one place."""
+thresholds stay in one place. Every recorded series carries the Deployment's labels
+(Deployment.labels) and every alert selects by them: two Deployments' rules loaded
+together record distinct series."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 from servetune.monitor.coverage import targets
 from servetune.monitor.deployment import Deployment, plain
-from servetune.monitor.promql import record_name, signals
+from servetune.monitor.promql import record_name, recorded, signals
 
 SCALE_OUT = "scale-out"
 SCALE_IN = "scale-in"
@@ -33,7 +35,10 @@ def _alert(name: str, expr: str, hold: str, action: str, summary: str) -> dict[s
 def scale_out_alerts(d: Deployment, have: set[str]) -> list[dict[str, Any]]:
     """Seed 003 §11's three scale-out conditions, each its own alert (one may hold while
     the others lack data, e.g. llama.cpp exports no queue-time histogram)."""
-    r = record_name
+
+    def r(signal: str) -> str:
+        return recorded(signal, d.labels)
+
     out = []
     if "queue_wait_seconds:p95" in have:
         out.append(
@@ -74,12 +79,13 @@ def running_low(d: Deployment) -> str:
     brings the queue (and the scale-out) back. With the measured per-replica capacity R,
     the average under R/2: then N-1 replicas carry the load for any N >= 2 (N/2 <= N-1).
     Without one (a hand-described deployment), the per-replica running under half its own
-    peak over the last day (RUNNING_PEAK_WINDOW), the busiest it was driven to."""
-    running, replicas = record_name("requests_running"), record_name("replicas")
+    peak over the last day (RUNNING_PEAK_WINDOW), the busiest it was driven to — or
+    nothing running: a Deployment idle all day has a peak of 0, and 0 < 0.5 x 0 is false."""
+    running, replicas = recorded("requests_running", d.labels), recorded("replicas", d.labels)
     if d.running_target is not None:
         return f"{running} < {plain(d.running_target / 2)} * {replicas}"
     per = f"({running} / {replicas})"
-    return f"{per} < 0.5 * max_over_time({per}[{RUNNING_PEAK_WINDOW}])"
+    return f"({per} < 0.5 * max_over_time({per}[{RUNNING_PEAK_WINDOW}]) or {running} == 0)"
 
 
 def scale_in_alert(d: Deployment, have: set[str]) -> dict[str, Any] | None:
@@ -87,11 +93,11 @@ def scale_in_alert(d: Deployment, have: set[str]) -> dict[str, Any] | None:
     and the KV pool under half its threshold."""
     if "requests_waiting" not in have:
         return None
-    expr = f"{record_name('requests_waiting')} == 0"
+    expr = f"{recorded('requests_waiting', d.labels)} == 0"
     if "requests_running" in have:
         expr += f" and {running_low(d)}"
     if "kv_cache_usage" in have and d.kv_threshold is not None:
-        expr += f" and {record_name('kv_cache_usage')} < {plain(d.kv_threshold / 2)}"
+        expr += f" and {recorded('kv_cache_usage', d.labels)} < {plain(d.kv_threshold / 2)}"
     return _alert(
         "ServetuneScaleIn", expr, d.scale_in_after, SCALE_IN, f"low load for {d.scale_in_after}"
     )
@@ -104,7 +110,7 @@ def slo_alerts(d: Deployment, have: set[str]) -> list[dict[str, Any]]:
     return [
         _alert(
             t.alert,
-            f"{record_name(t.signal)} > {t.limit:g}",
+            f"{recorded(t.signal, d.labels)} > {t.limit:g}",
             SLO_HOLD,
             "slo",
             f"{t.key} above the SLO's {t.shown}",
@@ -126,7 +132,10 @@ def rule_groups(d: Deployment) -> dict[str, Any]:
             {
                 "name": f"servetune-{d.name}-recording",
                 "interval": d.eval_interval,
-                "rules": [{"record": record_name(k), "expr": v} for k, v in sig.items()],
+                "rules": [
+                    {"record": record_name(k), "expr": v, "labels": d.labels}
+                    for k, v in sig.items()
+                ],
             },
             {"name": f"servetune-{d.name}-alerts", "interval": d.eval_interval, "rules": alerts},
         ]

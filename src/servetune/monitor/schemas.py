@@ -146,6 +146,18 @@ _RULES = {
     },
 }
 _BEHAVIOR = {"type": "object", "properties": {"scaleUp": _RULES, "scaleDown": _RULES}}
+# A metav1.LabelSelector's matchLabels: each value a Kubernetes label value (at most 63
+# characters, alphanumeric at both ends; kubernetes.io/docs/concepts/overview/
+# working-with-objects/labels/#syntax-and-character-set).
+_LABEL_VALUE = {
+    "type": "string",
+    "maxLength": 63,
+    "pattern": "^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$",
+}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "properties": {"matchLabels": {"type": "object", "additionalProperties": _LABEL_VALUE}},
+}
 _META = {
     "type": "object",
     "required": ["name"],
@@ -190,7 +202,10 @@ HPA_V2: dict[str, Any] = {
                                     "metric": {
                                         "type": "object",
                                         "required": ["name"],
-                                        "properties": {"name": {"type": "string"}},
+                                        "properties": {
+                                            "name": {"type": "string"},
+                                            "selector": _LABEL_SELECTOR,
+                                        },
                                     },
                                     "target": {
                                         "type": "object",
@@ -221,7 +236,12 @@ KEDA_SCALED_OBJECT: dict[str, Any] = {
     "properties": {
         "apiVersion": {"const": "keda.sh/v1alpha1"},
         "kind": {"const": "ScaledObject"},
-        "metadata": _META,
+        # KEDA writes the name into label values of the HPA it makes (controllers/keda/
+        # hpa.go: app.kubernetes.io/part-of, scaledobject.keda.sh/name)
+        "metadata": {
+            **_META,
+            "properties": {**_META["properties"], "name": {**_LABEL_VALUE, "minLength": 1}},
+        },
         "spec": {
             "type": "object",
             "required": ["scaleTargetRef", "triggers"],

@@ -54,7 +54,14 @@ def export(d: Deployment, out_dir: str | Path) -> dict[str, Path]:
     docs = documents(d)
     check(docs)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # read-only place, no permission, a file in the way
+        raise InputError(
+            "--out",
+            f"cannot create folder {out} ({exc.strerror or exc})",
+            "give a folder you can write",
+        ) from None
     paths = {}
     for key, doc in docs.items():
         p = out / FILES[key]
