@@ -74,7 +74,7 @@ def parse_sets(
         except ValueError:
             data[key] = raw
     if extra:
-        data["extra_args"] = tuple(shlex.split(extra))
+        data["extra_args"] = split_extra(extra)
     try:
         cfg = EngineConfig.model_validate(data)
     except Exception as exc:  # pydantic.ValidationError
@@ -82,6 +82,15 @@ def parse_sets(
     if not lacking_ok:
         _check_engine_has_flags(engine, cfg, [k for k in data if k not in _NOT_SET], device)
     return cfg
+
+
+def split_extra(extra: str) -> tuple[str, ...]:
+    """`--extra`'s text as shell words; an unclosed quote is a one-line error, not
+    shlex's ValueError traceback."""
+    try:
+        return tuple(shlex.split(extra))
+    except ValueError as exc:
+        raise InputError("--extra", f"cannot split {extra!r}: {exc}", "close the quote") from None
 
 
 def _check_engine_has_flags(engine: str, cfg, names: list[str], device: Device = "gpu") -> None:
@@ -189,7 +198,9 @@ def make_model(
     heads: int = typer.Option(16, "--heads", min=1),
     kv_heads: int = typer.Option(4, "--kv-heads", min=1),
     head_dim: int = typer.Option(64, "--head-dim", min=8),
-    intermediate: int = typer.Option(2816, "--intermediate", min=1),
+    intermediate: int | None = typer.Option(
+        None, "--intermediate", min=1, help="MLP width (default: by dtype, LlamaSpec)."
+    ),
     vocab: int = typer.Option(8192, "--vocab", min=300, help="Target BPE vocabulary size."),
     max_len: int = typer.Option(4096, "--max-position-embeddings", min=16),
     seed: int = typer.Option(0, "--seed"),
@@ -273,10 +284,20 @@ def generated_model_config(cfg: EngineConfig, spec: dict) -> tuple[EngineConfig,
     if "--load-format" not in cfg.extra_args:
         cfg = cfg.with_(extra_args=(*cfg.extra_args, "--load-format", "dummy"))
         notes.append("adding --load-format dummy (random weights)")
-    if cfg.dtype == "auto" and spec.get("dtype") == "float32":
+    if cfg.dtype == "auto" and spec.get("dtype") == "float32" and "--dtype" not in cfg.extra_args:
         cfg = cfg.with_(dtype="float32")
         notes.append("adding --dtype float32 (its config's dtype)")
     return cfg, notes
+
+
+def _exists(path: Path, *, file: bool = False) -> bool:
+    """Whether `path` (a file, with `file`) is here. A model named by something too long
+    for the file system (ENAMETOOLONG), e.g. a hub id, is just not a local path: Path.exists
+    raised OSError, a traceback."""
+    try:
+        return path.is_file() if file else path.exists()
+    except OSError:
+        return False
 
 
 @engine_app.command("launch")
@@ -307,22 +328,22 @@ def launch_cmd(
 
     cfg = parse_sets(engine, sets, extra, device=default_device())
     generated = Path(model) / "servetune_spec.json"
-    if engine == "vllm" and generated.exists():
+    if engine == "vllm" and _exists(generated):
         cfg, notes = generated_model_config(cfg, json.loads(generated.read_text()))
         for note in notes:
             typer.echo(f"generated test model: {note}", err=True)
-    weightless = generated.exists() and not any(Path(model).glob("*.safetensors"))
+    weightless = _exists(generated) and not any(Path(model).glob("*.safetensors"))
     if engine in ("mlx", "transformers") and weightless:
         raise InputError(
             "--model",
             f"{model} has no weights ({engine} cannot make random ones)",
             "servetune engine make-model --kind llama-weights",
         )
-    if engine == "llamacpp" and not Path(model).exists():
+    if engine == "llamacpp" and not _exists(Path(model)):
         raise InputError(
             "--model", f"{model} does not exist", "servetune engine make-model --kind gemma-gguf"
         )
-    if engine == "onnx" and not (Path(model) / "genai_config.json").is_file():
+    if engine == "onnx" and not _exists(Path(model) / "genai_config.json", file=True):
         raise InputError(
             "--model",
             f"{model} is not a converted ONNX model (no genai_config.json)",

@@ -9,6 +9,7 @@ the planner's KV pool (`PlannedPool`), for engines that size KV their own way.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from servetune.engines.config import EngineConfig
+from servetune.errors import InputError
 
 Device = Literal["gpu", "cpu"]
 
@@ -44,12 +46,14 @@ class LaunchSpec:
 
     `files` are small config files the command reads (name relative to the working
     directory -> text), e.g. TensorRT-LLM's `--config` YAML; `shell()` writes them
-    with heredocs so the printed command is complete.
+    with heredocs so the printed command is complete. `unset_env` names variables an
+    inherited environment must not pass on (one that would override a flag).
     """
 
     engine: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    unset_env: tuple[str, ...] = ()
     unsupported: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
@@ -58,18 +62,21 @@ class LaunchSpec:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        """Where a client reaches the engine: a wildcard listen address is reached on
+        loopback, and an IPv6 literal is bracketed (RFC 3986 §3.2.2: `::1:8080` is no host)."""
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://{host_port(host, self.port)}"
 
     def shell(self) -> str:
-        """One shell snippet: heredocs for `files`, then `ENV=... argv...`, all shlex-quoted."""
+        """One shell snippet: heredocs for `files`, then `[env -u NAME] ENV=... argv...`,
+        all shlex-quoted: the printed command is the one `engines.process` runs."""
         parts: list[str] = []
         for name, text in self.files.items():
             body = text if text.endswith("\n") else text + "\n"
             parts.append(f"cat > {shlex.quote(name)} <<'EOF'\n{body}EOF")
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        cmd = shlex.join(self.argv)
-        parts.append(f"{prefix} {cmd}" if prefix else cmd)
+        unset = ["env", *(f"-u {shlex.quote(k)}" for k in self.unset_env)] if self.unset_env else []
+        assign = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        parts.append(" ".join([*unset, *assign, shlex.join(self.argv)]))
         return "\n".join(parts)
 
     def why_unsupported(self, knob: str) -> str | None:
@@ -114,12 +121,18 @@ class FlagBuilder:
         self.cfg = cfg
         self.argv = argv
         self.env: dict[str, str] = {}
+        self.unset_env: list[str] = []
         self.unsupported: list[str] = []
         self.notes: list[str] = []
         self.files: dict[str, str] = {}
+        self.knobs: dict[str, str] = {}  # flag -> the canonical knob it came from
 
-    def flag(self, name: str, value: object | None = None) -> None:
+    def flag(self, name: str, value: object | None = None, *, knob: str | None = None) -> None:
+        """Add `name [value]`; `knob` names the canonical knob it comes from, for the error
+        that refuses an `--extra` repeating it."""
         self.argv.append(name)
+        if knob is not None:
+            self.knobs[name] = knob
         if value is not None:
             self.argv.append(str(value))
 
@@ -133,9 +146,10 @@ class FlagBuilder:
             if value == getattr(_DEFAULTS, knob):
                 continue
             if isinstance(value, bool):
-                self.flag(name)
+                self.flag(name, knob=knob)
             else:
-                self.flag(name, fmt_float(value) if isinstance(value, float) else value)
+                shown = fmt_float(value) if isinstance(value, float) else value
+                self.flag(name, shown, knob=knob)
 
     def unsupported_if_set(self, knob: str, why: str | None = None) -> None:
         """Report `knob` when it differs from the canonical default (nothing to map it to)."""
@@ -150,17 +164,55 @@ class FlagBuilder:
             self.notes.append(f"{knob}: {why}")
 
     def finish(self, engine: str, host: str, port: int) -> LaunchSpec:
+        self.refuse_repeated(self.cfg.extra_args)
         self.argv.extend(self.cfg.extra_args)
         return LaunchSpec(
             engine=engine,
             argv=self.argv,
             env=self.env,
+            unset_env=tuple(self.unset_env),
             unsupported=self.unsupported,
             notes=self.notes,
             files=self.files,
             host=host,
             port=port,
         )
+
+    def refuse_repeated(self, extra: Sequence[str]) -> None:
+        """Refuse an `--extra` flag the command already carries (`--max-num-seqs 8` beside
+        the one `max_num_seqs` emitted, `--enable-prefix-caching` beside its `--no-` form):
+        the engine's parser keeps one of the two, so the config servetune records would
+        not be the one served."""
+        emitted = {flag_key(a): a for a in self.argv if is_flag(a)}
+        for token in extra:
+            flag = emitted.get(flag_key(token)) if is_flag(token) else None
+            if flag is None:
+                continue
+            knob = self.knobs.get(flag)
+            fix = (
+                f"set it with --set {knob}=VALUE instead"
+                if knob
+                else "drop it: servetune sets it (from --model, --host, --port or a --set knob)"
+            )
+            raise InputError("--extra", f"{token} repeats {flag}, already on the command", fix)
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port`, an IPv6 literal in brackets (`[::1]:8080`): the form a URL (RFC 3986
+    §3.2.2) and Rust's SocketAddr parser (onnx-genai's --addr) take."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def is_flag(token: str) -> bool:
+    """`--name`, `--name=value` or `-n`; not a negative number given as a value (`-1`)."""
+    return re.match(r"--?[A-Za-z]", token) is not None
+
+
+def flag_key(token: str) -> str:
+    """One name for every spelling of a flag: without `=value`, `_` as `-` (vLLM and click
+    accept both) and without a `--no-` prefix (the switch and its negation are one option)."""
+    name = token.partition("=")[0].replace("_", "-")
+    return "--" + name.removeprefix("--no-") if name.startswith("--no-") else name
 
 
 def fmt_float(x: float) -> str:

@@ -116,10 +116,13 @@ def entries() -> list[Detached]:
 
 def new_run_dir(engine: str) -> tuple[str, Path]:
     """A fresh id and its run dir (claimed by creating it). Kept apart from the launcher's
-    runs/ so a tuning study's pruning never deletes a live engine's log."""
+    runs/ so a tuning study's pruning never deletes a live engine's log; the pruning here
+    spares every recorded engine's dir too: a long-running engine's is the oldest, and
+    a dead one's log, still listed by `engine ps`, says why it died. `engine stop` leaves
+    the dir (its log may be wanted) for a later prune."""
     root = state_dir() / "runs"
     root.mkdir(parents=True, exist_ok=True)
-    prune_run_dirs(root, keep=RUN_DIRS_KEPT)
+    prune_run_dirs(root, keep=RUN_DIRS_KEPT, spare={Path(e.log).parent for e in entries()})
     while True:
         run_id = f"{engine}-{secrets.token_hex(2)}"
         with contextlib.suppress(FileExistsError):

@@ -88,10 +88,10 @@ def build(
     b = FlagBuilder(cfg, argv)
     b.flag("--device", "cpu" if device == "cpu" else "cuda")
     if cfg.dtype != "auto":
-        b.flag("--dtype", cfg.dtype)
+        b.flag("--dtype", cfg.dtype, knob="dtype")
     batching = cfg.max_num_seqs is not None and cfg.max_num_seqs > 1
     if batching:
-        b.flag("--continuous-batching")
+        b.flag("--continuous-batching", knob="max_num_seqs")
         b.notes.append(
             f"max_num_seqs {cfg.max_num_seqs}: --continuous-batching (no cap on requests "
             "per batch: its KV blocks and --cb-max-batch-tokens bound it)"
@@ -99,7 +99,7 @@ def build(
         b.map(_CB_FLAGS)
         if cfg.kv_cache_tokens is not None:
             blocks = math.ceil(cfg.kv_cache_tokens / CB_PAGE_TOKENS)
-            b.flag("--cb-num-blocks", blocks)
+            b.flag("--cb-num-blocks", blocks, knob="kv_cache_tokens")
             b.notes.append(f"kv_cache_tokens: {blocks} blocks of {CB_PAGE_TOKENS} tokens")
         if not cfg.enable_prefix_caching:
             b.unsupported_knob("enable_prefix_caching", "block sharing is always on")

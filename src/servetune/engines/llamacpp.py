@@ -73,19 +73,19 @@ def build(
         b.notes.append("max_num_seqs: parallel_slots wins (-np)")
     context, unified = _context(cfg, slots, pool, b)
     if context is not None:
-        b.flag("-c", context)
+        b.flag("-c", context, knob="max_model_len")
     if slots is not None:
-        b.flag("-np", slots)
+        b.flag("-np", slots, knob="parallel_slots")
     if unified:
-        b.flag("--kv-unified")
+        b.flag("--kv-unified", knob="kv_unified")
     batch = cfg.batch_size or cfg.max_num_batched_tokens
     if batch is not None:
-        b.flag("-b", batch)
+        b.flag("-b", batch, knob="batch_size")
     b.map({"ubatch_size": "-ub", "threads": "-t", "n_gpu_layers": "-ngl"})
     if cfg.kv_cache_dtype in _KV_TYPE:
         t = _KV_TYPE[cfg.kv_cache_dtype]
-        b.flag("-ctk", t)
-        b.flag("-ctv", t)
+        b.flag("-ctk", t, knob="kv_cache_dtype")
+        b.flag("-ctv", t, knob="kv_cache_dtype")
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "llama.cpp has no fp8 KV cache type")
     b.map({"enable_prefix_caching": "--no-cache-prompt"})

@@ -155,4 +155,11 @@ def scrape(url: str, engine: str, timeout_s: float = 5.0) -> EngineMetrics:
             f"{url}/metrics answered HTTP {resp.status_code}",
             "llama.cpp needs --metrics, SGLang --enable-metrics",
         )
-    return canonical(engine, resp.text)
+    try:
+        return canonical(engine, resp.text)
+    except ValueError as exc:  # prometheus-client's parser on a body that is not its text
+        raise InputError(
+            "metrics",
+            f"{url}/metrics is not Prometheus text ({str(exc)[:80]})",
+            "point it at the engine's Prometheus endpoint",
+        ) from None

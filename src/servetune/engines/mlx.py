@@ -66,7 +66,7 @@ def build(
     b = FlagBuilder(cfg, [*py, "-m", MODULE, "--model", model, "--host", host, "--port", str(port)])
     b.map({"max_num_seqs": "--decode-concurrency", "max_num_batched_tokens": "--prefill-step-size"})
     if cfg.kv_cache_dtype in ("fp8", "int8"):
-        b.flag("--kv-bits", 8)
+        b.flag("--kv-bits", 8, knob="kv_cache_dtype")
         b.notes.append("kv_cache_dtype: --kv-bits 8 quantizes KV and turns batching off")
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "MLX keeps KV in the model dtype or --kv-bits")

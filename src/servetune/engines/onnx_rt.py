@@ -25,7 +25,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, PlannedPool
+from servetune.engines.base import (
+    LLAMACPP_ONLY,
+    Device,
+    FlagBuilder,
+    LaunchSpec,
+    PlannedPool,
+    host_port,
+)
 from servetune.engines.config import EngineConfig
 
 name = "onnx"
@@ -100,17 +107,18 @@ def build(
 ) -> LaunchSpec:
     """EngineConfig -> `onnx-genai serve MODEL_DIR --addr HOST:PORT ...`."""
     port = default_port if port is None else port
-    argv = [*executable(prefix), "serve", model, "--addr", f"{host}:{port}"]
+    argv = [*executable(prefix), "serve", model, "--addr", host_port(host, port)]
     b = FlagBuilder(cfg, argv)
     # --vram-limit: "memory ceiling for weights and KV cache ... a fraction of detected
     # capacity" (its --help), the meaning of vLLM's --gpu-memory-utilization.
     b.map({"max_num_seqs": "--max-batch", "gpu_memory_utilization": "--vram-limit"})
     if cfg.kv_cache_dtype in _KV_DTYPE:
-        b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype])
+        b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype], knob="kv_cache_dtype")
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "onnx-genai keeps KV in f32, int8 or fp8 only")
     if cfg.threads is not None:
-        b.flag("--cpu-cores", cfg.threads)  # decode workers, pinned to that many CPUs
+        # decode workers, pinned to that many CPUs
+        b.flag("--cpu-cores", cfg.threads, knob="threads")
     for knob in _NO_FLAG:
         b.unsupported_if_set(knob, "onnx-genai serve has no flag for it")
     for knob in _AT_CONVERSION:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -23,13 +24,14 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import IO
 
 from servetune.engines import install, llamacpp, vllm
-from servetune.engines.base import Device, LaunchSpec
+from servetune.engines.base import Device, LaunchSpec, flag_key, is_flag
 from servetune.engines.config import EngineConfig
 from servetune.engines.metrics import scrape
 from servetune.engines.registry import adapter
@@ -73,16 +75,36 @@ class EngineError(InputError):
         super().__init__(engine, problem, hint)
 
 
+def _socket_for(host: str) -> socket.socket:
+    """A TCP socket of the host's family: an IPv6 literal (`::1`) cannot be bound by an
+    AF_INET socket (gaierror), and would read as a busy port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.socket(family, socket.SOCK_STREAM)
+
+
+def _unresolvable(host: str, exc: socket.gaierror) -> InputError:
+    return InputError("--host", f"cannot listen on {host!r}: {exc.strerror}", "an IP or name here")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+    with _socket_for(host) as s:
+        try:
+            s.bind((host, 0))
+        except socket.gaierror as exc:
+            raise _unresolvable(host, exc) from None
         return s.getsockname()[1]
 
 
 def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """Whether an engine could listen on `port`. SO_REUSEADDR as the engines set it
+    (uvicorn, llama-server): without it the TIME_WAIT connections a stopped engine leaves
+    for ~60 s made its port read as busy, though the next engine binds it fine."""
+    with _socket_for(host) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as exc:
+            raise _unresolvable(host, exc) from None
         except OSError:
             return False
         return True
@@ -325,14 +347,19 @@ def _failure(srv: EngineServer, default_kind: str, problem: str) -> EngineError:
 RUN_DIRS_KEPT = 100
 
 
-def prune_run_dirs(root: Path, keep: int = RUN_DIRS_KEPT) -> list[Path]:
+def prune_run_dirs(
+    root: Path, keep: int = RUN_DIRS_KEPT, spare: Collection[Path] = ()
+) -> list[Path]:
     """Remove all but the `keep` newest engine run dirs (logs, launch files) under `root`:
     every launch makes one, and a tuning study launches dozens. Returns what was removed.
+    Dirs in `spare` (recorded detached engines') are neither removed nor counted.
     Another servetune process may prune the same root at the same time, so an entry that
     vanishes between the listing and its stat is skipped, not an error."""
     dated: list[tuple[float, Path]] = []
     try:
         for d in root.iterdir():
+            if d in spare:
+                continue
             try:
                 st = d.stat()
             except OSError:  # removed by a concurrent prune since the listing
@@ -403,24 +430,16 @@ def launch(
         runs = cache_root() / "runs"
         prune_run_dirs(runs)
         workdir = runs / f"{engine}-{stamp}-{port}"
+    spec = _with_instance_args(mod, spec, cfg, workdir, port)
     spec.write_files(workdir)
     log_path = workdir / "engine.log"
     log_fh = log_path.open("ab")
     log_fh.write(f"$ {spec.shell()}\n".encode())
     log_fh.flush()
-    env = {**os.environ, **_machine_env(engine, device), **spec.env, **(extra_env or {})}
+    inherited = {k: v for k, v in os.environ.items() if k not in spec.unset_env}
+    env = {**inherited, **_machine_env(engine, device), **spec.env, **(extra_env or {})}
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        spec.argv,
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log_fh,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        # the signal follows the launching THREAD: only the main thread's lifetime is ours
-        preexec_fn=None if outlive or not _on_main_thread() else _die_with_parent,
-    )
+    proc = _start(engine, spec, workdir, env, log_fh, outlive)
     srv = EngineServer(engine, spec, proc, log_path, workdir, t0, cfg, model, _log_fh=log_fh)
     srv.install_version = found.version
     with _LIVE_LOCK:
@@ -438,6 +457,58 @@ def launch(
         srv.stop()
         raise
     return srv
+
+
+def _with_instance_args(
+    mod: ModuleType, spec: LaunchSpec, cfg: EngineConfig, workdir: Path, port: int
+) -> LaunchSpec:
+    """`spec` plus the adapter's per-launch flags (`instance_args`: TGI's sockets and side
+    ports, unique per launch so two instances on one host do not collide), except those the
+    user gave in --extra: a flag given twice is an error to clap."""
+    make = getattr(mod, "instance_args", None)
+    if make is None:
+        return spec
+    given = {flag_key(a) for a in cfg.extra_args if is_flag(a)}
+    args = make(workdir, port, free_port)
+    pairs = [args[i : i + 2] for i in range(0, len(args), 2)]
+    kept = [a for pair in pairs if flag_key(pair[0]) not in given for a in pair]
+    return dataclasses.replace(spec, argv=[*spec.argv, *kept])
+
+
+def _start(
+    engine: str,
+    spec: LaunchSpec,
+    workdir: Path,
+    env: dict[str, str],
+    log_fh: IO[bytes],
+    outlive: bool,
+) -> subprocess.Popen:
+    """Popen the engine in its own session, output to the log. An executable that cannot
+    run (a stale shebang, a binary for another machine: ENOEXEC) is a one-line error, not a
+    traceback, and the log's handle is closed."""
+    try:
+        return subprocess.Popen(
+            spec.argv,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # the signal follows the launching THREAD: only the main thread's lifetime is ours
+            preexec_fn=None if outlive or not _on_main_thread() else _die_with_parent,
+        )
+    except OSError as exc:
+        log_fh.close()
+        why = exc.strerror or str(exc)
+        if isinstance(exc, FileNotFoundError) and Path(spec.argv[0]).exists():
+            why += " (the interpreter its #! line names)"  # ENOENT for a file that is there
+        raise EngineError(
+            engine,
+            "not_installed",
+            f"cannot execute {spec.argv[0]}: {why}",
+            fix=f"reinstall it: {install.HOW_TO_INSTALL.get(engine, 'see its docs')}",
+        ) from None
 
 
 def _on_main_thread() -> bool:
@@ -483,11 +554,14 @@ def _wait_ready(srv: EngineServer, health_path: str, timeout_s: float) -> None:
 
 
 def served_model_at(url: str) -> str | None:
-    """The first model id a running OpenAI-compatible server lists (None if it lists none)."""
+    """The first model id a running OpenAI-compatible server lists (None if it lists none).
+    `url` may end in /v1, the base URL the OpenAI SDKs take (not asked for /v1/v1/models)."""
     import httpx
 
+    from servetune.bench.http import server_root
+
     try:
-        data = httpx.get(url.rstrip("/") + "/v1/models", timeout=10.0).json()
+        data = httpx.get(server_root(url) + "/v1/models", timeout=10.0).json()
         return str(data["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None

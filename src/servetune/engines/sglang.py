@@ -72,11 +72,11 @@ def build(
     b = FlagBuilder(cfg, argv)
     b.map({"dtype": "--dtype"})
     if cfg.quantization in _QUANT:
-        b.flag("--quantization", _QUANT[cfg.quantization])
+        b.flag("--quantization", _QUANT[cfg.quantization], knob="quantization")
     elif cfg.quantization is not None:
         b.unsupported_knob("quantization", f"no SGLang weight format for '{cfg.quantization}'")
     if cfg.kv_cache_dtype in _KV_DTYPE:
-        b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype])
+        b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype], knob="kv_cache_dtype")
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "SGLang offers auto, bf16, fp8_e4m3/e5m2, fp4_e2m1")
     b.map(
@@ -89,21 +89,23 @@ def build(
         }
     )
     if not cfg.enable_chunked_prefill:
-        b.flag("--chunked-prefill-size", -1)
+        b.flag("--chunked-prefill-size", -1, knob="enable_chunked_prefill")
         if cfg.max_num_batched_tokens is not None:
-            b.flag("--max-prefill-tokens", cfg.max_num_batched_tokens)
+            b.flag(
+                "--max-prefill-tokens", cfg.max_num_batched_tokens, knob="max_num_batched_tokens"
+            )
     elif cfg.max_num_batched_tokens is not None:
         # vLLM's per-step token budget ~ SGLang's prefill chunk size.
-        b.flag("--chunked-prefill-size", cfg.max_num_batched_tokens)
+        b.flag("--chunked-prefill-size", cfg.max_num_batched_tokens, knob="max_num_batched_tokens")
     b.map(
         {"gpu_memory_utilization": "--mem-fraction-static", "kv_cache_tokens": "--max-total-tokens"}
     )
     b.unsupported_if_set("kv_cache_space_gib", "SGLang sizes the pool in tokens: kv_cache_tokens")
     b.map({"block_size": "--page-size", "enable_prefix_caching": "--disable-radix-cache"})
     if cfg.scheduling_policy == "priority":
-        b.flag("--enable-priority-scheduling")
+        b.flag("--enable-priority-scheduling", knob="scheduling_policy")
     elif cfg.scheduling_policy == "lpm":
-        b.flag("--schedule-policy", "lpm")
+        b.flag("--schedule-policy", "lpm", knob="scheduling_policy")
     b.map({"enforce_eager": "--disable-cuda-graph"})
     for knob in (*LLAMACPP_ONLY, "n_gpu_layers"):
         b.unsupported_if_set(knob, "llama.cpp-only knob")

@@ -5,16 +5,25 @@ launcher/src/main.rs (TGI 3.3.x, main branch Jan 2026): --model-id, --hostname,
 --port, --dtype {float16,bfloat16}, --quantize, --kv-cache-dtype
 {fp8_e4m3fn,fp8_e5m2}, --num-shard, --max-total-tokens, --max-batch-size,
 --max-batch-prefill-tokens, --max-batch-total-tokens, --cuda-memory-fraction,
---cuda-graphs (0 disables). Prefix caching is the PREFIX_CACHING env var (0 = off);
+--cuda-graphs (0 disables), and per launch (`instance_args`) --shard-uds-path,
+--master-port, --prometheus-port. Prefix caching is the PREFIX_CACHING env var (0 = off);
 TGI 3 always chunks prefills and picks its own block size (attention backend).
 Metric names from router/src (tgi_*). Not run on this machine: golden tests only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from servetune.engines.base import LLAMACPP_ONLY, Device, FlagBuilder, LaunchSpec, PlannedPool
+from servetune.engines.base import (
+    LLAMACPP_ONLY,
+    Device,
+    FlagBuilder,
+    LaunchSpec,
+    PlannedPool,
+    fmt_float,
+)
 from servetune.engines.config import EngineConfig
 
 name = "tgi"
@@ -63,15 +72,15 @@ def build(
     exe = list(prefix) if prefix else ["text-generation-launcher"]
     b = FlagBuilder(cfg, [*exe, "--model-id", model, "--hostname", host, "--port", str(port)])
     if cfg.dtype in ("float16", "bfloat16"):
-        b.flag("--dtype", cfg.dtype)
+        b.flag("--dtype", cfg.dtype, knob="dtype")
     elif cfg.dtype != "auto":
         b.unsupported_knob("dtype", "TGI serves float16 or bfloat16 only")
     if cfg.quantization in _QUANT:
-        b.flag("--quantize", _QUANT[cfg.quantization])
+        b.flag("--quantize", _QUANT[cfg.quantization], knob="quantization")
     elif cfg.quantization is not None:
         b.unsupported_knob("quantization", f"no TGI --quantize value for '{cfg.quantization}'")
     if cfg.kv_cache_dtype == "fp8":
-        b.flag("--kv-cache-dtype", "fp8_e4m3fn")
+        b.flag("--kv-cache-dtype", "fp8_e4m3fn", knob="kv_cache_dtype")
     elif cfg.kv_cache_dtype != "auto":
         b.unsupported_knob("kv_cache_dtype", "TGI's KV cache is the model dtype or fp8")
     b.map({"tensor_parallel_size": "--num-shard"})
@@ -83,8 +92,15 @@ def build(
             "max_num_seqs": "--max-batch-size",
             "max_num_batched_tokens": "--max-batch-prefill-tokens",
             "kv_cache_tokens": "--max-batch-total-tokens",
-            "gpu_memory_utilization": "--cuda-memory-fraction",
         }
+    )
+    # Always given: TGI's own default is 1.0 (launcher/src/main.rs, `#[clap(default_value =
+    # "1.0")] cuda_memory_fraction`; docs/source/reference/launcher.md), while the canonical
+    # default (0.9) is the share servetune's plan budgets: left out, TGI took the whole GPU.
+    b.flag(
+        "--cuda-memory-fraction",
+        fmt_float(cfg.gpu_memory_utilization),
+        knob="gpu_memory_utilization",
     )
     b.unsupported_if_set("kv_cache_space_gib", "TGI sizes the pool in tokens: kv_cache_tokens")
     b.unsupported_if_set("block_size", "TGI's block size follows its attention backend")
@@ -93,7 +109,36 @@ def build(
         b.env["PREFIX_CACHING"] = "0"
     b.unsupported_if_set("scheduling_policy", "TGI schedules first-come first-served")
     if cfg.enforce_eager:
-        b.flag("--cuda-graphs", 0)
+        b.flag("--cuda-graphs", 0, knob="enforce_eager")
     for knob in (*LLAMACPP_ONLY, "n_gpu_layers"):
         b.unsupported_if_set(knob, "llama.cpp-only knob")
     return b.finish(name, host, port)
+
+
+# The socket name TGI's shards listen on (it appends `-<rank>`); Linux's sun_path holds 107
+# bytes, so a run dir deeper than this falls back to the temp dir.
+_UDS_MAX = 100
+
+
+def instance_args(workdir: Path, port: int, free_port: Callable[[str], int]) -> list[str]:
+    """Per-launch flags that keep two TGIs on one host apart (`engines.process` adds them;
+    `build` stays the same on any machine). TGI's defaults are one per host (v3.3.7
+    launcher/src/main.rs): the shards' gRPC socket `--shard-uds-path
+    /tmp/text-generation-server`, torch.distributed's `--master-port 29500`, and the
+    router's Prometheus listener `--prometheus-port 9000` on 0.0.0.0 (the clash is
+    huggingface/text-generation-inference#3062; the flag is in data/engine_flags/tgi.json).
+    A second launch took over the first one's sockets or failed to bind. A flag the user
+    gave in --extra is left to them (`engines.process`)."""
+    import tempfile
+
+    uds = workdir / "tgi-server"
+    if len(str(uds)) > _UDS_MAX:
+        uds = Path(tempfile.gettempdir()) / f"servetune-tgi-{port}"
+    return [
+        "--shard-uds-path",
+        str(uds),
+        "--master-port",
+        str(free_port("127.0.0.1")),
+        "--prometheus-port",
+        str(free_port("0.0.0.0")),
+    ]

@@ -88,7 +88,7 @@ def build(
     )
     _kv_fraction(cfg, pool, b)
     if cfg.enable_chunked_prefill:
-        b.flag("--enable_chunked_prefill")
+        b.flag("--enable_chunked_prefill", knob="enable_chunked_prefill")
     if cfg.kv_cache_space_gib is not None:
         kv["max_gpu_total_bytes"] = int(cfg.kv_cache_space_gib * GIB)
     if cfg.kv_cache_tokens is not None:
@@ -132,7 +132,7 @@ def _kv_fraction(cfg: EngineConfig, pool: PlannedPool | None, b: FlagBuilder) ->
         )
         return
     fraction = math.floor(min(pool.kv_bytes / free, 1.0) * 1e4) / 1e4
-    b.flag("--kv_cache_free_gpu_memory_fraction", fmt_float(fraction))
+    b.flag("--kv_cache_free_gpu_memory_fraction", fmt_float(fraction), knob="kv_cache_space_gib")
     b.notes.append(
         f"gpu_memory_utilization: the planned {pool.kv_bytes / GIB:.2f} GiB KV pool is "
         f"{fraction} of the {free / GIB:.2f} GiB free after loading"

@@ -33,6 +33,8 @@ health_path = "/health"
 MODULE = "vllm.entrypoints.openai.api_server"
 # The CPU backend's block size when none is given (vllm/platforms/cpu.py).
 CPU_DEFAULT_BLOCK = 128
+# The CPU backend's KV pool in whole GiB; when set it overrides --kv-cache-memory-bytes.
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 _KV_DTYPE = {"fp8": "fp8", "fp16": "float16", "bf16": "bfloat16", "int8": "int8_per_token_head"}
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "mxfp4": "mxfp4"}
@@ -79,7 +81,13 @@ FAILURE_PATTERNS: list[tuple[str, str]] = [
 
 _KV_TOKENS = re.compile(r"(?P<pool>[A-Za-z][\w +]*?) KV cache size: (?P<tokens>[\d,]+) tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for [\d,]+ tokens per request: (?P<x>[\d.]+)x")
-_VERSION = re.compile(r"vLLM API server version (?P<v>\S+)")
+# The version line: "vLLM API server version X" (api_server.run_server, before 0.32),
+# "vLLM server version X, serving model M" (0.32, vllm/entrypoints/utils.py
+# `log_version_and_model`), or that function's logo line "█  version X" (maybe in ANSI bold).
+_ANSI = r"(?:\x1b\[[\d;]*m)*"
+_VERSION = re.compile(
+    rf"(?:vLLM (?:API )?server version |█{_ANSI}\s+version\s+){_ANSI}(?P<v>[^\s,\x1b]+)"
+)
 _KV_BYTES = re.compile(r"Explicitly set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache")
 # The engine config vLLM logs at start ("Initializing a V1 LLM engine ... with config: ...,
 # dtype=torch.bfloat16, ..., kv_cache_dtype=fp8_e4m3, ..."). vLLM resolves `auto` before it
@@ -109,13 +117,13 @@ def build(
 
     b.map({"dtype": "--dtype"})
     if cfg.quantization in _QUANT:
-        b.flag("--quantization", _QUANT[cfg.quantization])
+        b.flag("--quantization", _QUANT[cfg.quantization], knob="quantization")
     elif cfg.quantization in _GGUF and model.endswith(".gguf"):
         b.notes.append("quantization: GGUF type comes from the .gguf file itself")
     elif cfg.quantization is not None:
         b.unsupported_knob("quantization", f"vLLM has no '{cfg.quantization}' weight format")
     if cfg.kv_cache_dtype != "auto":
-        b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype])
+        b.flag("--kv-cache-dtype", _KV_DTYPE[cfg.kv_cache_dtype], knob="kv_cache_dtype")
     b.map(
         {
             "tensor_parallel_size": "--tensor-parallel-size",
@@ -130,13 +138,17 @@ def build(
     if cfg.kv_cache_space_gib is not None:
         # The flag takes bytes, so fractional GiB stay exact; on CPU the legacy env
         # (whole GiB only) is what the docs show, and it overrides the flag.
-        b.flag("--kv-cache-memory-bytes", int(cfg.kv_cache_space_gib * GIB))
+        b.flag(
+            "--kv-cache-memory-bytes", int(cfg.kv_cache_space_gib * GIB), knob="kv_cache_space_gib"
+        )
         if device == "cpu" and float(cfg.kv_cache_space_gib).is_integer():
-            b.env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.kv_cache_space_gib))
+            b.env[CPU_KV_ENV] = str(int(cfg.kv_cache_space_gib))
+        elif device == "cpu":  # a fraction the env cannot say: an inherited one must not win
+            b.unset_env.append(CPU_KV_ENV)
     if cfg.kv_cache_tokens is not None:
         block = block_in_force(cfg, device)
         blocks = -(-cfg.kv_cache_tokens // block)
-        b.flag("--num-gpu-blocks-override", blocks)
+        b.flag("--num-gpu-blocks-override", blocks, knob="kv_cache_tokens")
         b.notes.append(
             f"kv_cache_tokens: {cfg.kv_cache_tokens} tokens -> {blocks} blocks of {block}"
         )
@@ -172,13 +184,13 @@ def _block_size(cfg: EngineConfig, device: Device, b: FlagBuilder) -> None:
     check_block_size(cfg, device)  # a multiple of 16 on GPU, of 32 on CPU
     if device != "cpu":
         if cfg.block_size != 16:
-            b.flag("--block-size", cfg.block_size)
+            b.flag("--block-size", cfg.block_size, knob="block_size")
         return
     if cfg.block_size == 16:
         # 16 is the canonical (GPU) default; the CPU backend then picks its own (128).
         b.notes.append(f"block_size: left to vLLM CPU's default ({CPU_DEFAULT_BLOCK})")
         return
-    b.flag("--block-size", cfg.block_size)
+    b.flag("--block-size", cfg.block_size, knob="block_size")
 
 
 def kv_dtype_from_log(value: str) -> str | None:
