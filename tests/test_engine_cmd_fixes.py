@@ -53,7 +53,9 @@ def test_simulate_refuses_set_engine(capsys: pytest.CaptureFixture[str]) -> None
 def test_set_checks_the_block_size_rule_of_the_device_given() -> None:
     with pytest.raises(InputError, match="multiple of 32"):
         parse_sets("vllm", ["block_size=48"], device="cpu")
-    assert parse_sets("vllm", ["block_size=48"]).block_size == 48  # GPU: a multiple of 16
+    assert parse_sets("vllm", ["block_size=16"]).block_size == 16  # GPU: a multiple of 16
+    with pytest.raises(InputError, match="one of vLLM's block sizes"):
+        parse_sets("vllm", ["block_size=48"])  # a multiple of 16, not a BlockSize value
 
 
 def test_launch_on_a_cpu_host_checks_the_cpu_block_rule(

@@ -176,8 +176,13 @@ def test_does_not_fit_exits_2_with_one_line_naming_the_term() -> None:
         # vLLM's start-up rule max_num_batched_tokens >= max_num_seqs, the knob given named
         (["--max-num-batched-tokens", "1"], "--max-num-batched-tokens: 1 is below"),
         (["--max-num-seqs", "99999999999"], "--max-num-seqs: 99,999,999,999 is above"),
+        # not one of vLLM's BlockSize values (vllm/config/cache.py): refused before planning
+        (["--block-size", "1000000"], "--block-size: 1000000 is not one of vLLM's block sizes"),
         # a block larger than the whole pool: the block size is what to change
-        (["--block-size", "1000000"], "error: block_size: does not fit: one block of"),
+        (
+            ["--kv-cache-space", "0.001", "--block-size", "256"],
+            "error: block_size: does not fit: one block of",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], field: str) -> None:

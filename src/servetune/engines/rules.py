@@ -17,6 +17,11 @@ from servetune.model.spec import ModelSpec
 TP_ENGINES = ("vllm", "sglang", "tgi", "trtllm")
 
 
+# vLLM's CacheConfig.block_size type (vllm/config/cache.py `BlockSize = Literal[1, 8, 16,
+# 32, 64, 128, 256]`): `--block-size` takes these values and no other.
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
 def block_multiple(engine: str, device: str) -> int | None:
     """The multiple vLLM's attention kernels need of block_size: 16 on GPU (FlashAttention,
     `get_supported_kernel_block_sizes` -> MultipleOf(16) in v1/attention/backends/
@@ -26,20 +31,34 @@ def block_multiple(engine: str, device: str) -> int | None:
     return 32 if device == "cpu" else 16
 
 
+def vllm_block_sizes(device: str) -> list[int]:
+    """The block sizes vLLM starts with on `device`: one of its BlockSize values
+    (VLLM_BLOCK_SIZES) that its kernels also take (`block_multiple`)."""
+    multiple = block_multiple("vllm", device) or 1
+    return [b for b in VLLM_BLOCK_SIZES if b % multiple == 0]
+
+
 def check_block_size(cfg: EngineConfig, device: str) -> None:
-    """InputError when the engine's kernels cannot run `cfg.block_size`. On CPU, 16 is
-    EngineConfig's default and means "vLLM CPU's own default (128)" (engines.vllm)."""
+    """InputError when the engine cannot run `cfg.block_size`: vLLM takes only its
+    BlockSize values (VLLM_BLOCK_SIZES: 48 or 512 fail its argument parser), and of those
+    the ones its kernels run (`block_multiple`). On CPU, 16 is EngineConfig's default and
+    means "vLLM CPU's own default (128)" (engines.vllm)."""
     multiple = block_multiple(cfg.engine, device)
-    if multiple is None or cfg.block_size % multiple == 0:
+    if multiple is None:
         return
     if device == "cpu" and cfg.block_size == 16:
         return
+    sizes = vllm_block_sizes(device)
+    if cfg.block_size in sizes:
+        return
     needs = "vLLM's CPU backend needs" if device == "cpu" else "vLLM's GPU kernels need"
-    raise InputError(
-        "block_size",
-        f"{cfg.block_size} is not a multiple of {multiple}, which {needs}",
-        f"use {multiple}, {2 * multiple} or {4 * multiple}",
+    problem = (
+        f"{cfg.block_size} is not a multiple of {multiple}, which {needs}"
+        if cfg.block_size % multiple
+        else f"{cfg.block_size} is not one of vLLM's block sizes "
+        f"({', '.join(map(str, VLLM_BLOCK_SIZES))}: vllm/config/cache.py BlockSize)"
     )
+    raise InputError("block_size", problem, f"use one of {', '.join(map(str, sizes))}")
 
 
 def tp_splits_heads(tp: int, attention_heads: int, kv_heads: int | None = None) -> bool:

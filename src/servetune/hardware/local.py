@@ -170,7 +170,57 @@ def cpu_facts() -> dict[str, object]:
                 mem_gib = int(line.split()[1]) * 1024 / 2**30
     except OSError:  # pragma: no cover
         mem_gib = 8.0
+    limit = cgroup_memory_limit_bytes()
+    if limit is not None:  # a container's limit, below the host's MemTotal
+        mem_gib = min(mem_gib, limit / 2**30) if mem_gib else limit / 2**30
     return {"cores": cores, "model": model, "flags": sorted(flags), "memory_gib": mem_gib}
+
+
+# cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit value
+# (9223372036854771712 on 4 KiB pages); anything at or above 2^62 is read as none.
+_NO_LIMIT = 2**62
+
+
+def cgroup_memory_limit_bytes(
+    root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """The memory limit of this process's cgroup, the smallest along its path to the root
+    (a parent's limit binds its children): cgroup v2 `memory.max` ("max": none), else v1
+    `memory/memory.limit_in_bytes` (Linux admin-guide cgroup-v2.rst and cgroup-v1/memory.rst).
+    None when no limit is set or none can be read: MemTotal (the host's RAM) stands."""
+    try:
+        entries = [ln.split(":", 2) for ln in self_cgroup.read_text().splitlines()]
+    except OSError:
+        entries = []
+    # /proc/self/cgroup: "hierarchy-id:controllers:path"; v2's line is "0::<path>"
+    v2 = next((e[2] for e in entries if len(e) == 3 and e[0] == "0" and not e[1]), "/")
+    v1 = next((e[2] for e in entries if len(e) == 3 and "memory" in e[1].split(",")), "/")
+    limits = []
+    for base, rel, name in (
+        (root, v2, "memory.max"),
+        (root / "memory", v1, "memory.limit_in_bytes"),
+    ):
+        here = base.joinpath(rel.strip("/")) if rel.strip("/") else base
+        while True:  # the process's cgroup, then each parent up to the mount point
+            limits.append(_read_limit(here / name))
+            if here == base or base not in here.parents:
+                break
+            here = here.parent
+    found = [v for v in limits if v is not None]
+    return min(found) if found else None
+
+
+def _read_limit(path: Path) -> int | None:
+    """One cgroup memory limit file: bytes, or None for "max", an unlimited v1 value, an
+    absent or unreadable file."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None  # "max" (v2: no limit)
+    value = int(text)
+    return value if 0 < value < _NO_LIMIT else None
 
 
 # --------------------------------------------------------------------------- sampling

@@ -42,6 +42,11 @@ class HardwareSpec(BaseModel):
     interconnect: Literal["nvlink", "pcie", "infinity-fabric", "none"] = "pcie"
     # Per-device, one direction, GB/s: what a ring all-reduce can push.
     interconnect_gbs: float = Field(0.0, ge=0, le=MAX_GBS)
+    # A point-to-point mesh (AMD Infinity Fabric: 7 links to the 7 peers of an 8-GPU
+    # board) rather than a switch: interconnect_gbs is all `interconnect_links` together,
+    # and a TP group of n GPUs reaches its n - 1 peers over n - 1 of them
+    # (`allreduce_gbs`). None: a switch (NVSwitch) or bus gives every TP size the figure.
+    interconnect_links: PositiveInt | None = None
     # Between nodes (per device, one direction), for pipeline parallelism.
     node_interconnect_gbs: float = Field(50.0, ge=0, le=MAX_GBS)
     source: str = Field(..., min_length=1)  # datasheet the figures come from
@@ -49,6 +54,14 @@ class HardwareSpec(BaseModel):
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GiB)
+
+    def allreduce_gbs(self, tp: int) -> float:
+        """One direction GB/s a TP group of `tp` GPUs all-reduces over: interconnect_gbs,
+        or on a point-to-point mesh the min(tp - 1, links) links that reach the peers."""
+        if self.interconnect_links is None or tp <= 1:
+            return self.interconnect_gbs
+        per_link = self.interconnect_gbs / self.interconnect_links
+        return per_link * min(tp - 1, self.interconnect_links)
 
     @property
     def bandwidth_bytes_s(self) -> float:

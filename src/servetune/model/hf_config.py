@@ -217,6 +217,7 @@ def spec_from_hf_dict(cfg: dict[str, Any], name: str, source: str = "config.json
             "params_embedding": counts.embedding,
             "params_lm_head": counts.lm_head,
             "params_classes": counts.classes,
+            "params_attention_replicated": counts.attention_replicated,
         }
     )
 
@@ -252,9 +253,17 @@ def _flatten(cfg: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
 
 
 def _model_type(flat: dict[str, Any], architecture: str | None) -> str | None:
+    """The family to read the config as: its model_type, or, when that names no family
+    servetune knows, the family of its `architectures` class. A release with its own
+    model_type on a known architecture (Kimi-K2: model_type `kimi_k2`, architectures
+    `DeepseekV3ForCausalLM`) is built as that class, as vLLM does: it picks the model
+    class from `architectures` (vllm/model_executor/models/registry.py), not model_type."""
     mt = flat.get("model_type")
     if isinstance(mt, str) and mt:
-        return _ALIASES.get(mt, mt)
+        mt = _ALIASES.get(mt, mt)
+        if mt in _FAMILIES or not architecture:
+            return mt
+        return _ARCH_TO_TYPE.get(architecture, mt)
     if architecture:
         return _ARCH_TO_TYPE.get(architecture, architecture)
     return None
@@ -308,7 +317,8 @@ def _build_spec(
     else:
         head_dim = _opt_int(flat, "head_dim", source) or _default_head_dim(hidden, heads, source)
     window, sliding_layers = _sliding(flat, family.sliding, layers, max_pos, source)
-    tied = flat.get("tie_word_embeddings", family.tied_default)
+    tied = _tied(flat, family, source)
+    derived, derived_origin = derived_max_model_len(flat, max_pos, source)
     dtype = flat.get("torch_dtype") or flat.get("dtype") or "bfloat16"
     try:
         return ModelSpec(
@@ -323,7 +333,9 @@ def _build_spec(
             vocab_size=get("vocab_size"),
             intermediate_size=get("intermediate_size"),
             max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(tied),
+            derived_max_model_len=derived,
+            max_model_len_origin=derived_origin,
+            tie_word_embeddings=tied,
             sliding_window=window,
             sliding_window_layers=sliding_layers,
             moe=_MOE_BUILDERS[family.moe](flat, source) if family.moe else None,
@@ -335,6 +347,66 @@ def _build_spec(
         )
     except ValidationError as exc:
         raise from_validation_error(exc, prefix=source) from None
+
+
+def _tied(flat: dict[str, Any], family: _Family, source: str) -> bool:
+    """tie_word_embeddings as a JSON bool (absent: the family's HF default). A string is
+    refused: Python reads any non-empty one, "false" included, as true, which would drop
+    the LM head from the weights (transformers' PretrainedConfig takes the value as given)."""
+    value = flat.get("tie_word_embeddings")
+    if value is None:
+        return family.tied_default
+    if not isinstance(value, bool):
+        raise InputError(
+            f"{source}: tie_word_embeddings",
+            f"must be true or false (a JSON bool), got {value!r}",
+            'write it without quotes: "tie_word_embeddings": false',
+        )
+    return value
+
+
+# vLLM's rule for the context a config allows (vllm/config/model.py
+# `_get_and_verify_max_len`): the smallest of the length keys (max_position_embeddings
+# here), then, unless the model_type contains "gemma3" (its 128K is already scaled) or the
+# rope type is su / longrope / llama3, x rope_scaling["factor"] (1 when absent: "default"
+# defines none), a yarn config starting from original_max_position_embeddings instead.
+# transformers' patch_rope_scaling reads "type" as "rope_type"; v5 configs spell the
+# mapping rope_parameters.
+_ROPE_UNSCALED = ("su", "longrope", "llama3")
+
+
+def derived_max_model_len(
+    flat: dict[str, Any], max_pos: int, source: str
+) -> tuple[int | None, str]:
+    """(the context vLLM derives, what set it) from rope_scaling; (None, "") where that is
+    max_position_embeddings itself."""
+    key = "rope_scaling" if flat.get("rope_scaling") is not None else "rope_parameters"
+    rope = flat.get(key)
+    if rope is None:
+        return None, ""
+    where = f"{source}: {key}"
+    if not isinstance(rope, dict):
+        raise InputError(
+            where,
+            f"must be a JSON object, got {rope!r}",
+            'give {"rope_type": "yarn", "factor": 4.0, ...} as the model\'s release does, '
+            "or remove it",
+        )
+    model_type = str(flat.get("model_type") or "")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if "gemma3" in model_type or rope_type in _ROPE_UNSCALED:
+        return None, ""
+    factor = rope.get("factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise InputError(f"{where}.factor", f"must be a positive number, got {factor!r}")
+    start, start_key = max_pos, "max_position_embeddings"
+    if rope_type == "yarn" and rope.get("original_max_position_embeddings") is not None:
+        start = _int(rope, "original_max_position_embeddings", where)
+        start_key = "original_max_position_embeddings"
+    derived = int(start * factor)
+    if derived == max_pos or derived < 1:
+        return None, ""
+    return derived, f"rope_scaling {rope_type}: {start_key} {start:,} x factor {factor:g}"
 
 
 def _default_head_dim(hidden: int, heads: int, source: str) -> int:
@@ -405,6 +477,14 @@ def _mla(flat: dict[str, Any], source: str) -> MLASpec:
 def _moe(flat: dict[str, Any], source: str, **keys: str | int) -> MoESpec:
     """MoESpec from config keys: each kwarg names the config key (str) or is a value (int)."""
     values = {k: _int(flat, v, source) if isinstance(v, str) else v for k, v in keys.items()}
+    if values["experts_per_token"] > values["num_experts"]:
+        k_key, e_key = keys["experts_per_token"], keys["num_experts"]
+        raise InputError(
+            f"{source}: {k_key}",
+            f"{values['experts_per_token']} is more than {e_key} {values['num_experts']}: "
+            "the router picks that many of the experts",
+            f"give at most {values['num_experts']}",
+        )
     try:
         return MoESpec(**values)
     except ValidationError as exc:

@@ -46,6 +46,7 @@ class ParamCounts:
     embedding: int
     lm_head: int
     classes: ParamClasses = ParamClasses()
+    attention_replicated: int = 0  # of classes.attention: whole on every TP rank in vLLM
 
 
 def gated_mlp_params(hidden: int, intermediate: int, bias: bool = False) -> int:
@@ -107,6 +108,18 @@ def mla_attention_params(spec: ModelSpec) -> int:
     )
     o = heads * mla.v_head_dim * hidden
     return q + kv + o
+
+
+def mla_replicated_params(spec: ModelSpec) -> int:
+    """MLA's down-projections, one layer: q_a_proj (hidden -> q_lora, when q_lora_rank is
+    set) and kv_a_proj_with_mqa (hidden -> kv_lora + rope). vLLM builds both as
+    ReplicatedLinear (vllm/model_executor/models/deepseek_v2.py, DeepseekV2MLAAttention;
+    fused as one MergedReplicatedLinear in later releases): every TP rank holds them
+    whole. 0 for other attention."""
+    mla = spec.mla
+    if mla is None:
+        return 0
+    return spec.hidden_size * ((mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim)
 
 
 def attention_params(spec: ModelSpec, traits: Traits) -> int:
@@ -212,4 +225,5 @@ def count_params(spec: ModelSpec, traits: Traits) -> ParamCounts:
         embedding=embedding,
         lm_head=lm_head,
         classes=param_classes(spec),
+        attention_replicated=layers * mla_replicated_params(spec),
     )

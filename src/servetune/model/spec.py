@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 # Body tensor classes a checkpoint can quantize separately (HF module names in model.quantization).
 TensorClass = Literal["attention", "mlp", "experts", "shared_experts", "lm_head"]
@@ -27,6 +27,19 @@ class MoESpec(BaseModel):
     shared_expert_intermediate_size: int = Field(0, ge=0)
     # DeepSeek's first_k_dense_replace: the first k layers use a dense MLP.
     first_dense_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _picks_at_most_all(self) -> MoESpec:
+        """A token's router picks experts_per_token of the num_experts (top-k of the
+        router's logits: transformers' `torch.topk(router_logits, top_k)` fails for k > E),
+        so more picks than experts is a typo no engine runs; left in, the roofline's
+        (1 - k/E)^batch overflows."""
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"experts_per_token {self.experts_per_token} is more than num_experts "
+                f"{self.num_experts}: the router picks k of the E experts"
+            )
+        return self
 
 
 class MLASpec(BaseModel):
@@ -107,6 +120,11 @@ class ModelSpec(BaseModel):
     vocab_size: PositiveInt
     intermediate_size: PositiveInt
     max_position_embeddings: PositiveInt
+    # The context vLLM derives from config.json (`_get_and_verify_max_len`: rope_scaling's
+    # factor applied, `model.hf_config.derived_max_model_len`); None: max_position_embeddings.
+    derived_max_model_len: PositiveInt | None = None
+    # What set `derived_max_model_len`, for messages: "rope_scaling yarn: 32768 x 4.0".
+    max_model_len_origin: str = ""
     tie_word_embeddings: bool = False
     # Sliding-window attention: `sliding_window_layers` of `num_layers` keep only
     # the last `sliding_window` tokens of KV (Gemma 2/3 interleave, Mistral v0.1 all).
@@ -127,10 +145,28 @@ class ModelSpec(BaseModel):
     params_embedding: int = Field(0, ge=0)  # input embedding table
     params_lm_head: int = Field(0, ge=0)  # 0 when tied to the embedding
     params_classes: ParamClasses = ParamClasses()  # block matrices by class
+    # Of params_classes.attention: the matrices vLLM builds as ReplicatedLinear, whole on
+    # every TP rank (MLA's q_a_proj and kv_a_proj_with_mqa, model.params.
+    # mla_replicated_params); the MoE router is replicated too (`plan.memory.
+    # replicated_bytes` keeps both whole per rank).
+    params_attention_replicated: int = Field(0, ge=0)
 
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    @property
+    def context_limit(self) -> int:
+        """The longest max_model_len vLLM accepts for this model (and its default):
+        `derived_max_model_len`, else max_position_embeddings."""
+        return self.derived_max_model_len or self.max_position_embeddings
+
+    @property
+    def context_limit_origin(self) -> str:
+        """Where `context_limit` comes from, in config.json's terms."""
+        if self.derived_max_model_len is None:
+            return f"{self.name}'s max_position_embeddings"
+        return f"{self.name}'s {self.max_model_len_origin or 'derived context'}"
 
     @property
     def full_attention_layers(self) -> int:

@@ -145,20 +145,35 @@ def activation_peak_bytes(
     return batched_tokens * per_token * 2 + logits
 
 
+def replicated_bytes(model: ModelSpec, fmt: WeightFormat) -> float:
+    """Block weights vLLM keeps whole on every TP rank, all layers: MLA's down-projections
+    (ModelSpec.params_attention_replicated, at the format's attention rate) and the MoE
+    routers (`gate = ReplicatedLinear(hidden, n_experts, quant_config=None)` in
+    vllm/model_executor/models/deepseek_v2.py, mixtral.py, qwen3_moe.py; GPT-OSS's router
+    is a plain torch.nn.Linear), at the rate `weights_bytes` gives them."""
+    attention_bits = fmt.class_bits.get("attention", fmt.body_bits)
+    mla = model.params_attention_replicated * attention_bits
+    return (mla + model.params_classes.router * fmt.body_bits) / 8
+
+
 def weights_per_gpu_bytes(model: ModelSpec, fmt: WeightFormat, tp: int, pp: int) -> float:
     """Weights on the most loaded GPU: TP shards every matrix (vocab-parallel embedding
-    and LM head too); PP splits layers, the first stage also holds the embedding and the
-    last the LM head (Megatron-LM / vLLM layout)."""
+    and LM head too) except the replicated ones (`replicated_bytes`), which every rank
+    holds whole; PP splits layers, the first stage also holds the embedding and the last
+    the LM head (Megatron-LM / vLLM layout)."""
     total = weights_bytes(model, fmt)
     embed_bits = fmt.lm_head_bits if model.params_lm_head == 0 else fmt.embedding_bits
     embed = model.params_embedding * embed_bits / 8
     head = model.params_lm_head * fmt.lm_head_bits / 8
     body = total - embed - head
+    # a TP shard of the replicated matrices is counted in total / tp; the rest of them too
+    whole = replicated_bytes(model, fmt) * (1 - 1 / tp)
     if pp == 1:
-        return total / tp
+        return total / tp + whole
     # A tied embedding is needed on both the first and the last stage.
     edge = max(embed, head) if model.params_lm_head else embed
-    return (body * math.ceil(model.num_layers / pp) / model.num_layers + edge) / tp
+    share = math.ceil(model.num_layers / pp) / model.num_layers
+    return (body * share + edge) / tp + whole * share
 
 
 class MemoryBudget(BaseModel):
@@ -186,6 +201,11 @@ class MemoryBudget(BaseModel):
     # the share of memory the engine sizes with: vLLM's gpu_memory_utilization, SGLang's
     # mem_fraction_static (given or its own default); None with an explicit pool
     memory_fraction: float | None = None
+    # SGLang: the tokens its pool holds as SGLang counts them (`sglang_pool`, its
+    # max_total_num_tokens), which its max_running_requests default is derived from; the
+    # planner's capacity is this number. None: capacity is the pool over the bytes a token
+    # takes (`planner.evaluate`).
+    kv_pool_tokens: int | None = None
 
     @property
     def free_after_load_bytes(self) -> float:
@@ -222,8 +242,11 @@ def memory_budget(
     weights = weights_per_gpu_bytes(model, fmt, tp, pp)
     activation = activation_peak_bytes(model, cfg, batched, seqs)  # the worst stage's
     overhead = overheads.total_bytes(hw, cfg)
+    # vLLM's budget is gpu_memory_utilization x torch.cuda.mem_get_info()[1] (vllm/v1/worker/
+    # gpu_worker.py `determine_available_memory`), CUDA's total, not nvidia-smi's
     device = float(hw.memory_bytes)
     headroom_context = 0.0
+    pool_tokens: int | None = None
     fraction: float | None = cfg.gpu_memory_utilization
     if cfg.kv_cache_space_gib is not None:
         usable = device
@@ -238,7 +261,7 @@ def memory_budget(
         sg = sglang_pool(hw, cfg, weights, per_token, max_model_len, overhead, given_knobs)
         usable, pool, activation = sg.usable_bytes, sg.kv_pool_bytes, sg.reserved_bytes
         batched, seqs = sg.chunked_prefill_size or MAX_PREFILL_TOKENS, sg.max_running_requests
-        fraction = sg.mem_fraction_static
+        fraction, pool_tokens = sg.mem_fraction_static, sg.pool_tokens
     else:
         usable = cfg.gpu_memory_utilization * device
         pool = usable - weights - activation - overhead
@@ -265,4 +288,5 @@ def memory_budget(
         explicit_kv_pool=cfg.kv_cache_space_gib is not None,
         headroom_context_bytes=headroom_context,
         memory_fraction=fraction,
+        kv_pool_tokens=pool_tokens,
     )

@@ -12,7 +12,7 @@ import math
 from pydantic import BaseModel, Field
 
 from servetune.engines.config import EngineConfig
-from servetune.engines.rules import tp_splits_heads
+from servetune.engines.rules import check_batch_limits, tp_splits_heads
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
@@ -20,7 +20,12 @@ from servetune.plan import kv as kvmath
 from servetune.plan import roofline
 from servetune.plan.memory import MemoryBudget, Overheads, memory_budget
 from servetune.plan.presets import Scenario
-from servetune.plan.quant import WEIGHT_FORMATS, served_format
+from servetune.plan.quant import (
+    VLLM_METHOD_RULES,
+    WEIGHT_FORMATS,
+    quantize_choice,
+    served_format,
+)
 from servetune.plan.sglang_pool import page_tokens
 from servetune.units import GiB, KiB, MiB
 
@@ -117,14 +122,17 @@ class Plan(BaseModel):
 
 
 def resolve_max_model_len(model: ModelSpec, cfg: EngineConfig) -> int:
-    """vLLM's default max_model_len is the model's max_position_embeddings."""
-    length = cfg.max_model_len or model.max_position_embeddings
-    if length > model.max_position_embeddings:
+    """vLLM's default max_model_len, and its ceiling, is the context it derives from
+    config.json (`ModelSpec.context_limit`: max_position_embeddings, scaled by
+    rope_scaling's factor as vLLM's `_get_and_verify_max_len` does); longer is refused
+    ("User-specified max_model_len ... is greater than the derived max_model_len")."""
+    limit = model.context_limit
+    length = cfg.max_model_len or limit
+    if length > limit:
         raise InputError(
             "max_model_len",
-            f"{length} exceeds {model.name}'s max_position_embeddings "
-            f"({model.max_position_embeddings})",
-            f"use at most {model.max_position_embeddings}",
+            f"{length} exceeds {model.context_limit_origin} ({limit})",
+            f"use at most {limit}",
         )
     return length
 
@@ -143,20 +151,28 @@ def evaluate(
     max_len = resolve_max_model_len(model, cfg)
     budget = memory_budget(model, hw, cfg, max_len, overheads, given_knobs)
     block = page_tokens(cfg, given_knobs)  # SGLang: --page-size, 1 by default
-    blocks = kvmath.pool_blocks(budget.kv_pool_bytes, block, budget.kv_effective_bytes_per_token)
-    capacity = blocks * block
     context = min(avg_context or max_len, max_len)
-    # Sliding-window models: the per-token cost depends on the context length.
-    ctx_bytes = kvmath.effective_kv_bytes_per_token(
-        model,
-        budget.kv_dtype_bytes,
-        context,
-        cfg.tensor_parallel_size,
-        cfg.pipeline_parallel_size,
-    )
-    kv_seqs = kvmath.max_sequences(
-        kvmath.pool_blocks(budget.kv_pool_bytes, block, ctx_bytes), block, context
-    )
+    if budget.kv_pool_tokens is not None:
+        # SGLang: the pool as SGLang counts it (`plan.sglang_pool`, every layer at full
+        # cost, --max-total-tokens applied), the number its max_running_requests came from
+        blocks = budget.kv_pool_tokens // block
+        kv_seqs = kvmath.max_sequences(blocks, block, context)
+    else:
+        blocks = kvmath.pool_blocks(
+            budget.kv_pool_bytes, block, budget.kv_effective_bytes_per_token
+        )
+        # Sliding-window models: the per-token cost depends on the context length.
+        ctx_bytes = kvmath.effective_kv_bytes_per_token(
+            model,
+            budget.kv_dtype_bytes,
+            context,
+            cfg.tensor_parallel_size,
+            cfg.pipeline_parallel_size,
+        )
+        kv_seqs = kvmath.max_sequences(
+            kvmath.pool_blocks(budget.kv_pool_bytes, block, ctx_bytes), block, context
+        )
+    capacity = blocks * block
     at_max = min(kvmath.max_sequences(blocks, block, max_len), budget.max_num_seqs)
     concurrency = min(kv_seqs, budget.max_num_seqs)
     limited_by = "kv_cache" if kv_seqs < budget.max_num_seqs else "max_num_seqs"
@@ -369,11 +385,14 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
                 "lower gpu_memory_utilization", "gpu_memory_utilization", b.memory_fraction, util
             )
     batched = b.max_num_batched_tokens
+    # halved, never below 256 nor, on vLLM, below max_num_seqs (`check_batch_limits`: vLLM
+    # refuses max_num_batched_tokens < max_num_seqs at start-up)
+    floor = max(256, b.max_num_seqs if cfg.engine == "vllm" else 0)
     steps += _lower(
         "lower max_num_batched_tokens",
         "max_num_batched_tokens",
         batched,
-        max(batched // 2, 256),
+        max(batched // 2, floor),
     )
     steps += _lower(
         "lower max_num_seqs", "max_num_seqs", b.max_num_seqs, max(b.max_num_seqs // 2, 1)
@@ -382,9 +401,14 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
     if shorter >= max(req.input_tokens + req.output_tokens, req.avg_context or 0):
         # never a max_model_len the workload's requests outgrow: the engine would refuse them
         steps += _lower("lower max_model_len", "max_model_len", base.max_model_len, shorter)
-    if cfg.quantization is None and req.model.quantization is None:  # 16-bit weights
-        quant = "fp8" if "fp8" in req.hardware.tflops else "awq"
-        steps.append((f"quantize weights ({WEIGHT_FORMATS[quant].note})", {"quantization": quant}))
+    quant = quantize_choice(req.hardware)  # a format vLLM starts on this GPU
+    if cfg.quantization is None and req.model.quantization is None and quant:  # 16-bit
+        how = (
+            "quantize weights"
+            if VLLM_METHOD_RULES[quant].quantizes_at_load
+            else f"load a pre-quantized {quant.upper()} release (vLLM cannot quantize to it)"
+        )
+        steps.append((f"{how} ({WEIGHT_FORMATS[quant].note})", {"quantization": quant}))
     if b.kv_dtype_bytes > 1:  # not already an 8-bit pool (asked for, or the checkpoint's)
         steps.append(("fp8 KV cache", {"kv_cache_dtype": "fp8"}))
     if not cfg.enforce_eager and req.hardware.kind == "gpu":
@@ -404,6 +428,8 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
                 req.model, req.hardware, cfg.with_(**change), req.context, req.overheads, given
             )
             ev = request_verdict(ev, req.input_tokens + req.output_tokens)
+            # a fix the engine would refuse at start-up is no fix
+            check_batch_limits(ev.config, ev.budget.max_num_seqs, ev.budget.max_num_batched_tokens)
         except (InputError, ValueError):
             continue
         ratio = ev.kv_capacity_tokens / base.kv_capacity_tokens if base.kv_capacity_tokens else 0
@@ -534,7 +560,7 @@ def scenario_config(
     """Apply a scenario's starting knobs (seed 003 §12), its weight format included (cpu-edge:
     GGUF Q4_K_M), without overriding what the user set."""
     knobs = {
-        "max_model_len": min(scenario.max_model_len, model.max_position_embeddings),
+        "max_model_len": min(scenario.max_model_len, model.context_limit),
         "max_num_seqs": scenario.max_num_seqs,
         "max_num_batched_tokens": scenario.max_num_batched_tokens,
         "gpu_memory_utilization": scenario.gpu_memory_utilization,

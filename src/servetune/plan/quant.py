@@ -153,6 +153,74 @@ FP8_MIN_CAPABILITY = 8.0
 FP8_W8A8_CAPABILITY = 8.9
 
 
+@dataclass(frozen=True)
+class MethodRule:
+    """What vLLM's QuantizationConfig for one method demands of the GPU at start-up:
+    `get_min_capability()` (compute capability x 10 there) and `get_supported_act_dtypes()`.
+    vLLM checks both when it builds the config (`_get_quantization_config`: "The
+    quantization method X is not supported for the current GPU. Minimum capability: N",
+    "<dtype> is not supported for quantization method X. Supported dtypes: [...]")."""
+
+    min_capability: float
+    act_dtypes: tuple[str, ...]  # servetune's dtype names (bf16, fp16)
+    config: str  # vLLM's class and file, vllm/model_executor/layers/quantization/<file>
+    # vLLM quantizes a 16-bit checkpoint to this method at load (`--quantization fp8`:
+    # Fp8Config with is_checkpoint_fp8_serialized False quantizes the weights in
+    # Fp8LinearMethod.process_weights_after_loading); False: its create_weights allocates
+    # the packed weights and scales a checkpoint in that method ships (AWQ/GPTQ qweight,
+    # qzeros, scales; MXFP4's uint8 experts), so only such a checkpoint loads
+    quantizes_at_load: bool = False
+
+    @property
+    def source(self) -> str:
+        return f"{self.config}.get_min_capability() = {round(self.min_capability * 10)}"
+
+
+VLLM_METHOD_RULES: dict[str, MethodRule] = {
+    "fp8": MethodRule(8.0, ("bf16", "fp16"), "fp8.py Fp8Config", quantizes_at_load=True),
+    "modelopt": MethodRule(8.9, ("bf16", "fp16"), "modelopt.py ModelOptFp8Config"),
+    "mxfp4": MethodRule(8.0, ("bf16",), "mxfp4.py Mxfp4Config"),
+    "awq": MethodRule(7.5, ("fp16",), "awq.py AWQConfig"),
+    "gptq": MethodRule(6.0, ("fp16",), "gptq.py GPTQConfig"),
+}
+# The engines whose start-up applies VLLM_METHOD_RULES: vLLM, and SGLang, whose
+# QuantizationConfig classes carry the same get_min_capability / get_supported_act_dtypes.
+RULE_ENGINES = ("vllm", "sglang")
+# The formats a 16-bit model can be planned in to save memory, in the order offered.
+QUANTIZE_CHOICES = ("fp8", "awq", "gptq")
+
+
+def method_runs_on(method: str, hw: HardwareSpec) -> bool:
+    """Whether vLLM starts `method` on `hw` (VLLM_METHOD_RULES' minimum capability). No
+    recorded capability (AMD, CPU hosts): fp8 where the device lists FP8 matmuls (the
+    hardware catalog's tflops), the others unchecked."""
+    rule = VLLM_METHOD_RULES.get(method)
+    cc = hw.compute_capability
+    if rule is None:
+        return True
+    if cc is None:
+        return method != "fp8" or "fp8" in hw.tflops
+    return cc >= rule.min_capability
+
+
+def needs_prequantized(method: str | None, model: ModelSpec) -> bool:
+    """Whether `method` asked of `model` needs a checkpoint already quantized in it: vLLM
+    quantizes only to fp8 at load (MethodRule.quantizes_at_load), so AWQ, GPTQ or MXFP4
+    on a 16-bit checkpoint start no engine (their kernels read packed weights and scales
+    the 16-bit release does not have)."""
+    if not method or loads_as_shipped(method, model) or model.quantization is not None:
+        return False
+    rule = VLLM_METHOD_RULES.get(method)
+    return rule is not None and not rule.quantizes_at_load
+
+
+def quantize_choice(hw: HardwareSpec) -> str | None:
+    """The format to offer a 16-bit model that does not fit: fp8 where vLLM runs it (W8A8
+    from capability 8.9, Marlin W8A16 on 8.0-8.8 such as the A100), else the first
+    pre-quantized format the GPU runs (T4: awq; V100: gptq); None if none does."""
+    return next((m for m in QUANTIZE_CHOICES if method_runs_on(m, hw)), None)
+
+
 def on_hardware(fmt: WeightFormat, hw: HardwareSpec) -> WeightFormat:
     """`fmt` as vLLM runs it on `hw`: FP8 weights on compute capability 8.0-8.8 run
     weight-only (16-bit matmuls, FP8_W8A8_CAPABILITY says why); anything else as is.
@@ -178,16 +246,63 @@ def served_format(
     return on_hardware(weight_format(dtype, quantization, model), hw)
 
 
-def check_runs_on(fmt: WeightFormat, hw: HardwareSpec, field_name: str) -> None:
-    """A one-line error for FP8 weights on a GPU below compute capability 8.0, where vLLM
-    refuses the method at start-up (FP8_MIN_CAPABILITY says where the rule is from)."""
+def _runs_here(hw: HardwareSpec, shipped: bool) -> str:
+    """The fix naming the formats `hw` runs (`method_runs_on`), pre-quantized ones said so;
+    `shipped`: the refused format is the checkpoint's own, so the others start from the
+    model's 16-bit release."""
+    ok = [m for m in QUANTIZE_CHOICES if method_runs_on(m, hw)]
+    newer = "a GPU of a newer compute capability"
+    if not ok:
+        return f"plan 16-bit weights, or {newer}"
+    at_load = [f"--quant {m}" for m in ok if VLLM_METHOD_RULES[m].quantizes_at_load]
+    released = [m for m in ok if not VLLM_METHOD_RULES[m].quantizes_at_load]
+    named = at_load + ([f"{' or '.join(released)} (a pre-quantized release)"] if released else [])
+    start = "plan the model's 16-bit release with " if shipped else "use "
+    return f"{start}{', or '.join(named)}, or {newer}"
+
+
+def check_runs_on(
+    fmt: WeightFormat,
+    hw: HardwareSpec,
+    field_name: str,
+    *,
+    dtype: str = "auto",
+    engine: str = "vllm",
+    shipped: bool = False,
+) -> None:
+    """A one-line error for weights vLLM refuses on `hw` at start-up: a method below its
+    minimum compute capability (VLLM_METHOD_RULES: modelopt FP8 89, fp8 and mxfp4 80, awq
+    75, gptq 60), or an explicit `dtype` the method does not run its activations in
+    (mxfp4: bfloat16 only; awq, gptq: float16 only). Formats without a rule keep the FP8
+    rule (W8A8 FP8 needs 8.0, FP8_MIN_CAPABILITY), for every engine. `dtype` auto is not
+    checked: vLLM resolves it from the checkpoint, which a quantized release ships in its
+    method's dtype. `shipped`: `fmt` is the checkpoint's own (the fix then starts from the
+    16-bit release)."""
     cc = hw.compute_capability
-    if fmt.compute == "fp8" and cc is not None and cc < FP8_MIN_CAPABILITY:
+    rule = VLLM_METHOD_RULES.get(fmt.name) if engine in RULE_ENGINES else None
+    if rule is not None and cc is not None and cc < rule.min_capability:
+        raise InputError(
+            field_name,
+            f"{fmt.name} weights need compute capability >= {rule.min_capability}, and "
+            f"{hw.display_name} has {cc} (vLLM's {rule.source})",
+            _runs_here(hw, shipped),
+        )
+    if rule is None and fmt.compute == "fp8" and cc is not None and cc < FP8_MIN_CAPABILITY:
         raise InputError(
             field_name,
             f"{fmt.name} weights need compute capability >= {FP8_MIN_CAPABILITY}, and "
             f"{hw.display_name} has {cc} (vLLM refuses FP8 below it)",
-            "use awq or gptq (int4 weight-only), or a GPU of compute capability 8.0 or newer",
+            _runs_here(hw, shipped),
+        )
+    asked = _DTYPE_ALIASES.get(dtype, dtype)
+    if rule is not None and dtype != "auto" and asked not in rule.act_dtypes:
+        names = {"bf16": "bfloat16", "fp16": "float16"}
+        allowed = " or ".join(names.get(d, d) for d in rule.act_dtypes)
+        raise InputError(
+            "--dtype",
+            f"{fmt.name} runs its activations in {allowed} only, not {names.get(asked, asked)} "
+            f"(vLLM's {rule.config}.get_supported_act_dtypes())",
+            f"use --dtype {names.get(rule.act_dtypes[0], rule.act_dtypes[0])}, or --dtype auto",
         )
 
 

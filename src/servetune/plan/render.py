@@ -151,7 +151,9 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     console.print(fx)
 
     console.print(f"[bold]Engine:[/] {result.engine} — {result.engine_reason}")
-    if not result.launch:
+    if result.launch_withheld:
+        console.print(f"Launch commands: none: {result.launch_withheld}", highlight=False)
+    elif not result.launch:
         console.print("Launch commands: none while it does not fit (a fix above first)")
     for name, spec in result.launch.items():
         console.print(f"[bold]{name}[/]: {spec.shell()}", soft_wrap=True, highlight=False)

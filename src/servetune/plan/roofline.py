@@ -156,10 +156,13 @@ def comm_s(model: ModelSpec, hw: HardwareSpec, tp: int, tokens: int, pp: int = 1
 
 
 def allreduce_s(hw: HardwareSpec, tp: int, tokens: int, hidden: int, act_bytes: int = 2) -> float:
-    """Ring all-reduce of a tokens x hidden activation across tp GPUs."""
+    """Ring all-reduce of a tokens x hidden activation across tp GPUs, over the links a
+    group of tp reaches its peers by (`HardwareSpec.allreduce_gbs`: on MI300X's mesh one
+    64 GB/s link at TP 2, all seven at TP 8)."""
     if tp <= 1:
         return 0.0
-    link = hw.interconnect_gbs * 1e9 if hw.interconnect_gbs > 0 else 16e9
+    gbs = hw.allreduce_gbs(tp)
+    link = gbs * 1e9 if gbs > 0 else 16e9
     size = tokens * hidden * act_bytes
     return 2 * (tp - 1) / tp * size / link + ALLREDUCE_LATENCY_S.get(hw.interconnect, 1e-5)
 

@@ -31,7 +31,14 @@ from servetune.plan.planner import (
     tp_candidates,
 )
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
-from servetune.plan.quant import check_dtype_runs_on, check_runs_on, weight_format
+from servetune.plan.quant import (
+    check_dtype_runs_on,
+    check_runs_on,
+    format_source,
+    method_runs_on,
+    needs_prequantized,
+    weight_format,
+)
 from servetune.units import GiB
 
 _DTYPES = {
@@ -89,6 +96,7 @@ class PlanResult:
     launch: dict[str, Any]
     weight_format_origin: str = "--dtype"  # --quant, scenario <name>, checkpoint, --dtype
     kv_dtype_note: str = ""  # why the planned KV dtype is not the scenario's (`kv_dtype_fallback`)
+    launch_withheld: str = ""  # why a config that fits has no launch commands (`run_plan`)
 
 
 def _flag(name: str) -> str:
@@ -221,11 +229,18 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         keep = explicit | {"gpu_memory_utilization"} if args.engine == "sglang" else explicit
         config = scenario_config(scenario, config, keep, model)
     quant_flag = "--quant" if args.quant else "--scenario"
-    check_engine_loads(config, model, args.model, quant_flag, rule_device)
+    check_engine_loads(config, model, args.model, quant_flag, rule_device, hardware)
     config, kv_note = kv_dtype_fallback(config, args, scenario, rule_device)
     check_dtype_runs_on(config.dtype, hardware)  # an explicit bfloat16 below cc 8.0
     fmt = weight_format(config.dtype, config.quantization, model)
-    check_runs_on(fmt, hardware, quant_flag if config.quantization else "--gpu")
+    check_runs_on(
+        fmt,
+        hardware,
+        quant_flag if config.quantization else "--gpu",
+        dtype=config.dtype,
+        engine=config.engine,
+        shipped=format_source(config.quantization, model) == "checkpoint",
+    )
     try:
         max_len = resolve_max_model_len(model, config)
     except InputError as exc:
@@ -346,12 +361,18 @@ def _sizes(dtype: str, quant: str, model: ModelSpec) -> bool:
 
 
 def check_engine_loads(
-    cfg: EngineConfig, model: ModelSpec, given: str, flag: str, device: Device
+    cfg: EngineConfig,
+    model: ModelSpec,
+    given: str,
+    flag: str,
+    device: Device,
+    hw: HardwareSpec | None = None,
 ) -> None:
     """A weight format the planned engine cannot load is refused in simulate's words
     (cli.engine_cmd `_check_engine_has_flags`: "<engine> has no flag for it: <why>"):
     planning the engine on it would size weights it never serves. GGUF types are checked
-    against a .gguf file, which vLLM loads them from. `given`: the --model argument."""
+    against a .gguf file, which vLLM loads them from. `given`: the --model argument. The
+    formats offered instead are those `hw` also runs (`plan.quant.method_runs_on`)."""
     quant = cfg.quantization
     if quant is None:
         return
@@ -365,6 +386,7 @@ def check_engine_loads(
         if q not in GGUF_TYPES
         and _missing_flag(cfg.with_(quantization=q), given, device) is None
         and _sizes(cfg.dtype, q, model)
+        and (hw is None or method_runs_on(q, hw))
     ]
     detail = f": {why}" if why else ""
     fix = f"drop it, or use one {cfg.engine} loads: {', '.join(loads)}" if loads else "drop it"
@@ -394,9 +416,9 @@ def _limit_origin(args: PlanArgs, scenario: Scenario | None, model: ModelSpec) -
     """Where max_model_len came from, in the user's terms."""
     if args.max_model_len is not None:
         return "--max-model-len"
-    if scenario is not None and scenario.max_model_len < model.max_position_embeddings:
+    if scenario is not None and scenario.max_model_len < model.context_limit:
         return f"scenario {scenario.name}"
-    return f"{model.name}'s max_position_embeddings"
+    return model.context_limit_origin
 
 
 def check_request_fits(
@@ -411,7 +433,7 @@ def check_request_fits(
     refuses it (max_req_input_len), so a plan that sized or timed it clamped would report
     a workload that cannot be served. Same for --avg-context: no sequence holds more than
     max_model_len. One line naming the flag that set the length, and the fix."""
-    ceiling = model.max_position_embeddings
+    ceiling = model.context_limit
     origin = _limit_origin(args, scenario, model)
 
     def raise_to(n: int) -> str:
@@ -492,7 +514,8 @@ def run_plan(args: PlanArgs) -> PlanResult:
     cfg = plan.evaluation.config
     device = "cpu" if req.hardware.kind == "cpu" else "gpu"
     launch: dict[str, Any] = {}
-    if plan.evaluation.fits:  # a command for a config that cannot start would mislead
+    withheld = prequantized_note(cfg.quantization, req.model, args.model, req.hardware)
+    if plan.evaluation.fits and not withheld:  # a command that cannot start would mislead
         pool = planned_pool(plan.evaluation)
         launch = launch_commands(cfg, serving_reference(args.model), device=device, pool=pool)
         gguf = gguf_reference(args.model, plan.evaluation.budget.weight_format)
@@ -503,7 +526,36 @@ def run_plan(args: PlanArgs) -> PlanResult:
         plan.evaluation.budget.weight_format_source, args.quant is not None, plan.scenario
     )
     return PlanResult(
-        plan, req.model, req.hardware, scenario, engine, reason, launch, origin, req.kv_dtype_note
+        plan,
+        req.model,
+        req.hardware,
+        scenario,
+        engine,
+        reason,
+        launch,
+        origin,
+        req.kv_dtype_note,
+        withheld,
+    )
+
+
+def prequantized_note(quant: str | None, model: ModelSpec, given: str, hw: HardwareSpec) -> str:
+    """Why no command is printed for `quant` on a 16-bit checkpoint that the engines load
+    only pre-quantized (`plan.quant.needs_prequantized`: AWQ, GPTQ, MXFP4): the plan sizes
+    the weights in that format, and the release to serve is another checkpoint. Empty
+    otherwise. Where `hw` runs fp8, which vLLM quantizes to at load, it is offered too
+    (A100: Marlin W8A16)."""
+    if not quant or not needs_prequantized(quant, model):
+        return ""
+    alt = (
+        ", or plan --quant fp8, which vLLM quantizes to at load"
+        if method_runs_on("fp8", hw)
+        else ""
+    )
+    return (
+        f"{given} is a 16-bit checkpoint and vLLM cannot quantize it to {quant} at load: "
+        f"serve a pre-quantized {quant.upper()} release of it (plan that checkpoint's "
+        f"config.json with --model){alt}"
     )
 
 
@@ -570,5 +622,6 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
             name: list(spec.unsupported) for name, spec in result.launch.items()
         },
         "launch_notes": {name: list(spec.notes) for name, spec in result.launch.items()},
+        "launch_withheld": result.launch_withheld,
         "gib": {"weights": b.weights_bytes / GiB, "kv_pool": b.kv_pool_bytes / GiB},
     }
