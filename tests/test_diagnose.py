@@ -44,12 +44,12 @@ def test_fits_in_kv_uses_p99_lengths_against_the_reported_pool() -> None:
 def test_gpu_downclocking_from_recorded_clocks() -> None:
     """Synthetic: no GPU here. NVML's SM clock fell to 1100 of 1980 MHz at 87 C."""
     ev = Evidence("x")
-    ev.tel = {"gpu_sm_clock_mhz_min": 1100.0, "gpu_sm_clock_max_mhz_max": 1980.0,
+    ev.tel = {"gpu_sm_clock_mhz_busy_min": 1100.0, "gpu_sm_clock_max_mhz_max": 1980.0,
               "gpu_temp_c_max": 87.0, "gpu_util_mean": 0.9}  # fmt: skip
     found = diagnose(ev)
     assert found[0].key == "gpu_downclocked"
     assert "1100 of 1980 MHz" in found[0].trigger
-    ev.tel["gpu_sm_clock_mhz_min"] = 1900.0
+    ev.tel["gpu_sm_clock_mhz_busy_min"] = 1900.0
     assert "gpu_downclocked" not in keys(ev)
 
 

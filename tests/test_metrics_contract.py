@@ -248,9 +248,9 @@ def test_a_warm_up_longer_than_the_run_is_said_not_dropped_silently() -> None:
     m = compute_metrics(open_loop(30, 100, 500), warmup_s=10)
     assert m.window_whole_run and m.measured == 30
     assert window_note(m) == (
-        "the warm-up + cool-down (10 s) leave no window in this run: every request is "
-        "measured, the warm-up's too; raise --count or --duration, or shorten "
-        "warmup_s/cooldown_s"
+        "the warm-up + cool-down (10 s) leave no window in this run, or one shorter than "
+        "a request's median latency: every request is measured, the warm-up's too; raise "
+        "--count or --duration, or shorten warmup_s/cooldown_s"
     )
     assert window_note(compute_metrics(open_loop(30, 100, 500), warmup_s=1)) is None
 

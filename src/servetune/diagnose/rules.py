@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from servetune.diagnose.evidence import Evidence
-from servetune.diagnose.knobs import engine_has, knobs
+from servetune.diagnose.knobs import Defaults, engine_has, knobs
 from servetune.diagnose.predict import (
     fits_in_kv,
     fp8_kv_gain,
@@ -49,6 +49,11 @@ CLIENT_CPU = 0.9  # the client's processes above 90% of their cores (the runner'
 GPU_LOW_UTIL = 0.5  # GPU busy under half the time
 CLOCK_DROP = 0.8  # SM clock under 80% of its maximum: downclocked (seed 003 §13 "GPU降频")
 ERROR_SHARE = 0.001  # failed requests over 0.1% of those sent: seed 003 §1's 5xx ceiling
+# "TTFT high" / "TPOT high" is judged against the run's SLO; a run without one against seed
+# 003 §1's example service-level targets ("P95 TTFT小于800毫秒, P99 TTFT小于2秒, P95 TPOT小于
+# 40毫秒每token"): a 51 ms TTFT that is most of a 12-token answer is not high.
+PCTS = ("p50", "p90", "p95", "p99")
+SEED_SLO = {"ttft_ms": {"p95": 800.0, "p99": 2000.0}, "tpot_ms": {"p95": 40.0}}
 
 
 @dataclass
@@ -90,16 +95,71 @@ def _ttft_share(ev: Evidence) -> float | None:
     return t / e if t is not None and e else None
 
 
+def _over_target(ev: Evidence, metric: str) -> str | None:
+    """Why `metric` (ttft_ms, tpot_ms) is high: its first statistic above the run's SLO
+    target for it, else above seed 003 §1's example target (`SEED_SLO`); None when every
+    one is within (or nothing was measured)."""
+    targets, whose = ev.slo.get(metric), "the run's SLO"
+    if not targets:
+        targets, whose = SEED_SLO[metric], "seed 003 §1's example; the run set none"
+    dist = ev.ttft if metric == "ttft_ms" else ev.tpot
+    name = metric.split("_")[0].upper()
+    for stat, target in targets.items():
+        # a percentile not at hand is at least the highest lower one measured
+        below = PCTS[: PCTS.index(stat) + 1] if stat in PCTS else (stat,)
+        seen = [s for s in below if dist.get(s) is not None]
+        if seen and (v := dist[seen[-1]]) > target:
+            return (
+                f"{name} {_stat(seen[-1])} {_ms(v)} over the {_stat(stat)} target of"
+                f" {_ms(target)} ({whose})"
+            )
+    return None
+
+
+def _stat(stat: str) -> str:
+    return stat.upper() if stat in PCTS else stat
+
+
+def _smaller(
+    knob: str, now: Any, default: Defaults, nxt: Callable[[int], int], why: str
+) -> Action | None:
+    """`knob` lowered to `nxt(base)`: base is its value now, else the engine's lowest default
+    (so the value is below the default on every device). None when that is not below base:
+    a "smaller" that is the same or larger is no advice. An engine whose default is not
+    known here gets the direction only."""
+    base = now or (default[0] if default else None)
+    if base is None:
+        return Action(knob, "default", "below its default", why)
+    value = nxt(int(base))
+    return Action(knob, now or "default", value, why) if value < int(base) else None
+
+
+def _bigger(
+    knob: str, now: Any, default: Defaults, nxt: Callable[[int], int], why: str
+) -> Action | None:
+    """`knob` raised to `nxt(base)`: base is its value now, else the engine's default. None
+    when that is not above base. A default that depends on the device (vLLM's) gives no
+    number: nxt of the largest would be several times the smallest, and a batch or budget
+    raised that far on a small GPU is the next OOM."""
+    base = now or (default[0] if default and default[0] == default[1] else None)
+    if base is None:
+        shown = f" ({default[0]}, or {default[1]} by GPU)" if default else ""
+        return Action(knob, "default", f"above its default{shown}", why)
+    value = nxt(int(base))
+    return Action(knob, now or "default", value, why) if value > int(base) else None
+
+
 def _queue_share(ev: Evidence) -> float | None:
     """Share of TTFT spent queued: the engine's own queue histogram when it has one; else
-    a closed loop past the batch cap queues (users - cap) of every `users` requests. None
+    a load past the batch cap queues (users - cap) of every `users` requests: a closed
+    loop's users, an open loop's peak in flight (no arrival waits for an answer). None
     when no request completed: there is no TTFT to take a share of."""
     t = ev.ttft.get("mean")
     if not t:
         return None
     if ev.queue_ms is not None:
         return min(1.0, ev.queue_ms / t)
-    cap, users = ev.batch_cap, ev.concurrency
+    cap, users = ev.batch_cap, ev.concurrency or ev.max_in_flight
     if cap and users and ev.waiting_max and ev.waiting_max > 0 and users > cap:
         return (users - cap) / users
     return None
@@ -220,10 +280,9 @@ def oom(ev: Evidence) -> Finding | None:
     if kind != "oom" and not ev.oom_errors:
         return None
     c, k = ev.config, knobs(ev.engine)
-    mbt = ev.batched_tokens
-    seqs = ev.batch_cap
     tp = int(c.get("tensor_parallel_size") or 1)
     need = int((ev.input_tokens.get("p99") or 0) + (ev.output_tokens.get("p99") or 0))
+    mml = c.get("max_model_len")
     trig = (
         f"engine failure: {ev.failure.get('reason')}"
         if kind == "oom" and ev.failure
@@ -237,26 +296,36 @@ def oom(ev: Evidence) -> Finding | None:
         trig,
         95.0,
         [
-            _smaller_pool(ev),
-            Action(
-                "max_num_batched_tokens",
-                mbt or "default",
-                (mbt or 8192) // 2,
-                "2nd: smaller activation peaks",
+            *filter(
+                None,
+                [
+                    _smaller_pool(ev),
+                    _smaller(
+                        k.budget,
+                        ev.batched_tokens,
+                        k.budget_default,
+                        lambda b: b // 2,
+                        "2nd: smaller activation peaks",
+                    ),
+                    _smaller(
+                        k.batch,
+                        ev.batch_cap,
+                        k.batch_default,
+                        lambda b: max(1, b // 2),
+                        "3rd: fewer sequences",
+                    ),
+                    # a length already under what the requests need is not shortened
+                    None
+                    if mml and need and need >= int(mml)
+                    else Action(
+                        "max_model_len",
+                        mml or "model max",
+                        need or "P99 input + output",
+                        "4th: P99 input + output",
+                    ),
+                    _fifth_oom_step(ev),
+                ],
             ),
-            Action(
-                k.batch,
-                seqs or "default",
-                max(1, (seqs or 256) // 2),
-                "3rd: fewer sequences",
-            ),
-            Action(
-                "max_model_len",
-                c.get("max_model_len") or "model max",
-                need or "P99 input + output",
-                "4th: P99 input + output",
-            ),
-            *filter(None, [_fifth_oom_step(ev)]),
             Action("enforce_eager", bool(c.get("enforce_eager")), True, "6th: CUDA graph buffers"),
             Action(
                 "tensor_parallel_size",
@@ -268,17 +337,24 @@ def oom(ev: Evidence) -> Finding | None:
     )
 
 
-def _smaller_pool(ev: Evidence) -> Action:
-    """Seed 003 §13's 1st OOM step, a smaller KV pool, in the engine's own terms: a smaller
-    memory fraction (0.8 as seed 000 §6.1's first retry), or half the pool in tokens."""
-    if knobs(ev.engine).pool == "kv_cache_tokens":
+def _smaller_pool(ev: Evidence) -> Action | None:
+    """Seed 003 §13's 1st OOM step, a smaller KV pool, in the engine's own terms. A pool the
+    config fixes (kv_cache_tokens: llama.cpp -c, vLLM's block override; kv_cache_space_gib)
+    is halved: the memory fraction does not size it then, so lowering that changes
+    nothing. Else the fraction: 0.05 lower, to no less than seed 000 §6.1's 0.8 ("vLLM默认
+    0.9, 建议先设0.8"); a fraction already at or under 0.8 is not the one set too high, so
+    the step is skipped (never raised: max(0.8, 0.7) asked a 0.7 server for more memory)."""
+    c, why = ev.config, "1st: a smaller KV pool"
+    if knobs(ev.engine).pool == "kv_cache_tokens" or c.get("kv_cache_tokens"):
         tokens = ev.kv_pool_tokens
         nxt = tokens // 2 if tokens else "half the default -c"
-        return Action("kv_cache_tokens", tokens or "default", nxt, "1st: a smaller KV pool")
-    gmu = ev.config.get("gpu_memory_utilization") or 0.9
-    return Action(
-        "gpu_memory_utilization", gmu, round(max(0.8, gmu - 0.05), 2), "1st: a smaller KV pool"
-    )
+        return Action("kv_cache_tokens", tokens or "default", nxt, why)
+    if c.get("kv_cache_space_gib"):
+        space = float(c["kv_cache_space_gib"])
+        return Action("kv_cache_space_gib", space, space / 2, why)
+    gmu = float(c.get("gpu_memory_utilization") or 0.9)
+    nxt = round(max(0.8, gmu - 0.05), 2)
+    return Action("gpu_memory_utilization", gmu, nxt, why) if nxt < gmu else None
 
 
 def _fifth_oom_step(ev: Evidence) -> Action | None:
@@ -419,7 +495,8 @@ def kv_pressure(ev: Evidence) -> Finding | None:
         return None
     c, k = ev.config, knobs(ev.engine)
     cur, factor = fp8_kv_gain(ev)
-    trig = f"KV usage peaked at {kv or 0:.0%} with {pre:.0f} preemptions"
+    seen = "not measured" if kv is None else f"peaked at {kv:.0%}"
+    trig = f"KV usage {seen} with {pre:.0f} preemptions"
     if ev.ttft.get("p99") is not None:
         trig += f"; TTFT P99 {_ms(ev.ttft['p99'])} vs P50 {_ms(ev.ttft.get('p50'))}"
     acts = []
@@ -440,15 +517,18 @@ def kv_pressure(ev: Evidence) -> Finding | None:
         why = f"x{factor:.1f} blocks, from the planner's KV bytes per element"
         if fixed:
             why += f", in the same memory once kv_cache_tokens is raised x{factor:.1f}"
-        predicted = None if fixed else _kv_after(kv or 0.0, factor, pre)
+        # no peak measured, no peak to scale: the factor alone is said
+        predicted = None if fixed or kv is None else _kv_after(kv, factor, pre)
         acts.append(Action("kv_cache_dtype", cur, k.kv8, why, predicted))
     if fixed:
         pass
     elif "kv_cache_space_gib" in c:
         space = float(c["kv_cache_space_gib"])
         acts.append(Action("kv_cache_space_gib", space, space * 2, "x2 pool"))
-    else:
-        gmu = c.get("gpu_memory_utilization") or 0.9
+    elif (gmu := float(c.get("gpu_memory_utilization") or 0.9)) < 0.95:
+        # +0.03 up to 0.95 (seed 003 §4: 0.90-0.95 on a dedicated GPU); a fraction already
+        # at or over 0.95 is left: the pool grows no further that way, and min(0.95, ...)
+        # lowered a 0.97 as "bigger pool"
         acts.append(
             Action("gpu_memory_utilization", gmu, round(min(0.95, gmu + 0.03), 2), "bigger pool")
         )
@@ -583,7 +663,8 @@ def tail_mix(ev: Evidence) -> Finding | None:
     # Split between the short and the long class: the geometric mean of the input P50
     # and P99 sits between them whatever the blend's weights.
     split = int(round((i.get("p50", 0.0) * i.get("p99", 0.0)) ** 0.5))
-    mbt = ev.batched_tokens
+    k = knobs(ev.engine)
+    chunk = 2 * int(i.get("p50") or 128)
     return Finding(
         "tail_long_short_mix",
         "engine",
@@ -604,11 +685,17 @@ def tail_mix(ev: Evidence) -> Finding | None:
                 int(o.get("p99") or 0) or "P99 output",
                 "bound the longest decodes",
             ),
-            Action(
-                "max_num_batched_tokens (chunked prefill)",
-                mbt or "default",
-                max(256, min(mbt or 2048, 2 * int(i.get("p50") or 256))),
-                "smaller prefill chunks interleave with decodes",
+            *filter(
+                None,
+                [
+                    _smaller(
+                        f"{k.budget} (chunked prefill)",
+                        ev.batched_tokens,
+                        k.budget_default,
+                        lambda b: max(256, min(b, chunk)),
+                        "smaller prefill chunks interleave with decodes",
+                    )
+                ],
             ),
         ],
     )
@@ -616,38 +703,48 @@ def tail_mix(ev: Evidence) -> Finding | None:
 
 def prefill_heavy(ev: Evidence) -> Finding | None:
     """TTFT dominates E2E without queueing: prefill-bound (seed 003 §13 "TTFT高但TPOT正常:
-    增加Prefill预算、开启Flash Attention和Prefix Cache、减少输入长度")."""
+    增加Prefill预算、开启Flash Attention和Prefix Cache、减少输入长度"). TTFT must also be high:
+    over the run's SLO, or seed 003 §1's example targets (`_over_target`); a short answer's
+    healthy TTFT is most of its E2E too."""
     share = _ttft_share(ev)
-    q = _queue_share(ev) or 0.0
+    q = _queue_share(ev)
     i50, o50 = ev.input_tokens.get("p50"), ev.output_tokens.get("p50")
-    if share is None or share < 0.4 or q >= QUEUE_SHARE or not i50 or not o50 or i50 < 4 * o50:
+    if share is None or share < 0.4 or not i50 or not o50 or i50 < 4 * o50:
         return None
-    mbt = ev.batched_tokens
+    high = _over_target(ev, "ttft_ms")
+    if high is None or (q is not None and q >= QUEUE_SHARE):
+        return None
+    k = knobs(ev.engine)
     # EngineConfig's canonical knob (on by default in vLLM v1 and llama.cpp): when it is
     # already on, the action is to make prompts share their prefix so it hits.
     pc_on = ev.config.get("enable_prefix_caching", True)
-    budget = Action(
-        "max_num_batched_tokens",
-        mbt or "default",
-        2 * (mbt or max(2048, int(i50))),
-        "a bigger prefill budget per step",
+    # A bigger budget shortens a prefill only when prompts reach the budget in force (else
+    # each one is already a single step), and a long/short mix asks for smaller chunks
+    # (tail_mix): a bigger budget would undo it.
+    mbt = ev.batched_tokens
+    in_force = mbt or (k.budget_default[0] if k.budget_default else None)
+    longest = ev.input_tokens.get("p99") or i50
+    reach = in_force is None or longest >= in_force
+    why = "a bigger prefill budget per step"
+    budget = (
+        _bigger(k.budget, mbt, k.budget_default, lambda b: 2 * b, why)
+        if reach and tail_mix(ev) is None
+        else None
     )
-    # A long/short mix asks for smaller chunks (tail_mix): a bigger budget would undo it.
-    mixed = tail_mix(ev) is not None
     return Finding(
         "prefill_heavy",
         "engine",
         "TTFT high, TPOT normal: prefill-bound",
-        "seed 003 §13 (TTFT high but TPOT normal)",
-        f"TTFT is {share:.0%} of E2E (TTFT P50 {_ms(ev.ttft.get('p50'))}, TPOT P50"
+        "seed 003 §13 (TTFT high but TPOT normal); §1 (targets)",
+        f"{high}; TTFT is {share:.0%} of E2E (TTFT P50 {_ms(ev.ttft.get('p50'))}, TPOT P50"
         f" {_ms(ev.tpot.get('p50'))}); inputs P50 {i50:.0f} tokens vs outputs {o50:.0f};"
-        f" queueing {q:.0%} of TTFT",
+        " queueing " + ("unknown" if q is None else f"{q:.0%} of TTFT"),
         55.0,
         [
             Action("prompt layout", "as sent", "shared part first", "so the prefix cache hits")
             if pc_on
             else Action("enable_prefix_caching", False, True, "shared prefixes skip prefill"),
-            *([] if mixed else [budget]),
+            *filter(None, [budget]),
             Action("input length", f"P50 {i50:.0f}", f"{int(i50 // 2)}", "trim the prompt"),
         ],
     )
@@ -655,7 +752,8 @@ def prefill_heavy(ev: Evidence) -> Finding | None:
 
 def decode_heavy(ev: Evidence) -> Finding | None:
     """Decode dominates E2E at a busy batch: TPOT-bound (seed 003 §13 "TTFT正常但TPOT高:
-    减少活跃decode batch、降低batched tokens、减小Prefill块 ... 检查内存带宽和TP通信")."""
+    减少活跃decode batch、降低batched tokens、减小Prefill块 ... 检查内存带宽和TP通信"). TPOT
+    must also be high: over the run's SLO, or seed 003 §1's example target."""
     share = _ttft_share(ev)
     i50, o50 = ev.input_tokens.get("p50"), ev.output_tokens.get("p50")
     run = ev.running_busy_mean  # the batch while decoding (idle scrapes at the ends left out)
@@ -663,29 +761,39 @@ def decode_heavy(ev: Evidence) -> Finding | None:
         return None
     if run is None or run < 1.5:
         return None
-    mbt = ev.batched_tokens
-    cap = ev.batch_cap
+    high = _over_target(ev, "tpot_ms")
+    if high is None:
+        return None
+    k = knobs(ev.engine)
+    half_run = max(1, int(run // 2))
     return Finding(
         "decode_heavy",
         "engine",
         "TPOT high, TTFT normal: decode-bound",
-        "seed 003 §13 (TTFT normal but TPOT high)",
-        f"decode is {1 - share:.0%} of E2E (TPOT P50 {_ms(ev.tpot.get('p50'))}, TTFT P50"
-        f" {_ms(ev.ttft.get('p50'))}) at a running batch of {run:.1f}; outputs P50"
+        "seed 003 §13 (TTFT normal but TPOT high); §1 (targets)",
+        f"{high}; decode is {1 - share:.0%} of E2E (TPOT P50 {_ms(ev.tpot.get('p50'))}, TTFT"
+        f" P50 {_ms(ev.ttft.get('p50'))}) at a running batch of {run:.1f}; outputs P50"
         f" {o50:.0f} tokens vs inputs {i50:.0f}",
         50.0,
         [
-            Action(
-                knobs(ev.engine).batch,
-                cap or "default",
-                max(1, int(run // 2)) if run >= 2 else 1,
-                "a smaller decode batch: faster tokens, less throughput",
-            ),
-            Action(
-                "max_num_batched_tokens",
-                mbt or "default",
-                max(256, (mbt or 2048) // 2),
-                "fewer prefill tokens inserted per decode step",
+            *filter(
+                None,
+                [
+                    _smaller(
+                        k.batch,
+                        ev.batch_cap,
+                        k.batch_default,
+                        lambda _: half_run,
+                        "a smaller decode batch: faster tokens, less throughput",
+                    ),
+                    _smaller(
+                        k.budget,
+                        ev.batched_tokens,
+                        k.budget_default,
+                        lambda b: max(256, b // 2),
+                        "fewer prefill tokens inserted per decode step",
+                    ),
+                ],
             ),
             Action("memory bandwidth / TP", "-", "check", "decode reads all weights per step"),
         ],
@@ -707,16 +815,22 @@ def gpu_underused(ev: Evidence) -> Finding | None:
         trig += f" with {run:.1f} requests running" + (f" of {batch} {cap}" if cap else "")
     if mem is not None:
         trig += f"; GPU memory peak {mem / 2**30:.1f} GiB"
-    under_cap = cap is not None and run is not None and run < 0.5 * cap
+    # Seed 003 §13's order: is there enough load, then a bigger cap. With the cap unknown
+    # the batch cannot be said to be full, so load comes first; the cap is raised from the
+    # engine's default, never to a number under it (256 was half of vLLM's 1024 on an H100).
+    under_cap = cap is None or (run is not None and run < 0.5 * cap)
+    load = Action(
+        "offered load",
+        f"{run:.1f} running" if run is not None else "-",
+        "more concurrency",
+        "first in the seed's order: is there enough load",
+    )
+    bigger = _bigger(
+        batch, cap, knobs(ev.engine).batch_default, lambda b: 2 * b, "batch limit too small"
+    )
     acts = [
-        Action(
-            "offered load",
-            f"{run:.1f} running" if run is not None else "-",
-            "more concurrency",
-            "first in the seed's order: is there enough load",
-        )
-        if under_cap
-        else Action(batch, cap or "default", 2 * cap if cap else 256, "batch limit too small"),
+        *([load] if under_cap else []),
+        *([bigger] if bigger is not None and (cap is None or not under_cap) else []),
         Action("CPU / tokenizer / streaming", "-", "check", "host-side stalls"),
     ]
     tp = int(ev.config.get("tensor_parallel_size") or 1)
@@ -734,15 +848,18 @@ def gpu_underused(ev: Evidence) -> Finding | None:
 
 
 def gpu_clocks(ev: Evidence) -> Finding | None:
-    """The GPU downclocked (heat or power cap) while the run went (seed 003 §13 P99 "GPU降频")."""
-    lo, hi = ev.tel.get("gpu_sm_clock_mhz_min"), ev.tel.get("gpu_sm_clock_max_mhz_max")
+    """The GPU downclocked (heat or power cap) while the run went (seed 003 §13 P99 "GPU降频"):
+    a power/thermal throttle reason, or the SM clock under 80% of its maximum in a sample
+    where the GPU was busy (`evidence.busy_clock`: an idle GPU lowers its clocks by design)."""
+    lo, hi = ev.tel.get("gpu_sm_clock_mhz_busy_min"), ev.tel.get("gpu_sm_clock_max_mhz_max")
     throttled = (ev.tel.get("gpu_throttled_max") or 0) >= 1
     dropped = lo is not None and hi and lo < CLOCK_DROP * hi
     if not throttled and not dropped:
         return None
     trig = "clock throttle reasons set (power/thermal)" if throttled else ""
     if lo is not None and hi:
-        trig = (trig + "; " if trig else "") + f"SM clock down to {lo:.0f} of {hi:.0f} MHz"
+        clock = f"SM clock down to {lo:.0f} of {hi:.0f} MHz while busy"
+        trig = (trig + "; " if trig else "") + clock
     temp = ev.tel.get("gpu_temp_c_max")
     if temp is not None:
         trig += f"; peak {temp:.0f} C"

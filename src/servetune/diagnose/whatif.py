@@ -2,10 +2,15 @@
 hardware, with the action's knob at its next value, measured through the measure seam's
 simulator session. Possible when the run names a catalog model and hardware (every
 simulated run, and a real run recorded with them); otherwise the action keeps the
-planner's estimate alone."""
+planner's estimate alone. A simulated run is re-simulated first, unchanged: when the
+catalog's model and hardware with its config do not give the same figures (a --profile,
+which the run names but does not hold; a --hardware-file; a --replay's own requests), its
+what-ifs would compare another engine with it and quote another tier's error, so each
+says why there is none instead."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -38,6 +43,43 @@ def resimulate(res: RunResult, changes: dict[str, Any]) -> RunResult | None:
         return None
 
 
+def _same(a: RunResult, b: RunResult) -> bool:
+    """The same simulated figures: the tier, completions, preemptions and P99 latencies."""
+
+    def close(x: float | None, y: float | None) -> bool:
+        return x == y or (x is not None and y is not None and math.isclose(x, y, rel_tol=1e-6))
+
+    ma, mb = a.metrics, b.metrics
+    return (
+        a.target.tier == b.target.tier
+        and ma.completed == mb.completed
+        and a.target.sim.preemptions == b.target.sim.preemptions
+        and close(ma.ttft_ms.p99, mb.ttft_ms.p99)
+        and close(ma.e2e_ms.p99, mb.e2e_ms.p99)
+    )
+
+
+def why_no_whatif(res: RunResult) -> str | None:
+    """Why the simulator cannot stand in for this simulated run (None: it can, or the run
+    is real and its what-if is the simulator's alone). The run records its profile's key,
+    not the profile, and its hardware's name, not a --hardware-file's spec: re-simulated
+    without them it is another engine, with another tier's error bound."""
+    if res.backend != "sim":
+        return None
+    if res.target.profile:
+        return (
+            f"no simulated what-if: the run used profile {res.target.profile}, which it names"
+            " but does not hold (simulate the change with --profile)"
+        )
+    base = resimulate(res, {})
+    if base is None or not _same(base, res):
+        return (
+            "no simulated what-if: the catalog's model and hardware with this config do not"
+            " reproduce the run (a --hardware-file, a --replay, or another servetune)"
+        )
+    return None
+
+
 def _fmt_s(ms: float | None) -> str:
     return "-" if ms is None else f"{ms / 1000:.2f} s"
 
@@ -47,17 +89,28 @@ def _fmt_s(ms: float | None) -> str:
 SAME_TTFT = 0.02
 
 
+def _judged(before: RunResult, after: RunResult) -> tuple[str, float | None, float | None]:
+    """The latency a what-if is judged on: P99 TTFT where both runs measured it, else P99
+    E2E (a stream:false run has no TTFT: its first token comes with its last)."""
+    b, a = before.metrics, after.metrics
+    if b.ttft_ms.p99 is not None and a.ttft_ms.p99 is not None:
+        return "TTFT", b.ttft_ms.p99, a.ttft_ms.p99
+    return "E2E", b.e2e_ms.p99, a.e2e_ms.p99
+
+
 def verdict(before: RunResult, after: RunResult) -> str | None:
-    """None when the change gains (a lower simulated P99 TTFT or fewer preemptions); else
-    "worse" (nothing completed, or either got worse) or "no gain"."""
-    b, a = before.metrics.ttft_ms.p99, after.metrics.ttft_ms.p99
-    if not after.metrics.completed or a is None:
+    """None when the change gains (a lower simulated P99 TTFT, or P99 E2E where no TTFT was
+    measured, or fewer preemptions); else "worse" (nothing completed, or either got worse)
+    or "no gain"."""
+    if not after.metrics.completed:
         return "worse (nothing completed)"
+    _, b, a = _judged(before, after)
+    timed = b is not None and a is not None
     bp = before.target.sim.preemptions if before.backend == "sim" else None
     ap = after.target.sim.preemptions
-    if (b is not None and a < b * (1 - SAME_TTFT)) or (bp is not None and ap < bp):
+    if (timed and a < b * (1 - SAME_TTFT)) or (bp is not None and ap < bp):  # type: ignore[operator]
         return None
-    if (b is not None and a > b * (1 + SAME_TTFT)) or (bp is not None and ap > bp):
+    if (timed and a > b * (1 + SAME_TTFT)) or (bp is not None and ap > bp):  # type: ignore[operator]
         return "worse"
     return "no gain"
 
@@ -66,7 +119,8 @@ def effect(before: RunResult, after: RunResult) -> str:
     """`simulated[: no gain|worse]: P99 TTFT a -> b, TPOT P50 c -> d ms, preemptions e -> f;
     <the simulator's expected error>`: the figures carry the error the tier is known for."""
     b, a = before.metrics, after.metrics
-    out = f"P99 TTFT {_fmt_s(b.ttft_ms.p99)} -> {_fmt_s(a.ttft_ms.p99)}"
+    name, b99, a99 = _judged(before, after)
+    out = f"P99 {name} {_fmt_s(b99)} -> {_fmt_s(a99)}"
     if b.tpot_ms.p50 is not None and a.tpot_ms.p50 is not None:
         out += f", TPOT P50 {b.tpot_ms.p50:.1f} -> {a.tpot_ms.p50:.1f} ms"
     if before.backend == "sim":
@@ -83,14 +137,21 @@ def add_simulated_effects(res: RunResult, findings: list[Finding]) -> None:
     shows gains nothing goes below the finding's other actions."""
     knobs = set(EngineConfig.model_fields)
     done = 0
+    unset = object()
+    why: Any = unset  # why_no_whatif, asked once, at the first action to simulate
     for f in findings:
         if f.kind != "engine" or done >= MAX_WHATIFS or not f.actions:
             continue
         act = f.actions[0]
         if act.knob not in knobs or isinstance(act.next, str) and act.knob != "kv_cache_dtype":
             continue
-        after = resimulate(res, {act.knob: act.next})
         done += 1
+        if why is unset:
+            why = why_no_whatif(res)
+        if why is not None:
+            act.predicted = f"{act.predicted}; {why}" if act.predicted else why
+            continue
+        after = resimulate(res, {act.knob: act.next})
         if after is None:
             continue
         sim = effect(res, after)

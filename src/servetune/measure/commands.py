@@ -172,8 +172,10 @@ def run_simulate(s: SimulateSettings, hooks: Hooks | None = None) -> list[RunRes
 
 
 def _own_requests(s: SimulateSettings) -> bool:
-    """A replay without --rate, --concurrency or --count sends the run's own requests."""
-    return not s.loads.swept and s.loads.count is None
+    """A replay without --rate, --concurrency, --count or --duration sends the run's own
+    requests; any of them asks for the workload drawn again at that load or size (with
+    --duration the run's requests were sent, and the duration asked was ignored)."""
+    return not s.loads.swept and not s.loads.sized
 
 
 def _sim_workload(

@@ -102,12 +102,15 @@ def load_spec(
     workload: WorkloadSpec, kind: str, load: float, per_user: int, steady: SteadyRule
 ) -> WorkloadSpec:
     """The workload at one load point. Closed loop: `per_user` requests per user at least,
-    so a high concurrency is not measured on a handful of requests. Open loop: sized by
+    so a high concurrency is not measured on a handful of requests; a workload sized by its
+    duration alone keeps it (a count would end the run first: materialize counts first, so
+    a 300 s workload at 4 users became 4 x `per_user` requests). Open loop: sized by
     `steady` - the arrivals span its warm-up and window, so the count grows with the rate
     and a high rate is not "held" only because the run ends before the queue builds."""
     if kind == "concurrency":
         c = int(load)
-        count = max(workload.count or 0, per_user * c) or None
+        timed = workload.duration_s is not None and workload.count is None
+        count = None if timed else max(workload.count or 0, per_user * c) or None
         try:
             return workload.with_load(concurrency=c, count=count)
         except ValueError:  # a trace: the tuner's users cannot set its send times

@@ -251,8 +251,12 @@ def record_columns(records: Sequence[RequestRecord]) -> RecordColumns:
 
 def _window(c: RecordColumns, warmup_s: float, cooldown_s: float) -> tuple[int, int, bool]:
     """measurement_window on columns (see its docstring). "Tiny" is judged against the
-    sends' span plus the median latency, not the last end: one request that stalls into a
-    60 s timeout must not turn a 10 s run's window into 65 s and every rate 6x low."""
+    window's span plus the median latency, not the last end: one request that stalls into
+    a 60 s timeout must not turn a 10 s run's window into 65 s and every rate 6x low. The
+    same test holds for a window a warm-up or cool-down cut (docs/metrics.md): shorter than
+    half of its span plus the median latency, i.e. shorter than one latency, it holds a
+    handful of completions (9.85 s of warm-up in a 10 s run of 500 ms requests left 50 ms
+    and read 0 req/s), so the whole run is measured and `window_note` says why."""
     first = int(c.send.min())
     last_send = int(c.send.max())
     start = first + int(warmup_s * NS_PER_S)
@@ -262,11 +266,12 @@ def _window(c: RecordColumns, warmup_s: float, cooldown_s: float) -> tuple[int, 
     # not shrink it (behind a 3-slot front, 4 users' 9 refusals in 5 ms and 3 answers at
     # 60 ms: the 5 ms of sends is tiny next to 60 ms, and counted as a window, 0 req/s)
     served = _median_latency_ns(c, np.ones(c.n, dtype=bool))
-    typical = last_send - first + (served if served is not None else int(np.median(ends - c.send)))
+    latency = served if served is not None else int(np.median(ends - c.send))
+    typical = end - start + latency  # without a trim: the sends' span plus a latency
     if (
         end - start > 0
         and bool(((c.send >= start) & (c.send <= end)).any())
-        and (warmup_s > 0 or cooldown_s > 0 or end - start >= 0.5 * typical)
+        and end - start >= 0.5 * typical
     ):
         return start, end, False
     return first, int(ends.max()), True
@@ -434,6 +439,9 @@ def compute_metrics(
     # 10/s of 2 s requests read 3.4/s, a false "sent < 98% of offered" (CLIENT BOTTLENECK).
     # A client that falls behind still shows: its late sends stretch their span.
     sent_rate = _rate(c.send, start, end if not whole_run else int(c.send.max()))
+    # The whole run measured, the warm-up's sends too: the offered rate is over the whole
+    # schedule as well (trimmed by a warm-up that left no window, it had none: None)
+    trims = (0.0, 0.0) if whole_run else (warmup_s, cooldown_s)
 
     m = Metrics(
         window_start_ns=start,
@@ -463,10 +471,10 @@ def compute_metrics(
         output_tok_s=out_tokens / window_s,
         total_tok_s=(out_tokens + in_tokens) / window_s,
         req_s=done_in_window / window_s,
-        offered_req_s=_offered(c, warmup_s, cooldown_s),
+        offered_req_s=_offered(c, *trims),
         # some measured requests scheduled, not all: a sessions schedule (first turns)
         offered_unit="sessions/s" if c.scheduled_has[measured].any() and not open_loop else "req/s",
-        offered_arrivals=_offered_arrivals(c, warmup_s, cooldown_s),
+        offered_arrivals=_offered_arrivals(c, *trims),
         sent_req_s=n_measured / window_s if sent_rate is None else sent_rate,
         max_in_flight=_max_in_flight(c.send, c.end),
         stream_buffered=buffered,
@@ -598,13 +606,14 @@ def window_note(m: Metrics) -> str | None:
     the measurement window (first to last send, an open loop's moved by the median
     latency), and in a run of a few requests none may finish inside it. A run of one send
     has no window between sends: its rate is one over its own latency, no throughput. A
-    warm-up + cool-down longer than the run leave no window: the whole run is measured,
-    and the warm-up asked for is not left out (it was, silently)."""
+    warm-up + cool-down that leave no window, or one shorter than a request's median
+    latency (`_window`), have the whole run measured, and the warm-up asked for is not left
+    out (it was, silently)."""
     if m.window_whole_run and m.window_trim_s > 0:
         return (
-            f"the warm-up + cool-down ({m.window_trim_s:g} s) leave no window in this run: "
-            "every request is measured, the warm-up's too; raise --count or --duration, "
-            "or shorten warmup_s/cooldown_s"
+            f"the warm-up + cool-down ({m.window_trim_s:g} s) leave no window in this run, "
+            "or one shorter than a request's median latency: every request is measured, the "
+            "warm-up's too; raise --count or --duration, or shorten warmup_s/cooldown_s"
         )
     if m.completed == 1 and m.measured <= 1 and m.req_s > 0:
         return (
