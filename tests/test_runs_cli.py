@@ -100,8 +100,8 @@ def test_show_names_what_a_run_did_not_measure(
         assert code == 0
         return " ".join(next(line for line in out.splitlines() if line.startswith(label)).split())
 
-    assert shown("closed", "rate req/s").startswith("rate req/s (offered / achieved) - (closed")
-    assert shown("open", "rate req/s").startswith("rate req/s (offered / achieved) 2.5 / ")
+    assert shown("closed", "rate (").startswith("rate (offered / achieved) - (closed")
+    assert shown("open", "rate (").startswith("rate (offered / achieved) 2.5 req/s / ")
     assert "not measured: no GPU telemetry" in shown("closed", "GPU memory / util")
     assert "nvidia-smi" in shown("closed", "GPU memory / util")
     code, out, _ = run_cli(capsys, "runs", "list", "--json")

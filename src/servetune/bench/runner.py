@@ -454,7 +454,17 @@ def run_point(
         engine=opts.engine,
         config=opts.config,
     )
-    col.log.header({"id": run_id, "load": load.model_dump(mode="json"), "url": opts.url})
+    # the workload and SLO ride in the header, so a killed run's log imports with its
+    # warm-up, cool-down and goodput (store.transfer._header_plan)
+    col.log.header(
+        {
+            "id": run_id,
+            "load": load.model_dump(mode="json"),
+            "url": opts.url,
+            "workload": spec.model_dump(mode="json"),
+            "slo": None if slo is None else slo.model_dump(mode="json"),
+        }
+    )
     if opts.store is not None:
         col.stored = opts.store.begin(
             run_id,

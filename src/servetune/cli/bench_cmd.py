@@ -94,7 +94,20 @@ def store_settings(
 
     if db is not None and not db.strip():  # `--db ""` (an unset variable) is not the default
         raise InputError("--db", "is empty", "give a file path or URL, or --no-store")
-    return None if no_store else StoreSettings(db, kind, study, tuple(tags))
+    if no_store:
+        return None
+    check_names(study, tags)
+    return StoreSettings(db, kind, study, tuple(tags))
+
+
+def check_names(study: str | None, tags: list[str]) -> None:
+    """`--study` and `--tag` longer than the store keeps, refused before anything is
+    measured (the store would refuse them at the first run, and store nothing)."""
+    from servetune.store.models import RunTag, Study, check_length
+
+    check_length("--study", study, Study.name)
+    for t in tags:
+        check_length("--tag", t, RunTag.tag)
 
 
 def bench(

@@ -117,6 +117,10 @@ def list_runs(
                 f"{len(rows)} studies in {store.where}",
             )
             return
+        if study is not None:
+            store.require_study(study)
+        if engine is not None:
+            _known_engine(store, engine)
         infos = store.list_runs(
             model=model,
             engine=engine,
@@ -176,6 +180,21 @@ def list_runs(
             rows,
             f"{len(rows)} runs in {store.where}",
         )
+
+
+def _known_engine(store: Store, engine: str) -> None:
+    """Refuse an `--engine` that is neither an engine servetune knows nor one a stored run
+    names (in any case: `vLLM` is vllm), with the closest names: a typo would list
+    nothing and look like an engine without runs."""
+    from servetune.engines.registry import ADAPTERS
+    from servetune.errors import closest
+
+    known = list(dict.fromkeys([*ADAPTERS, *store.engines()]))
+    if engine.lower() in {k.lower() for k in known}:
+        return
+    near = closest(engine, known)
+    fix = f"did you mean {', '.join(near)}?" if near else f"one of {', '.join(known)}"
+    raise InputError("--engine", f"unknown engine {engine!r}", fix)
 
 
 def _summary(i: RunInfo, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -419,11 +438,15 @@ def export(
     db: str | None = _DB,
 ) -> None:
     """Write runs out: one row per run (or per request), or JSON that `runs import` reads."""
-    from servetune.results.files import check_outputs
+    from servetune.results.files import check_outputs, check_replaceable, sqlite_file
+    from servetune.store.transfer import FORMATS
     from servetune.store.transfer import export as do_export
 
     check_outputs({"--output": output}, {})
+    _one_of("--format", fmt_, list(FORMATS))
     with _open(db) as store:
+        # never over the store itself, a record log or another program's file
+        check_replaceable(output, sqlite_file(store), "--output", fmt_)
         ids = store.resolve(refs, allow_empty=False) if refs else [i.id for i in store.list_runs()]
         n = do_export(store, ids, output, fmt_, records=records)
     typer.echo(f"wrote {n} {'runs' if fmt_ == 'json' else 'rows'} to {output}")
@@ -439,10 +462,12 @@ def import_(
     db: str | None = _DB,
 ) -> None:
     """Import result files from earlier runs (or another store's export)."""
+    from servetune.cli.bench_cmd import check_names
     from servetune.store.db import resolve_url
     from servetune.store.transfer import WARNED, read_import
 
     resolve_url(db)  # a bad --db first: it names the flag, before any file is read
+    check_names(study, tags)
     parsed = [(f, list(read_import(f))) for f in files]  # every file, before the store
     if not any(items for _, items in parsed):  # an empty export: no empty store either
         typer.echo(f"no runs in {', '.join(f.name for f in files)}: nothing imported", err=True)

@@ -14,10 +14,11 @@ from typing import Any, Protocol
 
 from servetune.measure.session import Interrupted, Point, Session, Sinks
 from servetune.metrics.table import write_csv
-from servetune.results.files import write_result
+from servetune.results.files import check_replaceable, write_result
 from servetune.results.schema import RunResult
 from servetune.status import RunStatus
 from servetune.store import RunMeta
+from servetune.store.db import store_file
 from servetune.store.writer import ResultStore
 
 
@@ -98,6 +99,7 @@ def sweep(
     files = files or ResultFiles()
     hooks = hooks or Hooks()
     many = len(points) > 1
+    check_files(files, [p.label for p in points], store)  # before anything is measured
     writer = _open_store(store, many, files, hooks.say) if store is not None else None
     results: list[RunResult] = []
     try:
@@ -105,7 +107,7 @@ def sweep(
             out = files.output_for(point.label, many)
             sinks = Sinks(
                 store=writer,
-                records=out.with_suffix(".records.jsonl") if out else None,
+                records=records_file(out) if out else None,
                 trace=files.trace_for(point.label, many),
                 live=hooks.live,
             )
@@ -128,6 +130,29 @@ def sweep(
         if writer is not None:
             writer.close(sys.exc_info()[1])  # the error or Ctrl-C under way, if any
     return results
+
+
+def records_file(out: Path) -> Path:
+    """The JSONL record log flushed beside a point's result file while it is measured."""
+    return out.with_suffix(".records.jsonl")
+
+
+def check_files(files: ResultFiles, labels: Sequence[str], store: StoreSettings | None) -> None:
+    """Refuse, before the first point is measured, any file the sweep would write over
+    measured data (`check_replaceable`): the store's database, or an existing file that is
+    not an earlier output of the same kind. A sweep's point files are named after their
+    labels, so they are checked here, where the labels are known. The default store file
+    is guarded under --no-store too: `-o servetune.db` would still replace it."""
+    db_file = store_file(store.db if store is not None else None)
+    many = len(labels) > 1
+    wanted: list[tuple[Path | None, str, str]] = [(files.csv, "--csv", "csv")]
+    for label in labels:
+        out = files.output_for(label, many)
+        wanted += [(out, "--output", "json"), (out and records_file(out), "--output", "jsonl")]
+        wanted.append((files.trace_for(label, many), "--trace", "csv"))
+    for path, flag, kind in wanted:
+        if path is not None:
+            check_replaceable(path, db_file, flag, kind)
 
 
 def _open_store(

@@ -15,6 +15,8 @@ from servetune.report.data import ReportData, load_report_data
 from servetune.report.html import render_html
 from servetune.report.sections import build_sections
 from servetune.report.verdict import verdict
+from servetune.results import files
+from servetune.results.files import sqlite_file
 from servetune.store import Store
 
 IMAGE_FORMATS = ("png", "svg")
@@ -44,43 +46,11 @@ def _need_plotly() -> None:
         ) from exc
 
 
-def sqlite_file(store: Store | str) -> str | None:
-    """The store's SQLite file, or None for a server database (nothing to overwrite); a
-    store or its URL (a command checks its output before it opens the store)."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(store) if isinstance(store, str) else store.engine.url
-    return url.database if url.get_backend_name() == "sqlite" else None
-
-
-def _is_html(path: Path) -> bool:
-    """An earlier report (or any HTML page): its first bytes open an HTML document. A
-    file that cannot be read is not known to be one, so it is kept."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(512).lstrip(b"\xef\xbb\xbf \t\r\n").lower()
-    except OSError:
-        return False
-    return head.startswith((b"<!doctype html", b"<html"))
-
-
 def check_replaceable(out: Path, db_file: str | None, flag: str = "--output") -> None:
-    """Refuse an `-o` that would overwrite measured data: the store's own database, or an
-    existing file that is not an HTML document. A report is HTML, so replacing an earlier
-    report (or an empty file) stays allowed; a pipe or a device is written in place. The
-    database's WAL and journal files count as the database. `flag` is the option that
-    gave `out` (`tune` calls it --report)."""
-    target = Path(os.path.realpath(out))
-    if db_file and db_file != ":memory:":
-        db = Path(os.path.realpath(db_file))
-        if target in {db.with_name(db.name + s) for s in ("", "-wal", "-shm", "-journal")}:
-            raise InputError(flag, f"{out} is the store's database", "give an .html file")
-    if target.is_file() and target.stat().st_size and not _is_html(target):
-        raise InputError(
-            flag,
-            f"{out} exists and is not an HTML report",
-            "give a new file name, or remove it first",
-        )
+    """The report's `-o` check (`results.files.check_replaceable` for an HTML report): the
+    store's database is refused, an earlier report or an empty file replaced. `flag` is
+    the option that gave `out` (`tune` calls it --report)."""
+    files.check_replaceable(out, db_file, flag, "html")
 
 
 def image_formats(image_format: str | None, images: Path | None) -> list[str]:

@@ -456,6 +456,13 @@ def cdfs(data: ReportData) -> Chart:
     if not runs or not any(r.measured_records() for r in runs):
         chart.note = "No per-request records stored."
         return chart
+    failed = [r for r in runs if not _answered(r)]  # a latency only an answer has
+    runs = [r for r in runs if r not in failed]
+    if not runs:
+        chart.note = (
+            "No request succeeded in the measurement window of these runs: no latency to draw."
+        )
+        return chart
     from plotly.subplots import make_subplots
 
     go = _go()
@@ -495,7 +502,14 @@ def cdfs(data: ReportData) -> Chart:
         f"Dotted rules at P50, P95, P99; log x{shown}. Requests sent in each run's "
         "measurement window (warm-up excluded), as its percentiles."
     )
+    if failed:
+        chart.note += " Left out, no request succeeded: " + ", ".join(r.info.id for r in failed)
     return chart
+
+
+def _answered(r: RunData) -> bool:
+    """Whether a request of the run's measurement window succeeded (the CDFs draw those)."""
+    return any(x.status == RequestStatus.OK for x in r.measured_records())
 
 
 SERVER_PANELS = (

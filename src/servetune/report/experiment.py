@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -106,10 +107,8 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
             "Software stack",
             [
                 ("engine", f"{fmt(info.engine)} {sw.get('engine_version') or ''}".strip()),
-                (
-                    "driver / CUDA / NCCL",
-                    " / ".join(fmt(sw.get(k)) for k in ("driver", "cuda", "nccl")),
-                ),
+                ("driver / CUDA", " / ".join(fmt(sw.get(k)) for k in ("driver", "cuda"))),
+                ("NCCL", fmt(sw.get("nccl")) if sw.get("nccl") else NCCL_NOT_RECORDED),
                 ("servetune", fmt(sw.get("servetune"))),
                 ("python / OS", f"{fmt(sw.get('python'))} / {fmt(sw.get('os'))}"),
             ],
@@ -128,7 +127,7 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                 ),
                 ("arrival", fmt(load.kind)),
                 ("concurrency", fmt(load.concurrency)),
-                ("rate req/s (offered / achieved)", f"{_offered(m, load)} / {fmt(m.get('req_s'))}"),
+                ("rate (offered / achieved)", _rates(m, load, workload)),
                 ("workload", fmt(workload.get("name") or workload.get("api"))),
             ],
         ),
@@ -203,6 +202,9 @@ GPU_NOT_MEASURED = (
     "not measured: no GPU telemetry is read (watch `nvidia-smi --query-gpu="
     "memory.used,utilization.gpu --format=csv -l 1` during the run)"
 )
+# NCCL lives in the engine's process (its torch build), which servetune neither imports
+# nor can ask over HTTP: only a caller that knows it (RunMeta.software["nccl"]) records it.
+NCCL_NOT_RECORDED = "not recorded (the engine's own library: servetune cannot read it)"
 _NO_QUALITY = (
     "-",
     "not measured: run `servetune quality --baseline URL --candidate URL --candidate-run"
@@ -294,21 +296,36 @@ def _jitter(cv: Any, m: Mapping[str, Any]) -> str:
     return f"{fmt(cv)} ({sample_note('p99', n // 5 if n else None)} per slice)"
 
 
-def _offered(m: Mapping[str, Any], load: Load) -> str:
-    """The offered rate: none in a closed loop (each user sends when its last request
-    ends, so the rate is an outcome, shown as achieved), else the arrivals per second
-    the run measured or, without them, the workload's rate."""
+def _offered(m: Mapping[str, Any], load: Load, workload: Mapping[str, Any]) -> str:
+    """The offered rate with its unit: none in a closed loop (each user sends when its
+    last request ends, so the rate is an outcome, shown as achieved), else the arrivals
+    per second the run measured or, without them, the workload's rate. A sessions
+    workload's schedule offers sessions/s (`metrics.offered_unit`), not req/s."""
     if load.kind == "closed":
         return "- (closed loop)"
-    return fmt(m.get("offered_req_s") or load.rate)
+    planned = "sessions/s" if workload.get("sessions") else "req/s"  # the load's rate
+    if m.get("offered_req_s"):
+        return f"{fmt(m['offered_req_s'])} {m.get('offered_unit') or planned}"
+    return f"{fmt(load.rate)} {planned}" if load.rate is not None else "-"
+
+
+def _rates(m: Mapping[str, Any], load: Load, workload: Mapping[str, Any]) -> str:
+    """Offered / achieved, each with its unit: achieved is always completed requests/s."""
+    achieved = m.get("req_s")
+    done = "-" if achieved is None else f"{fmt(achieved)} req/s"
+    return f"{_offered(m, load, workload)} / {done}"
 
 
 def _gpu_use(server: Mapping[str, Any]) -> str:
-    """Peak GPU memory / mean utilisation from the scraped series, when it has them."""
+    """Peak GPU memory / mean utilisation from the scraped series, when it has them:
+    `68.0 GiB peak / 88% mean` (raw bytes and a fraction read as neither)."""
     mem, util = server.get("gpu_memory_used_max"), server.get("gpu_util_mean")
     if mem is None and util is None:
         return GPU_NOT_MEASURED
-    return f"{fmt(mem)} / {fmt(util)}"
+    # the summary keeps bytes and a 0..1 fraction (`server_summary`): read as GiB and %
+    peak = "-" if mem is None else f"{mem / 2**30:.1f} GiB peak"
+    mean = "-" if util is None else f"{util:.0%} mean"
+    return f"{peak} / {mean}"
 
 
 def _first_line(text: Any) -> Any:
@@ -330,9 +347,19 @@ def _core_params(cfg: Mapping[str, Any], launch: Any) -> list[tuple[str, str]]:
         (title, ", ".join(f"{k}={fmt(cfg.get(k, defaults.get(k)))}" for k in keys))
         for title, keys in CORE_KNOBS.items()
     ]
-    other = {k: v for k, v in cfg.items() if k not in _SHOWN and v != defaults.get(k, object())}
+    other = {k: v for k, v in cfg.items() if k not in _SHOWN and _set_by_run(k, v, defaults)}
     if other:
         rows.append(("other knobs", fmt(other)))
     if launch:
         rows.append(("launch", launch if isinstance(launch, str) else " ".join(launch)))
     return rows
+
+
+def _set_by_run(knob: str, value: Any, defaults: Mapping[str, Any]) -> bool:
+    """Whether a stored knob differs from its default, compared as JSON: the store keeps
+    a tuple default (`extra_args=()`) as a list, and `[] != ()` listed it as set."""
+    if knob not in defaults:
+        return True
+    return json.dumps(value, sort_keys=True, default=str) != json.dumps(
+        defaults[knob], sort_keys=True, default=str
+    )

@@ -1,6 +1,6 @@
 """Names for the configs of a report: the knobs that differ within it, "default" for a
 knob left at the engine's default, and everything else that describes a config
-(engine, real or simulated, model, hardware, the CPU's full name) as context for a
+(engine, real or simulated, model, workload, hardware, the CPU's full name) as context for a
 hover or a table, never in the legend."""
 
 from __future__ import annotations
@@ -52,10 +52,14 @@ def context_of(info: RunInfo) -> dict[str, str]:
     gpu = hw.get("gpu")
     if gpu and (hw.get("gpu_count") or 1) > 1:
         gpu = f"{hw['gpu_count']} x {gpu}"
+    workload = info.part("workload") or {}
     out = {
         "engine": info.engine or info.engine_config.get("engine"),
         "backend": "simulated" if info.backend == "sim" else info.backend,
         "model": info.model,
+        # the traffic is part of what makes a config (`data._config_key`): two workloads
+        # on one config are two curves, told apart by the workload's name
+        "workload": workload.get("name"),
         "hardware": gpu or hw.get("catalog"),
         "CPU": cpu,
         "server": server_of(info),
@@ -89,12 +93,12 @@ def config_labels(
     infos: Sequence[RunInfo], fallback: str = "config", knobs: Sequence[str] | None = None
 ) -> list[str]:
     """One unique, short name per config (one run each): `knob=value` for the knobs that
-    differ (or `knobs`); the backend (then model, hardware, engine, server, CPU) added when
-    configs share the knobs; `fallback` when nothing differs (a single config)."""
+    differ (or `knobs`); the backend (then model, workload, hardware, engine, server, CPU)
+    added when configs share the knobs; `fallback` when nothing differs (a single config)."""
     knobs = differing_knobs(infos) if knobs is None else knobs
     labels = [knob_label(i.engine_config, knobs) for i in infos]
     contexts = [context_of(i) for i in infos]
-    for field in ("backend", "model", "hardware", "engine", "server", "CPU"):
+    for field in ("backend", "model", "workload", "hardware", "engine", "server", "CPU"):
         if len(set(labels)) == len(labels):
             break
         if not _same([c.get(field) for c in contexts]):

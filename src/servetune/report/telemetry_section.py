@@ -109,6 +109,12 @@ def telemetry(data: ReportData) -> Chart:
     panels = [
         p for p in PANELS if any(d.get(n, ([], []))[1] for d in data_by_run for n, _, _ in p[1])
     ]
+    if not panels:  # samples of nothing drawn here, and no request answered: no empty chart
+        chart.note = (
+            "Nothing to draw: the telemetry holds none of the series drawn here "
+            "(CPU, memory, GPU) and no request was answered (docs/telemetry.md)."
+        )
+        return chart
     from plotly.subplots import make_subplots
 
     go = _go()

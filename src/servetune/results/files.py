@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,14 +20,20 @@ from servetune.yamlfile import read_text
 
 
 class RecordLog:
-    """Append-only JSONL of raw records, flushed per batch: what Ctrl-C or a crash keeps."""
+    """JSONL of one run's raw records, flushed per batch: what Ctrl-C or a crash keeps.
+
+    The log is started afresh (truncated) when the run starts: it belongs to the run's
+    result file beside it, which a new run with the same `-o` replaces too. Appending made
+    a second run's header and records follow the first's, a file `runs import` cannot read
+    as one run. The sweep refuses, before it measures, a path that holds anything but an
+    earlier record log (`check_replaceable`)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._fh: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = path.open("a", encoding="utf-8")
+            self._fh = path.open("w", encoding="utf-8")
 
     def header(self, obj: dict[str, Any]) -> None:
         if self._fh is not None:
@@ -68,6 +75,93 @@ def check_writable(path: Path, field: str) -> None:
         return  # a pipe or a device: written in place (`outfile.replaced`)
     if not os.access(target.parent, os.W_OK | os.X_OK):  # the file is renamed into it
         raise InputError(field, f"folder {target.parent} is not writable", "give another path")
+
+
+def sqlite_file(store: Any) -> str | None:
+    """The SQLite file of a store (a `Store`, or its URL), or None for a server database
+    (nothing on disk to overwrite) or an in-memory one."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(store) if isinstance(store, str) else store.engine.url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return url.database
+
+
+def _is_html(head: bytes) -> bool:
+    return head.lower().startswith((b"<!doctype html", b"<html"))
+
+
+def _is_record_log(head: bytes) -> bool:
+    return head.startswith(b'{"run"')
+
+
+def _is_json(head: bytes) -> bool:
+    """JSON (a result, an export), but not a record log: that is a killed run's records."""
+    return head[:1] in (b"{", b"[") and not _is_record_log(head)
+
+
+def _is_csv(head: bytes) -> bool:
+    """Text whose first line has a comma: a table's header, not a database, JSON or HTML."""
+    line = head.split(b"\n", 1)[0]
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\0" not in head and "," in text and text[:1] not in ("{", "[", "<")
+
+
+def _is_parquet(head: bytes) -> bool:
+    return head.startswith(b"PAR1")
+
+
+# What each kind of output file is, and how an earlier one is known by its first bytes:
+# an output may replace an earlier file of its own kind (or an empty file), never another.
+OUTPUT_KINDS: dict[str, tuple[str, Callable[[bytes], bool]]] = {
+    "html": ("an HTML report", _is_html),
+    "json": ("a JSON result or export", _is_json),
+    "jsonl": ("a bench record log", _is_record_log),
+    "csv": ("a CSV table", _is_csv),
+    "parquet": ("a Parquet file", _is_parquet),
+}
+_STORE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+def _head(path: Path) -> bytes | None:
+    """The file's first bytes, byte-order mark and leading blanks dropped; None when it
+    cannot be read (then it is not known to be replaceable, so it is kept)."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(512).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError:
+        return None
+
+
+def check_replaceable(
+    out: Path, db_file: str | None, flag: str = "--output", kind: str = "html"
+) -> None:
+    """Refuse an output that would overwrite measured data: the store's own SQLite file
+    (`db_file`; its WAL, shared-memory and journal files count as the database), or an
+    existing file that is not an earlier output of the same `kind` (`OUTPUT_KINDS`). An
+    earlier output of that kind, or an empty file, may be replaced; a pipe or a device is
+    written in place. Every command that writes a file the user named checks it here, so
+    `report -o`, `runs export -o`, `bench -o/--csv` and `simulate -o/--trace` agree;
+    `flag` is the option that gave `out`."""
+    what, looks_like = OUTPUT_KINDS[kind]
+    target = Path(os.path.realpath(out))
+    if db_file:
+        db = Path(os.path.realpath(db_file))
+        if target in {db.with_name(db.name + s) for s in _STORE_FILES}:
+            raise InputError(flag, f"{out} is the store's database", "give another file name")
+    if not target.is_file() or not target.stat().st_size:
+        return
+    head = _head(target)
+    if head is None or not looks_like(head):
+        raise InputError(
+            flag,
+            f"{out} exists and is not {what}",
+            "give a new file name, or remove it first",
+        )
 
 
 def check_folder(path: Path, field: str) -> None:

@@ -8,7 +8,8 @@ a single byte of their database is written.
 from __future__ import annotations
 
 import os
-import shutil
+import sqlite3
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlch
 
 from servetune import __version__
 from servetune.errors import InputError
+from servetune.results.files import sqlite_file
 from servetune.store.models import APP, SCHEMA_VERSION
 
 DEFAULT_DB = "servetune.db"
@@ -231,12 +233,32 @@ def _alembic_config(conn: Any) -> Any:
 
 
 def _backup_sqlite(engine: Engine, version: int | None) -> Path | None:
+    """`FILE.schemaN.bak`, the database as it was before a migration, made once. It is
+    made by SQLite's online backup through the store's own connection, not by copying
+    the file: in WAL mode the last commits live in FILE-wal until a checkpoint, and a copy
+    of FILE alone lost them. Written beside and renamed, so a backup cut short is never
+    taken for one (and retried next time)."""
     path = engine.url.database
     if engine.url.get_backend_name() != "sqlite" or not path or path == ":memory:":
         return None
     dest = Path(f"{path}.schema{version}.bak")
-    if not dest.exists():
-        shutil.copy2(path, dest)
+    if dest.exists():
+        return dest
+    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+    raw = engine.raw_connection()
+    try:
+        with closing(sqlite3.connect(tmp)) as copy:
+            raw.driver_connection.backup(copy)  # type: ignore[union-attr]
+        os.replace(tmp, dest)
+    except (sqlite3.Error, OSError) as exc:
+        raise InputError(
+            _FIELD,
+            f"cannot back up {path} to {dest.name} before migrating it: {exc}",
+            "free some space or make its folder writable; the database was not changed",
+        ) from exc
+    finally:
+        raw.close()
+        tmp.unlink(missing_ok=True)
     return dest
 
 
@@ -286,9 +308,22 @@ def open_engine(url: str, *, create: bool = True) -> Engine:
             _backup_sqlite(engine, state.version)
         if state.kind in ("empty", "old"):
             upgrade(engine)
+    except InputError:
+        engine.dispose()
+        raise
     except SQLAlchemyError as exc:
         engine.dispose()
         raise InputError(
             _FIELD, f"cannot write to {where}: {_first_line(exc)}", "check permissions"
         ) from exc
     return engine
+
+
+def store_file(db: str | None) -> str | None:
+    """The SQLite file `--db` (or `$SERVETUNE_DB`, or the default) names, for a command
+    that checks its outputs before it opens the store; None when it names no file (a
+    server URL) or cannot be read (the store's own open says why, or it is off)."""
+    try:
+        return sqlite_file(resolve_url(db))
+    except (InputError, ValueError, ImportError):
+        return None

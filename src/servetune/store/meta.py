@@ -19,8 +19,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune import __version__
-from servetune.metrics.compute import request_latencies_ms
+from servetune.metrics.compute import compute_metrics, request_latencies_ms
 from servetune.results.schema import Load, Metrics, RequestRecord, ServerSeries, Target
+from servetune.slo import SLO
 from servetune.status import RequestStatus
 
 Verdict = Literal["keep", "drop", "next"]
@@ -51,7 +52,8 @@ class RunMeta(BaseModel):
     )
     software: dict[str, Any] = Field(
         default_factory=dict,
-        description="engine, engine_version, servetune, driver, cuda, nccl, python, os.",
+        description="engine, engine_version, servetune, driver, cuda, python, os; nccl "
+        "only when the caller knows it (servetune cannot read the engine's).",
     )
     target: Target = Field(default_factory=Target)
     workload: dict[str, Any] = Field(default_factory=dict)
@@ -137,6 +139,21 @@ def _pcts(values: Sequence[float]) -> dict[str, float] | None:
         return None
     p50, p95, p99 = np.percentile(np.asarray(values, dtype=float), [50, 95, 99]).tolist()
     return {"p50": p50, "p95": p95, "p99": p99}
+
+
+def records_metrics(
+    records: Sequence[RequestRecord], workload: Mapping[str, Any], slo: SLO | None
+) -> Metrics:
+    """The metrics of a run that never finished, from the records that reached the store,
+    with its workload's warm-up, cool-down and streaming and its SLO: the one place they
+    are computed, so every reader shows the same figures."""
+    return compute_metrics(
+        records,
+        warmup_s=float(workload.get("warmup_s") or 0.0),
+        cooldown_s=float(workload.get("cooldown_s") or 0.0),
+        slo=slo if isinstance(slo, SLO) else None,
+        stream=bool(workload.get("stream", True)),
+    )
 
 
 def request_distribution(

@@ -10,15 +10,39 @@ once however many sweep points share them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from servetune.errors import InputError
+
 # Bumped by every migration; a database with a higher number was written by a newer
 # servetune and is refused rather than misread.
 SCHEMA_VERSION = 2
 APP = "servetune"
+
+
+def check_length(field: str, value: object, column: Any) -> None:
+    """Refuse text longer than `column` (a mapped attribute such as `RunTag.tag`) holds,
+    in one line naming `field`, on every database alike: PostgreSQL refuses it with a
+    traceback, SQLite keeps it, and then the run cannot move to PostgreSQL."""
+    limit = getattr(getattr(column, "type", None), "length", None)
+    if isinstance(value, str) and limit and len(value) > limit:
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise InputError(
+            field,
+            f"{shown!r} is {len(value)} characters; the store keeps at most {limit}",
+            "shorten it",
+        )
+
+
+def check_row(row: Base, names: Mapping[str, str] | None = None) -> None:
+    """`check_length` for every text column of `row`, each named by `names` (what the
+    user calls it: `model`, `run id`) or by the column."""
+    for col in row.__table__.columns:
+        check_length((names or {}).get(col.key, col.key), getattr(row, col.key), col)
 
 
 class Base(DeclarativeBase):

@@ -21,6 +21,7 @@ import json
 import secrets
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,6 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from servetune.errors import InputError, closest, from_validation_error
-from servetune.metrics.compute import compute_metrics
 from servetune.results.schema import (
     Load,
     Metrics,
@@ -48,11 +48,21 @@ from servetune.store.liveness import effective_status, writer_token
 from servetune.store.meta import (
     VERDICTS,
     RunMeta,
+    records_metrics,
     request_distribution,
     server_summary,
     stability,
 )
-from servetune.store.models import Blob, RecordChunk, Run, RunBlob, RunTag, Study
+from servetune.store.models import (
+    Blob,
+    RecordChunk,
+    Run,
+    RunBlob,
+    RunTag,
+    Study,
+    check_length,
+    check_row,
+)
 from servetune.store.runinfo import RunInfo, run_info
 from servetune.store.timestamps import day_end, utc_now, utc_text
 from servetune.store.transfer import UNMEASURED, WARNED, ImportItem, read_import
@@ -114,16 +124,16 @@ class Store:
         found = s.scalar(select(Study.id).where(Study.name == name))
         if found:
             return found
+        check_length("study", name, Study.name)
+        check_length("study kind", kind, Study.kind)
         sid = f"study-{secrets.token_hex(4)}"
-        try:
-            with s.begin_nested():
-                s.add(Study(id=sid, name=name, kind=kind, created_utc=utc_now(), note=note))
-        except IntegrityError:  # another writer created it first
-            found = s.scalar(select(Study.id).where(Study.name == name))
-            if found is None:
-                raise
-            return found
-        return sid
+        row = {"id": sid, "name": name, "kind": kind, "created_utc": utc_now(), "note": note}
+        if _insert_new(s, Study, row):
+            return sid
+        found = s.scalar(select(Study.id).where(Study.name == name))  # another writer's
+        if found is None:
+            raise InputError("study", f"could not create study {name!r}", "try again")
+        return found
 
     def study_meta(self, name: str) -> dict[str, Any] | None:
         """Study `name`'s free-form meta (a tuner keeps its settings and summary there);
@@ -202,10 +212,11 @@ class Store:
             result={},
             **_load_columns(m.load),
         )
+        check_row(run, _RUN_FIELDS)
         s.add(run)
         s.flush()
         for t in sorted(set(m.tags)):
-            s.add(RunTag(run_id=run_id, tag=t))
+            s.add(_tag_row(run_id, t))
         return run_id
 
     def append_records(
@@ -371,12 +382,9 @@ class Store:
     def _put_blob(self, s: Session, run_id: str, kind: str, obj: Any) -> None:
         raw = _dump_json(obj)
         h = hashlib.sha256(raw).hexdigest()
-        if s.get(Blob, h) is None:
-            try:
-                with s.begin_nested():
-                    s.add(Blob(hash=h, codec="zjson1", size=len(raw), data=zlib.compress(raw, 6)))
-            except IntegrityError:
-                pass  # a concurrent writer stored the same content
+        if s.get(Blob, h) is None:  # else stored once already; a concurrent writer's is kept
+            row = {"hash": h, "codec": "zjson1", "size": len(raw), "data": zlib.compress(raw, 6)}
+            _insert_new(s, Blob, row)
         s.merge(RunBlob(run_id=run_id, kind=kind, hash=h))
 
     def _get_blob(self, s: Session, run_id: str, kind: str) -> Any:
@@ -430,13 +438,16 @@ class Store:
         backend: str | None = None,
         limit: int | None = None,
     ) -> list[RunInfo]:
-        """Runs oldest first (the last `limit` when given). `model` matches a substring;
-        `since`/`until` take ISO dates or date-times (UTC)."""
+        """Runs oldest first (the last `limit` when given). `model` matches a substring and
+        `engine` a name, both in any case; `since`/`until` take ISO dates or date-times
+        (UTC), an `until` to the minute or hour taking in all of it (`day_end`). A study
+        or engine the store has no run of lists nothing: `require_study` and `engines` let
+        a command tell a typo from an empty result."""
         q = select(Run)
-        if model:
-            q = q.where(Run.model.contains(model))
-        if engine:
-            q = q.where(Run.engine == engine)
+        if model:  # the same on every database: no case, and `_`/`%` are plain characters
+            q = q.where(Run.model.icontains(model, autoescape=True))
+        if engine:  # `vLLM` is vllm: an engine name has no case
+            q = q.where(func.lower(Run.engine) == engine.lower())
         if study:
             q = q.join(Study, Run.study_id == Study.id).where(
                 (Study.name == study) | (Study.id == study)
@@ -467,6 +478,22 @@ class Store:
             if limit:
                 infos = infos[-limit:]
         return infos
+
+    def require_study(self, ref: str, field: str = "--study") -> None:
+        """Refuse a study name or id the store does not have, naming the closest ones (as
+        an unknown run is refused): a filter on a typo would list nothing and read as a
+        study without runs."""
+        with self._session() as s:
+            if s.scalar(select(Study.id).where((Study.name == ref) | (Study.id == ref))):
+                return
+            near = closest(ref, s.scalars(select(Study.name)))
+        fix = f"did you mean {', '.join(near)}?" if near else "`servetune runs list --studies`"
+        raise InputError(field, f"no study {ref!r} in {self.where}", fix)
+
+    def engines(self) -> list[str]:
+        """The engine names the store's runs were measured with."""
+        with self._session() as s:
+            return sorted(e for e in s.scalars(select(Run.engine).distinct()) if e)
 
     def resolve(self, refs: Iterable[str], *, allow_empty: bool = True) -> list[str]:
         """Run ids for references: a run id, a unique id prefix, a study name or id,
@@ -599,14 +626,17 @@ class Store:
         tags to add and none of those to remove is not counted)."""
         add, remove = set(add), set(remove)
         changed = 0
-        with self._session() as s, s.begin():
-            for rid in run_ids:
-                run = self._run(s, rid)
-                have = {t.tag for t in run.tags}
-                for t in sorted(add - have):
-                    run.tags.append(RunTag(run_id=rid, tag=t))
-                run.tags = [t for t in run.tags if t.tag not in remove]
-                changed += bool(add - have or remove & have)
+        try:
+            with self._session() as s, s.begin():
+                for rid in run_ids:
+                    run = self._run(s, rid)
+                    have = {t.tag for t in run.tags}
+                    for t in sorted(add - have):
+                        run.tags.append(_tag_row(rid, t))
+                    run.tags = [t for t in run.tags if t.tag not in remove]
+                    changed += bool(add - have or remove & have)
+        except SQLAlchemyError as exc:
+            raise _db_error(self, exc) from exc
         return changed
 
     def conclude(
@@ -616,8 +646,11 @@ class Store:
         import) keeps the date it was concluded; otherwise it is now."""
         if verdict not in VERDICTS:
             raise InputError("verdict", f"{verdict!r} is not one of {', '.join(VERDICTS)}")
-        with self._session() as s, s.begin():
-            _set_conclusion(self._run(s, run_id), verdict, note, when)
+        try:
+            with self._session() as s, s.begin():
+                _set_conclusion(self._run(s, run_id), verdict, note, when)
+        except SQLAlchemyError as exc:
+            raise _db_error(self, exc) from exc
 
     def set_quality(self, run_id: str, table: Mapping[str, Any]) -> None:
         """Seed 003 §16 quality results (task accuracy, structured-output success, ...)."""
@@ -699,8 +732,10 @@ class Store:
         record = item.study_record
         if record is not None and record["name"] == into:  # not carried to another study
             self._merge_study(s, record)
-        what = f"imported{WARNED}{item.warning}" if item.warning else "imported"
         run = s.get(Run, rid)
+        if item.from_log:
+            item = _with_plan(item, run)
+        what = f"imported{WARNED}{item.warning}" if item.warning else "imported"
         if run is None:
             self._save(s, item.result, item.meta, study=into, tags=tags)
             run = self._run(s, rid)
@@ -715,7 +750,7 @@ class Store:
                 run.study_id = self._study_id(s, into, item.meta.study_kind, None)
             have = {t.tag for t in run.tags}
             for t in sorted((set(item.meta.tags) | set(tags)) - have):
-                run.tags.append(RunTag(run_id=rid, tag=t))
+                run.tags.append(_tag_row(rid, t))
             what = f"imported: finished {before} with the file's result" + what[len("imported") :]
         if item.status is not None and item.status != item.result.status:
             run.status, run.stop_reason = item.status, item.stop_reason  # `incomplete`, say
@@ -754,21 +789,6 @@ class Store:
             }
 
 
-def records_metrics(
-    records: Sequence[RequestRecord], workload: Mapping[str, Any], slo: SLO | None
-) -> Metrics:
-    """The metrics of a run that never finished, from the records that reached the store,
-    with its workload's warm-up, cool-down and streaming and its SLO: the one place they
-    are computed, so every reader shows the same figures."""
-    return compute_metrics(
-        records,
-        warmup_s=float(workload.get("warmup_s") or 0.0),
-        cooldown_s=float(workload.get("cooldown_s") or 0.0),
-        slo=slo if isinstance(slo, SLO) else None,
-        stream=bool(workload.get("stream", True)),
-    )
-
-
 # Readers list runs oldest first; runs created in the same second (created_utc keeps
 # seconds) in the order they were stored, then by id (concurrent writers may share a seq).
 _ORDER = (Run.created_utc, Run.seq, Run.id)
@@ -793,6 +813,58 @@ def _kept_over(run: Run, item: ImportItem) -> str | None:
     if got and got < run.n_records:
         return f", with more records ({run.n_records}) than the file ({got})"
     return None
+
+
+def _with_plan(item: ImportItem, run: Run | None) -> ImportItem:
+    """A record log's item with its metrics computed with the run's workload (warm-up,
+    cool-down, streaming) and SLO: the log header's, else those the store kept for the
+    run when it began (a killed bench recovered into its own store). Without either, the
+    metrics count every request and judge no SLO, and the run's stop reason says so."""
+    res = item.result
+    stored = (run.meta or {}) if run is not None else {}
+    workload = res.workload or stored.get("workload") or {}
+    slo = res.slo or (SLO.model_validate(stored["slo"]) if stored.get("slo") else None)
+    update: dict[str, Any] = {"workload": workload, "slo": slo}
+    update["metrics"] = records_metrics(res.records, workload, slo)
+    if not workload:
+        update["stop_reason"] = f"{res.stop_reason}; {_NO_PLAN}"
+    return replace(item, result=res.model_copy(update=update))
+
+
+# A record log imported without its workload or SLO (neither in its header nor the store).
+_NO_PLAN = "no workload or SLO recorded: no warm-up left out, no SLO judged"
+
+
+def _insert_new(s: Session, model: type[Study] | type[Blob], row: dict[str, Any]) -> bool:
+    """Insert `row` unless a row with the same key or name exists (a concurrent writer's),
+    in the session's own transaction; returns whether it was inserted. This replaces a
+    SAVEPOINT (`begin_nested`) around a plain insert: pysqlite starts no transaction
+    before a SAVEPOINT, so its RELEASE committed the row for good, and a study made by a
+    run that then failed outlived the rollback."""
+    dialect = s.get_bind().dialect.name
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    elif dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:  # another database: its savepoints are real ones
+        try:
+            with s.begin_nested():
+                s.add(model(**row))
+        except IntegrityError:
+            return False
+        return True
+    done = s.execute(insert(model).values(**row).on_conflict_do_nothing())
+    return bool(done.rowcount)  # type: ignore[attr-defined]
+
+
+# What the user calls the run's text columns, in a `check_row` refusal.
+_RUN_FIELDS = {"id": "run id", "engine_version": "engine version", "load_kind": "load kind"}
+
+
+def _tag_row(run_id: str, tag: str) -> RunTag:
+    """A tag of a run, refused in one line when longer than the store keeps."""
+    check_length("tag", tag, RunTag.tag)
+    return RunTag(run_id=run_id, tag=tag)
 
 
 def _split(refs: Iterable[str]) -> Iterator[str]:

@@ -3,7 +3,8 @@ sort as text on every database and compare across hosts."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timezone
+import re
+from datetime import date, datetime, time, timedelta, timezone
 
 from servetune.errors import InputError
 
@@ -34,9 +35,29 @@ def utc_text(value: datetime | str | None, field: str = "date") -> str:
 
 
 def day_end(value: str, field: str = "date") -> str:
-    """`value` as an upper bound: a bare date includes that whole day (UTC)."""
+    """`value` as an inclusive upper bound, to the precision it was given: a bare date
+    takes in that whole day (UTC), an hour (`T19`) that whole hour, a minute (`T19:24`)
+    that whole minute (runs at 19:24:xx included); seconds are the store's precision.
+    Read to the second, `--until 19:24` left out the runs of the minute the user named."""
     try:
         day = date.fromisoformat(value)
     except ValueError:
-        return utc_text(value, field)
+        start = utc_text(value, field)
+        span = _SPANS.get(_time_parts(value), timedelta(0))
+        if not span:
+            return start
+        bound = datetime.fromisoformat(start.replace("Z", "+00:00")) + span
+        return utc_text(bound - timedelta(seconds=1))
     return utc_text(datetime.combine(day, time(23, 59, 59), tzinfo=timezone.utc), field)
+
+
+# How long a time given to the hour or to the minute lasts (by its number of parts).
+_SPANS = {1: timedelta(hours=1), 2: timedelta(minutes=1)}
+
+
+def _time_parts(value: str) -> int:
+    """How many of hours, minutes, seconds the time of an ISO date-time gives (`19:24`,
+    `19:24+02:00` and the basic format's `1924` give 2)."""
+    clock = value.strip().replace(" ", "T").partition("T")[2]
+    clock = re.split(r"[Zz+-]", clock, maxsplit=1)[0].split(".")[0].split(",")[0]
+    return len(clock.split(":")) if ":" in clock else len(clock) // 2

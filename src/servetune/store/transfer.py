@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from servetune.errors import InputError, from_validation_error
-from servetune.metrics.compute import compute_metrics
 from servetune.metrics.table import csv_row
 from servetune.outfile import replaced
 from servetune.results.schema import SCHEMA_VERSION as RESULT_SCHEMA
 from servetune.results.schema import RequestRecord, RunResult
+from servetune.slo import SLO
 from servetune.status import RunStatus
 from servetune.store.codec import out_of_range
-from servetune.store.meta import VERDICTS, RunMeta
+from servetune.store.meta import VERDICTS, RunMeta, records_metrics
+from servetune.store.models import Run, RunTag, Study, check_length
 from servetune.store.runinfo import RunInfo
 from servetune.store.timestamps import utc_now, utc_text
 from servetune.yamlfile import read_text
@@ -54,6 +55,9 @@ class ImportItem:
     concluded_utc: str | None = None
     # the export's record of the run's study (name, kind, note, created_utc, meta)
     study_record: dict[str, Any] | None = None
+    # a bench record log: no final result, its metrics computed from its records with the
+    # workload and SLO its header gives (the store's own, for a run it already has)
+    from_log: bool = False
 
 
 # Joins a warning to what `Store.import_file` says happened (`imported; warning: ...`): the
@@ -166,6 +170,7 @@ def _from_export(name: str, doc: dict[str, Any]) -> Iterator[ImportItem]:
             raise InputError(
                 f"{where}.meta.tags", f"has a blank tag ({meta.tags!r})", "remove it or name it"
             )
+        _storable(meta, f"{where}.meta")
         yield ImportItem(
             result,
             meta,
@@ -178,6 +183,16 @@ def _from_export(name: str, doc: dict[str, Any]) -> Iterator[ImportItem]:
             concluded_utc=when,
             study_record=studies.get(meta.study) if meta.study else None,
         )
+
+
+def _storable(meta: RunMeta, where: str) -> None:
+    """An export's names the store could not keep (a tag over 100 characters, a study
+    over 200, a model over 300), refused while the file is read, before any run is
+    written, as the store refuses them on every database."""
+    check_length(f"{where}.study", meta.study, Study.name)
+    check_length(f"{where}.model", meta.model, Run.model)
+    for i, tag in enumerate(meta.tags):
+        check_length(f"{where}.tags[{i}]", tag, RunTag.tag)
 
 
 def _export_studies(name: str, value: Any) -> dict[str, dict[str, Any]]:
@@ -333,9 +348,12 @@ def _from_jsonl(path: Path, text: str) -> ImportItem:
         raise InputError("FILE", f"{path.name} is not a bench record log (no run header)")
     records = []
     for n, row in rows[1:]:
+        _one_run(path.name, n, row)
         records.append(_validate(RequestRecord, row, f"{path.name}:{n}"))
         _fits(records[-1], f"{path.name}:{n}")
-    _date(head.get("created_utc"), f"{path.name}:{rows[0][0]}.run.created_utc")
+    where = f"{path.name}:{rows[0][0]}.run"
+    _date(head.get("created_utc"), f"{where}.created_utc")
+    workload, slo = _header_plan(head, where)
     records.sort(key=lambda r: (r.send_ns, r.index))
     stop = f"imported from the record log {path.name} (no final result)"
     warning = None
@@ -350,13 +368,41 @@ def _from_jsonl(path: Path, text: str) -> ImportItem:
         "created_utc": str(head.get("created_utc") or _created_from_id(head["id"])),
         "target": {"url": head["url"]} if head.get("url") else {},
         "load": head.get("load") or {},
+        "workload": workload,
+        "slo": slo,
         "status": RunStatus.INTERRUPTED,
         "stop_reason": stop,
         "records": records,
-        "metrics": compute_metrics(records),
+        "metrics": records_metrics(records, workload, slo),
     }
-    result = _validate(RunResult, run, f"{path.name}:{rows[0][0]}.run")  # the header's values
-    return ImportItem(result, RunMeta(load=result.load), warning=warning)
+    result = _validate(RunResult, run, where)  # the header's values
+    return ImportItem(result, RunMeta(load=result.load), warning=warning, from_log=True)
+
+
+def _one_run(name: str, n: int, row: Any) -> None:
+    """A record log holds one run. A second `{"run": ...}` header is a second bench that
+    appended to the same log (bench appended until it started each log afresh): named,
+    with the fix, rather than read as a bad record."""
+    if _is_log_header(row):
+        raise InputError(
+            f"{name}:{n}",
+            "is a second run header: the log holds two bench runs, one appended to the other",
+            f"split the file before line {n} and import each part",
+        )
+
+
+def _header_plan(head: dict[str, Any], where: str) -> tuple[dict[str, Any], SLO | None]:
+    """The workload (warm-up, cool-down, streaming) and SLO a record log's header gives,
+    so its metrics are computed as the run's own were; ({}, None) for a header without
+    them (a run the store holds has them there: `Store._import_one` recomputes)."""
+    workload = head.get("workload") or {}
+    if not isinstance(workload, dict):
+        raise InputError(f"{where}.workload", f"is {_kind(workload)}, not an object", _LOG_FIX)
+    slo = head.get("slo")
+    return workload, None if slo is None else _validate(SLO, slo, f"{where}.slo")
+
+
+_LOG_FIX = "give the record log bench wrote beside its -o file"
 
 
 def _created_from_id(run_id: str) -> str:
