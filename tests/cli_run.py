@@ -21,3 +21,13 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
         sys.argv = argv
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def one_line_error(code: int, err: str, *needles: str) -> str:
+    """Assert a bad-input exit: code 2, one line on stderr, no traceback, holding every
+    needle; returns that line."""
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cli_run import one_line_error as _one_line
 from cli_run import run_cli
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
@@ -33,14 +34,6 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SERVETUNE_DB", str(tmp_path / "runs.db"))
     monkeypatch.setenv("COLUMNS", "250")
-
-
-def _one_line(code: int, err: str, *needles: str) -> str:
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 def _saved(tmp_path: Path, n: int = 1, **meta: Any) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cli_run import one_line_error as _one_line
 from cli_run import run_cli
 from servetune.errors import InputError
 from servetune.results.schema import RequestRecord, RunResult
@@ -24,14 +25,6 @@ from servetune.store.transfer import read_import
 from synthetic_runs import synthetic_run, synthetic_sweep
 
 DEAD = f"{socket.gethostname()}:999999999:1"  # no such pid on this host: a killed writer
-
-
-def _one_line(code: int, err: str, *needles: str) -> str:
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 def _lost_run(db: Path, monkeypatch: pytest.MonkeyPatch, kept: int = 5) -> RunResult:
