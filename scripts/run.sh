@@ -8,6 +8,12 @@ cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 VENV="${SERVETUNE_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
+# Bytecode is a cache like any other here. Container images often set
+# PYTHONDONTWRITEBYTECODE (this host's does), and uv installs without .pyc files: then
+# every Python process compiled each module it imported from source, ~2.9 s of a
+# `servetune calibrate` that takes 3.5 s with them, in each of the hundreds of processes
+# the suite and the tuner start. Written once, on first import, they are reused.
+unset PYTHONDONTWRITEBYTECODE
 
 # uv installs the project in ~6 s where pip takes ~30 s on a 2-core host; it reads no pip
 # configuration, so scripts/uv_args.py hands it pip's indexes, find-links and constraints.

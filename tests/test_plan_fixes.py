@@ -368,3 +368,47 @@ def test_mi300x_all_reduces_over_the_links_a_tp_group_reaches() -> None:
     at_tp2 = roofline.allreduce_s(hw, 2, 1, 4096)
     assert at_tp2 == pytest.approx(2 * (1 / 2) * size / 64e9 + latency)
     assert get_hardware("h100-sxm").allreduce_gbs(2) == 450  # NVSwitch: every TP alike
+
+
+def test_tune_refuses_requests_past_the_derived_context_not_max_position_embeddings() -> None:
+    """A model whose rope scaling sets the longest context vLLM accepts (its derived
+    max_model_len) is judged on that, not on max_position_embeddings, when the space sets
+    no max_model_len."""
+    from servetune.cli.tune_cmd import check_servable
+    from servetune.errors import InputError
+    from servetune.model import get_model
+    from servetune.tune.space import parse_space
+    from servetune.workload.spec import parse_workload
+
+    base = get_model("llama-3.1-8b")
+    wl = parse_workload({"count": 4, "input_tokens": {"dist": "fixed", "value": 6000},
+                         "output_tokens": {"dist": "fixed", "value": 100},
+                         "arrival": {"kind": "closed", "concurrency": 2}})  # fmt: skip
+    space = parse_space({"engine": "vllm", "knobs": {"max_num_seqs": [8, 16]}})
+    shorter = base.model_copy(
+        update={"max_position_embeddings": 8192, "derived_max_model_len": 4096}
+    )
+    with pytest.raises(InputError, match="exceeds max_model_len 4,096"):
+        check_servable(wl, space, shorter)
+    longer = base.model_copy(
+        update={"max_position_embeddings": 4096, "derived_max_model_len": 16384}
+    )
+    check_servable(wl, space, longer)  # 6,100 tokens fit the derived 16,384
+
+
+def test_simulate_refuses_the_activation_dtype_vllm_refuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """gpt-oss ships MXFP4 weights, whose kernels run bfloat16 activations only: vLLM
+    refuses --dtype float16 at start-up, so the simulator does not simulate it; `plan`
+    and `simulate` say it alike, each naming its own flag."""
+    from cli_run import run_cli
+
+    code, out, err = run_cli(capsys, "simulate", "--model", "gpt-oss-20b", "--gpu", "h100-sxm",
+                             "--set", "dtype=float16")  # fmt: skip
+    assert code == 2 and not out and err.count("\n") == 1
+    assert err.startswith("error: --set dtype: mxfp4 runs its activations in bfloat16 only")
+    assert "use --set dtype=bfloat16" in err
+    code, _, err = run_cli(capsys, "plan", "--model", "gpt-oss-20b", "--gpu", "h100-sxm",
+                           "--dtype", "float16")  # fmt: skip
+    assert code == 2 and err.startswith("error: --dtype: mxfp4") and "use --dtype bfloat16" in err

@@ -289,14 +289,16 @@ def check_servable(wl: Any, sp: Any, model: Any) -> None:
     """Refuse a workload whose longest request (prompt + output) no config of the space
     serves: every request answered 400 made a "best effort" that blamed TTFT and TPOT,
     which were never measured. The longest context a config may set is the space's
-    largest max_model_len (knobs, fixed), else the model's own."""
+    largest max_model_len (knobs, fixed), else the longest the engine accepts for the
+    model (`ModelSpec.context_limit`: rope scaling's derived length, else
+    max_position_embeddings)."""
     from servetune.sim.engine import materialize_for_sim
 
     if wl.sessions is not None:  # a conversation's context grows with its turns
         return
     lens = [v for v in sp.knobs.get("max_model_len", []) if v is not None]
     lens += [sp.fixed["max_model_len"]] if sp.fixed.get("max_model_len") else []
-    allowed = max(lens) if lens else model.max_position_embeddings
+    allowed = max(lens) if lens else model.context_limit
     cols = materialize_for_sim(wl)
     if not len(cols):
         return

@@ -269,6 +269,7 @@ def check_runs_on(
     dtype: str = "auto",
     engine: str = "vllm",
     shipped: bool = False,
+    dtype_field: str = "--dtype",
 ) -> None:
     """A one-line error for weights vLLM refuses on `hw` at start-up: a method below its
     minimum compute capability (VLLM_METHOD_RULES: modelopt FP8 89, fp8 and mxfp4 80, awq
@@ -277,7 +278,7 @@ def check_runs_on(
     rule (W8A8 FP8 needs 8.0, FP8_MIN_CAPABILITY), for every engine. `dtype` auto is not
     checked: vLLM resolves it from the checkpoint, which a quantized release ships in its
     method's dtype. `shipped`: `fmt` is the checkpoint's own (the fix then starts from the
-    16-bit release)."""
+    16-bit release). `dtype_field`: the flag that set `dtype` (`simulate`: --set dtype)."""
     cc = hw.compute_capability
     rule = VLLM_METHOD_RULES.get(fmt.name) if engine in RULE_ENGINES else None
     if rule is not None and cc is not None and cc < rule.min_capability:
@@ -298,11 +299,13 @@ def check_runs_on(
     if rule is not None and dtype != "auto" and asked not in rule.act_dtypes:
         names = {"bf16": "bfloat16", "fp16": "float16"}
         allowed = " or ".join(names.get(d, d) for d in rule.act_dtypes)
+        fix = names.get(rule.act_dtypes[0], rule.act_dtypes[0])
+        sep = "=" if dtype_field.startswith("--set") else " "
         raise InputError(
-            "--dtype",
+            dtype_field,
             f"{fmt.name} runs its activations in {allowed} only, not {names.get(asked, asked)} "
             f"(vLLM's {rule.config}.get_supported_act_dtypes())",
-            f"use --dtype {names.get(rule.act_dtypes[0], rule.act_dtypes[0])}, or --dtype auto",
+            f"use {dtype_field}{sep}{fix}, or {dtype_field}{sep}auto",
         )
 
 

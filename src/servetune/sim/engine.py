@@ -171,7 +171,14 @@ def setup(
     # capability 8.0, as `plan` refuses it) is not simulated
     check_model_config(cfg, model, device=hw.kind)
     check_dtype_runs_on(cfg.dtype, hw, "--set dtype")  # an explicit bfloat16 below cc 8.0
-    check_runs_on(weight_format(cfg.dtype, cfg.quantization, model), hw, "--set quantization")
+    check_runs_on(
+        weight_format(cfg.dtype, cfg.quantization, model),
+        hw,
+        "--set quantization",
+        dtype=cfg.dtype,
+        engine=cfg.engine,
+        dtype_field="--set dtype",
+    )
     default_ev = evaluate(model, hw, cfg)
     if default_ev.breaking_term == "weights":  # no engine loads them (vLLM, SGLang, llama.cpp)
         raise InputError("config", f"the engine would not start: {default_ev.verdict}", None)
@@ -533,7 +540,7 @@ def simulate(
         records, warmup_s=spec.warmup_s, cooldown_s=spec.cooldown_s, slo=slo, stream=spec.stream
     )
     if slo is not None:
-        apply_turn_slo(metrics, list(records), slo, spec)
+        apply_turn_slo(metrics, records, slo, spec)
     sc = su.sched
     # Paged pool: peak blocks in use; llama.cpp slots preallocate KV, nothing to run over.
     paged = sc.mode != "slots" and sc.kv_blocks
