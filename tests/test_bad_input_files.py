@@ -16,21 +16,10 @@ from pathlib import Path
 
 import pytest
 from tests.cli_run import run_cli
+from tests.hf_configs import LLAMA_8B as CONFIG
 
 HW = "mygpu:\n  display_name: G\n  vendor: me\n  source: x\n"
 HW_OK = {"memory_gib": "80", "memory_bandwidth_gbs": "3000", "tflops": "{bf16: 900}"}
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
 LINE = {"timestamp": 0, "input_length": 10, "output_length": 5}
 SIM = ["simulate", "--no-store"]
 

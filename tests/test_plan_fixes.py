@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from hf_configs import LLAMA_8B
 from servetune.engines.config import EngineConfig
 from servetune.engines.rules import VLLM_BLOCK_SIZES, check_batch_limits, check_block_size
 from servetune.errors import InputError
@@ -30,18 +31,6 @@ from servetune.plan.service import PlanArgs, PlanResult, build_request, run_plan
 from servetune.plan.sglang_pool import sglang_pool
 from servetune.units import GiB
 
-LLAMA_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
 # Qwen2.5-7B-Instruct with the YaRN block its model card says to add for 128K contexts
 QWEN25_YARN = {
     "architectures": ["Qwen2ForCausalLM"],
