@@ -187,8 +187,20 @@ def test_llamacpp_budget_is_its_batch_size_and_its_2048_default() -> None:
     f = finding(decode_bound("llamacpp", {"batch_size": 1024}), "decode_heavy")
     assert ("batch_size", 1024, 512) in moves(f)
     f = finding(oom({}, engine="llamacpp"), "oom")
-    assert ("batch_size", "default", 1024) in moves(f)  # half of -b's 2048
     assert ("parallel_slots", "default", 2) in moves(f)  # half of -np auto's 4 (was 128)
+
+
+def test_llamacpps_activation_step_is_its_ubatch() -> None:
+    """llama.cpp sizes its compute buffer for one -ub pass (min(-ub, -b); -ub 512 by
+    default): the 2nd OOM step halved -b 2048 -> 1024, which frees nothing."""
+    f = finding(oom({}, engine="llamacpp"), "oom")
+    assert ("ubatch_size", "default (512)", 256) in moves(f)
+    assert "batch_size" not in [m[0] for m in moves(f)], moves(f)
+    f = finding(oom({"batch_size": 256}, engine="llamacpp"), "oom")  # -ub is min(512, -b)
+    assert ("ubatch_size", "default (256)", 128) in moves(f)
+    f = finding(oom({"ubatch_size": 128}, engine="llamacpp"), "oom")
+    assert ("ubatch_size", 128, 64) in moves(f)
+    assert ("max_num_batched_tokens", "default", 1024) in moves(finding(oom({}), "oom"))
 
 
 def test_a_smaller_budget_from_an_unknown_vllm_default_is_below_every_default() -> None:

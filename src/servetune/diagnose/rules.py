@@ -16,6 +16,7 @@ from typing import Any
 
 from servetune.diagnose.evidence import Evidence
 from servetune.diagnose.knobs import Defaults, engine_has, knobs
+from servetune.sim.engine import LLAMACPP_DEFAULT_BATCH, LLAMACPP_DEFAULT_UBATCH
 from servetune.diagnose.predict import (
     fits_in_kv,
     fp8_kv_gain,
@@ -300,13 +301,7 @@ def oom(ev: Evidence) -> Finding | None:
                 None,
                 [
                     _smaller_pool(ev),
-                    _smaller(
-                        k.budget,
-                        ev.batched_tokens,
-                        k.budget_default,
-                        lambda b: b // 2,
-                        "2nd: smaller activation peaks",
-                    ),
+                    _smaller_activations(ev),
                     _smaller(
                         k.batch,
                         ev.batch_cap,
@@ -355,6 +350,23 @@ def _smaller_pool(ev: Evidence) -> Action | None:
     gmu = float(c.get("gpu_memory_utilization") or 0.9)
     nxt = round(max(0.8, gmu - 0.05), 2)
     return Action("gpu_memory_utilization", gmu, nxt, why) if nxt < gmu else None
+
+
+def _smaller_activations(ev: Evidence) -> Action | None:
+    """Seed 003 §13's 2nd OOM step, smaller activation peaks: the tokens one forward pass
+    may take, halved. vLLM's pass is its step budget (max_num_batched_tokens). llama.cpp
+    splits its -b batch into passes of -ub tokens and sizes its compute buffer for one
+    -ub pass (llama_context reserves the worst-case graph at n_ubatch = min(-ub, -b);
+    -ub defaults to 512, common/arg.cpp): halving -b from its 2048 default freed nothing,
+    so there the step is -ub."""
+    c, k, why = ev.config, knobs(ev.engine), "2nd: smaller activation peaks"
+    if ev.engine != "llamacpp":
+        return _smaller(k.budget, ev.batched_tokens, k.budget_default, lambda b: b // 2, why)
+    batch = int(ev.batched_tokens or LLAMACPP_DEFAULT_BATCH)
+    ubatch = min(int(c.get("ubatch_size") or LLAMACPP_DEFAULT_UBATCH), batch)
+    if ubatch <= 1:
+        return None
+    return Action("ubatch_size", c.get("ubatch_size") or f"default ({ubatch})", ubatch // 2, why)
 
 
 def _fifth_oom_step(ev: Evidence) -> Action | None:
