@@ -210,3 +210,31 @@ def test_vllm_block_size_and_pool_come_from_its_cache_config_info_labels() -> No
     unset = info.replace('num_gpu_blocks="256"', 'num_gpu_blocks="None"')
     m = canonical("vllm", VLLM_TEXT + unset)  # before the pool is sized: no pool figure
     assert m.values["kv_block_tokens"] == 128.0 and "kv_cache_capacity_tokens" not in m.values
+
+
+def test_nan_and_inf_samples_are_no_figure_and_never_reach_diagnose_json() -> None:
+    """A NaN gauge is valid exposition; kept, it averaged a ratio to NaN and reached
+    `diagnose --url --json` as `NaN` (not JSON). It is left out, as if not exported."""
+    import json
+
+    from servetune.diagnose import diagnose
+    from servetune.diagnose.evidence import from_window
+    from servetune.diagnose.run import Diagnosis
+    from servetune.results.schema import ServerSeries
+
+    text = (
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0"} NaN\n'
+        'vllm:kv_cache_usage_perc{engine="1"} 0.6\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        "vllm:num_requests_running +Inf\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        "vllm:num_requests_waiting 3\n"
+    )
+    m = canonical("vllm", text)
+    assert m.values["kv_cache_usage"] == pytest.approx(0.6)  # the one finite rank
+    assert "requests_running" not in m.values and m.values["requests_waiting"] == 3
+    # the live window diagnose builds from such samples is all finite figures
+    series = ServerSeries(t_ns=[0, 10**9, 2 * 10**9], values=[dict(m.values)] * 3)
+    ev = from_window("http://x", series, None, "vllm")
+    json.dumps(Diagnosis(ev, diagnose(ev)).to_json(), allow_nan=False, default=str)

@@ -72,13 +72,17 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 def parse(text: str) -> Samples:
-    """Prometheus text -> {sample name: [(labels, value), ...]} (prometheus-client's parser)."""
+    """Prometheus text -> {sample name: [(labels, value), ...]} (prometheus-client's parser).
+    NaN and ±Inf samples are left out, as `bench.server_metrics.flatten_prometheus` leaves
+    them: valid exposition (a summary's quantiles before any observation), but no figure.
+    Kept, a NaN gauge reached `diagnose --url --json` as `NaN`, which is not JSON."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+            if math.isfinite(s.value):
+                out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
     return out
 
 
