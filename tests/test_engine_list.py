@@ -66,7 +66,7 @@ def test_engine_list_json_has_every_engine() -> None:
     assert list(rows)[: len(ENGINES)] == list(ENGINES)
     assert {"mlx", "transformers"} <= set(rows)  # the engines launched here beyond those
     for r in rows.values():
-        assert r["here"] in ("installed", "installable", "not on this machine"), r
+        assert r["here"] in ("installed", "stale pins", "installable", "not on this machine"), r
         assert r["version"], r
         assert (r["here"] == "installed") == r["installed"] == (r["where"] is not None)
         if r["here"] != "installed":
@@ -74,3 +74,34 @@ def test_engine_list_json_has_every_engine() -> None:
     if not shutil.which("nvidia-smi"):
         for name in NEEDS_GPU:
             assert rows[name]["here"] in ("installed", "not on this machine")
+
+
+@pytest.mark.timeout(60)
+def test_an_install_of_older_pins_is_listed_as_stale_not_as_missing(tmp_path) -> None:
+    """A cached install made under other pins is not run (`find` skips it); the listing
+    said "installable", as if nothing were there. It says stale, and how to rebuild."""
+    import os
+
+    for name, pins in (("mlx", "mlx-lm==0.0.1"), ("transformers", None)):
+        where = tmp_path / "engines" / name
+        where.mkdir(parents=True)
+        stamp = {"executable": sys.executable, "version": "0.0.1"}
+        (where / "installed.json").write_text(json.dumps(stamp | ({"pins": pins} if pins else {})))
+    env = {**os.environ, "SERVETUNE_CACHE": str(tmp_path)}
+    for var in ("SERVETUNE_MLX_PYTHON", "SERVETUNE_TRANSFORMERS_PYTHON"):
+        env.pop(var, None)
+    out = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "engine", "list", "--json"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {r["engine"]: r for r in json.loads(out.stdout)}
+    for name in ("mlx", "transformers"):  # pins of another day; a pre-pins stamp of 0.0.1
+        r = rows[name]
+        assert r["here"] == "stale pins" and not r["installed"], r
+        assert sys.executable in r["why"] and f"servetune engine install {name}" in r["why"]
+    text = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "engine", "list"],
+        capture_output=True, text=True, timeout=60, env=env,
+    ).stdout  # fmt: skip
+    assert "stale pins" in text and "engine install mlx` rebuilds it" in text

@@ -120,6 +120,7 @@ def list_engines(
         LLAMACPP_BUILD,
         VLLM_CPU_VERSION,
         find,
+        stale_stamp,
     )
     from servetune.engines.process import default_device
     from servetune.engines.registry import ADAPTERS
@@ -130,6 +131,7 @@ def list_engines(
     rows = []
     for name in ADAPTERS:
         found = find(name)
+        old = stale_stamp(name) if found is None and name in INSTALLABLE else None
         row = support(
             name,
             installed_version=found.version if found else None,
@@ -138,6 +140,7 @@ def list_engines(
             how_to_install=HOW_TO_INSTALL[name],
             target_version=targets.get(name),
             has_gpu=has_gpu,
+            stale=str(old["executable"]) if old else None,
         ).to_json()
         # kept for scripts written against the earlier listing
         row |= {"installed": found is not None, "source": found.source if found else None}

@@ -153,9 +153,8 @@ class EngineInstall:
         return self.prefix[0]
 
 
-def read_stamp(engine: str) -> dict | None:
-    """The install stamp, or None when the engine was never installed, is gone, or was
-    installed under other pins than today's (an older servetune's: reinstalled, not run)."""
+def _load_stamp(engine: str) -> dict | None:
+    """The install stamp whose executable is still there, current or not."""
     stamp = engine_dir(engine) / "installed.json"
     try:
         data = json.loads(stamp.read_text())
@@ -166,7 +165,21 @@ def read_stamp(engine: str) -> dict | None:
     exe = Path(str(data.get("executable", "")))
     if not (exe.is_file() and os.access(exe, os.X_OK)):
         return None
-    return data if stamp_is_current(engine, data) else None
+    return data
+
+
+def read_stamp(engine: str) -> dict | None:
+    """The install stamp, or None when the engine was never installed, is gone, or was
+    installed under other pins than today's (an older servetune's: reinstalled, not run)."""
+    data = _load_stamp(engine)
+    return data if data is not None and stamp_is_current(engine, data) else None
+
+
+def stale_stamp(engine: str) -> dict | None:
+    """The stamp of an install still on disk but made under other pins than today's (what
+    `engine list` calls stale: `engine install` rebuilds it); None otherwise."""
+    data = _load_stamp(engine)
+    return data if data is not None and not stamp_is_current(engine, data) else None
 
 
 def pins(engine: str) -> str:

@@ -30,7 +30,7 @@ class EngineSupport:
     """One row of `engine list`."""
 
     engine: str
-    here: str  # installed | installable | not on this machine
+    here: str  # installed | stale pins | installable | not on this machine
     why: str | None  # how to install, or why it cannot run here
     version: str | None  # installed version, else the version the adapter targets
     where: str | None
@@ -51,11 +51,18 @@ def support(
     how_to_install: str,
     target_version: str | None,
     has_gpu: bool,
+    stale: str | None = None,
 ) -> EngineSupport:
-    """One engine's row from what was found on this machine (`where` None: not found)."""
+    """One engine's row from what was found on this machine (`where` None: not found).
+    `stale`: where servetune's cache holds an install of older pins, which is not run."""
     mod = adapter(engine)
     if where is not None:
         here, why = "installed", None
+    elif stale is not None:
+        here, why = "stale pins", (
+            f"the cached install at {stale} was made under other pins than today's and is "
+            f"not run: `servetune engine install {engine}` rebuilds it"
+        )
     elif installable or (has_gpu or engine not in NEEDS_GPU):
         here, why = "installable", how_to_install
     else:
