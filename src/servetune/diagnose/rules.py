@@ -16,12 +16,12 @@ from typing import Any
 
 from servetune.diagnose.evidence import Evidence
 from servetune.diagnose.knobs import Defaults, engine_has, knobs
-from servetune.sim.engine import LLAMACPP_DEFAULT_BATCH, LLAMACPP_DEFAULT_UBATCH
 from servetune.diagnose.predict import (
     fits_in_kv,
     fp8_kv_gain,
     queue_free_ttft_ms,
 )
+from servetune.sim.engine import LLAMACPP_DEFAULT_BATCH, LLAMACPP_DEFAULT_UBATCH
 
 # A host problem first: a starved host also starves the client, so its lag is a symptom.
 KINDS = ("host", "client", "engine")
