@@ -59,9 +59,12 @@ def support(
     if where is not None:
         here, why = "installed", None
     elif stale is not None:
-        here, why = "stale pins", (
-            f"the cached install at {stale} was made under other pins than today's and is "
-            f"not run: `servetune engine install {engine}` rebuilds it"
+        here, why = (
+            "stale pins",
+            (
+                f"the cached install at {stale} was made under other pins than today's and is "
+                f"not run: `servetune engine install {engine}` rebuilds it"
+            ),
         )
     elif installable or (has_gpu or engine not in NEEDS_GPU):
         here, why = "installable", how_to_install
