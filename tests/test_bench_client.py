@@ -44,6 +44,18 @@ def test_stream_counts_match_usage_and_tokenizer(api: str) -> None:
     assert res.metrics.token_count_mismatched == 0
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_mock_says_length_only_when_it_stopped_at_max_tokens(stream: bool) -> None:
+    """An answer that ends before the request's max_tokens (the mock's --output-tokens 5
+    against max_tokens 12: the model's own end) is "stop", as a real server says it; one
+    that runs to max_tokens is "length". The mock said "length" always."""
+    short = bench(MockConfig(ttft_ms=5, itl_ms=1, output_tokens=5), stream=stream, count=4)
+    assert short.metrics.completed == 4
+    assert {(r.output_tokens, r.finish_reason) for r in short.records} == {(5, "stop")}
+    full = bench(MockConfig(ttft_ms=5, itl_ms=1), stream=stream, count=4)
+    assert {(r.output_tokens, r.finish_reason) for r in full.records} == {(12, "length")}
+
+
 def test_non_stream() -> None:
     res = bench(MockConfig(ttft_ms=5, itl_ms=1), stream=False)
     assert res.metrics.completed == 8

@@ -17,7 +17,7 @@
  * with the first token. Everything due at the same instant goes out in one write.
  * Streams only what the ceiling needs: POST /v1/chat/completions and /v1/completions
  * (stream or not, include_usage honoured, max_tokens / max_completion_tokens, else
- * --output-tokens), GET /v1/models, /health and /metrics (mock:num_requests_running ...).
+ * --output-tokens; finish_reason "length" at the request's max_tokens, else "stop"), GET /v1/models, /health and /metrics (mock:num_requests_running ...).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -46,6 +46,7 @@ typedef struct {
 
 typedef struct {
     int open, busy, chat, stream, usage, n_tokens, sent;
+    int capped; /* the request set max_tokens: its end is "length", else "stop" */
     uint32_t gen;
     Buf in, pending; /* request bytes; output the socket did not take yet */
 } Conn;
@@ -235,7 +236,9 @@ static void start_generation(int fd, int chat, const char *body) {
     c->stream = json_bool(body, "\"stream\"");
     c->usage = json_bool(body, "\"include_usage\"");
     int n = json_int(body, "\"max_completion_tokens\"", 0);
-    c->n_tokens = n ? n : json_int(body, "\"max_tokens\"", default_tokens);
+    if (!n) n = json_int(body, "\"max_tokens\"", 0);
+    c->capped = n > 0;
+    c->n_tokens = n ? n : default_tokens;
     c->sent = 0;
     st_running++;
     st_requests++;
@@ -257,20 +260,21 @@ static void plain_answer(int fd) {
     for (int i = 0; i < c->n_tokens && len < sizeof text - 16; i++)
         len += (size_t)snprintf(text + len, sizeof text - len, "%sw%d", i ? " " : "", i % 4096);
     text[len] = 0;
+    const char *finish = c->capped ? "length" : "stop";
     char *body = malloc(len + 512);
     if (!body) abort();
     if (c->chat)
         sprintf(body,
                 "{\"id\":\"m\",\"object\":\"chat.completion\",\"model\":\"mock\",\"choices\":[{\"index\":0,"
-                "\"message\":{\"role\":\"assistant\",\"content\":\"%s\"},\"finish_reason\":\"length\"}],"
+                "\"message\":{\"role\":\"assistant\",\"content\":\"%s\"},\"finish_reason\":\"%s\"}],"
                 "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}",
-                text, prompt_tokens, c->n_tokens, prompt_tokens + c->n_tokens);
+                text, finish, prompt_tokens, c->n_tokens, prompt_tokens + c->n_tokens);
     else
         sprintf(body,
                 "{\"id\":\"m\",\"object\":\"text_completion\",\"model\":\"mock\",\"choices\":[{\"index\":0,"
-                "\"text\":\"%s\",\"finish_reason\":\"length\"}],"
+                "\"text\":\"%s\",\"finish_reason\":\"%s\"}],"
                 "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}",
-                text, prompt_tokens, c->n_tokens, prompt_tokens + c->n_tokens);
+                text, finish, prompt_tokens, c->n_tokens, prompt_tokens + c->n_tokens);
     st_tokens += c->n_tokens;
     finish_request(c);
     size_t blen = strlen(body);
@@ -289,7 +293,7 @@ static void step(int fd) {
     }
     int i = c->sent++;
     int last = c->sent >= c->n_tokens;
-    const char *fr = last ? "\"length\"" : "null";
+    const char *fr = !last ? "null" : c->capped ? "\"length\"" : "\"stop\"";
     st_tokens++;
     if (c->chat) {
         if (i == 0)

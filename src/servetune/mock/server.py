@@ -104,11 +104,24 @@ class MockStats:
         return ("\n".join(lines) + "\n").encode()
 
 
+def finish_reason(n_tokens: int, max_tokens: object) -> str:
+    """What an OpenAI-compatible server says ended the answer: "length" when it stopped at
+    the request's max_tokens (or past it: a server that ignores the cap), else "stop", the
+    model's own end (`--output-tokens` shorter than the request asked, or no max_tokens).
+    Always "length" made every mock answer look capped, so a cap check learnt nothing."""
+    try:
+        cap = int(max_tokens) if max_tokens is not None else None  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        cap = None
+    return "length" if cap is not None and n_tokens >= cap else "stop"
+
+
 class _Stream:
     """One streamed answer, driven by loop timers."""
 
     __slots__ = (
-        "proto", "n_tokens", "sent", "chat", "usage", "cont", "fault", "prompt", "handle", "held"
+        "proto", "n_tokens", "sent", "chat", "usage", "cont", "fault", "prompt", "handle", "held",
+        "finish",
     )  # fmt: skip
 
     def __init__(
@@ -120,6 +133,7 @@ class _Stream:
         cont: bool,
         fault: str | None,
         prompt: int,
+        finish: str = "length",
     ) -> None:
         self.proto = proto
         self.n_tokens = n_tokens
@@ -131,6 +145,7 @@ class _Stream:
         self.prompt = prompt
         self.handle: asyncio.TimerHandle | None = None
         self.held: list[bytes] = []  # content events held back (MockConfig.buffer_stream)
+        self.finish = json.dumps(finish).encode()
 
 
 class _MockProtocol(asyncio.Protocol):
@@ -234,12 +249,13 @@ class _MockProtocol(asyncio.Protocol):
         else:
             prompt = len(str(req.get("prompt", "")).split())
         n = cfg.output_tokens if cfg.output_tokens is not None else int(req.get("max_tokens") or 16)
+        finish = finish_reason(n, req.get("max_tokens"))
         srv.stats.requests += 1
         srv.stats.prompt_tokens += prompt
         opts = req.get("stream_options") or {}
         if not req.get("stream"):
             delay = srv.ttft_s() + n * cfg.itl_ms / 1000.0
-            srv.later(delay, self._plain_answer, chat, n, prompt)
+            srv.later(delay, self._plain_answer, chat, n, prompt, finish)
             srv.stats.running += 1
             return
         st = _Stream(
@@ -250,6 +266,7 @@ class _MockProtocol(asyncio.Protocol):
             bool(opts.get("continuous_usage_stats")),
             fault,
             prompt,
+            finish,
         )
         self.stream = st
         srv.stats.running += 1
@@ -257,12 +274,12 @@ class _MockProtocol(asyncio.Protocol):
         head_delay = cfg.slow_headers_s if fault == "slow_headers" else 0.0
         st.handle = srv.later(head_delay, self._headers, st)
 
-    def _plain_answer(self, chat: bool, n: int, prompt: int) -> None:
+    def _plain_answer(self, chat: bool, n: int, prompt: int, finish: str) -> None:
         self.srv.stats.running -= 1
         if self.closed:
             return
         text = " ".join(f"w{i % 4096}" for i in range(n))
-        choice = {"index": 0, "finish_reason": "length"}
+        choice = {"index": 0, "finish_reason": finish}
         choice.update(
             {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
         )
@@ -301,7 +318,7 @@ class _MockProtocol(asyncio.Protocol):
         st.sent += k
         self.srv.stats.generation_tokens += k
         last = st.sent >= st.n_tokens
-        fr = b'"length"' if last else b"null"
+        fr = st.finish if last else b"null"
         usage = b""
         if st.cont:
             usage = b',"usage":{"prompt_tokens":%d,"completion_tokens":%d}' % (st.prompt, st.sent)
