@@ -214,29 +214,34 @@ def power_capped(grid: np.ndarray, seconds: np.ndarray, kept: float) -> np.ndarr
 def at_m(grid: np.ndarray, seconds: np.ndarray, m: int) -> float:
     """`seconds` measured at the rows `grid`, read at `m`: log time against log M between
     grid points, the first point below the grid, and in proportion to M past its end.
-    Scalar arithmetic (`_log_weights`' rule for one point): the simulator reads it on
-    every step, where numpy's per-call overhead was a tenth of a tuner trial."""
-    top = float(grid[-1])
-    x = min(max(float(m), float(grid[0])), top)
+    Scalar arithmetic: the simulator reads it on every step, where numpy calls on
+    two-element arrays were a tenth of a tuner trial."""
+    lo, hi, f = _bracket(grid, m)
+    log_s = (
+        math.log(seconds[hi])
+        if lo == hi
+        else ((1.0 - f) * math.log(seconds[lo]) + f * math.log(seconds[hi]))
+    )
+    return math.exp(log_s) * max(m / float(grid[-1]), 1.0)
+
+
+def _bracket(grid: np.ndarray, x: float) -> tuple[int, int, float]:
+    """The grid points around `x` (lo, hi; the same one at a grid point or outside the
+    grid, at its nearest edge) and x's place between them, linear in log x."""
+    x = min(max(float(x), float(grid[0])), float(grid[-1]))
     hi = int(grid.searchsorted(x))
     if grid[hi] == x:
-        log_s = math.log(seconds[hi])
-    else:
-        lo_x, hi_x = float(grid[hi - 1]), float(grid[hi])
-        f = (math.log(x) - math.log(lo_x)) / (math.log(hi_x) - math.log(lo_x))
-        log_s = (1.0 - f) * math.log(seconds[hi - 1]) + f * math.log(seconds[hi])
-    return math.exp(log_s) * max(m / top, 1.0)
+        return hi, hi, 0.0
+    lo_x, hi_x = float(grid[hi - 1]), float(grid[hi])
+    return hi - 1, hi, (math.log(x) - math.log(lo_x)) / (math.log(hi_x) - math.log(lo_x))
 
 
 def _log_weights(grid: np.ndarray, x: float) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of the two grid points around `x` and their weights, linear in log x
-    (the nearest edge alone outside the grid)."""
-    x = min(max(float(x), float(grid[0])), float(grid[-1]))
-    hi = int(np.searchsorted(grid, x))
-    if grid[hi] == x:
+    """Indices of the two grid points around `x` and their weights (`_bracket`), as arrays
+    to weight a table's rows with."""
+    lo, hi, f = _bracket(grid, x)
+    if lo == hi:
         return np.array([1.0]), np.array([hi])
-    lo = hi - 1
-    f = (math.log(x) - math.log(grid[lo])) / (math.log(grid[hi]) - math.log(grid[lo]))
     return np.array([1.0 - f, f]), np.array([lo, hi])
 
 
