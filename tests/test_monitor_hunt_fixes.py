@@ -54,6 +54,16 @@ def fires(d: Deployment, alert: str) -> dict:
     }
 
 
+def fires_at(d: Deployment, alert: str, at: str) -> dict:
+    """An alert_rule_test: `alert` firing at `at`, as `fires` gives it."""
+    return {"eval_time": at, "alertname": alert, "exp_alerts": [fires(d, alert)]}
+
+
+def scrapes(series: dict[str, str]) -> list[dict[str, str]]:
+    """promtool's input_series from {series: values notation}."""
+    return [{"series": k, "values": v} for k, v in series.items()]
+
+
 def value(expr: str, v: float, at: str) -> dict:
     """A promql_expr_test: `expr` (one series) within float rounding of `v` at `at`."""
     return {
@@ -99,17 +109,13 @@ def test_two_deployments_loaded_together_keep_their_own_series(tmp_path: Path) -
     }
     waiting = "servetune:requests_waiting:value{{servetune_deployment={!r}}}"
     case = {
-        "input_series": [{"series": k, "values": v} for k, v in series.items()],
+        "input_series": scrapes(series),
         "promql_expr_test": [
             value(waiting.format("model-a").replace("'", '"'), 100, "5m"),
             value(waiting.format("model-b").replace("'", '"'), 0, "5m"),
         ],
         "alert_rule_test": [  # model-a's queue, not model-b's, is over its target
-            {
-                "eval_time": "5m",
-                "alertname": "ServetuneScaleOutPending",
-                "exp_alerts": [fires(a, "ServetuneScaleOutPending")],
-            }
+            fires_at(a, "ServetuneScaleOutPending", "5m")
         ],
     }
     docs = {"a.yaml": documents(a)["rules"], "b.yaml": documents(b)["rules"]}
@@ -131,13 +137,13 @@ def test_vllm_queue_wait_reads_zero_inside_its_first_bucket(tmp_path: Path) -> N
     le = f"vllm:request_queue_time_seconds_bucket{{{JOB},le="
     under = {f'{le}"0.3"}}': "0+15x80", f'{le}"0.5"}}': "0+15x80", f'{le}"+Inf"}}': "0+15x80"}
     rules = {"r.yaml": documents(d)["rules"]}
-    case = {"input_series": [{"series": k, "values": v} for k, v in under.items()]}
+    case = {"input_series": scrapes(under)}
     case["promql_expr_test"] = [value(recorded, 0, "10m"), value(query, 0, "10m")]
     promtool_test(tmp_path / "under", rules, case)
     # 2 of 20 a scrape over 0.3 s: the P95 is past the first bucket and reads as the plain
     # quantile, 0.3 + (19 - 18) / (20 - 18) x 0.2 = 0.4 s
     over = {f'{le}"0.3"}}': "0+18x80", f'{le}"0.5"}}': "0+20x80", f'{le}"+Inf"}}': "0+20x80"}
-    case = {"input_series": [{"series": k, "values": v} for k, v in over.items()]}
+    case = {"input_series": scrapes(over)}
     case["promql_expr_test"] = [value(recorded, 0.4, "10m"), value(query, 0.4, "10m")]
     promtool_test(tmp_path / "over", rules, case)
     assert math.ceil(3 * 0 / d.queue_wait_p95_s) == 0  # the HPA may now scale in
@@ -167,14 +173,8 @@ def test_the_default_rate_window_holds_at_a_one_minute_scrape(tmp_path: Path) ->
         f"up{{{JOB}}}": "1x20",
     }
     case = {
-        "input_series": [{"series": k, "values": v} for k, v in series.items()],
-        "alert_rule_test": [
-            {
-                "eval_time": "10m15s",
-                "alertname": "ServetuneScaleOutQueueWait",
-                "exp_alerts": [fires(d, "ServetuneScaleOutQueueWait")],
-            }
-        ],
+        "input_series": scrapes(series),
+        "alert_rule_test": [fires_at(d, "ServetuneScaleOutQueueWait", "10m15s")],
     }
     promtool_test(tmp_path, {"r.yaml": documents(d)["rules"]}, case, every="1m")
 
@@ -212,14 +212,8 @@ def test_scale_in_fires_on_a_deployment_idle_all_day(tmp_path: Path) -> None:
         f'up{{{JOB},instance="a"}}': "1x200",
     }
     case = {
-        "input_series": [{"series": k, "values": v} for k, v in series.items()],
-        "alert_rule_test": [
-            {
-                "eval_time": "40m",
-                "alertname": "ServetuneScaleIn",
-                "exp_alerts": [fires(d, "ServetuneScaleIn")],
-            }
-        ],
+        "input_series": scrapes(series),
+        "alert_rule_test": [fires_at(d, "ServetuneScaleIn", "40m")],
     }
     promtool_test(tmp_path, {"r.yaml": documents(d)["rules"]}, case)
 
@@ -288,7 +282,7 @@ def test_onnx_kv_usage_is_pages_over_capacity_capped_at_one(tmp_path: Path) -> N
             f"onnx_genai_kv_pages_capacity{{{JOB}}}": "4096x40",
         }
         case = {
-            "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            "input_series": scrapes(series),
             "promql_expr_test": [value(kv, want, "5m")],
         }
         promtool_test(tmp_path / str(pages), {"r.yaml": documents(d)["rules"]}, case)
