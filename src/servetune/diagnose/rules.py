@@ -21,7 +21,7 @@ from servetune.diagnose.predict import (
     fp8_kv_gain,
     queue_free_ttft_ms,
 )
-from servetune.sim.engine import LLAMACPP_DEFAULT_BATCH, LLAMACPP_DEFAULT_UBATCH
+from servetune.sim.engine import llamacpp_batches
 
 # A host problem first: a starved host also starves the client, so its lag is a symptom.
 KINDS = ("host", "client", "engine")
@@ -356,14 +356,13 @@ def _smaller_activations(ev: Evidence) -> Action | None:
     """Seed 003 §13's 2nd OOM step, smaller activation peaks: the tokens one forward pass
     may take, halved. vLLM's pass is its step budget (max_num_batched_tokens). llama.cpp
     splits its -b batch into passes of -ub tokens and sizes its compute buffer for one
-    -ub pass (llama_context reserves the worst-case graph at n_ubatch = min(-ub, -b);
-    -ub defaults to 512, common/arg.cpp): halving -b from its 2048 default freed nothing,
+    -ub pass (llama_context reserves the worst-case graph at n_ubatch,
+    `sim.engine.llamacpp_batches`): halving -b from its 2048 default freed nothing,
     so there the step is -ub."""
     c, k, why = ev.config, knobs(ev.engine), "2nd: smaller activation peaks"
     if ev.engine != "llamacpp":
         return _smaller(k.budget, ev.batched_tokens, k.budget_default, lambda b: b // 2, why)
-    batch = int(ev.batched_tokens or LLAMACPP_DEFAULT_BATCH)
-    ubatch = min(int(c.get("ubatch_size") or LLAMACPP_DEFAULT_UBATCH), batch)
+    _, ubatch = llamacpp_batches(ev.batched_tokens, c.get("ubatch_size"))
     if ubatch <= 1:
         return None
     return Action("ubatch_size", c.get("ubatch_size") or f"default ({ubatch})", ubatch // 2, why)

@@ -17,7 +17,8 @@
  * with the first token. Everything due at the same instant goes out in one write.
  * Streams only what the ceiling needs: POST /v1/chat/completions and /v1/completions
  * (stream or not, include_usage honoured, max_tokens / max_completion_tokens, else
- * --output-tokens; finish_reason "length" at the request's max_tokens, else "stop"), GET /v1/models, /health and /metrics (mock:num_requests_running ...).
+ * --output-tokens; finish_reason "length" at the request's max_tokens, else "stop"),
+ * GET /v1/models, /health and /metrics (mock:num_requests_running ...).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

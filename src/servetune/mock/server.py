@@ -133,7 +133,7 @@ class _Stream:
         cont: bool,
         fault: str | None,
         prompt: int,
-        finish: str = "length",
+        finish: str,
     ) -> None:
         self.proto = proto
         self.n_tokens = n_tokens

@@ -54,6 +54,13 @@ LLAMACPP_DEFAULT_BATCH = 2048
 LLAMACPP_DEFAULT_UBATCH = 512  # -ub
 
 
+def llamacpp_batches(batch: int | None, ubatch: int | None) -> tuple[int, int]:
+    """llama.cpp's -b (as given, else its 2048 default) and the ubatch it runs: its
+    llama_context caps -ub at -b (n_ubatch = min(ub, b); -ub defaults to 512)."""
+    b = batch or LLAMACPP_DEFAULT_BATCH
+    return b, min(ubatch or LLAMACPP_DEFAULT_UBATCH, b)
+
+
 class CountingTokenizer(WordTokenizer):
     """Counts tokens without making text: the simulator needs only the counts, and
     `materialize` draws lengths, arrivals and groups from RNG streams the text does not
@@ -227,9 +234,10 @@ def setup(
         slot_ctx = n_ctx if unified else n_ctx // slots
         if slot_ctx <= 0:
             raise InputError("--set kv_cache_tokens", f"{n_ctx} tokens over {slots} slots", None)
-        # -b as the adapter sets it; llama_context caps -ub at -b (n_ubatch = min(ub, b))
-        batch = cfg.batch_size or cfg.max_num_batched_tokens or LLAMACPP_DEFAULT_BATCH
-        ubatch = min(cfg.ubatch_size or LLAMACPP_DEFAULT_UBATCH, batch)
+        # -b as the adapter sets it
+        batch, ubatch = llamacpp_batches(
+            cfg.batch_size or cfg.max_num_batched_tokens, cfg.ubatch_size
+        )
         sc = SchedConfig(
             mode="slots",
             max_num_seqs=slots,
