@@ -401,3 +401,8 @@ def test_simulate_refuses_the_activation_dtype_vllm_refuses(
     code, _, err = run_cli(capsys, "plan", "--model", "gpt-oss-20b", "--gpu", "h100-sxm",
                            "--dtype", "float16")  # fmt: skip
     assert code == 2 and err.startswith("error: --dtype: mxfp4") and "use --dtype bfloat16" in err
+    # the bfloat16-below-8.0 check names the fix in the same terms
+    code, _, err = run_cli(capsys, "simulate", "--model", "llama-3.1-8b", "--gpu", "t4",
+                           "--set", "dtype=bfloat16")  # fmt: skip
+    assert code == 2 and err.startswith("error: --set dtype: bfloat16 needs")
+    assert err.rstrip().endswith("(use --set dtype=float16)"), err

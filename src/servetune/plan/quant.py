@@ -300,13 +300,17 @@ def check_runs_on(
         names = {"bf16": "bfloat16", "fp16": "float16"}
         allowed = " or ".join(names.get(d, d) for d in rule.act_dtypes)
         fix = names.get(rule.act_dtypes[0], rule.act_dtypes[0])
-        sep = "=" if dtype_field.startswith("--set") else " "
         raise InputError(
             dtype_field,
             f"{fmt.name} runs its activations in {allowed} only, not {names.get(asked, asked)} "
             f"(vLLM's {rule.config}.get_supported_act_dtypes())",
-            f"use {dtype_field}{sep}{fix}, or {dtype_field}{sep}auto",
+            f"use {_given(dtype_field, fix)}, or {_given(dtype_field, 'auto')}",
         )
+
+
+def _given(flag: str, value: str) -> str:
+    """`value` as the command takes it: `--dtype float16`, or `--set dtype=float16`."""
+    return f"{flag}={value}" if flag.startswith("--set") else f"{flag} {value}"
 
 
 # vLLM's bfloat16 rule (vllm/platforms/cuda.py `check_if_supports_dtype`, formerly the
@@ -326,7 +330,7 @@ def check_dtype_runs_on(dtype: str, hw: HardwareSpec, field_name: str = "--dtype
             field_name,
             f"bfloat16 needs compute capability >= {BF16_MIN_CAPABILITY}, and "
             f"{hw.display_name} has {cc} (vLLM refuses bfloat16 below it)",
-            "use --dtype float16",
+            f"use {_given(field_name, 'float16')}",
         )
 
 
