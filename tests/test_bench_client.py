@@ -54,6 +54,10 @@ def test_the_mock_says_length_only_when_it_stopped_at_max_tokens(stream: bool) -
     assert {(r.output_tokens, r.finish_reason) for r in short.records} == {(5, "stop")}
     full = bench(MockConfig(ttft_ms=5, itl_ms=1), stream=stream, count=4)
     assert {(r.output_tokens, r.finish_reason) for r in full.records} == {(12, "length")}
+    # a model that would run longer (30) stops at the cap (12), as a real server does; the
+    # mock used to send all 30 past the request's max_tokens
+    long = bench(MockConfig(ttft_ms=5, itl_ms=1, output_tokens=30), stream=stream, count=4)
+    assert {(r.output_tokens, r.finish_reason) for r in long.records} == {(12, "length")}
 
 
 def test_non_stream() -> None:

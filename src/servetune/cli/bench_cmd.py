@@ -289,7 +289,9 @@ def mock_server(
     itl_ms: float = typer.Option(1.0, "--itl-ms"),
     jitter_ms: float = typer.Option(0.0, "--jitter-ms", help="Normal jitter on TTFT and ITL."),
     tokens_per_chunk: int = typer.Option(1, "--tokens-per-chunk"),
-    output_tokens: int | None = typer.Option(None, "--output-tokens", help="Default: max_tokens."),
+    output_tokens: int | None = typer.Option(
+        None, "--output-tokens", help="Own answer length; a smaller max_tokens stops it."
+    ),
     fault: list[str] = typer.Option([], "--fault", help="name=probability, e.g. http_500=0.1"),
     close_after_response: bool = typer.Option(False, "--close-after-response"),
     buffer_stream: bool = typer.Option(

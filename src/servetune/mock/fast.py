@@ -46,17 +46,9 @@ def build(cache: Path | None = None) -> Path | None:
 
 
 def command(
-    exe: Path, *, ttft_ms: float, itl_ms: float, output_tokens: int, port: int = 0
+    exe: Path, *, ttft_ms: float, itl_ms: float, output_tokens: int | None, port: int = 0
 ) -> list[str]:
-    """The argv that starts the compiled mock (it prints its URL on the first line)."""
-    return [
-        str(exe),
-        "--port",
-        str(port),
-        "--ttft-ms",
-        str(ttft_ms),
-        "--itl-ms",
-        str(itl_ms),
-        "--output-tokens",
-        str(output_tokens),
-    ]
+    """The argv that starts the compiled mock (it prints its URL on the first line);
+    `output_tokens` None: each answer runs to the request's cap, as the Python mock's."""
+    argv = [str(exe), "--port", str(port), "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+    return argv + (["--output-tokens", str(output_tokens)] if output_tokens else [])

@@ -16,8 +16,9 @@
  * Like vLLM, the headers go out at once and the chat role-only chunk goes out together
  * with the first token. Everything due at the same instant goes out in one write.
  * Streams only what the ceiling needs: POST /v1/chat/completions and /v1/completions
- * (stream or not, include_usage honoured, max_tokens / max_completion_tokens, else
- * --output-tokens; finish_reason "length" at the request's max_tokens, else "stop"),
+ * (stream or not, include_usage honoured; an answer runs --output-tokens, the model's own
+ * length, capped by the request's max_completion_tokens / max_tokens, as the Python mock's
+ * does; with neither the cap, else 16; finish_reason "length" at the cap, else "stop"),
  * GET /v1/models, /health and /metrics (mock:num_requests_running ...).
  */
 #define _GNU_SOURCE
@@ -63,7 +64,7 @@ static Timer *heap;
 static size_t heap_len, heap_cap;
 static int epfd;
 static int64_t ttft_ns = 5000000, itl_ns = 1000000;
-static int default_tokens = 16, prompt_tokens = 16;
+static int default_tokens = 0, prompt_tokens = 16; /* 0: no --output-tokens given */
 static long st_running, st_requests, st_cancelled, st_tokens;
 static char out[OUT_CAP];
 static size_t out_len;
@@ -238,8 +239,9 @@ static void start_generation(int fd, int chat, const char *body) {
     c->usage = json_bool(body, "\"include_usage\"");
     int n = json_int(body, "\"max_completion_tokens\"", 0);
     if (!n) n = json_int(body, "\"max_tokens\"", 0);
-    c->capped = n > 0;
-    c->n_tokens = n ? n : default_tokens;
+    int own = default_tokens ? default_tokens : (n ? n : 16); /* the model's own end */
+    c->n_tokens = n && n < own ? n : own;
+    c->capped = n > 0 && c->n_tokens >= n;
     c->sent = 0;
     st_running++;
     st_requests++;
@@ -453,7 +455,7 @@ int main(int argc, char **argv) {
     int port = (int)arg_num(argc, argv, "--port", 0);
     ttft_ns = (int64_t)(arg_num(argc, argv, "--ttft-ms", 5.0) * 1e6);
     itl_ns = (int64_t)(arg_num(argc, argv, "--itl-ms", 1.0) * 1e6);
-    default_tokens = (int)arg_num(argc, argv, "--output-tokens", 16);
+    default_tokens = (int)arg_num(argc, argv, "--output-tokens", 0);
     prompt_tokens = (int)arg_num(argc, argv, "--prompt-tokens", 16);
     signal(SIGPIPE, SIG_IGN);
     struct rlimit rl;

@@ -48,7 +48,7 @@ class MockConfig:
     ttft_jitter_ms: float = 0.0
     itl_ms: float = 1.0
     itl_jitter_ms: float = 0.0
-    output_tokens: int | None = None  # default: the request's max_tokens, else 16
+    output_tokens: int | None = None  # the model's own length; default: the cap, else 16
     tokens_per_chunk: int = 1  # >1 imitates speculative decoding's multi-token chunks
     # Hold every content chunk and send them all at the end, as onnx-genai-server does
     # (metrics/buffering.py): a stream that is valid but carries no token timing.
@@ -104,16 +104,29 @@ class MockStats:
         return ("\n".join(lines) + "\n").encode()
 
 
-def finish_reason(n_tokens: int, max_tokens: object) -> str:
-    """What an OpenAI-compatible server says ended the answer: "length" when it stopped at
-    the request's max_tokens (or past it: a server that ignores the cap), else "stop", the
-    model's own end (`--output-tokens` shorter than the request asked, or no max_tokens).
-    Always "length" made every mock answer look capped, so a cap check learnt nothing."""
-    try:
-        cap = int(max_tokens) if max_tokens is not None else None  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        cap = None
-    return "length" if cap is not None and n_tokens >= cap else "stop"
+def request_cap(req: dict[str, Any]) -> int | None:
+    """The request's token cap: `max_completion_tokens` (OpenAI's newer name) or
+    `max_tokens`; None when neither is a positive whole number."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        try:
+            cap = int(req.get(key) or 0)
+        except (TypeError, ValueError):
+            continue
+        if cap > 0:
+            return cap
+    return None
+
+
+def answer_length(own: int | None, cap: int | None) -> tuple[int, str]:
+    """(tokens, finish_reason) of one answer: the model's own length (`--output-tokens`;
+    without it the cap, else 16) stopped at the request's cap, as a real server stops at
+    max_tokens. "length" when the cap ended it, else "stop", the model's own end. Always
+    "length" made every mock answer look capped, so a cap check learnt nothing. The
+    compiled mock (fastmock.c) follows the same rule."""
+    n = own if own is not None else (cap or 16)
+    if cap is not None and n >= cap:
+        return cap, "length"
+    return n, "stop"
 
 
 class _Stream:
@@ -248,8 +261,7 @@ class _MockProtocol(asyncio.Protocol):
             prompt = sum(len(str(m.get("content", "")).split()) for m in msgs)
         else:
             prompt = len(str(req.get("prompt", "")).split())
-        n = cfg.output_tokens if cfg.output_tokens is not None else int(req.get("max_tokens") or 16)
-        finish = finish_reason(n, req.get("max_tokens"))
+        n, finish = answer_length(cfg.output_tokens, request_cap(req))
         srv.stats.requests += 1
         srv.stats.prompt_tokens += prompt
         opts = req.get("stream_options") or {}
