@@ -19,40 +19,11 @@ import pytest
 
 from servetune.engines.process import EngineError, launch, pid_alive
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG
+from streaming import stream_completion
 
 # Bound per test, engine start included: ~10x the slowest here on a busy 2-core host (two
 # detached engines started and stopped, 33 s).
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
-
-
-def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed /v1/completions call (fresh connection: llama-server closes it after)."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    chunks: list[str] = []
-    usage: dict = {}
-    headers = {"Connection": "close"}
-    with httpx.stream(
-        "POST", url + "/v1/completions", json=body, timeout=120, headers=headers
-    ) as resp:
-        assert resp.status_code == 200, resp.read()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: ") :])
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices") or []:
-                if choice.get("text"):
-                    chunks.append(choice["text"])
-    return {"chunks": chunks, "usage": usage}
 
 
 def test_streaming_completion_returns_tokens(llamacpp_server) -> None:
