@@ -99,6 +99,25 @@ def test_a_what_if_of_a_run_on_other_hardware_is_not_simulated() -> None:
     assert "do not reproduce the run" in said and "simulated: P99" not in said, said
 
 
+def test_a_run_that_does_not_reproduce_names_the_build_that_simulated_it() -> None:
+    """The run records the servetune build that simulated it: when today's simulator gives
+    other figures, the message says whether the simulator changed since (another build) or
+    the run had what the store does not keep (this build)."""
+    from servetune.build import build_id
+    from servetune.diagnose.whatif import not_reproduced, why_no_whatif
+
+    res = simulate(EngineConfig(max_num_seqs=16), QUEUE)
+    assert res.target.sim.build == build_id()
+    assert why_no_whatif(res) is None  # reproduced: the what-ifs run
+    res.metrics.ttft_ms.p99 = (res.metrics.ttft_ms.p99 or 0.0) * 2  # as an older simulator's
+    said = why_no_whatif(res) or ""
+    assert "though this build simulated it" in said, said
+    res.target.sim.build = "0123456789ab"
+    said = why_no_whatif(res) or ""
+    assert f"servetune build 0123456789ab simulated it and this is {build_id()}" in said, said
+    assert "before builds were named" in not_reproduced(None, build_id())
+
+
 def test_a_run_the_simulator_reproduces_keeps_its_what_if() -> None:
     res = simulate(EngineConfig(max_num_seqs=16), QUEUE)
     f = next(f for f in diagnose_result(res).findings if f.key == "batch_queueing")

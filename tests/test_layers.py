@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "errors",
         "units",
         "paths",
+        "build",
         "outfile",
         "yamlfile",
         "slo",

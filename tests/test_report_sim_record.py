@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import servetune
+from servetune.build import build_id
 from servetune.engines.config import EngineConfig
 from servetune.hardware import get_hardware
 from servetune.metrics.pct import dist_text
@@ -61,6 +63,8 @@ def test_a_simulated_trial_record_is_filled_from_what_it_stores(tmp_path: Path) 
     # the very lengths the records of the same run give
     assert trial["input tokens P50/P95/P99"] == whole["input tokens P50/P95/P99"]
     assert trial["input tokens P50/P95/P99"] == dist_text(dist["input_tokens"], n=300)
+    # the §16 software row names the servetune that stored it, version and build
+    assert whole["servetune"] == f"{servetune.__version__} (build {build_id()})"
 
 
 def test_simulated_kv_usage_and_preemptions_come_from_its_counters(tmp_path: Path) -> None:

@@ -136,6 +136,7 @@ def test_a_result_file_import_keeps_its_engine_device_and_knobs(
     # the file records no versions: unknown, not the importing host's
     software = shown["meta"]["software"]
     assert software["python"] is None and software["servetune"] is None
+    assert software["servetune_build"] is None
     code, out, _ = run_cli(capsys, "runs", "show", result.id)
     assert "max_num_seqs=64" in out and "no engine config recorded" not in out
 

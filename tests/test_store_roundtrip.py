@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from servetune.build import build_id
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
 from servetune.status import RunStatus
@@ -101,6 +102,8 @@ def test_save_and_load_result_round_trip(store: Store) -> None:
     )
     assert info.engine == "vllm" and info.model == "llama-3.1-8b" and info.concurrency == 8
     assert info.meta["hardware"]["gpu"] == "h100-sxm"
+    # which servetune wrote it: the version and the build (servetune.build)
+    assert info.meta["software"]["servetune_build"] == build_id()
     assert info.request_dist["input_tokens"]["p99"] >= info.request_dist["input_tokens"]["p50"]
     assert info.stability["errors"] == result.metrics.failed
 

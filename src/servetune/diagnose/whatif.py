@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from servetune.build import build_id
 from servetune.diagnose.rules import Finding
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
@@ -73,11 +74,23 @@ def why_no_whatif(res: RunResult) -> str | None:
         )
     base = resimulate(res, {})
     if base is None or not _same(base, res):
-        return (
-            "no simulated what-if: the catalog's model and hardware with this config do not"
-            " reproduce the run (a --hardware-file, a --replay, or another servetune)"
-        )
+        return "no simulated what-if: " + not_reproduced(res.target.sim.build, build_id())
     return None
+
+
+def not_reproduced(run_build: str | None, this_build: str) -> str:
+    """Why today's simulator does not give a simulated run's figures: by the build the run
+    recorded (`SimStats.build`), the simulator changed since, or the run had what the store
+    does not keep (a --hardware-file's spec, a --replay's own requests)."""
+    what = "the catalog's model and hardware with this config do not reproduce the run"
+    if run_build is None:
+        return f"{what} (a --hardware-file, a --replay, or a servetune before builds were named)"
+    if run_build != this_build:
+        return (
+            f"{what}: servetune build {run_build} simulated it and this is {this_build}"
+            " (re-simulate it here to compare like with like)"
+        )
+    return f"{what}, though this build simulated it (a --hardware-file or a --replay)"
 
 
 def _fmt_s(ms: float | None) -> str:

@@ -109,7 +109,7 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                 ("engine", f"{fmt(info.engine)} {sw.get('engine_version') or ''}".strip()),
                 ("driver / CUDA", " / ".join(fmt(sw.get(k)) for k in ("driver", "cuda"))),
                 ("NCCL", fmt(sw.get("nccl")) if sw.get("nccl") else NCCL_NOT_RECORDED),
-                ("servetune", fmt(sw.get("servetune"))),
+                ("servetune", _servetune(sw)),
                 ("python / OS", f"{fmt(sw.get('python'))} / {fmt(sw.get('os'))}"),
             ],
         ),
@@ -363,3 +363,10 @@ def _set_by_run(knob: str, value: Any, defaults: Mapping[str, Any]) -> bool:
     return json.dumps(value, sort_keys=True, default=str) != json.dumps(
         defaults[knob], sort_keys=True, default=str
     )
+
+
+def _servetune(sw: dict[str, Any]) -> str:
+    """The version, and the build (servetune.build) where the run names it: the version
+    stays the same between releases, the build tells two servetunes apart."""
+    build = sw.get("servetune_build")
+    return f"{fmt(sw.get('servetune'))} (build {build})" if build else fmt(sw.get("servetune"))

@@ -264,6 +264,9 @@ class SimStats(StoredPart):
     # the tier's track record at this run's load (sim.expected_error): what its figures
     # may be off by, so a stored or piped prediction carries it too
     expected_error: str | None = None
+    # the servetune build that simulated it (servetune.build.build_id): a later build that
+    # no longer reproduces the run can say that the simulator changed since
+    build: str | None = None
 
 
 class TuneFailure(StoredPart):

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from servetune.build import build_id
 from servetune.engines.config import EngineConfig
 from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.engines.support import SIMULATED
@@ -590,6 +591,7 @@ def simulate(
                 phases_s=phases,
                 expected_error=run_expected_error(su.step_model.tier, cfg.engine, hw, spec.arrival)
                 or None,
+                build=build_id(),
             ),
         ),
         workload=spec.model_dump(mode="json"),

@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune import __version__
+from servetune.build import build_id
 from servetune.metrics.compute import compute_metrics, request_latencies_ms
 from servetune.results.schema import Load, Metrics, RequestRecord, ServerSeries, Target
 from servetune.slo import SLO
@@ -75,7 +76,11 @@ class RunMeta(BaseModel):
             "kv_cache_dtype": cfg.get("kv_cache_dtype"),
         }
         precision = {k: v for k, v in precision.items() if v is not None} | self.precision
-        software = {"servetune": __version__, "python": platform.python_version()}
+        software = {
+            "servetune": __version__,
+            "servetune_build": build_id(),
+            "python": platform.python_version(),
+        }
         if self.engine():
             software["engine"] = self.engine()
         return self.model_copy(
@@ -122,6 +127,7 @@ def software_info() -> dict[str, Any]:
     """Driver and CUDA versions where nvidia-smi can tell (seed 003 §16 "software")."""
     out: dict[str, Any] = {
         "servetune": __version__,
+        "servetune_build": build_id(),
         "python": platform.python_version(),
         "os": platform.platform(terse=True),
     }

@@ -104,7 +104,7 @@ def _is_log_header(obj: Any) -> bool:
 
 # The versions RunMeta.filled stamps from this host: a file that does not record them
 # leaves them unknown, never the importing host's.
-_UNKNOWN_SOFTWARE: dict[str, Any] = {"servetune": None, "python": None}
+_UNKNOWN_SOFTWARE: dict[str, Any] = {"servetune": None, "servetune_build": None, "python": None}
 
 
 def _not_this_host(item: ImportItem) -> ImportItem:
