@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
+from servetune.build import build_id
 from servetune.engines.config import EngineConfig
 from servetune.hardware.spec import HardwareSpec
 from servetune.measure.session import NO_SINKS, Point, Sinks
@@ -61,6 +62,9 @@ class SimSession:
             trace=sinks.trace is not None,
             shapes=self.shapes,
         )
+        # which servetune simulated it (not in `simulate`: its ~20 ms digest, once a
+        # process, would count against the simulator's end-to-end speed target)
+        res.target.sim.build = build_id()
         if sinks.trace is not None:
             write_trace(sched, sinks.trace)
         if sinks.store is not None:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from servetune.build import build_id
 from servetune.engines.config import EngineConfig
 from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.engines.support import SIMULATED
@@ -591,7 +590,6 @@ def simulate(
                 phases_s=phases,
                 expected_error=run_expected_error(su.step_model.tier, cfg.engine, hw, spec.arrival)
                 or None,
-                build=build_id(),
             ),
         ),
         workload=spec.model_dump(mode="json"),
