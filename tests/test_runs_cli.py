@@ -159,6 +159,40 @@ def test_compare_names_a_different_server_and_slo(
     assert "2 things differ" in comp["warnings"][0]
 
 
+def test_simulated_runs_of_two_servetune_builds_differ_in_their_simulator(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two simulated runs of one config by two servetune builds: the build is the factor
+    (their simulators may price the config apart); a simulated run beside a real one is
+    told apart by the backend alone, and two of one build have nothing differing."""
+    from servetune.build import build_id
+
+    monkeypatch.setenv("SERVETUNE_DB", str(tmp_path / "runs.db"))
+    with Store.open(str(tmp_path / "runs.db")) as s:
+        for rid, backend, build in (
+            ("old", "sim", "0123456789ab"),
+            ("new", "sim", None),
+            ("new2", "sim", None),
+            ("real", "real", None),
+        ):
+            run, meta = synthetic_run(2, n_requests=20, backend=backend)
+            run.id = meta.id = rid
+            if build:
+                meta.software["servetune_build"] = build
+            s.save_result(run, meta)
+
+    def compared(*ids: str) -> dict:
+        code, out, _ = run_cli(capsys, "runs", "compare", *ids, "--json")
+        assert code == 0, out
+        return json.loads(out)
+
+    comp = compared("old", "new")
+    assert comp["differing"] == ["software.servetune_build"], comp["differing"]
+    assert comp["factors"]["software.servetune_build"] == ["0123456789ab", build_id()]
+    assert compared("new", "new2")["differing"] == []
+    assert compared("new", "real")["differing"] == ["backend"]
+
+
 def test_compare_warns_when_more_than_one_knob_differs(
     capsys: pytest.CaptureFixture[str], db: Path
 ) -> None:

@@ -180,8 +180,9 @@ def _fixed(paths: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
     since stop 39; older ones have none), the expected error a simulated run states
     (since stop 44; optional, older runs have none), and the engine and --set knobs a
     bench run was given (in its target since stop 50, so its result file says who served
-    it; older runs keep them in the run's meta only)."""
-    free_or_new = {("tune", "trial"), ("sim", "expected_error")}
+    it; older runs keep them in the run's meta only), and the servetune build a simulated
+    run names (since stop 55; optional, older runs have none)."""
+    free_or_new = {("tune", "trial"), ("sim", "expected_error"), ("sim", "build")}
     return {
         p
         for p in paths

@@ -118,7 +118,10 @@ def _get(d: Mapping[str, Any] | None, path: str) -> Any:
     return cur
 
 
-def _context(info: RunInfo) -> dict[str, Any]:
+def _context(info: RunInfo, simulated: bool = False) -> dict[str, Any]:
+    """What a run was measured on, besides its knobs. `simulated` (every run compared is
+    simulated): the servetune build too, since there it is the engine: two builds'
+    simulators may price one config differently (servetune.build)."""
     hw = info.meta.get("hardware") or {}
     sw = info.meta.get("software") or {}
     ctx: dict[str, Any] = {
@@ -134,6 +137,8 @@ def _context(info: RunInfo) -> dict[str, Any]:
         "target.api": info.target.api,
         "slo": _key(info.part("slo")) if info.part("slo") else None,
     }
+    if simulated:
+        ctx["software.servetune_build"] = sw.get("servetune_build")
     for k, v in info.load.model_dump().items():
         ctx[f"load.{k}"] = v
     for k, v in (info.part("workload") or {}).items():
@@ -151,7 +156,8 @@ def compare_runs(
     cfgs = [{**defaults, **i.engine_config} for i in infos]
     knob_names = list(dict.fromkeys(k for c in cfgs for k in c))
     factors = [Factor(k, "knob", [c.get(k) for c in cfgs]) for k in knob_names]
-    ctxs = [_context(i) for i in infos]
+    simulated = all(i.backend == "sim" for i in infos)
+    ctxs = [_context(i, simulated) for i in infos]
     ctx_names = list(dict.fromkeys(k for c in ctxs for k in c))
     factors += [Factor(k, "context", [c.get(k) for c in ctxs]) for k in ctx_names]
 
