@@ -243,6 +243,38 @@ def test_plan_and_simulate_share_sglangs_pool():
     assert given.kv_capacity_tokens < ev.kv_capacity_tokens
 
 
+def test_gpt_oss_gets_sglangs_two_pools_and_gemma_one() -> None:
+    """SGLang pools a hybrid sliding-window model (GPT-OSS: 18 full-attention and 18
+    window layers of one size) as a full pool and a window pool of 0.8 x its tokens, out of
+    the bytes its profile priced at every layer full: the full pool gets 36 / (18 + 0.8 x 18)
+    = 1.111x the all-full count, and the planner's and simulator's capacity is that pool.
+    Gemma 3 has windows too but is not one of SGLang's hybrid architectures."""
+    from servetune.plan import kv as kvmath
+    from servetune.plan.sglang_pool import hybrid_swa_scale
+
+    assert hybrid_swa_scale(18, 18) == pytest.approx(36 / 32.4)
+    hw, cfg = get_hardware("h100-sxm"), EngineConfig(engine="sglang")
+    model = get_model("gpt-oss-120b")
+    ev, su = evaluate(model, hw, cfg), setup(model, hw, cfg)
+    b = ev.budget
+    all_full = int(b.kv_pool_bytes // kvmath.kv_bytes_per_token(model, b.kv_dtype_bytes, 1, 1))
+    assert ev.kv_capacity_tokens == int(all_full * 36 / 32.4)
+    assert b.kv_window_pool_tokens == int(ev.kv_capacity_tokens * 0.8)
+    assert su.sched.kv_blocks == ev.kv_capacity_tokens  # simulate keeps the full pool
+    assert su.sched.max_num_seqs == max_running(ev.kv_capacity_tokens, ev.max_model_len)
+    # --max-total-tokens caps the all-full count before the split, as SGLang applies it
+    capped = evaluate(model, hw, cfg.with_(kv_cache_tokens=60_000))
+    assert capped.kv_capacity_tokens == int(60_000 * 36 / 32.4)
+    from servetune.sim.engine import capacity_note
+
+    assert f"window layers' own ({b.kv_window_pool_tokens:,} tokens)" in capacity_note(su)
+    gemma = evaluate(get_model("gemma-3-27b"), hw, cfg).budget
+    assert gemma.kv_window_pool_tokens is None
+    assert gemma.kv_pool_tokens == int(
+        gemma.kv_pool_bytes // kvmath.kv_bytes_per_token(get_model("gemma-3-27b"), 2, 1, 1)
+    )
+
+
 def test_lpm_is_sglangs_policy_only():
     assert (
         "--schedule-policy"
@@ -335,6 +367,13 @@ def test_cli_plans_and_simulates_sglang(capsys, tmp_path):
         "--db", db,
     )  # fmt: skip
     assert code == 2 and "SGLang" in err
+    # a hybrid sliding-window model: both of SGLang's pools, in the JSON and the table
+    oss = ("plan", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--engine", "sglang", "-s", "none")
+    code, out, _ = run_cli(capsys, *oss, "--json")
+    pools = json.loads(out)
+    assert code == 0 and pools["kv_window_pool_tokens"] == int(pools["kv_capacity_tokens"] * 0.8)
+    code, out, _ = run_cli(capsys, *oss)
+    assert f"{pools['kv_window_pool_tokens']:,}" in out and "sliding-window layers' pool" in out
 
 
 @pytest.mark.timeout(300)

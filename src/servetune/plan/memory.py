@@ -29,7 +29,11 @@ from servetune.plan.quant import (
     served_format,
     weights_bytes,
 )
-from servetune.plan.sglang_pool import MAX_PREFILL_TOKENS, sglang_pool
+from servetune.plan.sglang_pool import (
+    HYBRID_SWA_ARCHITECTURES,
+    MAX_PREFILL_TOKENS,
+    sglang_pool,
+)
 from servetune.units import GiB
 
 
@@ -206,6 +210,9 @@ class MemoryBudget(BaseModel):
     # planner's capacity is this number. None: capacity is the pool over the bytes a token
     # takes (`planner.evaluate`).
     kv_pool_tokens: int | None = None
+    # SGLang, a hybrid sliding-window model: its window layers' own pool (`sglang_pool`),
+    # freed as tokens slide out of each window; None: one pool
+    kv_window_pool_tokens: int | None = None
 
     @property
     def free_after_load_bytes(self) -> float:
@@ -247,6 +254,7 @@ def memory_budget(
     device = float(hw.memory_bytes)
     headroom_context = 0.0
     pool_tokens: int | None = None
+    window_tokens: int | None = None
     fraction: float | None = cfg.gpu_memory_utilization
     if cfg.kv_cache_space_gib is not None:
         usable = device
@@ -258,10 +266,21 @@ def memory_budget(
         overhead = overheads.cuda_context_gib * GiB
         overhead += overheads.nccl_gib * GiB if cfg.world_size > 1 else 0.0
         per_token = kvmath.kv_bytes_per_token(model, kv_bytes, tp, pp)
-        sg = sglang_pool(hw, cfg, weights, per_token, max_model_len, overhead, given_knobs)
+        hybrid = model.architecture in HYBRID_SWA_ARCHITECTURES and model.sliding_window_layers
+        sg = sglang_pool(
+            hw,
+            cfg,
+            weights,
+            per_token,
+            max_model_len,
+            overhead,
+            given_knobs,
+            hybrid_swa=kvmath.stage_layers(model, pp) if hybrid else None,
+        )
         usable, pool, activation = sg.usable_bytes, sg.kv_pool_bytes, sg.reserved_bytes
         batched, seqs = sg.chunked_prefill_size or MAX_PREFILL_TOKENS, sg.max_running_requests
         fraction, pool_tokens = sg.mem_fraction_static, sg.pool_tokens
+        window_tokens = sg.window_pool_tokens or None
     else:
         usable = cfg.gpu_memory_utilization * device
         pool = usable - weights - activation - overhead
@@ -289,4 +308,5 @@ def memory_budget(
         headroom_context_bytes=headroom_context,
         memory_fraction=fraction,
         kv_pool_tokens=pool_tokens,
+        kv_window_pool_tokens=window_tokens,
     )

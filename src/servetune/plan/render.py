@@ -84,7 +84,11 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     kv.add_row("bytes / token (this GPU, all its layers)", f"{b.kv_bytes_per_token:,}")
     kv.add_row("KV dtype bytes", str(b.kv_dtype_bytes))
     kv.add_row("block size / blocks", f"{ev.block_tokens} / {ev.kv_blocks:,}")
-    kv.add_row("capacity (tokens)", f"{ev.kv_capacity_tokens:,}")
+    if b.kv_window_pool_tokens:  # SGLang's hybrid sliding-window pools (plan.sglang_pool)
+        kv.add_row("capacity (tokens, full-attention layers' pool)", f"{ev.kv_capacity_tokens:,}")
+        kv.add_row("sliding-window layers' pool (tokens)", f"{b.kv_window_pool_tokens:,}")
+    else:
+        kv.add_row("capacity (tokens)", f"{ev.kv_capacity_tokens:,}")
     none = "none (does not fit)"  # a config that does not start serves nobody
     kv.add_row(
         f"sequences at max_model_len={ev.max_model_len:,}",

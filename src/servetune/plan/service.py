@@ -597,6 +597,8 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
         "kv_blocks": ev.kv_blocks,
         "block_size": ev.block_tokens,  # SGLang: its page size
         "kv_capacity_tokens": ev.kv_capacity_tokens,
+        # SGLang's window-layer pool of a hybrid sliding-window model (plan.sglang_pool)
+        "kv_window_pool_tokens": b.kv_window_pool_tokens,
         "max_model_len": ev.max_model_len,
         # a config that does not start serves nobody: no concurrency to report
         "max_concurrency": ev.max_concurrency if ev.fits else None,

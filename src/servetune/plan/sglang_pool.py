@@ -20,6 +20,19 @@ size and the CUDA-graph batch size (server_args.py `_handle_gpu_memory_settings`
 and max_running_requests defaults to min(clamp(pool tokens / context length x 512, 2048,
 4096), pool tokens // 2) (model_runner `max_num_reqs`, scheduler `max_running_requests`).
 
+Hybrid sliding-window models (SGLang's `is_hybrid_swa_model`: GPT-OSS, Llama 4, MiMo-V2,
+Step-3.5, Gemma 4; not Gemma 2/3, whose every layer keeps the full length there) get two
+pools: the full-attention layers' and the sliding-window layers', the latter
+`--swa-full-tokens-ratio` r (0.8) times the former's tokens. The profiled count T above
+prices every layer at full cost; the same bytes split into the two pools give the full
+pool T x (n_full + n_swa) / (n_full + r x n_swa) tokens (layers of equal per-token bytes),
+and SGLang's max_total_num_tokens and max_running_requests are the full pool's
+(model_runner_kv_cache_mixin `_resolve_hybrid_swa_tokens`, `_resolve_memory_pool_config`;
+--max-total-tokens caps T before the split). The window pool frees the tokens that slide
+out of a request's window as it runs (`_evict_swa`), so with requests longer than the
+window (GPT-OSS: 128 tokens) the full pool is the one that binds; the simulator keeps that
+one pool.
+
 Facts from sgl-project/sglang at the commits read: python/sglang/srt/server_args.py
 469c63e54e7d, model_runner's profile_max_num_token and max_num_reqs as quoted there.
 """
@@ -45,6 +58,20 @@ MEMORY_TIERS: tuple[tuple[float, int, int, int], ...] = (
 )
 # --max-prefill-tokens default (server_args.py): the prompt tokens one prefill batch takes.
 MAX_PREFILL_TOKENS = 16384
+# --swa-full-tokens-ratio default (server_args.py): window-pool tokens per full-pool token.
+SWA_FULL_TOKENS_RATIO = 0.8
+# Architectures SGLang gives a hybrid sliding-window pool (model_config.py
+# `is_hybrid_swa_model`); other sliding-window models are pooled as full attention there.
+HYBRID_SWA_ARCHITECTURES = frozenset(
+    {
+        "GptOssForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "MiMoV2FlashForCausalLM",
+        "Step3p5ForCausalLM",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+    }
+)
 # EngineConfig's block_size default (vLLM's 16) means "the engine's own page size" for
 # SGLang (the adapter emits --page-size only when it differs), which is 1.
 CANONICAL_BLOCK = 16
@@ -68,10 +95,12 @@ class SglangPool:
     usable_bytes: float  # f x free_at_start: weights + KV pool
     reserved_bytes: float  # (1 - f) x free_at_start: activations, CUDA graphs
     kv_pool_bytes: float
-    pool_tokens: int  # whole pages x page size
+    pool_tokens: int  # whole pages x page size (a hybrid model's full-attention pool)
     page_size: int
     chunked_prefill_size: int  # 0: chunked prefill off (--chunked-prefill-size -1)
     max_running_requests: int
+    # a hybrid sliding-window model's window-layer pool (module docstring); 0: one pool
+    window_pool_tokens: int = 0
 
 
 def page_tokens(cfg: EngineConfig, given_knobs: frozenset[str] | None = None) -> int:
@@ -115,6 +144,15 @@ def max_running(pool_tokens: int, context_len: int) -> int:
     return max(1, min(reqs, pool_tokens // 2))
 
 
+def hybrid_swa_scale(
+    full_layers: int, swa_layers: int, ratio: float = SWA_FULL_TOKENS_RATIO
+) -> float:
+    """Full-pool tokens per token of the all-layers-full count, for a hybrid
+    sliding-window model whose layers take equal bytes a token (module docstring): the same
+    bytes, with the window layers holding `ratio` tokens per full-pool token."""
+    return (full_layers + swa_layers) / (full_layers + ratio * swa_layers)
+
+
 def sglang_pool(
     hw: HardwareSpec,
     cfg: EngineConfig,
@@ -123,11 +161,15 @@ def sglang_pool(
     context_len: int,
     start_overhead_bytes: float,
     given_knobs: frozenset[str] | None = None,
+    hybrid_swa: tuple[int, int] | None = None,
 ) -> SglangPool:
     """The KV pool SGLang sizes on one GPU of `hw` under `cfg` (module docstring).
     `start_overhead_bytes`: what is taken before SGLang measures free memory (CUDA context,
     NCCL buffers). `given_knobs`: the knobs the user set, when the caller knows (`_given`);
-    SGLang's own fraction is used unless gpu_memory_utilization is one of them."""
+    SGLang's own fraction is used unless gpu_memory_utilization is one of them.
+    `hybrid_swa`: (full-attention, sliding-window) layers of a model SGLang pools apart
+    (`HYBRID_SWA_ARCHITECTURES`); `kv_bytes_per_token` prices every layer at full length,
+    as SGLang's profile does."""
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     chunk, graph_bs = memory_tier(hw.memory_gib, tp)
     if not cfg.enable_chunked_prefill:
@@ -147,6 +189,10 @@ def sglang_pool(
     tokens = int(max(pool, 0) // (kv_bytes_per_token * page)) * page
     if cfg.kv_cache_tokens is not None:  # --max-total-tokens caps the profiled pool
         tokens = min(tokens, cfg.kv_cache_tokens // page * page)
+    window = 0
+    if hybrid_swa is not None:  # the same bytes as a full pool and a window pool
+        tokens = int(tokens * hybrid_swa_scale(*hybrid_swa)) // page * page
+        window = int(tokens * SWA_FULL_TOKENS_RATIO) // page * page
     seqs = cfg.max_num_seqs or max_running(tokens, context_len)
     return SglangPool(
         mem_fraction_static=fraction,
@@ -159,6 +205,7 @@ def sglang_pool(
         page_size=page,
         chunked_prefill_size=chunk,
         max_running_requests=max(1, min(seqs, max(tokens // 2, 1))),
+        window_pool_tokens=window,
     )
 
 
@@ -166,9 +213,14 @@ def describe(p: SglangPool) -> str:
     """One line for people: the fraction and where it comes from, the pool in tokens."""
     src = "given" if p.fraction_given else "SGLang's default for this GPU"
     chunk = p.chunked_prefill_size or "off"
+    pools = f"KV pool {p.pool_tokens:,} tokens"
+    if p.window_pool_tokens:
+        pools = (
+            f"KV pools {p.pool_tokens:,} tokens (full-attention layers) and "
+            f"{p.window_pool_tokens:,} (sliding-window layers)"
+        )
     return (
         f"--mem-fraction-static {p.mem_fraction_static:g} ({src}): weights + KV pool "
-        f"{p.usable_bytes / GiB:.1f} GiB, KV pool {p.pool_tokens:,} tokens (page "
-        f"{p.page_size}); chunked prefill {chunk}; max running requests "
-        f"{p.max_running_requests:,}"
+        f"{p.usable_bytes / GiB:.1f} GiB, {pools} (page {p.page_size}); chunked prefill "
+        f"{chunk}; max running requests {p.max_running_requests:,}"
     )

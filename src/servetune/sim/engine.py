@@ -612,6 +612,12 @@ def capacity_note(setup_: SimSetup) -> str:
     """One line on what the pool holds, for the CLI."""
     sc = setup_.sched
     if sc.mode == "radix":
+        window = setup_.evaluation.budget.kv_window_pool_tokens
+        if window:  # SGLang's hybrid sliding-window pools (plan.sglang_pool)
+            return (
+                f"{radix_note(sc)}; the full-attention layers' pool: the window layers' own "
+                f"({window:,} tokens) is not simulated (it binds only below the window)"
+            )
         return radix_note(sc)
     if sc.mode == "paged":
         return (
