@@ -31,7 +31,8 @@ and SGLang's max_total_num_tokens and max_running_requests are the full pool's
 --max-total-tokens caps T before the split). The window pool frees the tokens that slide
 out of a request's window as it runs (`_evict_swa`), so with requests longer than the
 window (GPT-OSS: 128 tokens) the full pool is the one that binds; the simulator keeps that
-one pool.
+one pool. (Earlier SGLang releases turned the hybrid pool off for GPT-OSS, at first always,
+later with the trtllm_mha attention backend; its current GPT-OSS handler does not.)
 
 Facts from sgl-project/sglang at the commits read: python/sglang/srt/server_args.py
 469c63e54e7d, model_runner's profile_max_num_token and max_num_reqs as quoted there.
