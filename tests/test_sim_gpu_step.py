@@ -431,12 +431,20 @@ def test_gpus_without_measurements_use_the_default_rule():
     l40s = get_hardware("l40s")
     fig = kernel_figures(l40s)
     assert fig.rule.startswith("no kernel measurements for l40s")
-    # one bus bandwidth for every TP size: 80% of the catalog link
+    # behind a switch or bus, one bus bandwidth for every TP size: 80% of the catalog link
     for tp in (2, 4, 8):
         busbw = by_tp(fig.allreduce_busbw_bytes_s, tp)
         assert busbw == pytest.approx(0.8 * l40s.interconnect_gbs * 1e9)
     su = setup(get_model("llama-3.1-8b"), l40s, EngineConfig())
     assert su.step_model.tier == "gpu" and "no kernel measurements" in su.step_model.note
+    # on MI300X's point-to-point mesh, 80% of the links a TP group reaches its peers by (one
+    # of 7 at TP 2, all at TP 8: HardwareSpec.allreduce_gbs, as the roofline tier): a 16 MB
+    # all-reduce took the TP 8 figure at TP 2, 7x too fast
+    mi = kernel_figures(get_hardware("mi300x"))
+    for tp, links_gbs in ((2, 64), (4, 192), (8, 448)):
+        assert by_tp(mi.allreduce_busbw_bytes_s, tp) == pytest.approx(0.8 * links_gbs * 1e9)
+    lat = by_tp(mi.allreduce_latency_s, 2)
+    assert allreduce_s(mi, 2, 16e6) == pytest.approx(lat + 16e6 / (0.8 * 64e9))
 
 
 def test_fp8_prefill_is_faster_than_bf16_on_hopper():

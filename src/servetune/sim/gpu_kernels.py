@@ -119,9 +119,13 @@ def kernel_figures(hw: HardwareSpec) -> KernelFigures:
     if "measured" in ar:  # vLLM's measured curve: the rule's two figures are not used
         ar = {**table["default"]["allreduce"], **ar}
     busbw = ar["busbw_gbs"]
-    if busbw is None:  # the default rule: 80% of the catalog link
-        link = hw.interconnect_gbs if hw.interconnect_gbs > 0 else 16.0
-        busbw = 0.8 * link
+    if busbw is None:  # the default rule: 80% of the links a TP group reaches its peers by
+        # (HardwareSpec.allreduce_gbs, as the roofline tier: on MI300X's point-to-point mesh
+        # a pair shares one of 7 links, all 7 at TP 8); PCIe's 16 GB/s without a figure
+        busbw = {
+            tp: 0.8 * (hw.allreduce_gbs(tp) if hw.interconnect_gbs > 0 else 16.0)
+            for tp in range(2, 9)
+        }
     if not isinstance(busbw, dict):  # one figure for every TP size
         busbw = {2: busbw}
     return KernelFigures(
