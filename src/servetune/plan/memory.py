@@ -266,7 +266,7 @@ def memory_budget(
         overhead = overheads.cuda_context_gib * GiB
         overhead += overheads.nccl_gib * GiB if cfg.world_size > 1 else 0.0
         per_token = kvmath.kv_bytes_per_token(model, kv_bytes, tp, pp)
-        hybrid = model.architecture in HYBRID_SWA_ARCHITECTURES and model.sliding_window_layers
+        hybrid = model.architecture in HYBRID_SWA_ARCHITECTURES and model.sliding_window_layers > 0
         sg = sglang_pool(
             hw,
             cfg,
