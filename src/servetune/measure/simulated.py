@@ -62,7 +62,7 @@ class SimSession:
             trace=sinks.trace is not None,
             shapes=self.shapes,
         )
-        # which servetune simulated it (not in `simulate`: its ~20 ms digest, once a
+        # which servetune simulated it (not in `simulate`: its ~13 ms digest, once a
         # process, would count against the simulator's end-to-end speed target)
         res.target.sim.build = build_id()
         if sinks.trace is not None:
