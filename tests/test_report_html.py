@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from servetune.build import version_line
 from servetune.engines.config import EngineConfig
 from servetune.report import build_report, export_images
 from servetune.report.charts import Chart
@@ -82,6 +83,7 @@ def test_report_is_self_contained(report: tuple[Path, object]) -> None:
     assert not re.search(r"<link[^>]+href=.https?:", text)
     assert text.count('data-fig="chart-') == len(ALL_CHARTS)
     assert "Experiment record (seed 003 §16)" in text
+    assert version_line() in text  # which servetune wrote it: version and build
     assert "Configs: what each changes against the baseline" in text
     assert "change one at a time" not in text  # that warning is `runs compare`'s
 

@@ -13,6 +13,8 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from servetune import __version__
+
 SKIP_DIRS = frozenset({"__pycache__"})
 SKIP_SUFFIXES = frozenset({".pyc", ".pyo", ".so"})  # compiled by-products, not the source
 
@@ -38,3 +40,8 @@ def tree_digest(root: Path) -> str:
 def build_id() -> str:
     """This servetune's build: the digest of its installed package (once a process)."""
     return tree_digest(Path(__file__).resolve().parent)
+
+
+def version_line() -> str:
+    """ "servetune <version> (build <id>)": what a page this servetune writes says of it."""
+    return f"servetune {__version__} (build {build_id()})"

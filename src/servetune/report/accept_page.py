@@ -7,7 +7,7 @@ import html
 from datetime import datetime, timezone
 from typing import Any
 
-from servetune import __version__
+from servetune.build import version_line
 from servetune.report.html import CSS
 
 STATUS_CSS = """
@@ -54,7 +54,7 @@ def render_checklist(data: dict[str, Any]) -> str:
             '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
             f"<title>{_e(title)}</title><style>{CSS}{STATUS_CSS}</style></head><body>",
             f"<header><h1>{_e(title)}</h1><p>{_e(', '.join(ctx.get('urls') or []))} · study "
-            f"{_e(ctx.get('study'))} · servetune {__version__} · {now}</p></header><main>",
+            f"{_e(ctx.get('study'))} · {version_line()} · {now}</p></header><main>",
             f'<p class="outcome {ok}">{_e(data["verdict"])}</p><p class="note">{_e(counts)}</p>',
             notes,
             '<section id="checklist"><h2>Seed 003 §15 go-live checklist</h2><table>',

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from servetune import __version__
+from servetune.build import version_line
 from servetune.report.charts import Chart
 from servetune.report.data import ReportData
 from servetune.report.experiment import experiment_record, side_by_side
@@ -204,7 +204,7 @@ def render_html(data: ReportData, charts: Sequence[Chart]) -> str:
             f'<script type="text/javascript">{_plotly_js()}</script>',
             "</head><body>",
             f"<header><h1>{_e(data.title)}</h1><p>{len(data.runs)} run(s) from "
-            f"{_e(data.where)} · servetune {__version__} · {now}</p></header><main>",
+            f"{_e(data.where)} · {version_line()} · {now}</p></header><main>",
             _verdict_section(data),
             _buffered_section(data),
             '<pre id="st-errors"></pre>',
