@@ -33,6 +33,8 @@ def test_shares_split_what_is_left_after_the_reserve() -> None:
     note = timeplan.cut_note("slots=8", 12.4, 2, 4.0)
     assert "slots=8" in note and "2 load points" in note and "12s" in note
     assert "capacity 4 is a lower bound" in note
+    spent = timeplan.cut_note("slots=8", 0.0, 1, 1.0)  # share_s's 0: nothing was left
+    assert "1 load point: the budget was spent before its turn" in spent and "0s" not in spent
 
 
 class _SimAsReal(SimBackend):
@@ -116,7 +118,7 @@ def test_a_spent_budget_still_verifies_the_whole_top_k_then_repeats(
     # verified config measures its first load point only, and the notes say so per config
     assert all(len(t.points) > 1 for t in free.ranked)
     assert all(len(t.points) == 1 for t in tight.ranked)
-    cut = [n for n in tight.notes if "capacity search stopped after 1 load point at" in n]
+    cut = [n for n in tight.notes if "stopped after 1 load point: the budget was spent" in n]
     assert len(cut) == 4 and not any("stopped" in n for n in free.notes)
     assert {t.label for t in tight.ranked} == {t.label for t in free.ranked}
 

@@ -44,10 +44,15 @@ def cut_note(label: str, share: float, points: int, capacity: float | None) -> s
         if capacity is None
         else f"capacity {capacity:g} is a lower bound"
     )
+    where = (
+        f"at its {share:.0f}s share of the budget"
+        if share >= 0.5
+        # "at its 0s share" read as a bug: `share_s` gives 0 once the budget is spent
+        else "the budget was spent before its turn (each verified config measures one)"
+    )
     return (
         f"time budget: {label}: capacity search stopped after {points} load "
-        f"point{'' if points == 1 else 's'} at its "
-        f"{share:.0f}s share of the budget ({cap})"
+        f"point{'' if points == 1 else 's'}: {where} ({cap})"
     )
 
 
