@@ -42,6 +42,12 @@ def build_id() -> str:
     return tree_digest(Path(__file__).resolve().parent)
 
 
+def with_build(version: str, build: str | None) -> str:
+    """A version with the build that tells two servetunes of one version apart:
+    "0.1.0 (build 4f77139818c8)", the version alone where no build is named."""
+    return f"{version} (build {build})" if build else version
+
+
 def version_line() -> str:
-    """ "servetune <version> (build <id>)": what a page this servetune writes says of it."""
-    return f"servetune {__version__} (build {build_id()})"
+    """What a page this servetune writes says of it: "servetune 0.1.0 (build ...)"."""
+    return f"servetune {with_build(__version__, build_id())}"

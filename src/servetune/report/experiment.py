@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from servetune.build import with_build
 from servetune.measure.result import sim_signals
 from servetune.metrics.pct import dist_text, sample_note
 from servetune.results.schema import Load
@@ -109,7 +110,7 @@ def experiment_record(info: RunInfo, metrics: Mapping[str, Any] | None = None) -
                 ("engine", f"{fmt(info.engine)} {sw.get('engine_version') or ''}".strip()),
                 ("driver / CUDA", " / ".join(fmt(sw.get(k)) for k in ("driver", "cuda"))),
                 ("NCCL", fmt(sw.get("nccl")) if sw.get("nccl") else NCCL_NOT_RECORDED),
-                ("servetune", _servetune(sw)),
+                ("servetune", with_build(fmt(sw.get("servetune")), sw.get("servetune_build"))),
                 ("python / OS", f"{fmt(sw.get('python'))} / {fmt(sw.get('os'))}"),
             ],
         ),
@@ -363,10 +364,3 @@ def _set_by_run(knob: str, value: Any, defaults: Mapping[str, Any]) -> bool:
     return json.dumps(value, sort_keys=True, default=str) != json.dumps(
         defaults[knob], sort_keys=True, default=str
     )
-
-
-def _servetune(sw: dict[str, Any]) -> str:
-    """The version, and the build (servetune.build) where the run names it: the version
-    stays the same between releases, the build tells two servetunes apart."""
-    build = sw.get("servetune_build")
-    return f"{fmt(sw.get('servetune'))} (build {build})" if build else fmt(sw.get("servetune"))
