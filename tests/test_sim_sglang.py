@@ -265,6 +265,12 @@ def test_gpt_oss_gets_sglangs_two_pools_and_gemma_one() -> None:
     # --max-total-tokens caps the all-full count before the split, as SGLang applies it
     capped = evaluate(model, hw, cfg.with_(kv_cache_tokens=60_000))
     assert capped.kv_capacity_tokens == int(60_000 * 36 / 32.4)
+    # SGLang's own flags, as extra_args: another ratio, or the hybrid pool turned off
+    half = evaluate(model, hw, cfg.with_(extra_args=("--swa-full-tokens-ratio", "0.5")))
+    assert half.kv_capacity_tokens == int(all_full * 36 / 27)
+    assert half.budget.kv_window_pool_tokens == int(half.kv_capacity_tokens * 0.5)
+    off = evaluate(model, hw, cfg.with_(extra_args=("--disable-hybrid-swa-memory",)))
+    assert off.kv_capacity_tokens == all_full and off.budget.kv_window_pool_tokens is None
     from servetune.sim.engine import capacity_note
 
     assert f"window layers' own ({b.kv_window_pool_tokens:,} tokens)" in capacity_note(su)
@@ -374,6 +380,16 @@ def test_cli_plans_and_simulates_sglang(capsys, tmp_path):
     assert code == 0 and pools["kv_window_pool_tokens"] == int(pools["kv_capacity_tokens"] * 0.8)
     code, out, _ = run_cli(capsys, *oss)
     assert f"{pools['kv_window_pool_tokens']:,}" in out and "sliding-window layers' pool" in out
+    # simulate --extra reaches SGLang's model (the docs' --set extra_args never could)
+    sim = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--no-store",
+           "-w", "examples/workloads/shared-prefix.yaml")  # fmt: skip
+    extra = "--schedule-conservativeness 0.5"
+    code, out, _ = run_cli(capsys, *sim, "--engine", "sglang", "--extra", extra)
+    assert code == 0 and "new_token_ratio 0.35 ->" in out
+    code, _, err = run_cli(capsys, *sim, "--engine", "sglang", "--extra", "--enable-mixed-chunk")
+    assert code == 2 and "--enable-mixed-chunk is not modelled" in err
+    code, _, err = run_cli(capsys, *sim, "--extra", extra)  # vLLM's model reads none
+    assert code == 2 and "--extra: the vllm simulator reads no extra flags" in err
 
 
 @pytest.mark.timeout(300)

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
 # `engine` knob would swap which engine's rules apply under the one named on the line.
 _NOT_SET = {
     "engine": "name the engine as the ENGINE argument or with --engine",
-    "extra_args": "give engine flags verbatim with engine command/launch --extra",
+    "extra_args": "give engine flags verbatim with --extra (engine command/launch, simulate)",
 }
 
 

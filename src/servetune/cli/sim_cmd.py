@@ -77,6 +77,11 @@ def simulate(
         "vllm", "--engine", help="vllm (paged), sglang (radix) or llamacpp (slots)."
     ),
     sets: list[str] = typer.Option([], "--set", help=_SET_HELP),
+    extra: str | None = typer.Option(
+        None,
+        "--extra",
+        help="Engine flags the model reads, e.g. --extra '--swa-full-tokens-ratio 0.5'",
+    ),
     workload: Path | None = typer.Option(None, "--workload", "-w", help="Workload YAML."),
     replay: Path | None = typer.Option(
         None, "--replay", help="A bench result JSON: simulate its exact requests and load."
@@ -109,10 +114,14 @@ def simulate(
     if gpus < 1:
         raise InputError("--gpus", f"{gpus} is not allowed", "give the GPUs of one replica, >= 1")
     check_outputs({"--output": output, "--trace": trace_path}, {})  # before the run
+    if extra and engine != "sglang":  # only SGLang's model reads flags without a knob
+        raise InputError(
+            "--extra", f"the {engine} simulator reads no extra flags", "use --set with a knob"
+        )
     from servetune.hardware import get_hardware
 
     # the device's own rules (vLLM CPU's block sizes) name the fix the run would need
-    cfg = parse_sets(engine, sets, device=get_hardware(gpu, hardware_file).kind)
+    cfg = parse_sets(engine, sets, extra, device=get_hardware(gpu, hardware_file).kind)
     if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
         cfg = cfg.with_(tensor_parallel_size=gpus)
     settings = SimulateSettings(

@@ -17,6 +17,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.engines.config import EngineConfig
+from servetune.engines.extra import extra_number
 from servetune.errors import InputError
 from servetune.hardware.spec import MAX_MEMORY_GIB, HardwareSpec
 from servetune.model.spec import ModelSpec
@@ -32,6 +33,7 @@ from servetune.plan.quant import (
 from servetune.plan.sglang_pool import (
     HYBRID_SWA_ARCHITECTURES,
     MAX_PREFILL_TOKENS,
+    SWA_FULL_TOKENS_RATIO,
     sglang_pool,
 )
 from servetune.units import GiB
@@ -266,7 +268,11 @@ def memory_budget(
         overhead = overheads.cuda_context_gib * GiB
         overhead += overheads.nccl_gib * GiB if cfg.world_size > 1 else 0.0
         per_token = kvmath.kv_bytes_per_token(model, kv_bytes, tp, pp)
-        hybrid = model.architecture in HYBRID_SWA_ARCHITECTURES and model.sliding_window_layers > 0
+        hybrid = (
+            model.architecture in HYBRID_SWA_ARCHITECTURES
+            and model.sliding_window_layers > 0
+            and "--disable-hybrid-swa-memory" not in cfg.extra_args
+        )
         sg = sglang_pool(
             hw,
             cfg,
@@ -276,6 +282,9 @@ def memory_budget(
             overhead,
             given_knobs,
             hybrid_swa=kvmath.stage_layers(model, pp) if hybrid else None,
+            swa_ratio=extra_number(
+                cfg.extra_args, "--swa-full-tokens-ratio", SWA_FULL_TOKENS_RATIO
+            ),
         )
         usable, pool, activation = sg.usable_bytes, sg.kv_pool_bytes, sg.reserved_bytes
         batched, seqs = sg.chunked_prefill_size or MAX_PREFILL_TOKENS, sg.max_running_requests

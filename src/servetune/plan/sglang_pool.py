@@ -163,14 +163,16 @@ def sglang_pool(
     start_overhead_bytes: float,
     given_knobs: frozenset[str] | None = None,
     hybrid_swa: tuple[int, int] | None = None,
+    swa_ratio: float = SWA_FULL_TOKENS_RATIO,
 ) -> SglangPool:
     """The KV pool SGLang sizes on one GPU of `hw` under `cfg` (module docstring).
     `start_overhead_bytes`: what is taken before SGLang measures free memory (CUDA context,
     NCCL buffers). `given_knobs`: the knobs the user set, when the caller knows (`_given`);
     SGLang's own fraction is used unless gpu_memory_utilization is one of them.
     `hybrid_swa`: (full-attention, sliding-window) layers of a model SGLang pools apart
-    (`HYBRID_SWA_ARCHITECTURES`); `kv_bytes_per_token` prices every layer at full length,
-    as SGLang's profile does."""
+    (`HYBRID_SWA_ARCHITECTURES`; None under --disable-hybrid-swa-memory), its window pool
+    `swa_ratio` (--swa-full-tokens-ratio) tokens per full-pool token; `kv_bytes_per_token`
+    prices every layer at full length, as SGLang's profile does."""
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     chunk, graph_bs = memory_tier(hw.memory_gib, tp)
     if not cfg.enable_chunked_prefill:
@@ -192,8 +194,8 @@ def sglang_pool(
         tokens = min(tokens, cfg.kv_cache_tokens // page * page)
     window = 0
     if hybrid_swa is not None:  # the same bytes as a full pool and a window pool
-        tokens = int(tokens * hybrid_swa_scale(*hybrid_swa)) // page * page
-        window = int(tokens * SWA_FULL_TOKENS_RATIO) // page * page
+        tokens = int(tokens * hybrid_swa_scale(*hybrid_swa, swa_ratio)) // page * page
+        window = int(tokens * swa_ratio) // page * page
     seqs = cfg.max_num_seqs or max_running(tokens, context_len)
     return SglangPool(
         mem_fraction_static=fraction,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servetune.engines.config import EngineConfig
+from servetune.engines.extra import extra_flag, extra_number
 from servetune.errors import InputError
 from servetune.plan.planner import Evaluation
 from servetune.plan.sglang_pool import MAX_PREFILL_TOKENS, page_tokens
@@ -146,31 +147,6 @@ class RadixPolicy(PagedPolicy):
 # real engine as they are), and the ones it refuses because it does not model them.
 MODELLED_POLICIES = ("fcfs", "lpm")
 UNMODELLED_FLAGS = ("--enable-mixed-chunk", "--speculative-algorithm", "--enable-dp-attention")
-
-
-def extra_flag(args: tuple[str, ...], name: str) -> str | None:
-    """The value of `name` among an engine's extra arguments (`--x v` or `--x=v`); None
-    when absent."""
-    for k, a in enumerate(args):
-        if a == name and k + 1 < len(args):
-            return args[k + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def extra_number(args: tuple[str, ...], name: str, default: float) -> float:
-    """A positive number given as an extra SGLang flag, else `default`; one-line errors."""
-    raw = extra_flag(args, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise InputError("extra_args", f"{name} {raw!r} is not a positive number", None)
-    return value
 
 
 def radix_sched_config(cfg: EngineConfig, ev: Evaluation) -> SchedConfig:
