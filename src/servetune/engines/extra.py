@@ -7,6 +7,11 @@ from __future__ import annotations
 from servetune.errors import InputError
 
 
+def extra_given(args: tuple[str, ...], name: str) -> bool:
+    """Whether `name` is among an engine's extra arguments, alone or as `--x=v`."""
+    return any(a == name or a.startswith(name + "=") for a in args)
+
+
 def extra_flag(args: tuple[str, ...], name: str) -> str | None:
     """The value of `name` among an engine's extra arguments (`--x v` or `--x=v`); None
     when absent."""

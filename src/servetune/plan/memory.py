@@ -17,7 +17,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.engines.config import EngineConfig
-from servetune.engines.extra import extra_number
+from servetune.engines.extra import extra_given, extra_number
 from servetune.errors import InputError
 from servetune.hardware.spec import MAX_MEMORY_GIB, HardwareSpec
 from servetune.model.spec import ModelSpec
@@ -271,7 +271,7 @@ def memory_budget(
         hybrid = (
             model.architecture in HYBRID_SWA_ARCHITECTURES
             and model.sliding_window_layers > 0
-            and "--disable-hybrid-swa-memory" not in cfg.extra_args
+            and not extra_given(cfg.extra_args, "--disable-hybrid-swa-memory")
         )
         sg = sglang_pool(
             hw,

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servetune.engines.config import EngineConfig
-from servetune.engines.extra import extra_flag, extra_number
+from servetune.engines.extra import extra_flag, extra_given, extra_number
 from servetune.errors import InputError
 from servetune.plan.planner import Evaluation
 from servetune.plan.sglang_pool import MAX_PREFILL_TOKENS, page_tokens
@@ -162,7 +162,7 @@ def radix_sched_config(cfg: EngineConfig, ev: Evaluation) -> SchedConfig:
         pages = min(pages, max(cfg.kv_cache_tokens // page, 1))
     args = cfg.extra_args
     for flag in UNMODELLED_FLAGS:
-        if any(a == flag or a.startswith(flag + "=") for a in args):
+        if extra_given(args, flag):
             raise InputError("extra_args", f"{flag} is not modelled", "simulate without it")
     policy = extra_flag(args, "--schedule-policy") or cfg.scheduling_policy
     if policy not in (*MODELLED_POLICIES, "priority"):
