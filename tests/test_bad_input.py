@@ -120,9 +120,9 @@ ROWS = [
     ("--rate inf", [*SIM, "-w", "{ok}", "--rate", "inf"], "--rate: "),
     ("--rate 1,,2", [*SIM, "-w", "{ok}", "--rate", "1,,2"], "--rate: '1,,2' has an empty item"),
     ("--concurrency 4,", [*SIM, "-w", "{ok}", "--concurrency", "4,"], "--concurrency: '4,' has"),
-    ("output length 0", [*SIM, "-w", "{out0}"], "workload.mix.0.output_tokens"),
+    ("output length 0", [*SIM, "-w", "{out0}"], "workload.output_tokens"),
     ("count: true", [*SIM, "-w", "{count_true}"], "count must be a number"),
-    ("input 1e29", [*SIM, "-w", "{huge_in}"], "workload.mix.0.input_tokens.fixed.value: "),
+    ("input 1e29", [*SIM, "-w", "{huge_in}"], "workload.input_tokens.value: "),
     ("simulate --db ''", ["simulate", "-w", "{ok}", "--db", ""], "--db: "),
     (
         "simulate data parallel",  # one replica simulated: its figures would ignore the rest

@@ -115,7 +115,7 @@ BAD = [
     (("coefficients", "bogus_term"), 0.001, "unknown term 'bogus_term'"),
     (("version",), 2, "version: this servetune reads profile version 1"),
     (("fit", "confidence"), "bogus", "fit.confidence"),
-    (("fit", "r2"), _DROP, "fit.r2: Field required"),
+    (("fit", "r2"), _DROP, "fit.r2: is missing"),
 ]
 
 

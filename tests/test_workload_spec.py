@@ -42,12 +42,51 @@ def test_bad_field_is_one_line_naming_it() -> None:
     bad = {**BASE, "input_tokens": {"dist": "uniform", "low": 10, "high": 5}}
     with pytest.raises(InputError) as e:
         parse_workload(bad)
-    assert e.value.field.startswith("workload.mix.0.input_tokens")
+    assert e.value.field.startswith("workload.input_tokens")  # as written, no `mix.0`
     assert "\n" not in e.value.one_line()
     with pytest.raises(InputError, match="needs a rate"):
         parse_workload({**BASE, "arrival": {"kind": "poisson"}})
     with pytest.raises(InputError, match="count or duration_s"):
         parse_workload({k: v for k, v in BASE.items() if k != "count"})
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        # top-level lengths: no `mix.0`, no union tag `fixed`, and the stray key named
+        ({"input_tokens": {"dist": "fixed", "mean": 4096}},
+         "workload.input_tokens.value: is missing, and it has no field mean (give value)"),
+        ({"input_tokens": {"dist": "fixed", "value": -3}},
+         "workload.input_tokens.value: Input should be greater than or equal to 0 (got -3)"),
+        # a mix the user wrote keeps its own path, without the tag
+        ({"input_tokens": None, "output_tokens": None,
+          "mix": [{"input_tokens": {"dist": "fixed", "value": 5},
+                   "output_tokens": {"dist": "fixed", "value": 5}},
+                  {"name": "b", "input_tokens": {"dist": "lognormal", "mean": 50},
+                   "output_tokens": {"dist": "fixed", "value": 5}}]},
+         "workload.mix.1.input_tokens.sigma: is missing (give sigma)"),
+    ],
+    ids=["shorthand-missing", "shorthand-range", "mix-missing"],
+)  # fmt: skip
+def test_an_error_names_the_path_the_user_wrote(change: dict, line: str) -> None:
+    """Pydantic's location held keys the file never had (the shorthand's one-entry `mix`,
+    the length union's tag): `workload.mix.0.input_tokens.fixed.value: Field required`
+    sent a user who wrote `mean` for a fixed length looking for both."""
+    data = {k: v for k, v in {**BASE, **change}.items() if v is not None}
+    with pytest.raises(InputError) as e:
+        parse_workload(data)
+    assert e.value.one_line() == line
+
+
+def test_written_path_drops_only_what_the_data_lacks() -> None:
+    from servetune.errors import written_path
+
+    data = {"input_tokens": {"dist": "fixed", "mean": 1}, "sessions": {"kind": "chat"}}
+    loc = ("mix", 0, "input_tokens", "fixed", "value")
+    assert written_path(loc, data, missing=True) == ("input_tokens", "value")
+    assert written_path(loc, data) == ("input_tokens",)  # an absent last part is a tag
+    assert written_path(("sessions", "chat", "turns"), data) == ("sessions",)
+    assert written_path(("mix", 3, "name"), {"mix": [{}]}, missing=True) == ("mix", "name")
 
 
 def test_yaml_file_and_relative_dataset(tmp_path: Path) -> None:

@@ -40,27 +40,75 @@ def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return ([lowered[h] for h in hits] + substr)[:n]
 
 
+_NOT_GIVEN: Any = object()
+
+
 def from_validation_error(
-    exc: Exception, prefix: str = "", flags: Mapping[str, str] | None = None
+    exc: Exception,
+    prefix: str = "",
+    flags: Mapping[str, str] | None = None,
+    data: Any = _NOT_GIVEN,
 ) -> InputError:
     """Turn a pydantic ValidationError into a one-line InputError naming the field: the
     first error's location under `prefix`, or the command-line flag `flags` maps that
-    location to (`{"count": "--count"}`), so the user reads the name they typed. Pydantic's
+    location to (`{"count": "--count"}`), so the user reads the name they typed. Given the
+    validated `data`, the location is the path the user wrote (`written_path`). Pydantic's
     own framing (error counts, type codes, URLs) is dropped, and the value shown is cut
-    short: a YAML alias can make it megabytes."""
+    short: a YAML alias can make it megabytes. A missing field names the keys beside it
+    that the model has no field for (`fixed` given `mean` instead of `value`)."""
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return InputError(prefix or "input", str(exc).splitlines()[0])
-    first = errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+    every = errors()
+    first = every[0]
+    path = tuple(first.get("loc", ()))
+    if data is not _NOT_GIVEN:
+        path = written_path(path, data, missing=first.get("type") == "missing")
+    loc = ".".join(str(p) for p in path if p != "__root__")
     flag = (flags or {}).get(loc)
     sep = " " if prefix.startswith("--") else "."  # `--set max_num_seqs`, `workload.count`
     field = flag or (f"{prefix}{sep}{loc}" if prefix and loc else (prefix or loc or "input"))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     msg = _ENUM_REPR.sub(r"\1", msg)  # allowed values as the user writes them
+    if first.get("type") == "missing":
+        return _missing(field, first, every)
     value = first.get("input")
     shown = "" if value is None or isinstance(value, dict) else f" (got {_short(value)})"
     return InputError(field, f"{msg}{shown}")
+
+
+def _missing(field: str, first: Mapping[str, Any], every: list[Any]) -> InputError:
+    """A required field not given, with the keys given beside it that are no field of that
+    model: most often the same number under another distribution's name."""
+    parent = tuple(first.get("loc", ()))[:-1]
+    stray = [
+        str(e["loc"][-1])
+        for e in every
+        if e.get("type") == "extra_forbidden" and tuple(e.get("loc", ()))[:-1] == parent
+    ]
+    name = str(tuple(first.get("loc", ("field",)))[-1])
+    beside = f", and it has no field {', '.join(stray)}" if stray else ""
+    return InputError(field, f"is missing{beside}", f"give {name}")
+
+
+def written_path(loc: tuple[Any, ...], data: Any, missing: bool = False) -> tuple[Any, ...]:
+    """The part of a pydantic error location that the user wrote in `data`. A
+    discriminated union's tag (`fixed` in `input_tokens.fixed.value`) and the wrappers a
+    before-validator adds (the workload's one-entry `mix` around its top-level
+    input_tokens) are not in the file, so naming them sends the user looking for keys that
+    are not there. For a `missing` error the last part stays, absent as it is: it names the
+    field to give."""
+    out: list[Any] = []
+    node = data
+    for k, part in enumerate(loc):
+        keyed = isinstance(node, Mapping) and part in node
+        listed = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if keyed or listed:
+            node = node[part]
+        elif not (missing and k == len(loc) - 1):
+            continue  # a tag or a wrapper: not written
+        out.append(part)
+    return tuple(out)
 
 
 # pydantic names a Literal of enum members by their reprs: `<RunStatus.COMPLETED: 'completed'>`
