@@ -162,7 +162,7 @@ def test_missing_required_field(tmp_path: Path) -> None:
     entry = {k: v for k, v in MY_GPU.items() if k != "memory_bandwidth_gbs"}
     err = _one_line_error("my-gpu", _json(tmp_path, {"my-gpu": entry}))
     assert err.field == "hardware-file my-gpu.memory_bandwidth_gbs"
-    assert "required" in err.problem.lower()
+    assert "is missing" in err.problem.lower()
 
 
 def test_unknown_field_gets_a_suggestion(tmp_path: Path) -> None:

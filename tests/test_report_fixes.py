@@ -289,3 +289,19 @@ def test_a_simulated_runs_kv_tokens_are_its_own_pool() -> None:
         pic = picture(store.get(r.id), "c")
     assert pic.kv_tokens == 28_179 * 16
     assert pic.detail.startswith("450,864 KV tokens (the simulated pool: 28,179 blocks x 16)")
+
+
+@pytest.mark.parametrize(
+    ("launch", "expect"),
+    [
+        ("llama-server -m m.gguf -c 8192 -np 2", (8192, 2, False)),
+        # llama-server's long spellings read as the short ones (it refuses `--ctx-size=N`)
+        ("llama-server -m m.gguf --ctx-size 4096 --parallel 3 --kv-unified", (4096, 3, True)),
+        ("llama-server -m m.gguf -c 0", (None, 4, True)),  # the model's context, auto slots
+        (["llama-server", "-m", "m.gguf", "-np", "6", "-c"], (None, 6, False)),  # -c unfinished
+    ],
+)
+def test_the_memory_picture_reads_llama_servers_recorded_command(launch, expect) -> None:
+    from servetune.report.memory import llamacpp_context
+
+    assert llamacpp_context(EngineConfig(engine="llamacpp"), launch) == expect

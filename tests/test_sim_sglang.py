@@ -411,3 +411,49 @@ def test_tune_backend_sim_tunes_sglang(capsys, tmp_path):
     assert code == 0, err
     winner = json.loads(out)["winner"]
     assert winner["status"] == "ok" and "sglang.launch_server" in winner["launch_command"]
+
+
+def test_plan_reads_sglangs_pool_flags_and_refuses_a_knobs_flag(capsys):
+    """`plan --extra` reaches the planner as `simulate --extra` does (one pool for both),
+    and only SGLang's command carries the flags. A knob's own flag (`--tp-size`) passed
+    as an extra one was sized and simulated at the knob's value (TP1) while the engine
+    would run the flag's: now refused, naming the knob."""
+    oss = ("plan", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--engine", "sglang", "-s", "none")
+    model, hw = get_model("gpt-oss-120b"), get_hardware("h100-sxm")
+    half = EngineConfig(engine="sglang", extra_args=("--swa-full-tokens-ratio", "0.5"))
+    code, out, _ = run_cli(capsys, *oss, "--extra", "--swa-full-tokens-ratio 0.5", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["kv_capacity_tokens"] == evaluate(model, hw, half).kv_capacity_tokens
+    assert plan["kv_capacity_tokens"] == setup(model, hw, half).sched.kv_blocks
+    assert plan["kv_window_pool_tokens"] == int(plan["kv_capacity_tokens"] * 0.5)
+    assert plan["launch"]["sglang"].endswith("--swa-full-tokens-ratio 0.5")
+    assert all("swa" not in cmd for name, cmd in plan["launch"].items() if name != "sglang")
+    code, _, err = run_cli(capsys, *oss[:-4], "--extra", "--swa-full-tokens-ratio 0.5")
+    assert code == 2 and "--extra: the vllm plan reads no extra flags" in err
+    code, _, err = run_cli(capsys, *oss, "--extra", "--tp-size 2")
+    assert code == 2 and "--tp-size is the tensor_parallel_size knob's flag (use --tp)" in err
+    code, _, err = run_cli(capsys, *oss, "--extra", "--max-total-tokens=5000")
+    assert code == 2 and "kv_cache_tokens knob's flag (plan without it)" in err
+    sim = ("simulate", "-m", "gpt-oss-120b", "--engine", "sglang", "--no-store",
+           "-w", "examples/workloads/chat.yaml", "--count", "4")  # fmt: skip
+    code, _, err = run_cli(capsys, *sim, "--extra", "--context-length 4096")
+    assert code == 2 and "extra_args: --context-length is the max_model_len knob's flag" in err
+
+
+def test_knob_in_extra_names_a_knobs_flag_at_any_spelling():
+    from servetune.engines.extra import knob_in_extra
+
+    sg = EngineConfig(engine="sglang")
+    page = ("--page-size=32",)
+    assert knob_in_extra(sg.with_(extra_args=page)) == ("--page-size=32", "block_size")
+    assert knob_in_extra(sg.with_(extra_args=("--swa-full-tokens-ratio", "0.5"))) is None
+    # a knob already set: its flag is on the command and still the knob's
+    tp2 = sg.with_(tensor_parallel_size=2, extra_args=("--tp_size", "4"))
+    assert knob_in_extra(tp2) == ("--tp_size", "tensor_parallel_size")
+    vllm = EngineConfig(extra_args=("--load-format", "dummy", "--max-num-seqs", "4"))
+    assert knob_in_extra(vllm) == ("--max-num-seqs", "max_num_seqs")
+    assert knob_in_extra(EngineConfig(extra_args=("--load-format", "dummy"))) is None
+    # the simulator's own setup refuses it, so a tune space's fixed extra_args is too
+    cfg = EngineConfig(engine="sglang", extra_args=("--tp-size", "2"))
+    with pytest.raises(InputError, match="tensor_parallel_size knob's flag"):
+        setup(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), cfg)

@@ -7,12 +7,12 @@ Heavy work (pip, cmake, subprocesses, httpx) is imported inside the commands so
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
+from servetune.engines.extra import split_extra
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
@@ -82,15 +82,6 @@ def parse_sets(
     if not lacking_ok:
         _check_engine_has_flags(engine, cfg, [k for k in data if k not in _NOT_SET], device)
     return cfg
-
-
-def split_extra(extra: str) -> tuple[str, ...]:
-    """`--extra`'s text as shell words; an unclosed quote is a one-line error, not
-    shlex's ValueError traceback."""
-    try:
-        return tuple(shlex.split(extra))
-    except ValueError as exc:
-        raise InputError("--extra", f"cannot split {extra!r}: {exc}", "close the quote") from None
 
 
 def _check_engine_has_flags(engine: str, cfg, names: list[str], device: Device = "gpu") -> None:

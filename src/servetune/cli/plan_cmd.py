@@ -63,6 +63,12 @@ def plan(
     engine: str = typer.Option(
         "vllm", "--engine", help="vllm (gpu_memory_utilization) or sglang (mem_fraction_static)."
     ),
+    extra: str | None = typer.Option(
+        None,
+        "--extra",
+        help="With --engine sglang: its flags that size the pool, e.g. "
+        "--extra '--swa-full-tokens-ratio 0.5'",
+    ),
     avg_context: int | None = typer.Option(
         None, "--avg-context", help="Average tokens held per sequence, for concurrency."
     ),
@@ -81,6 +87,7 @@ def plan(
         False, "--remeasure", help="--gpu local: measure this host again (the cache is shared)."
     ),
 ) -> None:
+    from servetune.engines.extra import split_extra
     from servetune.hardware import local
     from servetune.plan.service import PlanArgs, plan_to_json, run_plan
 
@@ -112,6 +119,7 @@ def plan(
         overhead=overhead,
         hardware_file=hardware_file,
         engine=engine,
+        extra=split_extra(extra) if extra else (),
         from_flags=True,
     )
     result = run_plan(args)

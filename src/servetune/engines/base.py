@@ -59,6 +59,9 @@ class LaunchSpec:
     files: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = 8000
+    # every flag a plain knob maps to (`FlagBuilder.map`), emitted or at its default:
+    # flag_key -> knob, for `engines.extra.knob_in_extra`
+    knob_flags: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -126,6 +129,7 @@ class FlagBuilder:
         self.notes: list[str] = []
         self.files: dict[str, str] = {}
         self.knobs: dict[str, str] = {}  # flag -> the canonical knob it came from
+        self.knob_flags: dict[str, str] = {}  # flag_key -> knob, for every mapped knob
 
     def flag(self, name: str, value: object | None = None, *, knob: str | None = None) -> None:
         """Add `name [value]`; `knob` names the canonical knob it comes from, for the error
@@ -142,6 +146,7 @@ class FlagBuilder:
         bare switch (`enforce_eager: "--enforce-eager"`, or a negative flag such as
         `enable_prefix_caching: "--no-enable-prefix-caching"` for a default-on knob)."""
         for knob, name in flags.items():
+            self.knob_flags[flag_key(name)] = knob
             value = getattr(self.cfg, knob)
             if value == getattr(_DEFAULTS, knob):
                 continue
@@ -176,6 +181,7 @@ class FlagBuilder:
             files=self.files,
             host=host,
             port=port,
+            knob_flags=self.knob_flags,
         )
 
     def refuse_repeated(self, extra: Sequence[str]) -> None:

@@ -4,7 +4,7 @@ PlanRequest, run it, and shape the stable JSON output."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from servetune.engines import launch_command, launch_commands
 from servetune.engines.base import Device, LaunchSpec, PlannedPool
 from servetune.engines.config import EngineConfig, KVDtype, Quantization
+from servetune.engines.extra import knob_in_extra
 from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.errors import InputError, from_validation_error
 from servetune.hardware.catalog import get_hardware
@@ -79,6 +80,10 @@ class PlanArgs:
     overhead: list[str] = field(default_factory=list)
     hardware_file: Path | None = None
     engine: str = "vllm"
+    # SGLang's own flags that size its pool (`--swa-full-tokens-ratio`,
+    # `--disable-hybrid-swa-memory`), as `simulate --extra` passes them; its command alone
+    # carries them
+    extra: tuple[str, ...] = ()
     # The values are flags the user passed (`servetune plan`): an explicit 0.9 or 16 is the
     # user's own. Callers that fill PlanArgs from an EngineConfig (report) leave it False:
     # there those values are the defaults, which SGLang reads as not given (sglang_pool).
@@ -97,6 +102,9 @@ class PlanResult:
     weight_format_origin: str = "--dtype"  # --quant, scenario <name>, checkpoint, --dtype
     kv_dtype_note: str = ""  # why the planned KV dtype is not the scenario's (`kv_dtype_fallback`)
     launch_withheld: str = ""  # why a config that fits has no launch commands (`run_plan`)
+
+
+PLAN_FIELDS = frozenset(f.name for f in fields(PlanArgs))  # what `plan` has a flag for
 
 
 def _flag(name: str) -> str:
@@ -196,6 +204,12 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         "kv_cache_space_gib": args.kv_cache_space,
         "enforce_eager": args.enforce_eager,
     }
+    if args.extra:
+        if args.engine != "sglang":  # only SGLang's pool reads flags without a knob
+            raise InputError(
+                "--extra", f"the {args.engine} plan reads no extra flags", "use the knob flags"
+            )
+        knobs["extra_args"] = args.extra
     check_kv_cache_space(args.kv_cache_space, "--kv-cache-space")
     if args.block_size is not None:
         knobs["block_size"] = args.block_size
@@ -217,6 +231,11 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
     except InputError as exc:
         node_tps = tp_candidates(model, hardware, hardware.devices_per_node)
         raise _as_flag(exc, node_tps) from None
+    knob = knob_in_extra(config, rule_device)
+    if knob is not None:  # the plan sizes the knob: the flag would change the engine only
+        name = _KNOB_FLAGS.get(knob[1], knob[1])
+        fix = f"use {_flag(name)}" if name in PLAN_FIELDS else "plan without it"
+        raise InputError("--extra", f"{knob[0]} is the {knob[1]} knob's flag", fix)
     explicit = {k for k, v in knobs.items() if v is not None}
     if args.kv_dtype is None:
         explicit.discard("kv_cache_dtype")
@@ -517,9 +536,13 @@ def run_plan(args: PlanArgs) -> PlanResult:
     withheld = prequantized_note(cfg.quantization, req.model, args.model, req.hardware)
     if plan.evaluation.fits and not withheld:  # a command that cannot start would mislead
         pool = planned_pool(plan.evaluation)
-        launch = launch_commands(cfg, serving_reference(args.model), device=device, pool=pool)
+        ref = serving_reference(args.model)
+        plain = cfg.with_(extra_args=())  # the extra flags are SGLang's (checked above)
+        launch = launch_commands(plain, ref, device=device, pool=pool)
         gguf = gguf_reference(args.model, plan.evaluation.budget.weight_format)
-        launch["llamacpp"] = launch_command("llamacpp", cfg, gguf, device=device, pool=pool)
+        launch["llamacpp"] = launch_command("llamacpp", plain, gguf, device=device, pool=pool)
+        if cfg.extra_args:
+            launch["sglang"] = launch_command("sglang", cfg, ref, device=device, pool=pool)
         if "sglang" in launch and req.given_knobs is not None:
             launch["sglang"] = given_sglang_flags(launch["sglang"], cfg, req.given_knobs)
     origin = weight_format_origin(

@@ -19,6 +19,7 @@ from typing import Any
 
 from servetune.engines import llamacpp
 from servetune.engines.config import EngineConfig
+from servetune.engines.extra import extra_flag
 from servetune.errors import InputError
 from servetune.plan.service import PlanArgs, plan_to_json, run_plan
 from servetune.report.charts import Chart, _go, _layout
@@ -77,13 +78,6 @@ def plan_args(info: RunInfo) -> PlanArgs:
     )
 
 
-def _flag(argv: list[str], *names: str) -> str | None:
-    for i, a in enumerate(argv[:-1]):
-        if a in names:
-            return argv[i + 1]
-    return None
-
-
 def llamacpp_context(cfg: EngineConfig, launch: Any = None) -> tuple[int | None, int, bool]:
     """(-c tokens or None for the model's context, slots, unified) as llama-server is
     started: from the recorded launch command when it is llama-server's, else from the
@@ -92,7 +86,7 @@ def llamacpp_context(cfg: EngineConfig, launch: Any = None) -> tuple[int | None,
     argv = shlex.split(launch) if isinstance(launch, str) else list(launch or [])
     if not any(a == "-c" or a == "-np" or a.endswith("llama-server") for a in argv):
         argv = llamacpp.build(cfg, "model.gguf").argv
-    ctx, slots = _flag(argv, "-c", "--ctx-size"), _flag(argv, "-np", "--parallel")
+    ctx, slots = extra_flag(argv, "-c", "--ctx-size"), extra_flag(argv, "-np", "--parallel")
     unified = "--kv-unified" in argv or "-kvu" in argv or slots is None
     n_ctx = int(ctx) if ctx is not None and int(ctx) > 0 else None
     return n_ctx, int(slots) if slots else LLAMACPP_DEFAULT_SLOTS, unified

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from servetune.engines.config import EngineConfig
+from servetune.engines.extra import knob_in_extra
 from servetune.engines.rules import check_batch_limits, check_model_config
 from servetune.engines.support import SIMULATED
 from servetune.errors import InputError
@@ -174,6 +175,11 @@ def setup(
             f"{n}: the simulator runs one replica, its figures would ignore the other {n - 1}",
             f"simulate one at 1/{n} of the load (rate or users) and multiply its throughput",
         )
+    knob = knob_in_extra(cfg, hw.kind)
+    if knob is not None:  # the model reads the knob: the flag would go unsimulated
+        token, name = knob
+        fix = f"set {name} as a knob instead: simulate --set, or a tune space's knobs"
+        raise InputError("extra_args", f"{token} is the {name} knob's flag", fix)
     # what the engine refuses at start-up (block size, TP vs heads, FP8 below compute
     # capability 8.0, as `plan` refuses it) is not simulated
     check_model_config(cfg, model, device=hw.kind)
