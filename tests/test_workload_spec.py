@@ -549,3 +549,15 @@ def test_count_or_duration_from_the_command_line_sizes_a_file_without_either(
     assert json.loads(out)["metrics"]["measured"] == 6
     code, _, err = run_cli(capsys, "simulate", "-w", str(wl), "--no-store")
     assert code == 2 and "give count or duration_s" in err  # nothing sizes it: still refused
+
+
+def test_a_bare_number_is_a_fixed_length() -> None:
+    """`input_tokens: 4096` was refused ("a valid dictionary"); it is the form one writes
+    first, and the sessions' delays already read a bare number as fixed."""
+    bare = parse_workload({**BASE, "input_tokens": 40, "output_tokens": 8})
+    assert bare == parse_workload(BASE)
+    with pytest.raises(InputError) as e:
+        parse_workload({**BASE, "input_tokens": -5})
+    assert e.value.one_line().startswith("workload.input_tokens: Input should be greater")
+    with pytest.raises(InputError, match="workload.output_tokens"):
+        parse_workload({**BASE, "output_tokens": True})  # YAML's true is no length

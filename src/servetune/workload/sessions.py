@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from servetune.workload.spec import Fixed, LengthDist, PrefixGroups, StrictModel
+from servetune.workload.spec import Fixed, LengthDist, PrefixGroups, StrictModel, as_fixed
 
 
 class Seconds(StrictModel):
@@ -38,9 +38,7 @@ class Seconds(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _number(cls, data: Any) -> Any:
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return {"dist": "fixed", "value": data}
-        return data
+        return as_fixed(data)
 
     @model_validator(mode="after")
     def _order(self) -> Seconds:

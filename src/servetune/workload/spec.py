@@ -11,7 +11,14 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from servetune.errors import InputError, from_validation_error, refuse_bool
 from servetune.yamlfile import load_yaml
@@ -142,8 +149,19 @@ class Empirical(_Bounded):
         return self
 
 
+def as_fixed(data: Any) -> Any:
+    """A bare number is a `fixed` distribution of it (`input_tokens: 1024` is `{dist:
+    fixed, value: 1024}`, `think_time_s: 2` two seconds): the form one writes first. A bool
+    is no number here (YAML's `true`)."""
+    if isinstance(data, int | float) and not isinstance(data, bool):
+        return {"dist": "fixed", "value": data}
+    return data
+
+
 LengthDist = Annotated[
-    Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="dist")
+    Fixed | Uniform | Normal | LogNormal | Empirical,
+    Field(discriminator="dist"),
+    BeforeValidator(as_fixed),
 ]
 
 
