@@ -500,3 +500,22 @@ def test_simulate_says_when_a_drawn_schedule_offers_far_from_the_rate_asked(tmp_
         said[seed] = p.stdout
     assert "the schedule offered 2.44 req/s, 137% above the 1.03 asked: 60 gamma" in said[5]
     assert "the schedule offered" not in said[7]
+
+
+def test_simulate_without_a_workload_draws_benchs_default(tmp_path: Path):
+    """`simulate` refused to run without --workload while `bench` sent its built-in
+    default: both now read the same one (`measure.workload_or_default`); simulate says so."""
+    from servetune.measure import DEFAULT_WORKLOAD
+    from servetune.measure.commands import workload_or_default
+    from servetune.measure.loads import SweepLoads
+    from servetune.workload.spec import parse_workload
+
+    out = tmp_path / "r.json"
+    p = cli("simulate", "--concurrency", "2", "--count", "12", "--no-store", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "workload: the built-in default-chat" in p.stderr
+    run = json.loads(out.read_text())
+    assert run["workload"]["name"] == "default-chat" and len(run["records"]) == 12
+    said: list[str] = []
+    spec = workload_or_default(None, SweepLoads(), said.append)
+    assert spec == parse_workload(DEFAULT_WORKLOAD) and len(said) == 1

@@ -32,7 +32,7 @@ from servetune.workload.materialize import Request
 from servetune.workload.spec import WorkloadSpec, load_workload, parse_workload
 from servetune.workload.tokenizer import load_tokenizer
 
-# What bench sends when no workload file is given.
+# What bench sends, and simulate draws, when no workload file is given.
 DEFAULT_WORKLOAD = {
     "name": "default-chat",
     "count": 200,
@@ -70,15 +70,26 @@ class BenchSettings:
     api_key: str | None = field(default=None, repr=False)  # never stored
 
 
+def workload_or_default(
+    path: Path | None, loads: SweepLoads, say: Callable[[str], None] | None = None
+) -> WorkloadSpec:
+    """The workload file at `path`, else the built-in DEFAULT_WORKLOAD (said through `say`
+    when given), sized and swept by the command line's loads: bench and simulate read the
+    same one."""
+    if path is not None:
+        return load_workload(path, swept=loads.swept, sized=loads.sized)
+    if say is not None:
+        say(
+            "workload: the built-in default-chat (lognormal prompts of mean 512 tokens and "
+            "replies of 128, Poisson 1 req/s, 200 requests; --workload gives your own)"
+        )
+    return parse_workload(DEFAULT_WORKLOAD, swept=loads.swept, sized=loads.sized)
+
+
 def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
     """Measure the server at every load point (see `sweep`)."""
 
-    swept, sized = s.loads.swept, s.loads.sized
-    spec = (
-        load_workload(s.workload, swept=swept, sized=sized)
-        if s.workload
-        else parse_workload(DEFAULT_WORKLOAD, swept=swept, sized=sized)
-    )
+    spec = workload_or_default(s.workload, s.loads)  # bench's docs name its default
     spec = engine_sampling(spec, s.engine)
     slo = load_slo(s.slo) if s.slo else None
     # fail fast with the cause when nothing answers at the URL (bench.reach)
@@ -194,6 +205,4 @@ def _sim_workload(
         if say is not None and _own_requests(s) and (note := replay_note(base, str(s.replay))):
             say(note)
         return WorkloadSpec.model_validate(base.workload), sent_requests(base)
-    if s.workload is not None:
-        return load_workload(s.workload, swept=s.loads.swept, sized=s.loads.sized), None
-    raise InputError("--workload", "give a workload file or --replay", "see docs/simulate.md")
+    return workload_or_default(s.workload, s.loads, say), None
