@@ -519,3 +519,24 @@ def test_simulate_without_a_workload_draws_benchs_default(tmp_path: Path):
     said: list[str] = []
     spec = workload_or_default(None, SweepLoads(), said.append)
     assert spec == parse_workload(DEFAULT_WORKLOAD) and len(said) == 1
+
+
+def test_simulate_input_and_output_len_are_the_fixed_workload(tmp_path: Path):
+    """--input-len / --output-len give what a workload file of fixed lengths gives."""
+    w, fixed = tmp_path / "w.yaml", tmp_path / "fixed.yaml"
+    lognormal = {"dist": "lognormal", "mean": 200, "sigma": 0.5}
+    w.write_text(yaml.safe_dump({**WL, "input_tokens": lognormal}))  # 32 out
+    fixed.write_text(yaml.safe_dump({**WL, "input_tokens": 300, "output_tokens": 20}))
+    base = ("simulate", "--concurrency", "4", "--count", "24", "--no-store", "--json")
+    by_file = cli(*base, "-w", str(fixed))
+    by_flags = cli(*base, "-w", str(w), "--input-len", "300", "--output-len", "20")
+    other = cli(*base, "-w", str(w), "--input-len", "600")
+    assert by_file.returncode == by_flags.returncode == other.returncode == 0, other.stderr
+    drop = ("id", "wall_s")
+    one, two = (json.loads(p.stdout) for p in (by_file, by_flags))
+    assert {k: v for k, v in one.items() if k not in drop} == {
+        k: v for k, v in two.items() if k not in drop
+    }
+    assert json.loads(other.stdout)["ttft_ms"]["p50"] > one["ttft_ms"]["p50"]
+    bad = cli("simulate", "--replay", str(w), "--input-len", "9", "--no-store")
+    assert bad.returncode == 2 and "--input-len: a replay sends its bench run's own" in bad.stderr

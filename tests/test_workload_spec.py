@@ -561,3 +561,27 @@ def test_a_bare_number_is_a_fixed_length() -> None:
     assert e.value.one_line().startswith("workload.input_tokens: Input should be greater")
     with pytest.raises(InputError, match="workload.output_tokens"):
         parse_workload({**BASE, "output_tokens": True})  # YAML's true is no length
+
+
+def test_with_lengths_fixes_every_class_and_keeps_the_rest() -> None:
+    """`--input-len` / `--output-len`: the ISL/OSL what-if without writing a file."""
+    from servetune.workload.spec import Fixed, with_lengths
+
+    two = {**{k: v for k, v in BASE.items() if not k.endswith("_tokens")},
+           "mix": [{"name": "a", "weight": 3, "input_tokens": 10, "output_tokens": 5},
+                   {"name": "b", "input_tokens": {"dist": "uniform", "low": 5, "high": 9},
+                    "output_tokens": 7, "prefix": {"tokens": 4}}]}  # fmt: skip
+    spec = with_lengths(parse_workload(two), 64, None)
+    assert [m.input_tokens for m in spec.mix] == [Fixed(value=64)] * 2
+    assert [m.output_tokens for m in spec.mix] == [Fixed(value=5), Fixed(value=7)]
+    assert spec.mix[0].weight == 3 and spec.mix[1].prefix is not None
+    assert spec.arrival == parse_workload(two).arrival and spec.count == 50
+    assert with_lengths(spec, None, None) is spec
+    for args, says in [
+        ((0, None), "--input-len: 0 tokens (give 1 to 10,000,000)"),
+        ((None, 10**8), "--output-len: 100000000 tokens"),
+        ((3, None), "--input-len: prefix.tokens (4) leaves no room in input_tokens (at most 3)"),
+    ]:
+        with pytest.raises(InputError) as e:
+            with_lengths(parse_workload(two), *args)
+        assert e.value.one_line().startswith(says)

@@ -26,6 +26,12 @@ DB_OPTION = typer.Option(
     None, "--db", help="Store: file path or SQLAlchemy URL (default $SERVETUNE_DB, ./servetune.db)."
 )
 NO_STORE_OPTION = typer.Option(False, "--no-store", help="Do not record the runs in the store.")
+INPUT_LEN_OPTION = typer.Option(
+    None, "--input-len", help="Every prompt this many tokens (the workload's lengths replaced)."
+)
+OUTPUT_LEN_OPTION = typer.Option(
+    None, "--output-len", help="Every reply this many tokens (the workload's lengths replaced)."
+)
 STUDY_OPTION = typer.Option(None, "--study", help="Store the runs in this study (sweep: auto).")
 TAG_OPTION = typer.Option([], "--tag", help="Tag the stored runs (repeatable).")
 
@@ -117,6 +123,8 @@ def bench(
     concurrency: str | None = typer.Option(None, "--concurrency", help="Closed-loop users: 1,8,32"),
     max_concurrency: int | None = typer.Option(None, "--max-concurrency", help="Cap with --rate."),
     count: int | None = typer.Option(None, "--count", help="Requests per point."),
+    input_len: int | None = INPUT_LEN_OPTION,
+    output_len: int | None = OUTPUT_LEN_OPTION,
     duration: float | None = typer.Option(None, "--duration", help="Seconds per point."),
     slo_file: Path | None = typer.Option(None, "--slo", help="SLO YAML (goodput, pass/fail)."),
     model: str | None = typer.Option(None, "--model", help="Model name sent to the server."),
@@ -197,7 +205,7 @@ def bench(
         config=parse_sets(engine, sets) if engine and sets else None,
         loads=SweepLoads(
             numbers(rate, "--rate", float), numbers(concurrency, "--concurrency", int),
-            count, duration,
+            count, duration, input_len, output_len,
         ),
         workload=workload,
         max_concurrency=max_concurrency,

@@ -17,7 +17,9 @@ import typer
 
 from servetune.cli.bench_cmd import (
     DB_OPTION,
+    INPUT_LEN_OPTION,
     NO_STORE_OPTION,
+    OUTPUT_LEN_OPTION,
     STUDY_OPTION,
     TAG_OPTION,
     check_ranges,
@@ -89,6 +91,8 @@ def simulate(
     rate: str | None = typer.Option(None, "--rate", help="Open-loop rates, req/s: 1,2,4"),
     concurrency: str | None = typer.Option(None, "--concurrency", help="Closed-loop users: 1,8"),
     count: int | None = typer.Option(None, "--count", help="Requests per point."),
+    input_len: int | None = INPUT_LEN_OPTION,
+    output_len: int | None = OUTPUT_LEN_OPTION,
     duration: float | None = typer.Option(None, "--duration", help="Seconds per point."),
     profile: Path | None = typer.Option(None, "--profile", help="Calibrated profile JSON."),
     slo_file: Path | None = typer.Option(None, "--slo", help="SLO YAML (goodput, pass/fail)."),
@@ -133,7 +137,7 @@ def simulate(
         replay=replay,
         loads=SweepLoads(
             numbers(rate, "--rate", float), numbers(concurrency, "--concurrency", int),
-            count, duration,
+            count, duration, input_len, output_len,
         ),
         profile=profile,
         slo=slo_file,

@@ -29,7 +29,7 @@ from servetune.slo import SLO, load_slo
 from servetune.store import RunMeta, host_info, software_info
 from servetune.telemetry import DEFAULT_TELEMETRY, TelemetryOptions
 from servetune.workload.materialize import Request
-from servetune.workload.spec import WorkloadSpec, load_workload, parse_workload
+from servetune.workload.spec import WorkloadSpec, load_workload, parse_workload, with_lengths
 from servetune.workload.tokenizer import load_tokenizer
 
 # What bench sends, and simulate draws, when no workload file is given.
@@ -74,16 +74,18 @@ def workload_or_default(
     path: Path | None, loads: SweepLoads, say: Callable[[str], None] | None = None
 ) -> WorkloadSpec:
     """The workload file at `path`, else the built-in DEFAULT_WORKLOAD (said through `say`
-    when given), sized and swept by the command line's loads: bench and simulate read the
-    same one."""
+    when given), sized, swept and (--input-len / --output-len) fixed in length by the
+    command line's loads: bench and simulate read the same one."""
     if path is not None:
-        return load_workload(path, swept=loads.swept, sized=loads.sized)
-    if say is not None:
-        say(
-            "workload: the built-in default-chat (lognormal prompts of mean 512 tokens and "
-            "replies of 128, Poisson 1 req/s, 200 requests; --workload gives your own)"
-        )
-    return parse_workload(DEFAULT_WORKLOAD, swept=loads.swept, sized=loads.sized)
+        spec = load_workload(path, swept=loads.swept, sized=loads.sized)
+    else:
+        if say is not None:
+            say(
+                "workload: the built-in default-chat (lognormal prompts of mean 512 tokens and "
+                "replies of 128, Poisson 1 req/s, 200 requests; --workload gives your own)"
+            )
+        spec = parse_workload(DEFAULT_WORKLOAD, swept=loads.swept, sized=loads.sized)
+    return with_lengths(spec, loads.input_len, loads.output_len)
 
 
 def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
@@ -198,6 +200,10 @@ def _sim_workload(
 
     if s.replay is not None:
         from servetune.sim.calibrate import replay_note, sent_requests
+
+        if s.loads.lengths:
+            flag = "--input-len" if s.loads.input_len is not None else "--output-len"
+            raise InputError(flag, "a replay sends its bench run's own lengths", "drop it")
 
         base = load_result(s.replay, "--replay")
         if not base.requests:

@@ -30,6 +30,9 @@ class SweepLoads:
     users: tuple[int, ...] = ()
     count: int | None = None
     duration_s: float | None = None
+    # --input-len / --output-len: every class of traffic at these fixed lengths
+    input_len: int | None = None
+    output_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.count is not None and self.duration_s is not None:
@@ -43,6 +46,11 @@ class SweepLoads:
     def swept(self) -> bool:
         """The command line sets the load, so the workload file need not."""
         return bool(self.rates or self.users)
+
+    @property
+    def lengths(self) -> bool:
+        """The command line fixes the prompt or reply length (`workload.spec.with_lengths`)."""
+        return self.input_len is not None or self.output_len is not None
 
     @property
     def sized(self) -> bool:

@@ -165,6 +165,38 @@ LengthDist = Annotated[
 ]
 
 
+def with_lengths(spec: WorkloadSpec, input_len: int | None, output_len: int | None) -> WorkloadSpec:
+    """`spec` with every class of traffic at a fixed prompt and reply length (`--input-len`,
+    `--output-len`: the ISL/OSL what-if AIConfigurator and `vllm bench serve --random-*-len`
+    ask), its load and the rest kept. A trace or sessions workload, and a dataset's prompts,
+    set their own lengths: refused, as is a length outside 1..MAX_TOKENS."""
+    given = {"--input-len": input_len, "--output-len": output_len}
+    for flag, n in given.items():
+        if n is not None and not 1 <= n <= MAX_TOKENS:
+            raise InputError(flag, f"{n} tokens", f"give 1 to {MAX_TOKENS:,}")
+    if input_len is None and output_len is None:
+        return spec
+    flag = "--input-len" if input_len is not None else "--output-len"
+    if spec.trace is not None or spec.sessions is not None:
+        what = "a trace" if spec.trace is not None else "a sessions workload"
+        raise InputError(flag, f"{what} sets its own lengths", "drop it, or give another workload")
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    for sub in data["mix"]:
+        if input_len is not None:
+            if sub.get("dataset") is not None:
+                raise InputError(
+                    "--input-len", "a dataset's prompts set their own lengths", "drop it"
+                )
+            sub["input_tokens"] = input_len  # a bare number is fixed (`as_fixed`)
+        if output_len is not None:
+            sub["output_tokens"] = output_len
+    try:
+        return WorkloadSpec.model_validate(data)
+    except ValidationError as exc:  # a prefix as long as the prompt: the flag's doing
+        err = from_validation_error(exc, "workload", data=data)
+        raise InputError(flag, err.problem, err.fix) from None
+
+
 def longest(d: LengthDist) -> int | None:
     """The most tokens `d` can draw, where its fields bound it (None: unbounded)."""
     tops = [d.max] if d.max is not None else []
