@@ -56,6 +56,22 @@ def test_bench_sweep_writes_results_csv_and_json(tmp_path: Path) -> None:
     assert len(rows) == 60 and float(rows[0]["ttft_ms"]) > 0
 
 
+def test_bench_input_and_output_len_fix_the_default_workloads_lengths(tmp_path: Path) -> None:
+    """`bench --input-len 20 --output-len 6` sends the built-in workload at those lengths
+    (`workload.spec.with_lengths`, the same function `simulate` reads)."""
+    with mock_in_thread(MockConfig()) as srv:
+        out = cli(
+            "bench", "--url", f"http://127.0.0.1:{srv.port}", "--concurrency", "2",
+            "--count", "6", "--input-len", "20", "--output-len", "6", "--tokenizer", "word",
+            "--no-store", "-o", str(tmp_path / "r.json"),
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    res = load_result(tmp_path / "r.json")
+    assert res.workload["name"] == "default-chat" and len(res.requests) == 6
+    assert {r.prompt_tokens for r in res.requests} == {20}
+    assert {r.output_tokens for r in res.requests} == {6}
+
+
 def test_a_breaker_stop_keeps_what_it_measured_and_exits_1(tmp_path: Path) -> None:
     """Every request fails: the breaker stops the first point, the sweep ends there, its
     records are written, and the exit status says so (it was 0, like a clean sweep)."""
