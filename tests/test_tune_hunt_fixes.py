@@ -234,6 +234,20 @@ def test_a_sim_rate_search_takes_no_extra_doubling() -> None:
     assert users.search.extra_doublings == 1  # the sweet spot's over-saturation point
 
 
+def test_tune_input_and_output_len_fix_the_workload_it_tunes_under() -> None:
+    """`tune --input-len 4096 --output-len 1024`: the preset's workload at those lengths
+    (`workload.spec.with_lengths`, as bench and simulate read them)."""
+    from servetune.workload.spec import Fixed, parse_workload
+
+    o = _options(backend="sim", model="llama-3.1-8b", gpu="h100-sxm")
+    fixed = tune_cmd.build_settings({**o, "input_len": 4096, "output_len": 1024})
+    wl = parse_workload(fixed.sim.workload)
+    assert {m.input_tokens for m in wl.mix} == {Fixed(value=4096)}
+    assert {m.output_tokens for m in wl.mix} == {Fixed(value=1024)}
+    own = parse_workload(tune_cmd.build_settings(o).sim.workload)
+    assert own.arrival == wl.arrival and own.mix[0].input_tokens != Fixed(value=4096)
+
+
 # -- input refused before anything runs -----------------------------------------------
 
 

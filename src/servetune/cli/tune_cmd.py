@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from servetune.cli.bench_cmd import INPUT_LEN_OPTION, OUTPUT_LEN_OPTION
 from servetune.errors import InputError
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ def tune(
     hardware_file: Path | None = typer.Option(None, "--hardware-file"),
     space: Path | None = typer.Option(None, "--space", help="Search space YAML."),
     workload: Path | None = typer.Option(None, "--workload", "-w", help="Workload YAML."),
+    input_len: int | None = INPUT_LEN_OPTION,
+    output_len: int | None = OUTPUT_LEN_OPTION,
     slo_file: Path | None = typer.Option(None, "--slo", help="SLO YAML."),
     backend: str | None = typer.Option(None, "--backend", help="sim, real or hybrid."),
     strategy: str | None = typer.Option(
@@ -166,7 +169,7 @@ def build_settings(o: dict[str, Any]) -> Any:
     from servetune.tune.strategies import STRATEGIES
     from servetune.tune.trial import SearchSettings
     from servetune.tune.tuner import MODES, TuneSettings
-    from servetune.workload.spec import load_workload, parse_workload
+    from servetune.workload.spec import load_workload, parse_workload, with_lengths
 
     name = o["preset"]
     if name is None:
@@ -191,6 +194,7 @@ def build_settings(o: dict[str, Any]) -> Any:
     if o["gpus"] and o["gpus"] > 1:
         sp = parse_space({**sp.to_json(), "fixed": {**sp.fixed, "tensor_parallel_size": o["gpus"]}})
     wl = load_workload(o["workload"]) if o["workload"] else parse_workload(pre.workload)
+    wl = with_lengths(wl, o["input_len"], o["output_len"])
     slo = load_slo(o["slo_file"]) if o["slo_file"] else parse_slo(pre.slo)
     strat = opts.strategy
     if strat == "auto":
