@@ -4,7 +4,8 @@ src/servetune/data/published/gpu_runs.csv, sglang_runs.csv and aic_vllm_runs.csv
 per engine (vLLM, NIM, NIM on TensorRT-LLM, SGLang), the vLLM rows per load band and per
 dense or MoE model (the held-out set is dense), and per model x GPU, with the share of runs
 within 25%;
-then the real forward passes step by step (vLLM's on B300, servetune's own on an H200).
+then the real forward passes step by step (vLLM's on B300, servetune's own on an H200),
+and public closed loops' median / mean TTFT beside the simulated loops' (validate.spread).
 The same figures as `servetune validate --published`; prints, asserts nothing. No engine,
 no GPU: ~40 s on one core, replayed over the cores this process may use (`--jobs`).
 `--serial-baseline` also replays them in this process alone and prints the speed-up and
@@ -20,7 +21,7 @@ import argparse
 import time
 
 from servetune.procfs import usable_cores
-from servetune.validate import published, steps
+from servetune.validate import published, spread, steps
 
 
 def main() -> None:
@@ -42,6 +43,8 @@ def main() -> None:
     if a.csv is None:  # the packaged set's forward passes, step by step (validate.steps)
         print()
         print(steps.format_steps(steps.evaluate_steps(steps.load_steps(), published.TIERS)))
+        print()  # public loops' median / mean TTFT beside the simulated ones (validate.spread)
+        print(spread.format_spread(*spread.spreads(runs, published.TIERS)))
     if a.serial_baseline:
         t0 = time.perf_counter()
         serial = published.evaluate(runs, jobs=1)

@@ -235,6 +235,11 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         # servetune's 63 H200 passes (kernels alone) only where the tier prices them apart
         assert len(figs["steps"]) == (91 if tier == "gpu" else 28)
         assert all(x["sim_ms"] > 0 and x["measured_ms"] > 0 for x in figs["steps"])
+        # public loops' median / mean TTFT beside the tier's simulated loops', per band
+        spread = figs["ttft_median_over_mean"]
+        assert list(spread) == ["all", *figs["vllm_by_band"]]
+        assert spread["all"]["published"]["runs"] >= 15
+        assert 0 < spread["all"]["simulated"]["median"] <= 1.05
     # the p50 offset each prediction quotes: the simulated median against the same means
     code, out, _ = run_cli(capsys, "validate", "--published", "--measure", "median", "--json")
     assert code == 0
@@ -250,6 +255,7 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
     assert "  vllm rows at 1-8 users" in out
     assert "real forward passes" in out and "[gpu] decode passes (b300)" in out
     assert "[gpu] mixed kernels (h200)" in out
+    assert "median TTFT / mean TTFT of closed loops" in out and "exact" in out
 
 
 def test_replays_in_processes_give_the_serial_figures_in_the_runs_order():

@@ -191,6 +191,7 @@ def _published(
     from dataclasses import asdict
 
     from servetune.validate import published as pub
+    from servetune.validate import spread as sp
     from servetune.validate import steps as st
 
     for t in tiers or ():
@@ -200,9 +201,12 @@ def _published(
         raise InputError(
             "--measure", f"unknown measure {measure!r}", f"use one of {', '.join(pub.MEASURES)}"
         )
-    results = pub.evaluate(pub.load_runs(path), tiers or pub.TIERS, measure, jobs)
-    # the packaged set also carries real forward passes, checked step by step
+    runs = pub.load_runs(path)
+    results = pub.evaluate(runs, tiers or pub.TIERS, measure, jobs)
+    # the packaged set also carries real forward passes, checked step by step, and public
+    # runs' median / mean TTFT, set beside the simulated one
     steps = st.evaluate_steps(st.load_steps(), tiers or pub.TIERS) if path is None else {}
+    spread, sim_spread = sp.spreads(runs, results) if path is None else ({}, {})
     if as_json:
         data = {
             tier: {
@@ -236,6 +240,10 @@ def _published(
                     }
                     for e in steps.get(tier, [])
                 ],
+                "ttft_median_over_mean": {
+                    band: {"published": asdict(s), "simulated": asdict(sim_spread[tier][band])}
+                    for band, s in spread.items()
+                },
             }
             for tier, errs in results.items()
         }
@@ -248,3 +256,6 @@ def _published(
     if steps:
         print()
         print(st.format_steps(steps))
+    if spread:
+        print()
+        print(sp.format_spread(spread, sim_spread))

@@ -323,12 +323,17 @@ def read_at(run: PublishedRun, tier: str, rep: Replay, measure: str = "published
 _REPLAYED: dict[tuple[PublishedRun, str], Replay] = {}
 
 
-def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> RunError:
-    """Replay `run` under `tier` (once per process) and read it at `measure`."""
+def replayed(run: PublishedRun, tier: str) -> Replay:
+    """`run` replayed under `tier`, once per process."""
     key = (run, tier)
     if key not in _REPLAYED:
         _REPLAYED[key] = replay(run, tier)
-    return read_at(run, tier, _REPLAYED[key], measure)
+    return _REPLAYED[key]
+
+
+def simulate_run(run: PublishedRun, tier: str, measure: str = "published") -> RunError:
+    """Replay `run` under `tier` (once per process) and read it at `measure`."""
+    return read_at(run, tier, replayed(run, tier), measure)
 
 
 def _med(xs: Sequence[float]) -> float | None:
