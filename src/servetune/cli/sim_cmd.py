@@ -68,6 +68,8 @@ def _summary(res: RunResult) -> dict[str, Any]:
         "steps": sim.steps,
         "wall_s": round(sim.wall_s, 3),
         "expected_error": sim.expected_error,
+        # a GPU point at its KV pool's edge, again on a pool servetune may overstate
+        "smaller_pool": sim.pool_doubt.model_dump() if sim.pool_doubt else None,
     }
 
 

@@ -63,6 +63,7 @@ def sim_point(res: RunResult) -> list[str]:
     lines += phase_note(res)
     lines += band_error_note(res)
     lines += kv_note(res)
+    lines += pool_note(res)
     if res.workload.get("sessions"):  # multi-turn: follow-up TTFT and hit rates
         from servetune.metrics.turns import session_line
 
@@ -117,6 +118,34 @@ def kv_note(res: RunResult) -> list[str]:
     if found is None or not acts:
         return []
     return [f"  KV-bound: {found.trigger}", f"  try {acts[0].line()}"]
+
+
+def pool_note(res: RunResult) -> list[str]:
+    """A GPU point at its KV pool's edge (`SimStats.pool_doubt`): its figures again on a
+    pool as much smaller as servetune's may sit from vLLM's, beside this run's, so a
+    KV-bound answer carries its doubt."""
+    d = res.target.sim.pool_doubt if res.target.sim else None
+    if d is None:
+        return []
+    m, sim = res.metrics, res.target.sim
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.1f}"
+
+    here = sim or SimStats()
+    rejected = (
+        f", {d.rejected} requests it cannot hold (here {here.rejected})"
+        if d.rejected > here.rejected
+        else ""
+    )
+    return [
+        f"  the KV pool ran to its edge; a pool {d.share:.0%} smaller ({d.kv_capacity_tokens:,} "
+        f"tokens: servetune's is known to ~{d.share:.0%} of vLLM's) gives",
+        f"  TTFT mean {ms(d.ttft_mean_ms)} ms (here {ms(m.ttft_ms.mean)}), p50 "
+        f"{ms(d.ttft_p50_ms)} (here {ms(m.ttft_ms.p50)}), TPOT p50 {ms(d.tpot_p50_ms)} "
+        f"(here {ms(m.tpot_ms.p50)}), {d.preemptions} preemptions (here {here.preemptions})"
+        + rejected,
+    ]
 
 
 def slo_verdict(m: Metrics) -> list[str]:

@@ -15,6 +15,7 @@ from servetune.measure.session import NO_SINKS, Point, Sinks
 from servetune.model.spec import ModelSpec
 from servetune.results.schema import RunResult
 from servetune.sim.engine import SimSetup, materialize_for_sim, setup, simulate
+from servetune.sim.pool_doubt import pool_doubt
 from servetune.sim.profile import Profile
 from servetune.sim.trace import write_trace
 from servetune.slo import SLO
@@ -65,6 +66,13 @@ class SimSession:
         # which servetune simulated it (not in `simulate`: its ~13 ms digest, once a
         # process, would count against the simulator's end-to-end speed target)
         res.target.sim.build = build_id()
+        # a GPU point at its KV pool's edge: again on the pool servetune may overstate (set
+        # only there: a stored part writes the keys it was given, the store's old shape)
+        doubt = pool_doubt(
+            self.model, self.hw, self.cfg, point.spec, reqs, res, profile=self.profile, slo=self.slo
+        )
+        if doubt is not None:
+            res.target.sim.pool_doubt = doubt
         if sinks.trace is not None:
             write_trace(sched, sinks.trace)
         if sinks.store is not None:

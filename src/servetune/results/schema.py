@@ -248,6 +248,21 @@ class StoredPart(BaseModel):
         return bool(self.model_fields_set or self.model_extra)
 
 
+class PoolDoubt(StoredPart):
+    """A point that ran a GPU's KV pool to its edge, simulated again with a pool
+    `share` smaller (sim.engine.POOL_DOUBT): how far its figures rest on a pool servetune
+    knows only to within that share of vLLM's own."""
+
+    share: float
+    kv_capacity_tokens: int
+    preemptions: int
+    rejected: int = 0  # requests the smaller pool cannot hold at all
+    ttft_mean_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    output_tok_s: float | None = None
+
+
 class SimStats(StoredPart):
     """What the simulator did to produce a run (sim.engine.simulate)."""
 
@@ -264,6 +279,8 @@ class SimStats(StoredPart):
     # the tier's track record at this run's load (sim.expected_error): what its figures
     # may be off by, so a stored or piped prediction carries it too
     expected_error: str | None = None
+    # a GPU point at its KV pool's edge, again with a smaller pool (sim.engine.pool_doubt)
+    pool_doubt: PoolDoubt | None = None
     # the servetune build that simulated it (servetune.build.build_id): a later build that
     # no longer reproduces the run can say that the simulator changed since
     build: str | None = None
