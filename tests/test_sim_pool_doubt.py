@@ -50,6 +50,10 @@ def test_no_doubt_where_the_pool_is_far_from_full_given_or_not_a_gpus():
     given = TP2.model_copy(update={"kv_cache_tokens": 200_000})
     res = SimSession(QWEN, H100, given).measure(Point("c64", loop(64, 4096, 1024)))
     assert res.target.sim.preemptions > 0 and res.target.sim.pool_doubt is None
+    # or in memory (vLLM's --kv-cache-memory-bytes): known too
+    in_gib = TP2.model_copy(update={"kv_cache_space_gib": 24.0})
+    res = SimSession(QWEN, H100, in_gib).measure(Point("c64", loop(64, 4096, 1024)))
+    assert res.target.sim.preemptions > 0 and res.target.sim.pool_doubt is None
     assert not at_pool_edge(res, TP2, get_hardware("cpu-host"))
 
 

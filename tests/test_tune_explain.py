@@ -151,3 +151,18 @@ def test_the_headline_names_the_load_of_its_score_when_it_is_not_the_capacity() 
     win.first_fail = None  # no load tried missed: the capacity is a lower bound
     line = explain(win, [win], None, Objective(), [])[0]
     assert "at a capacity of at least 2 users within the SLO" in line
+
+
+def test_the_pools_doubt_is_said_only_where_the_best_point_ran_it_full() -> None:
+    from servetune.tune.explain import pool_doubt_line
+
+    edge = {"smaller_pool_share": 0.06, "smaller_pool_tokens": 296_192}
+    t = _trial([PointResult("concurrency", 64.0, True, req_s=1.2)], capacity=64.0)
+    assert pool_doubt_line(t) == []  # no doubt where the pool was not at its edge
+    t.best = PointResult("concurrency", 64.0, True, signals={**edge, "smaller_pool_slo_pass": True})
+    assert pool_doubt_line(t) == [
+        "KV pool: at 64 users the pool ran to its edge; a pool 6% smaller (296,192 tokens, "
+        "as far as servetune's may sit from vLLM's) still meets the SLO"
+    ]
+    t.best.signals["smaller_pool_slo_pass"] = None  # no SLO: the doubt, no verdict
+    assert pool_doubt_line(t)[0].endswith("was simulated too")

@@ -352,3 +352,25 @@ def test_cli_a_capacity_no_load_missed_is_said_to_be_a_lower_bound(tmp_path: Pat
                 "1", "--db", str(tmp_path / "y.db"), cwd=tmp_path)  # fmt: skip
     text = full.stdout + full.stderr  # bracketed: a measured capacity
     assert full.returncode == 0 and "capacity of at least" not in text and ">=" not in text
+
+
+def test_a_capacity_that_rests_on_the_pools_edge_says_so(tmp_path: Path) -> None:
+    """Qwen3-32B on one H100 (a 35k-token pool) at 2048 / 256 tokens: the best passing
+    rate preempts; on a pool 6% smaller (how far servetune's may sit from vLLM's) its P95
+    TTFT breaks the 7 s SLO, and the winner's explanation says to read the real pool."""
+    space = {"engine": "vllm", "fixed": {"max_model_len": 8192}, "knobs": {"max_num_seqs": [16]}}
+    wl = {**CHAT, "count": 256, "input_tokens": {"dist": "fixed", "value": 2048},
+          "output_tokens": {"dist": "fixed", "value": 256}}  # fmt: skip
+    s = sim_settings(
+        tmp_path, space, strategy="grid", model="qwen3-32b", workload=wl,
+        slo={"ttft_ms": {"p95": 7000}, "tpot_ms": {"p95": 200}},
+    )  # fmt: skip
+    out = Tuner(s).run()
+    best = out.ranked[0].best
+    assert best is not None and best.signals["preemptions"] > 0
+    assert best.signals["smaller_pool_slo_pass"] is False
+    tokens = best.signals["smaller_pool_tokens"]
+    assert tokens == int(best.signals["kv_blocks"] * 16 * 0.94) // 16 * 16
+    line = next(x for x in out.explanation if x.startswith("KV pool:"))
+    assert f"a pool 6% smaller ({tokens:,} tokens" in line
+    assert "misses the SLO: read vLLM's pool in its start-up log" in line

@@ -113,13 +113,21 @@ def sim_signals(target: Target) -> dict[str, Any]:
     """The simulator's scheduler counters the explanation reads (a fresh run's target, or
     one read back from the store on resume)."""
     sim = target.sim or SimStats()
-    return {
+    out = {
         "preemptions": sim.preemptions,
         "rejected": sim.rejected,
         "kv_blocks": target.kv_blocks,
         "max_kv_blocks_used": sim.max_kv_blocks_used,
         "max_num_seqs": target.max_num_seqs,
     }
+    d = sim.pool_doubt
+    if d is not None:  # a GPU point at its pool's edge (sim.pool_doubt), said by `explain`
+        out |= {
+            "smaller_pool_share": d.share,
+            "smaller_pool_tokens": d.kv_capacity_tokens,
+            "smaller_pool_slo_pass": d.slo_pass,
+        }
+    return out
 
 
 def signals(res: RunResult) -> dict[str, Any]:

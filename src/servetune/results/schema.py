@@ -261,6 +261,7 @@ class PoolDoubt(StoredPart):
     ttft_p50_ms: float | None = None
     tpot_p50_ms: float | None = None
     output_tok_s: float | None = None
+    slo_pass: bool | None = None  # the run's SLO on the smaller pool (None: no SLO)
 
 
 class SimStats(StoredPart):

@@ -9,8 +9,10 @@ to within about 6% where it was checked: Qwen3-32B TP1 on an H100 at 7.99 GiB ag
 full (it preempted) or came within that share of full, a gap that size decides how often
 vLLM preempts and how long new prompts wait for blocks: issue 15's KV-bound Qwen3-32B TP2
 row (64 users, 4096 / 1024) read 1.6 s simulated against 4.4 s measured. So such a point
-is run again on the smaller pool and both answers are shown. A pool the user fixed
-(`kv_cache_tokens`, vLLM's --num-gpu-blocks-override) is known and gets none.
+is run again on the smaller pool and both answers are shown; with an SLO, its verdict
+there too, which `tune` reads for the winner's capacity. A pool the user fixed
+(`kv_cache_tokens`, vLLM's --num-gpu-blocks-override, or `kv_cache_space_gib`, its
+--kv-cache-memory-bytes) is known and gets none.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def at_pool_edge(res: RunResult, cfg: EngineConfig, hw: HardwareSpec) -> bool:
     """A vLLM point on a GPU whose pool servetune sized (not the user) that preempted, or
     whose peak use came within POOL_DOUBT of the pool: a pool that much smaller fills."""
     t, sim = res.target, res.target.sim
-    if hw.kind != "gpu" or t.engine != "vllm" or cfg.kv_cache_tokens is not None:
+    given = cfg.kv_cache_tokens is not None or cfg.kv_cache_space_gib is not None
+    if hw.kind != "gpu" or t.engine != "vllm" or given:
         return False
     if sim is None or not t.kv_blocks:
         return False
@@ -74,4 +77,5 @@ def pool_doubt(
         ttft_p50_ms=m.ttft_ms.p50,
         tpot_p50_ms=m.tpot_ms.p50,
         output_tok_s=m.output_tok_s,
+        slo_pass=m.slo_pass,
     )

@@ -123,6 +123,27 @@ def bottleneck(t: TrialResult, cfg_seqs: int | None = None) -> str:
     return "; ".join(dict.fromkeys(notes)) or "none visible in the engine's metrics"
 
 
+def pool_doubt_line(t: TrialResult) -> list[str]:
+    """Where the winner's best passing point ran a GPU's KV pool to its edge, whether its
+    SLO still holds on a pool as much smaller as servetune's may sit from vLLM's
+    (`sim.pool_doubt`): a capacity that rests on the pool's last few percent says so."""
+    s = t.best.signals if t.best else {}
+    if "smaller_pool_share" not in s or t.best is None:
+        return []
+    pool = (
+        f"a pool {s['smaller_pool_share']:.0%} smaller ({s['smaller_pool_tokens']:,} tokens, "
+        "as far as servetune's may sit from vLLM's)"
+    )
+    verdict = s.get("smaller_pool_slo_pass")
+    if verdict is False:
+        return [
+            f"KV pool: at {_load(t.best)} the pool ran to its edge and {pool} misses the "
+            "SLO: read vLLM's pool in its start-up log before relying on this capacity"
+        ]
+    held = "still meets the SLO" if verdict else "was simulated too"
+    return [f"KV pool: at {_load(t.best)} the pool ran to its edge; {pool} {held}"]
+
+
 def _load(p: PointResult) -> str:
     return f"{p.load:g} users" if p.load_kind == "concurrency" else f"{p.load:.3g} {p.unit}"
 
@@ -192,6 +213,7 @@ def explain(
             "binding SLO not searched: the latency objective runs the workload's own load only"
         )
     out.append("bottleneck: " + bottleneck(winner))
+    out += pool_doubt_line(winner)
     ss = winner.sweet_spot
     if ss and ss.get("knee") is not None:
         regions = ", ".join(
