@@ -43,18 +43,14 @@ def sim_point(res: RunResult) -> list[str]:
     """One simulated point in a few short lines: throughput, latency percentiles, the
     scheduler's counters and, with an SLO, the verdict (`slo_verdict`)."""
     m, sim = res.metrics, res.target.sim or SimStats()
-
-    def ms(*values: float | None) -> str:
-        return "/".join("-" if v is None else f"{v:,.1f}" for v in values)
-
     t, p = m.ttft_ms, m.tpot_ms
     # the median over every gap between tokens, as `vllm bench serve` and GuideLLM print it:
     # it leaves out the gaps a prefill stalls, which each request's TPOT holds
-    itl = f", ITL p50 {ms(m.itl_ms.p50)} ms" if m.itl_ms.p50 is not None else ""
+    itl = f", ITL p50 {_ms(m.itl_ms.p50)} ms" if m.itl_ms.p50 is not None else ""
     lines = [
         f"{load_label(res)}: {m.output_tok_s:,.0f} out tok/s, {m.req_s:.2f} req/s, "
         f"{m.completed} completed  [{res.target.tier}, {sim.wall_s:.2f} s]",
-        f"  TTFT p50/p95/p99 {ms(t.p50, t.p95, t.p99)} ms, TPOT p50/p95 {ms(p.p50, p.p95)} ms"
+        f"  TTFT p50/p95/p99 {_ms(t.p50, t.p95, t.p99)} ms, TPOT p50/p95 {_ms(p.p50, p.p95)} ms"
         + itl,
         f"  preemptions {sim.preemptions}, rejected {sim.rejected}, "
         f"prefix hits {sim.prefix_hit_tokens:,} tok",
@@ -120,30 +116,30 @@ def kv_note(res: RunResult) -> list[str]:
     return [f"  KV-bound: {found.trigger}", f"  try {acts[0].line()}"]
 
 
+def _ms(*values: float | None) -> str:
+    """Milliseconds as the point's lines print them: `1,483.1`, `-` for none, `/` between."""
+    return "/".join("-" if v is None else f"{v:,.1f}" for v in values)
+
+
 def pool_note(res: RunResult) -> list[str]:
     """A GPU point at its KV pool's edge (`SimStats.pool_doubt`): its figures again on a
     pool as much smaller as servetune's may sit from vLLM's, beside this run's, so a
     KV-bound answer carries its doubt."""
-    d = res.target.sim.pool_doubt if res.target.sim else None
-    if d is None:
-        return []
     m, sim = res.metrics, res.target.sim
-
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:,.1f}"
-
-    here = sim or SimStats()
+    d = sim.pool_doubt if sim else None
+    if sim is None or d is None:
+        return []
     rejected = (
-        f", {d.rejected} requests it cannot hold (here {here.rejected})"
-        if d.rejected > here.rejected
+        f", {d.rejected} requests it cannot hold (here {sim.rejected})"
+        if d.rejected > sim.rejected
         else ""
     )
     return [
         f"  the KV pool ran to its edge; a pool {d.share:.0%} smaller ({d.kv_capacity_tokens:,} "
         f"tokens: servetune's is known to ~{d.share:.0%} of vLLM's) gives",
-        f"  TTFT mean {ms(d.ttft_mean_ms)} ms (here {ms(m.ttft_ms.mean)}), p50 "
-        f"{ms(d.ttft_p50_ms)} (here {ms(m.ttft_ms.p50)}), TPOT p50 {ms(d.tpot_p50_ms)} "
-        f"(here {ms(m.tpot_ms.p50)}), {d.preemptions} preemptions (here {here.preemptions})"
+        f"  TTFT mean {_ms(d.ttft_mean_ms)} ms (here {_ms(m.ttft_ms.mean)}), p50 "
+        f"{_ms(d.ttft_p50_ms)} (here {_ms(m.ttft_ms.p50)}), TPOT p50 {_ms(d.tpot_p50_ms)} "
+        f"(here {_ms(m.tpot_ms.p50)}), {d.preemptions} preemptions (here {sim.preemptions})"
         + rejected,
     ]
 

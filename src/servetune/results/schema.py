@@ -250,7 +250,7 @@ class StoredPart(BaseModel):
 
 class PoolDoubt(StoredPart):
     """A point that ran a GPU's KV pool to its edge, simulated again with a pool
-    `share` smaller (sim.engine.POOL_DOUBT): how far its figures rest on a pool servetune
+    `share` smaller (sim.pool_doubt.POOL_DOUBT): how far its figures rest on a pool servetune
     knows only to within that share of vLLM's own."""
 
     share: float
@@ -280,7 +280,7 @@ class SimStats(StoredPart):
     # the tier's track record at this run's load (sim.expected_error): what its figures
     # may be off by, so a stored or piped prediction carries it too
     expected_error: str | None = None
-    # a GPU point at its KV pool's edge, again with a smaller pool (sim.engine.pool_doubt)
+    # a GPU point at its KV pool's edge, again with a smaller pool (sim.pool_doubt)
     pool_doubt: PoolDoubt | None = None
     # the servetune build that simulated it (servetune.build.build_id): a later build that
     # no longer reproduces the run can say that the simulator changed since

@@ -127,9 +127,9 @@ def pool_doubt_line(t: TrialResult) -> list[str]:
     """Where the winner's best passing point ran a GPU's KV pool to its edge, whether its
     SLO still holds on a pool as much smaller as servetune's may sit from vLLM's
     (`sim.pool_doubt`): a capacity that rests on the pool's last few percent says so."""
-    s = t.best.signals if t.best else {}
-    if "smaller_pool_share" not in s or t.best is None:
+    if t.best is None or "smaller_pool_share" not in t.best.signals:
         return []
+    s = t.best.signals
     pool = (
         f"a pool {s['smaller_pool_share']:.0%} smaller ({s['smaller_pool_tokens']:,} tokens, "
         "as far as servetune's may sit from vLLM's)"

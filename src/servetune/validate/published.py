@@ -91,6 +91,11 @@ class PublishedRun(BaseModel):
     note: str = ""
 
     @property
+    def request_count(self) -> int:
+        """The requests the run is replayed with: its own, else 10 x concurrency."""
+        return self.requests or REQUESTS_PER_USER * self.concurrency
+
+    @property
     def group(self) -> str:
         """Model x GPU, named with its engine when that is not vLLM: SGLang rows run SGLang's
         scheduler model, other engines' (NIM, TensorRT-LLM) run vLLM's and are checks of the
@@ -256,7 +261,7 @@ def workload(run: PublishedRun) -> WorkloadSpec:
     return closed_workload(
         run.id,
         run.concurrency,
-        run.requests or REQUESTS_PER_USER * run.concurrency,
+        run.request_count,
         fixed_tokens(run.isl),
         fixed_tokens(run.osl),
     )

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servetune.errors import InputError, from_validation_error
 from servetune.sim.expected_error import band_labels, band_of
-from servetune.validate.published import REQUESTS_PER_USER, PublishedRun, replayed
+from servetune.validate.published import PublishedRun, replayed
 
 PACKAGED = "ttft_spread.csv"
 
@@ -140,13 +140,12 @@ def simulated_spread(runs: Iterable[PublishedRun], tier: str) -> dict[str, Sprea
     bursts) under `tier`, per load band."""
     points = []
     for run in runs:
-        requests = run.requests or REQUESTS_PER_USER * run.concurrency
-        if run.engine != "vllm" or not is_loop(requests, run.concurrency):
+        if run.engine != "vllm" or not is_loop(run.request_count, run.concurrency):
             continue
         rep = replayed(run, tier)
         if not rep.refused and rep.ttft_mean > 0:
             ratio = rep.ttft_p50 / rep.ttft_mean
-            points.append((run.concurrency, ratio, requests / run.concurrency))
+            points.append((run.concurrency, ratio, run.request_count / run.concurrency))
     return by_band(points)
 
 
