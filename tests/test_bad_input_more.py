@@ -192,14 +192,14 @@ def free_port() -> int:
 def test_mock_server_refuses_a_bad_flag(case: str) -> None:
     args, flag = MOCK_FLAGS[case]
     port = [] if "--port" in args else ["--port", str(free_port())]
-    assert_one_error(servetune("mock-server", *port, *args, timeout=30), flag)
+    assert_one_error(servetune("mock-server", *port, *args), flag)
 
 
 def test_mock_server_on_a_port_in_use_says_so() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        res = servetune("mock-server", "--port", str(taken.getsockname()[1]), timeout=30)
+        res = servetune("mock-server", "--port", str(taken.getsockname()[1]))
     assert_one_error(res, "--port")
     assert "in use" in res.stderr
 

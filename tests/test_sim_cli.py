@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servetune.sim.confidence import REPLAY_LOW
+
 WL = {
     "count": 120,
     "arrival": {"kind": "poisson", "rate": 10},
@@ -189,8 +191,10 @@ def test_calibrate_live_sweeps_a_running_server_and_keeps_its_runs(tmp_path: Pat
     fit = json.loads(prof.read_text())["fit"]
     assert fit["method"] == "least squares + replay"
     # the mock's timing is the step model's own shape (a constant step, a constant latency
-    # to the first chunk): its profile replays its runs closely and is fit for use
-    assert fit["confidence"] != "low" and fit["rel_rmse"] < 0.15, fit
+    # to the first chunk): its profile replays its runs and is fit for use. Under the
+    # "low" line, not the "high" one (15%): on a quiet host it reads 5-10%, but CI's busy
+    # host once stretched the mock's own timing to 22.5% ("medium", still fit for use)
+    assert fit["confidence"] != "low" and fit["rel_rmse"] < REPLAY_LOW, fit
     w = tmp_path / "w.yaml"
     w.write_text(
         yaml.safe_dump({**WL, "count": 40, "arrival": {"kind": "closed", "concurrency": 2}})
