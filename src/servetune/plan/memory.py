@@ -38,6 +38,25 @@ from servetune.plan.sglang_pool import (
 )
 from servetune.units import GiB
 
+# How far servetune's estimate of vLLM's own GPU KV pool may sit from the pool vLLM sizes
+# from its memory profile, as a share. Where it was checked: Qwen3-32B TP1 on an H100 at
+# 7.99 GiB against the 8.52 GiB vLLM 0.26 logged (-6%), Llama-3.1-8B within 0.1% of a
+# recent log; CUDA reports 0.41-0.53 GiB less device memory than the nvidia-smi figure
+# the hardware catalog holds (docs/fidelity-gpu.md, "The KV pool: vLLM's own memory
+# profile"). `plan` shows the capacity of a pool this much smaller where it would hold
+# fewer sequences; `simulate` runs a point that filled its pool again on one
+# (`sim.pool_doubt`).
+POOL_DOUBT = 0.06
+
+
+def pool_in_doubt(cfg: EngineConfig, hw: HardwareSpec) -> bool:
+    """vLLM on a GPU sizing its KV pool from its own memory profile, which servetune
+    estimates to within POOL_DOUBT. A pool the user fixed (`kv_cache_tokens`, vLLM's
+    --num-gpu-blocks-override, or `kv_cache_space_gib`, its --kv-cache-memory-bytes) is
+    known, and so is every CPU engine's (its KV space is given)."""
+    given = cfg.kv_cache_tokens is not None or cfg.kv_cache_space_gib is not None
+    return hw.kind == "gpu" and cfg.engine == "vllm" and not given
+
 
 class Overheads(BaseModel):
     """Fixed per-GPU costs, GiB. Defaults are stated estimates, overridable with

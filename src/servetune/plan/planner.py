@@ -18,7 +18,13 @@ from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
 from servetune.plan import kv as kvmath
 from servetune.plan import roofline
-from servetune.plan.memory import MemoryBudget, Overheads, memory_budget
+from servetune.plan.memory import (
+    POOL_DOUBT,
+    MemoryBudget,
+    Overheads,
+    memory_budget,
+    pool_in_doubt,
+)
 from servetune.plan.presets import Scenario
 from servetune.plan.quant import (
     VLLM_METHOD_RULES,
@@ -57,6 +63,14 @@ class PlanRequest(BaseModel):
         return self.avg_context or self.input_tokens + self.output_tokens
 
 
+class SmallerPool(BaseModel):
+    """What a KV pool `share` smaller holds (`plan.memory.POOL_DOUBT`)."""
+
+    share: float
+    kv_capacity_tokens: int
+    max_concurrency: int  # at avg_context, capped by max_num_seqs
+
+
 class Evaluation(BaseModel):
     """One EngineConfig scored: memory terms, KV capacity, concurrency, verdict."""
 
@@ -72,6 +86,9 @@ class Evaluation(BaseModel):
     breaking_term: str | None
     verdict: str
     block_tokens: int = 16  # tokens per KV block (SGLang: per page) the pool is cut into
+    # the same config on a pool POOL_DOUBT smaller: vLLM's own pool, which servetune knows
+    # only to within that share (`plan.memory.pool_in_doubt`); None where the pool is known
+    smaller_pool: SmallerPool | None = None
 
 
 class ParallelOption(BaseModel):
@@ -158,24 +175,20 @@ def evaluate(
         blocks = budget.kv_pool_tokens // block
         kv_seqs = kvmath.max_sequences(blocks, block, context)
     else:
-        blocks = kvmath.pool_blocks(
-            budget.kv_pool_bytes, block, budget.kv_effective_bytes_per_token
-        )
-        # Sliding-window models: the per-token cost depends on the context length.
-        ctx_bytes = kvmath.effective_kv_bytes_per_token(
-            model,
-            budget.kv_dtype_bytes,
-            context,
-            cfg.tensor_parallel_size,
-            cfg.pipeline_parallel_size,
-        )
-        kv_seqs = kvmath.max_sequences(
-            kvmath.pool_blocks(budget.kv_pool_bytes, block, ctx_bytes), block, context
-        )
+        blocks, kv_seqs = _pool_sequences(model, cfg, budget, budget.kv_pool_bytes, block, context)
     capacity = blocks * block
     at_max = min(kvmath.max_sequences(blocks, block, max_len), budget.max_num_seqs)
     concurrency = min(kv_seqs, budget.max_num_seqs)
     limited_by = "kv_cache" if kv_seqs < budget.max_num_seqs else "max_num_seqs"
+    smaller = None
+    if pool_in_doubt(cfg, hw) and budget.kv_pool_bytes > 0:
+        pool = budget.kv_pool_bytes * (1 - POOL_DOUBT)
+        less, less_seqs = _pool_sequences(model, cfg, budget, pool, block, context)
+        smaller = SmallerPool(
+            share=POOL_DOUBT,
+            kv_capacity_tokens=less * block,
+            max_concurrency=min(less_seqs, budget.max_num_seqs),
+        )
     breaking, verdict = _verdict(budget, capacity, max_len, hw)
     if breaking == "max_model_len" and capacity == 0 and budget.kv_pool_bytes > 0:
         # the pool has room, but not for one block: the block size is what to change
@@ -209,7 +222,31 @@ def evaluate(
         breaking_term=breaking,
         verdict=verdict,
         block_tokens=block,
+        smaller_pool=smaller,
     )
+
+
+def _pool_sequences(
+    model: ModelSpec,
+    cfg: EngineConfig,
+    budget: MemoryBudget,
+    pool_bytes: float,
+    block: int,
+    context: int,
+) -> tuple[int, int]:
+    """(blocks, sequences of `context` tokens) a pool of `pool_bytes` in blocks of `block`
+    tokens holds: blocks at the budget's per-token cost, sequences at the cost for that
+    context (a sliding-window model's depends on it)."""
+    blocks = kvmath.pool_blocks(pool_bytes, block, budget.kv_effective_bytes_per_token)
+    ctx_bytes = kvmath.effective_kv_bytes_per_token(
+        model,
+        budget.kv_dtype_bytes,
+        context,
+        cfg.tensor_parallel_size,
+        cfg.pipeline_parallel_size,
+    )
+    seqs = kvmath.max_sequences(kvmath.pool_blocks(pool_bytes, block, ctx_bytes), block, context)
+    return blocks, seqs
 
 
 def readable_bytes(n: float) -> str:

@@ -98,6 +98,12 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
         f"sequences at avg context (cap max_num_seqs={b.max_num_seqs})",
         f"{ev.max_concurrency:,} (limited by {ev.concurrency_limited_by})" if ev.fits else none,
     )
+    less = ev.smaller_pool
+    if ev.fits and less is not None and less.max_concurrency < ev.max_concurrency:
+        kv.add_row(
+            f"if vLLM's pool is {less.share:.0%} smaller",
+            f"{less.kv_capacity_tokens:,} tokens, {less.max_concurrency:,} sequences",
+        )
     console.print(kv)
     if result.kv_dtype_note:
         console.print(f"[yellow]KV dtype:[/] {result.kv_dtype_note}", highlight=False)

@@ -629,6 +629,9 @@ def plan_to_json(result: PlanResult) -> dict[str, Any]:
         if ev.fits
         else None,
         "concurrency_limited_by": ev.concurrency_limited_by,
+        # vLLM's own pool, known to within a share (plan.memory.POOL_DOUBT): what one
+        # that much smaller holds; None where the pool is known or the config does not fit
+        "smaller_pool": ev.smaller_pool.model_dump() if ev.fits and ev.smaller_pool else None,
         "fits": ev.fits,
         "breaking_term": ev.breaking_term,
         "verdict": ev.verdict,

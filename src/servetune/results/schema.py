@@ -250,7 +250,7 @@ class StoredPart(BaseModel):
 
 class PoolDoubt(StoredPart):
     """A point that ran a GPU's KV pool to its edge, simulated again with a pool
-    `share` smaller (sim.pool_doubt.POOL_DOUBT): how far its figures rest on a pool servetune
+    `share` smaller (plan.memory.POOL_DOUBT): how far its figures rest on a pool servetune
     knows only to within that share of vLLM's own."""
 
     share: float
