@@ -30,7 +30,7 @@ def at_pool_edge(res: RunResult, cfg: EngineConfig, hw: HardwareSpec) -> bool:
     """A vLLM point on a GPU whose pool servetune sized (not the user) that preempted, or
     whose peak use came within POOL_DOUBT of the pool: a pool that much smaller fills."""
     t, sim = res.target, res.target.sim
-    if not pool_in_doubt(cfg, hw) or t.engine != "vllm":
+    if not pool_in_doubt(cfg, hw):  # the simulator's target.engine is cfg.engine
         return False
     if sim is None or not t.kv_blocks:
         return False
