@@ -25,6 +25,7 @@ from servetune.diagnose.rules import STEAL
 from servetune.engines.testmodel import VLLM_TEST_CONFIG
 from servetune.measure import EngineSession, Point
 from servetune.results.files import write_result
+from servetune.slo import parse_slo
 from servetune.workload.spec import parse_workload
 
 pytestmark = [pytest.mark.engine]
@@ -35,9 +36,9 @@ pytestmark = [pytest.mark.engine]
 EXAMPLES = os.environ.get("SERVETUNE_DIAGNOSE_EXAMPLES")
 
 
-def measure(srv, data: dict, label: str = "p") -> Diagnosis:
+def measure(srv, data: dict, label: str = "p", slo: dict | None = None) -> Diagnosis:
     spec = parse_workload({"api": "completions", **data})
-    res = EngineSession(srv, None, 120.0).measure(Point(label, spec))
+    res = EngineSession(srv, parse_slo(slo) if slo else None, 120.0).measure(Point(label, spec))
     if EXAMPLES:
         write_result(res, Path(EXAMPLES) / f"{label}.json")
     assert res.metrics.completed > 0, res.metrics.errors_by_class
@@ -56,7 +57,8 @@ def first_engine(d: Diagnosis):
             return f
     ev = d.evidence
     seen = {k: getattr(ev, k, None) for k in ("queue_ms", "waiting_max", "running_max",
-                                              "batch_cap", "concurrency")}  # fmt: skip
+                                              "running_busy_mean", "batch_cap", "concurrency",
+                                              "tpot")}  # fmt: skip
     raise AssertionError(f"no engine finding: {[f.key for f in d.findings]}; {seen}, "
                          f"TTFT {ev.ttft}")  # fmt: skip
 
@@ -156,7 +158,11 @@ def test_llamacpp_prefill_heavy_vs_decode_heavy_and_slots(llamacpp_server) -> No
     # 2 slots of 1024 context each (max_model_len 2048 / 2).
     d = measure(llamacpp_server, closed(2, 4, 500, 4), "prefill")
     assert first_engine(d).key == "prefill_heavy", [x.key for x in d.findings]
-    d = measure(llamacpp_server, closed(2, 4, 8, 64), "decode")
+    # "TPOT high" against the run's own target: against seed 003 §1's example (P95 40 ms)
+    # this engine's 43-45 ms passes by a hair, and a host 10% faster would read under it.
+    # (A CI run, 2026-12-07, found no finding here for a reason it did not print; the
+    # failure now shows the decode batch and the TPOT the rule reads.)
+    d = measure(llamacpp_server, closed(2, 4, 8, 64), "decode", {"tpot_ms": {"p95": 10}})
     f = first_engine(d)
     assert f.key == "decode_heavy", [x.key for x in d.findings]
     assert f.actions[0].knob == "parallel_slots"
