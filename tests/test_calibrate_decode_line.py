@@ -54,18 +54,20 @@ def test_no_decode_line_from_too_few_decode_only_gaps() -> None:
     assert decode_line(x, y) is None
 
 
-def test_the_replay_fit_holds_the_decode_line() -> None:
-    """Runs simulated under a known profile: the least squares fits the decode line close
-    to the truth and marks it held; the replay fit moves the other terms but not those."""
-    m, hw = get_model("llama-3.2-1b"), get_hardware("cpu-host")
-    truth = Profile(
-        engine="vllm",
-        model=m.name,
-        hardware=hw.name,
-        coefficients={"const": 0.012, "prefill_tokens": 3e-4, "decode_seqs": 1e-3,
-                      "kv_read_tokens": 2e-6, "attn_pairs": 1e-8, "prefill_sq": 4e-7},
-        api_overhead_s=0.003,
-    )  # fmt: skip
+M, HW = get_model("llama-3.2-1b"), get_hardware("cpu-host")
+TRUTH = Profile(
+    engine="vllm",
+    model=M.name,
+    hardware=HW.name,
+    coefficients={"const": 0.012, "prefill_tokens": 3e-4, "decode_seqs": 1e-3,
+                  "kv_read_tokens": 2e-6, "attn_pairs": 1e-8, "prefill_sq": 4e-7},
+    api_overhead_s=0.003,
+)  # fmt: skip
+
+
+def truth_runs() -> list:
+    """Four closed loops (1-4 users, 64-600-token prompts) simulated under TRUTH, every
+    request's chunks kept: what a calibration sweep of a known engine records."""
     fixed = fixed_tokens
     cases = [
         closed_workload("cal-a", 1, 4, fixed(64), fixed(24)),
@@ -73,11 +75,17 @@ def test_the_replay_fit_holds_the_decode_line() -> None:
         closed_workload("cal-c", 2, 6, fixed(300), fixed(24), seed=2),
         closed_workload("cal-d", 4, 10, fixed(64), fixed(24), seed=3),
     ]
-    runs = [simulate(m, hw, CFG, w, profile=truth, keep_requests=True)[0] for w in cases]
-    start = fit_profile(runs, engine="vllm", model=m.name, hardware=hw.name)
+    return [simulate(M, HW, CFG, w, profile=TRUTH, keep_requests=True)[0] for w in cases]
+
+
+def test_the_replay_fit_holds_the_decode_line() -> None:
+    """Runs simulated under a known profile: the least squares fits the decode line close
+    to the truth and marks it held; the replay fit moves the other terms but not those."""
+    runs = truth_runs()
+    start = fit_profile(runs, engine="vllm", model=M.name, hardware=HW.name)
     assert start.fit is not None and start.fit.held == list(DECODE_TERMS)
     for t in ("const", "decode_seqs"):
-        assert start.coefficients[t] == pytest.approx(truth.coefficients[t], rel=0.15), t
+        assert start.coefficients[t] == pytest.approx(TRUTH.coefficients[t], rel=0.15), t
     fit = fit_by_replay(runs, start, "llama-3.2-1b", CFG, iters=20)
     for t in DECODE_TERMS:
         assert fit.coefficients[t] == start.coefficients[t], t
@@ -113,22 +121,10 @@ def test_chunks_read_in_one_burst_are_one_delivery_of_their_tokens(monkeypatch) 
         np.array([0.0, 0.010, 0.01001, 0.01002, 0.030]), np.array([1.0, 1.0, 1.0, 2.0, 1.0])
     )
     assert times.tolist() == [0.0, 0.01002, 0.030] and tokens.tolist() == [1.0, 4.0, 1.0]
-    m, hw = get_model("llama-3.2-1b"), get_hardware("cpu-host")
-    truth = Profile(
-        engine="vllm", model=m.name, hardware=hw.name,
-        coefficients={"const": 0.012, "prefill_tokens": 3e-4, "decode_seqs": 1e-3,
-                      "kv_read_tokens": 2e-6, "attn_pairs": 1e-8, "prefill_sq": 4e-7},
-        api_overhead_s=0.003,
-    )  # fmt: skip
-    cases = [
-        closed_workload("cal-a", 1, 4, fixed_tokens(64), fixed_tokens(24)),
-        closed_workload("cal-b", 4, 10, fixed_tokens(600), fixed_tokens(24), seed=1),
-        closed_workload("cal-d", 4, 10, fixed_tokens(64), fixed_tokens(24), seed=3),
-    ]
-    runs = [stalled(simulate(m, hw, CFG, w, profile=truth, keep_requests=True)[0]) for w in cases]
-    fit = fit_profile(runs, engine="vllm", model=m.name, hardware=hw.name)
+    runs = [stalled(run) for run in truth_runs()]
+    fit = fit_profile(runs, engine="vllm", model=M.name, hardware=HW.name)
     for t in ("const", "decode_seqs"):
-        assert fit.coefficients[t] == pytest.approx(truth.coefficients[t], rel=0.15), t
+        assert fit.coefficients[t] == pytest.approx(TRUTH.coefficients[t], rel=0.15), t
     monkeypatch.setattr(calibrate, "BURST_GAP_S", 0.0)  # every gap its own step
-    poisoned = fit_profile(runs, engine="vllm", model=m.name, hardware=hw.name)
-    assert poisoned.coefficients["const"] < 0.5 * truth.coefficients["const"]
+    poisoned = fit_profile(runs, engine="vllm", model=M.name, hardware=HW.name)
+    assert poisoned.coefficients["const"] < 0.5 * TRUTH.coefficients["const"]
