@@ -323,6 +323,27 @@ def test_one_token_outputs_leave_tpot_undefined_not_missed() -> None:
     assert m.slo_pass and m.slo_attainment == 1.0
 
 
+def test_an_answer_read_all_at_once_has_no_tpot_and_does_not_drag_the_median_to_0() -> None:
+    """A client the host held reads every event it owes at once and stamps them alike: that
+    answer's E2E - TTFT is 0 because its decode went into its TTFT. It has no TPOT (before:
+    TPOT 0, and with most answers so, a P50 TPOT of 0 that passed any target)."""
+    # answers under 50 ms: too short for the buffered-stream rule to judge (metrics.buffering)
+    streamed = [rec(i * 1000, [i * 1000 + 5 + 10 * k for k in range(4)], index=i) for i in range(2)]
+    held = [rec(i * 1000, [i * 1000 + 40] * 4, index=i) for i in range(2, 5)]
+    ttft, tpot, e2e = request_latencies_ms(held[0])
+    assert (ttft, tpot, e2e) == (40.0, None, 40.0)
+    slo = parse_slo({"tpot_ms": {"p50": 5}})
+    m = compute_metrics(streamed + held, slo=slo)
+    assert m.tpot_ms.count == 2 and m.tpot_ms.p50 == pytest.approx(10.0)
+    assert m.ttft_ms.count == 5  # the held answers' first tokens did reach the client late
+    assert not m.slo_pass and m.slo_attainment == pytest.approx(3 / 5)  # undefined, not a miss
+    # every answer of 2+ tokens read at once: nothing proves the TPOT target (not "undefined")
+    m = compute_metrics(held, slo=slo)
+    tpot_check = next(c for c in m.slo_checks if c.metric == "tpot_ms")
+    assert m.tpot_ms.count == 0 and not tpot_check.ok
+    assert tpot_check.note == "not measurable: every answer of 2+ tokens arrived all at once"
+
+
 def test_a_percentile_of_too_few_requests_says_it_rests_on_the_largest() -> None:
     """5 TTFTs against a P95 target: type-7 P95 740 ms passes 800 ms while 1 of 5 is 900;
     the check keeps its value and verdict and says what it rests on."""

@@ -31,7 +31,12 @@ from servetune.bench.http import Target
 from servetune.bench.server_metrics import Fetch, Scraper, running_now
 from servetune.bench.sessions import SessionConfig, SessionWorker, session_config, session_payload
 from servetune.bench.worker import Item, Worker, WorkerConfig, WorkerStats, process_main
-from servetune.metrics.compute import apply_memory_slo, client_warnings, compute_metrics
+from servetune.metrics.compute import (
+    apply_memory_slo,
+    client_warnings,
+    compute_metrics,
+    request_latencies_ms,
+)
 from servetune.metrics.turns import apply_turn_slo
 from servetune.procfs import usable_cores
 from servetune.results.files import RecordLog
@@ -253,10 +258,10 @@ class Collector:
             if rec.status == RequestStatus.ERROR:
                 self.errors += 1
             elif rec.status == RequestStatus.OK and rec.chunk_ns:
-                self.recent_ttft_ms.append((rec.chunk_ns[0] - rec.send_ns) / 1e6)
-                n = rec.output_tokens
-                if n > 1:
-                    self.recent_tpot_ms.append((rec.chunk_ns[-1] - rec.chunk_ns[0]) / 1e6 / (n - 1))
+                ttft, tpot, _ = request_latencies_ms(rec)  # the metric contract's own
+                self.recent_ttft_ms.append(ttft)
+                if tpot is not None:
+                    self.recent_tpot_ms.append(tpot)
         if self.stored is not None:
             self.stored.write(batch)
         lim = self.opts.breaker_error_rate

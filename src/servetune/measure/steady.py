@@ -44,6 +44,7 @@ import numpy as np
 from servetune.metrics.compute import (
     RecordColumns,
     completion_shift_ns,
+    has_tpot,
     record_columns,
     schedule_window,
 )
@@ -341,13 +342,13 @@ def keeping_up(
 
 def _latencies(c: RecordColumns, sel: np.ndarray) -> tuple[np.ndarray, ...]:
     """(send ns, TTFT ms, TPOT ms, has a TPOT) of the `sel` requests, TPOT as the metric
-    contract defines it ((E2E - TTFT) / (output tokens - 1), requests of 2+ tokens)."""
+    contract defines it ((E2E - TTFT) / (output tokens - 1), `metrics.compute.has_tpot`)."""
     send = c.send[sel]
     ttft_ms = (c.first[sel] - send) / 1e6
     n_out = c.output_tokens[sel]
-    has_tpot = (n_out >= 2) & (c.n_chunks[sel] >= 2)
+    timed = has_tpot(n_out, c.n_chunks[sel], c.first[sel], c.last[sel])
     tpot_ms = (c.last[sel] - c.first[sel]) / 1e6 / np.maximum(n_out - 1, 1)
-    return send, ttft_ms, tpot_ms, has_tpot
+    return send, ttft_ms, tpot_ms, timed
 
 
 def _targets(slo: SLO, ttft_ms: np.ndarray, tpot_ms: np.ndarray) -> list[tuple]:
@@ -365,12 +366,12 @@ def halves(
     few requests to split (fewer than two thirds' worth, as `queue_slope`)."""
     if slo is None or int(sel.sum()) < 2 * MIN_THIRD:
         return ()
-    send, ttft_ms, tpot_ms, has_tpot = _latencies(c, sel)
+    send, ttft_ms, tpot_ms, timed = _latencies(c, sel)
     order = np.argsort(send, kind="stable")
     cut = len(order) // 2
     out = []
     for half, idx in (("early", order[:cut]), ("late", order[cut:])):
-        for metric, values, targets in _targets(slo, ttft_ms[idx], tpot_ms[idx][has_tpot[idx]]):
+        for metric, values, targets in _targets(slo, ttft_ms[idx], tpot_ms[idx][timed[idx]]):
             d = summarize(values)
             for stat, target in targets.items():
                 v = getattr(d, stat, None)
@@ -390,9 +391,9 @@ def upper_bounds(
     same load over 840 requests read 642 ms). Empty without such targets or confidence."""
     if slo is None or confidence is None or not int(sel.sum()):
         return ()
-    _, ttft_ms, tpot_ms, has_tpot = _latencies(c, sel)
+    _, ttft_ms, tpot_ms, timed = _latencies(c, sel)
     out = []
-    for metric, values, targets in _targets(slo, ttft_ms, tpot_ms[has_tpot]):
+    for metric, values, targets in _targets(slo, ttft_ms, tpot_ms[timed]):
         ordered = np.sort(values)
         for stat, target in targets.items():
             q = QUANTILES.get(stat)
