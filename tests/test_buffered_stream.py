@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from servetune.metrics.buffering import buffered_mask, run_is_buffered
-from servetune.metrics.compute import compute_metrics
+from servetune.metrics.compute import compute_metrics, tpot_note
 from servetune.mock.server import MockConfig, mock_in_thread
-from servetune.report.html import _buffered_section
+from servetune.report.html import _at_once_section, _buffered_section
 from servetune.results.files import load_result
 from servetune.results.schema import RequestRecord
 
@@ -78,6 +78,21 @@ def test_summary_table_says_buffered(tmp_path: Path) -> None:
     out = bench(tmp_path, MockConfig(ttft_ms=20, itl_ms=10, buffer_stream=True))
     assert out.returncode == 0, out.stderr
     assert "BUFFERED" in out.stdout and "not measurable" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_answers_too_short_to_judge_that_came_at_once_leave_tpot_and_say_so(
+    tmp_path: Path,
+) -> None:
+    """Held 8-token answers of ~12 ms: too short for the buffered rule (50 ms), so the run
+    is not flagged, but every answer came all at once: no TPOT (it read ~0 before), and
+    bench says how many answers its TPOT leaves out."""
+    out = bench(tmp_path, MockConfig(ttft_ms=5, itl_ms=1, buffer_stream=True))
+    assert out.returncode == 0, out.stderr
+    m = load_result(tmp_path / "r.json").metrics
+    assert not m.stream_buffered and m.completed == 6
+    assert m.tpot_ms.count == 0 and m.tpot_at_once_requests == 6 and m.ttft_ms.count == 6
+    assert "6 of 6 answers came all at once" in " ".join(out.stderr.split())
 
 
 def _mask(
@@ -170,6 +185,8 @@ def test_stalls_on_a_busy_host_are_not_a_buffering_server() -> None:
     assert not m.stream_buffered and m.stream_buffered_requests == 13
     assert m.ttft_ms.count == 24 and m.ttft_ms.max == pytest.approx(400.0)
     assert m.tpot_ms.count == 11 and m.tpot_ms.p50 == pytest.approx(17.0)
+    assert m.tpot_at_once_requests == 13
+    assert (tpot_note(m) or "").startswith("13 of 24 answers came all at once")
     # the same 24 all held: a buffering server, nothing but E2E measured
     m = compute_metrics([_record(i, 10.0 * i, [400.0 + 0.01 * k for k in range(16)])
                          for i in range(24)], stream=True)  # fmt: skip
@@ -186,3 +203,17 @@ def test_report_names_the_buffered_runs() -> None:
     html = _buffered_section(SimpleNamespace(runs=[run("r-held", True), run("r-ok", False)]))  # type: ignore[arg-type]
     assert "not measurable" in html and "r-held" in html and "r-ok" not in html
     assert _buffered_section(SimpleNamespace(runs=[run("r-ok", False)])) == ""  # type: ignore[arg-type]
+
+
+def test_report_says_which_runs_tpot_leaves_answers_out_of() -> None:
+    held = [_record(i, 10.0 * i, [400.0 + 0.01 * k for k in range(16)]) for i in range(13)]
+    streamed = [_record(i, 10.0 * i, [60.0 + 17 * k for k in range(16)]) for i in range(13, 24)]
+
+    def run(rid: str, records: list[RequestRecord]) -> SimpleNamespace:
+        result = SimpleNamespace(metrics=compute_metrics(records, stream=True))
+        return SimpleNamespace(letter="B", info=SimpleNamespace(id=rid), result=result)
+
+    runs = [run("r-held", held + streamed), run("r-ok", streamed)]
+    html = _at_once_section(SimpleNamespace(runs=runs))  # type: ignore[arg-type]
+    assert "r-held: 13 of 24 answers came all at once" in html and "r-ok" not in html
+    assert _at_once_section(SimpleNamespace(runs=[run("r-ok", streamed)])) == ""  # type: ignore[arg-type]

@@ -183,7 +183,7 @@ def bench(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.engines.registry import ADAPTERS, exports_metrics
     from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
-    from servetune.metrics import schedule_note, token_count_note, window_note
+    from servetune.metrics import schedule_note, token_count_note, tpot_note, window_note
     from servetune.results.files import check_outputs
     from servetune.status import RunStatus
     from servetune.telemetry import telemetry_options
@@ -243,7 +243,8 @@ def bench(
             err.print(f"[bold red]{p.label}: {res.status}[/] {res.stop_reason or ''}")
         # usage against whitespace words (no --tokenizer) differs on every real output
         tokens = token_count_note(res.metrics) if tokenizer is not None else None
-        for note in (window_note(res.metrics), schedule_note(res.metrics, res.load), tokens):
+        m = res.metrics
+        for note in (window_note(m), schedule_note(m, res.load), tokens, tpot_note(m)):
             if note is not None:
                 err.print(f"[yellow]note ({p.label}):[/] {note}", highlight=False)
 

@@ -6,6 +6,7 @@ from servetune.metrics.compute import (
     measurement_window,
     schedule_note,
     token_count_note,
+    tpot_note,
     window_note,
 )
 from servetune.metrics.stats import ks_exponential, summarize
@@ -18,5 +19,6 @@ __all__ = [
     "schedule_note",
     "summarize",
     "token_count_note",
+    "tpot_note",
     "window_note",
 ]

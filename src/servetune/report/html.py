@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from servetune.build import version_line
+from servetune.metrics.compute import tpot_note
 from servetune.report.charts import Chart
 from servetune.report.data import ReportData
 from servetune.report.experiment import experiment_record, side_by_side
@@ -126,6 +127,17 @@ def _buffered_section(data: ReportData) -> str:
     )
 
 
+def _at_once_section(data: ReportData) -> str:
+    """A line per run whose TPOT leaves out answers that came all at once (`tpot_note`):
+    its TPOT figures are over fewer answers than its TTFT, and this says how many."""
+    notes = [(r, tpot_note(r.result.metrics)) for r in data.runs]
+    items = "".join(f"<li>{_e(r.letter)} {_e(r.info.id)}: {_e(n)}</li>" for r, n in notes if n)
+    if not items:
+        return ""
+    head = "<h2>TPOT over the answers that streamed</h2>"
+    return f'<section id="tpot-at-once">{head}<ul>{items}</ul></section>'
+
+
 def _configs_section(data: ReportData) -> str:
     """One row per config: its name in the charts, what it changes against the baseline
     (a study varies knobs by design: no one-change warning here, `runs compare` has it),
@@ -207,6 +219,7 @@ def render_html(data: ReportData, charts: Sequence[Chart]) -> str:
             f"{_e(data.where)} · {version_line()} · {now}</p></header><main>",
             _verdict_section(data),
             _buffered_section(data),
+            _at_once_section(data),
             '<pre id="st-errors"></pre>',
             _configs_section(data),
             f"<nav>{nav}</nav>",

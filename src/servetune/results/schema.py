@@ -188,6 +188,12 @@ class Metrics(BaseModel):
         "TTFT, TPOT and ITL are not measurable and left empty.",
     )
     stream_buffered_requests: int = 0
+    tpot_at_once_requests: int = Field(
+        0,
+        description="Streamed answers of 2+ tokens with no TPOT: every token arrived at "
+        "once (one chunk, or chunks faster than any decode: metrics.compute.has_tpot), as "
+        "when a busy host held the client or the API server.",
+    )
 
 
 class ClientInfo(BaseModel):
