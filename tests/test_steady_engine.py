@@ -52,7 +52,9 @@ def _backend(model_path: str, rule: SteadyRule | None):
 
 
 def test_an_overload_rate_is_flagged_not_steady(llamacpp_install, gemma_gguf) -> None:
-    cfg = EngineConfig(engine="llamacpp", parallel_slots=1, kv_cache_tokens=1024)
+    # one thread, as LLAMACPP_TEST_CONFIG: beside a CPU hog `-t 2` stalled at its step barrier
+    # (requests of 16 tokens took 15-24 s idle, the test 178 s instead of 17 s)
+    cfg = EngineConfig(engine="llamacpp", parallel_slots=1, kv_cache_tokens=1024, threads=1)
     idle_backend = _backend(str(gemma_gguf), None)
     with idle_backend.session(cfg) as sess:
         idle, res = idle_backend.probe(sess, "concurrency", 1)
