@@ -22,6 +22,7 @@ from servetune.diagnose.predict import (
     queue_free_ttft_ms,
 )
 from servetune.sim.engine import llamacpp_batches
+from servetune.telemetry.contention import contention, free_cores
 
 # A host problem first: a starved host also starves the client, so its lag is a symptom.
 KINDS = ("host", "client", "engine")
@@ -236,7 +237,10 @@ def host_starved(ev: Evidence) -> Finding | None:
         and cores > 0
         and other >= OTHERS_SHARE * busy * cores
     )
-    if not starved and steal < STEAL:
+    # or fewer cores left free than the engine's threads want (`telemetry.contention`:
+    # llama.cpp's threads beside one busy process wait at its step barrier, share 50%)
+    held = contention(t)
+    if not starved and held is None and steal < STEAL:
         return None
     eng = t.get("engine_cpu_cores_mean") or 0.0
     trig = (
@@ -245,7 +249,7 @@ def host_starved(ev: Evidence) -> Finding | None:
         f" host CPU {busy or 0:.0%} busy; other processes used {other:.1f}"
         f" of {cores or '?'} cores, the engine {eng:.1f}; steal {steal:.1%}"
     )
-    free = max(1, round((cores or 1) - other)) if cores else None
+    free = free_cores(cores, other) if cores else None
     threads = knobs(ev.engine).threads
     acts = [
         Action(

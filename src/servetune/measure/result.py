@@ -10,6 +10,8 @@ from servetune.measure.steady import rate_unit
 from servetune.results.schema import Metrics, RunResult, SimStats, Target
 from servetune.status import RunStatus
 from servetune.store.meta import server_summary
+from servetune.telemetry.contention import contention
+from servetune.telemetry.sampler import summarize
 
 
 class Infeasible(Exception):
@@ -132,10 +134,14 @@ def sim_signals(target: Target) -> dict[str, Any]:
 
 def signals(res: RunResult) -> dict[str, Any]:
     """What the explanation reads besides the metrics: the simulator's scheduler counters,
-    or the engine's own /metrics summary (peaks, preemptions) for a real run."""
+    or the engine's own /metrics summary (peaks, preemptions) for a real run, and the
+    host's contention when other processes held cores its threads wanted."""
     if res.backend == "sim":
         out = sim_signals(res.target)
     else:
         out = server_summary(res.server, res.telemetry)
+        held = contention(summarize(res.telemetry))
+        if held is not None:  # the tuner fits the engine's threads to the host (tune.hostfit)
+            out |= {"free_cores": held.free_cores, "contention": held.describe()}
     out["max_in_flight"] = res.metrics.max_in_flight
     return out

@@ -54,6 +54,13 @@ def merit(t: TrialResult) -> float | None:
     return None if sf is None or math.isinf(sf.worst) else -sf.worst
 
 
+def beats(t: TrialResult, other: TrialResult) -> bool:
+    """`t` did better than `other` on the real engine: met the SLO with a higher score, or
+    met it where `other` did not, or missed it by less (`merit`)."""
+    a, b = merit(t), merit(other)
+    return a is not None and (b is None or a > b)
+
+
 def diverse_top(ranked: list[TrialResult], k: int, skip: str) -> list[TrialResult]:
     """The simulator's top `k` (not `skip`, the baseline), one per level of score: configs
     the simulator cannot tell apart (within 0.5%) are verified once, so the real engine's
