@@ -382,7 +382,23 @@ def test_a_model_name_too_long_for_a_path_is_not_a_path(
 ) -> None:
     """Path.exists raised OSError (ENAMETOOLONG): a traceback instead of the model check."""
     code, _, err = run_cli(capsys, "engine", "launch", "llamacpp", "-m", "x" * 300)
-    assert code == 2 and "does not exist" in err and "Traceback" not in err
+    assert code == 2 and "is not a file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("cmd", ["launch", "command"])
+@pytest.mark.parametrize("model", ["", "  ", "."])
+def test_an_empty_model_is_refused_before_the_engine_starts(
+    capsys: pytest.CaptureFixture[str], cmd: str, model: str
+) -> None:
+    """`-m "$M"` with M unset reached llama-server as `-m ''` (and "." passed the check as
+    a path that exists): it started in router mode with no model and failed its first
+    completion with HTTP 400 after a launch."""
+    code, out, err = run_cli(capsys, "engine", cmd, "llamacpp", "-m", model)
+    if cmd == "command" and model == ".":
+        assert code == 0 and "-m ." in out  # printing a command checks no path
+        return
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "--model" in err and ("is empty" in err or "is not a file" in err), err
 
 
 class _Serve:

@@ -99,13 +99,14 @@ def _trial(threads: int | None, free: int | None) -> TrialResult:
 
 def test_the_threads_tried_are_the_largest_the_space_offers_within_the_free_cores() -> None:
     space = parse_space({"engine": "llamacpp", "knobs": {"threads": [1, 2, 4, 8]}})
-    assert threads_for_host(_trial(None, 3), space, ["threads"]) == 2
-    assert threads_for_host(_trial(None, 1), space, ["threads"]) == 1
-    assert threads_for_host(_trial(None, None), space, ["threads"]) is None  # host had them
-    assert threads_for_host(_trial(2, 3), space, ["threads"]) is None  # it already fits
-    assert threads_for_host(_trial(None, 1), space, []) is None  # the simulator decides it
+    assert threads_for_host(_trial(None, 3), space) == 2
+    assert threads_for_host(_trial(None, 1), space) == 1
+    assert threads_for_host(_trial(None, None), space) is None  # the host had the cores
+    assert threads_for_host(_trial(2, 3), space) is None  # it already fits
     narrow = parse_space({"engine": "llamacpp", "knobs": {"threads": [4, 8]}})
-    assert threads_for_host(_trial(None, 2), narrow, ["threads"]) is None  # none offered fits
+    assert threads_for_host(_trial(None, 2), narrow) is None  # none the space offers fits
+    fixed = parse_space({"engine": "llamacpp", "knobs": {"parallel_slots": [1, 2]}})
+    assert threads_for_host(_trial(None, 1), fixed) is None  # not the tuner's to change
 
 
 class _HeldReal(SimBackend):
@@ -132,14 +133,32 @@ class _HeldReal(SimBackend):
         return out, res
 
 
-@pytest.fixture
-def held_host(monkeypatch):
+class _IdleReal(SimBackend):
+    """The same "real" engine on a host with every core free."""
+
+    name = "real"
+
+
+def _as_real(monkeypatch, fake: type[SimBackend]) -> None:
     real = executors.make_backend
 
     def make(spec: BackendSpec):
-        return _HeldReal(replace(spec, kind="sim")) if spec.kind == "real" else real(spec)
+        return fake(replace(spec, kind="sim")) if spec.kind == "real" else real(spec)
 
     monkeypatch.setattr(executors, "make_backend", make)
+
+
+@pytest.fixture
+def held_host(monkeypatch):
+    _as_real(monkeypatch, _HeldReal)
+    executors._BACKENDS.clear()
+    yield
+    executors._BACKENDS.clear()
+
+
+@pytest.fixture
+def idle_host(monkeypatch):
+    _as_real(monkeypatch, _IdleReal)
     executors._BACKENDS.clear()
     yield
     executors._BACKENDS.clear()
@@ -204,3 +223,12 @@ def test_the_tuner_fits_threads_to_a_busy_host_right_after_the_baseline(
     )
     # sim vs real leaves out what the simulator does not model: threads moved off the baseline's
     assert out.sim_vs_real and all("threads=1" not in r["label"] for r in out.sim_vs_real)
+
+
+def test_an_idle_host_verifies_as_before(tmp_path: Path, idle_host) -> None:
+    out = Tuner(_settings(tmp_path, "idle")).run()
+    real = sorted(out.ranked, key=lambda t: t.started_unix_s)
+    assert not any(n.startswith("host: ") for n in out.notes)
+    # the baseline, then the simulator's picks at the baseline's threads (blind to them)
+    assert real[0].config.get("threads") is None
+    assert real[1].config.get("threads") is None and real[1].config != real[0].config

@@ -255,6 +255,7 @@ def command(
 
     if device not in ("gpu", "cpu"):
         raise InputError("--device", f"unknown device {device!r}", "gpu or cpu")
+    model = _model_arg(model)
     names = list(ENGINES) if engine == "all" else [engine]
     for name in names:
         cfg = parse_sets(name, sets, extra, lacking_ok=True)
@@ -282,6 +283,17 @@ def generated_model_config(cfg: EngineConfig, spec: dict) -> tuple[EngineConfig,
         cfg = cfg.with_(dtype="float32")
         notes.append("adding --dtype float32 (its config's dtype)")
     return cfg, notes
+
+
+def _model_arg(model: str) -> str:
+    """`--model` as given, refused when blank: an unset shell variable (`-m "$M"`) reached
+    llama-server as `-m ''`, which then starts in its router mode with no model and
+    answers every request HTTP 400 ("model name is missing")."""
+    if not model.strip():
+        raise InputError(
+            "--model", "is empty", "a model path (a .gguf file for llama.cpp) or an HF id"
+        )
+    return model
 
 
 def _exists(path: Path, *, file: bool = False) -> bool:
@@ -320,6 +332,7 @@ def launch_cmd(
     from servetune.engines import detached
     from servetune.engines.process import default_device, launch
 
+    model = _model_arg(model)
     cfg = parse_sets(engine, sets, extra, device=default_device())
     generated = Path(model) / "servetune_spec.json"
     if engine == "vllm" and _exists(generated):
@@ -333,9 +346,11 @@ def launch_cmd(
             f"{model} has no weights ({engine} cannot make random ones)",
             "servetune engine make-model --kind llama-weights",
         )
-    if engine == "llamacpp" and not _exists(Path(model)):
+    if engine == "llamacpp" and not _exists(Path(model), file=True):
         raise InputError(
-            "--model", f"{model} does not exist", "servetune engine make-model --kind gemma-gguf"
+            "--model",
+            f"{model} is not a file (llama.cpp serves one .gguf file)",
+            "servetune engine make-model --kind gemma-gguf",
         )
     if engine == "onnx" and not _exists(Path(model) / "genai_config.json", file=True):
         raise InputError(

@@ -18,13 +18,14 @@ from servetune.tune.space import SearchSpace
 from servetune.tune.trial import TrialResult
 
 
-def threads_for_host(base: TrialResult, space: SearchSpace, blind: list[str]) -> int | None:
+def threads_for_host(base: TrialResult, space: SearchSpace) -> int | None:
     """The `threads` value to measure next to the baseline: the largest the space offers
     within the cores the others left free, when the baseline's run showed other processes
     holding cores its threads wanted (`telemetry.contention`, carried in the point's
-    signals). None when `threads` is not a knob the simulator is blind to, the host had
-    the cores, or the baseline already runs that few."""
-    if "threads" not in blind or "threads" not in space.knobs:
+    signals). None when `threads` is not a knob of the space, the host had the cores, or
+    the baseline already runs that few. Whether the simulator models threads does not
+    matter: neither its profile nor its roofline knows the host's other processes."""
+    if "threads" not in space.knobs:
         return None
     free = next((int(p.signals["free_cores"]) for p in base.points if "free_cores" in p.signals), 0)
     if not free:

@@ -386,7 +386,7 @@ class Tuner:
         keep = {k: getattr(base, k) for k in blind}
         tops = diverse_top(sim_ranked, self.s.top_k, config_key(base))
         out = [self._verify(base, 1 + len(tops))]
-        fit = threads_for_host(out[0], self.s.space, blind)
+        fit = threads_for_host(out[0], self.s.space)
         if fit is not None:
             t = self._verify(base.with_(threads=fit), 1 + len(tops))
             out.append(t)
