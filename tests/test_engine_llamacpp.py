@@ -17,8 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli_run import run_cli
 from servetune.engines.process import EngineError, launch, pid_alive
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG
+from servetune.measure.real import server_engine
+from servetune.results.files import load_result
 from streaming import stream_completion
 
 # Bound per test, engine start included: ~10x the slowest here on a busy 2-core host (two
@@ -46,6 +49,23 @@ def test_metrics_map_to_canonical_names(llamacpp_server) -> None:
     assert v["decode_calls_total"] > b["decode_calls_total"]
     assert 0 < v["busy_slots_per_decode"] <= LLAMACPP_TEST_CONFIG.parallel_slots
     assert v["generation_seconds_total"] > b["generation_seconds_total"]
+
+
+@pytest.mark.untimed
+def test_bench_names_the_engine_from_its_metrics(
+    llamacpp_server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --engine, bench read llama.cpp's /metrics under raw names: no canonical
+    series for diagnose, which then named vLLM's knobs for this server."""
+    assert server_engine(llamacpp_server.url) == "llamacpp"
+    out = tmp_path / "run.json"
+    args = ["--concurrency", "1", "--count", "2", "--output-len", "4", "--no-store"]
+    code, _, err = run_cli(capsys, "bench", "--url", llamacpp_server.url, *args, "-o", str(out))
+    assert code == 0, err
+    assert "engine: llamacpp, named by its /metrics" in err
+    res = load_result(out)
+    assert res.target.engine == "llamacpp"
+    assert res.server is not None and res.server.series("requests_running")
 
 
 def test_effective_settings_from_props_and_slots(llamacpp_server) -> None:

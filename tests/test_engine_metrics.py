@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from servetune.engines.metrics import Histogram, canonical, parse
+from servetune.engines.metrics import Histogram, canonical, engine_of, parse
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -238,3 +238,16 @@ def test_nan_and_inf_samples_are_no_figure_and_never_reach_diagnose_json() -> No
     series = ServerSeries(t_ns=[0, 10**9, 2 * 10**9], values=[dict(m.values)] * 3)
     ev = from_window("http://x", series, None, "vllm")
     json.dumps(Diagnosis(ev, diagnose(ev)).to_json(), allow_nan=False, default=str)
+
+
+def test_a_metrics_page_names_its_engine() -> None:
+    """`bench --url` / `diagnose --url` without --engine read the engine from its names."""
+    texts = {"vllm": VLLM_TEXT, "llamacpp": LLAMACPP_TEXT, "sglang": SGLANG_TEXT,
+             "tgi": TGI_TEXT}  # fmt: skip
+    for engine, text in texts.items():
+        assert engine_of(text) == engine
+    assert (
+        engine_of("# TYPE mock:num_requests_running gauge\nmock:num_requests_running 1\n") is None
+    )
+    assert engine_of("<html><body>404</body></html>") is None
+    assert engine_of("") is None

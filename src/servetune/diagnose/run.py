@@ -106,6 +106,10 @@ def watch(
         )
     if engine is not None:
         _check_engine(engine)
+    else:  # named by its own /metrics names, as bench does
+        from servetune.measure.real import server_engine
+
+        engine = server_engine(url)
     fetch = http_fetcher(url, engine_adapter(engine) if engine else None)
     try:
         fetch()

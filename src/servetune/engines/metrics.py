@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from servetune.engines.registry import adapter
+from servetune.engines.registry import ADAPTERS, adapter
 from servetune.errors import InputError
 
 # Gauges that are ratios: several label sets (e.g. DP ranks) are averaged, not summed.
@@ -143,6 +143,24 @@ def canonical(engine: str, text: str) -> EngineMetrics:
     if derive := getattr(mod, "derived", None):  # figures an engine exports only as parts
         values |= derive(raw)
     return EngineMetrics(engine, values, hists, raw)
+
+
+def engine_of(text: str) -> str | None:
+    """The engine whose own metric names a /metrics page carries (the adapters' `METRICS`
+    sources: `llamacpp:requests_processing`, `vllm:num_requests_running`, ...), the one
+    with the most of them; None when no engine's names are there. Why: `bench --url`
+    without `--engine` read the page under raw names, so a run had no canonical series
+    (KV use, queue, preemptions) and `diagnose` named vLLM's knobs for a llama.cpp server."""
+    try:
+        samples = parse(text)
+    except ValueError:  # not Prometheus text (an HTML error page)
+        return None
+    hits = {
+        name: sum(_lookup(samples, src) is not None for src in mod.METRICS.values())
+        for name, mod in ADAPTERS.items()
+    }
+    best = max(hits, key=lambda name: hits[name])
+    return best if hits[best] else None
 
 
 def scrape(url: str, engine: str, timeout_s: float = 5.0) -> EngineMetrics:

@@ -18,7 +18,12 @@ from servetune.engines.registry import exports_metrics
 from servetune.errors import InputError
 from servetune.hardware import get_hardware
 from servetune.measure.loads import SweepLoads, sweep_points
-from servetune.measure.real import ServerSession, engine_sampling, server_software
+from servetune.measure.real import (
+    ServerSession,
+    engine_sampling,
+    server_engine,
+    server_software,
+)
 from servetune.measure.simulated import SimSession
 from servetune.measure.sweep import Hooks, ResultFiles, StoreSettings, sweep
 from servetune.model import get_model
@@ -91,11 +96,15 @@ def workload_or_default(
 def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
     """Measure the server at every load point (see `sweep`)."""
 
+    hooks = hooks or Hooks()
     spec = workload_or_default(s.workload, s.loads)  # bench's docs name its default
-    spec = engine_sampling(spec, s.engine)
     slo = load_slo(s.slo) if s.slo else None
     # fail fast with the cause when nothing answers at the URL (bench.reach)
     check_server(s.url, api_key=s.api_key, timeout_s=s.timeouts.connect_s or 10.0)
+    if s.engine is None and s.scrape and (found := server_engine(s.url, s.api_key)):
+        hooks.say(f"engine: {found}, named by its /metrics (--engine names it)")
+        s = replace(s, engine=found)
+    spec = engine_sampling(spec, s.engine)
     tok = load_tokenizer(s.tokenizer, s.url)
     points = sweep_points(spec, s.loads, s.max_concurrency)
     adapter = engine_adapter(s.engine) if s.engine else None
@@ -116,7 +125,6 @@ def run_bench(s: BenchSettings, hooks: Hooks | None = None) -> list[RunResult]:
         tokenizer=tok,
     )
     session = ServerSession(opts, tok, slo, launch_command=s.launch_command, telemetry=s.telemetry)
-    hooks = hooks or Hooks()
     hooks.ready(session)
     store = replace(s.store, meta=lambda: bench_meta(s, slo)) if s.store else None
     return sweep(session, points, files=s.files, store=store, hooks=hooks)

@@ -235,6 +235,21 @@ def fresh_prompts(point: Point, k: int) -> Point:
     return replace(point, spec=point.spec.model_copy(update={"seed": point.spec.seed + k}))
 
 
+def server_engine(url: str, api_key: str | None = None) -> str | None:
+    """The engine serving `url`, named by its own /metrics names (`engines.metrics.
+    engine_of`). Best effort, 2 s: None when the server has no such page or names none."""
+    import httpx
+
+    from servetune.engines.metrics import engine_of
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(server_root(url) + "/metrics", headers=headers, timeout=2.0)
+    except httpx.HTTPError:
+        return None
+    return engine_of(r.text) if r.status_code == 200 else None
+
+
 def server_software(url: str, api_key: str | None = None) -> dict[str, Any]:
     """The engine's version as the server reports it: vLLM's /version, llama.cpp's /props
     `build_info`. Best effort, 2 s: {} when the server says neither."""
