@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,24 +14,19 @@ import pytest
 from servetune.diagnose.evidence import Evidence
 from servetune.diagnose.rules import diagnose
 from servetune.engines.config import EngineConfig
-from servetune.measure import BackendSpec
 from servetune.measure.backends import SimBackend
 from servetune.measure.result import PointResult, signals
 from servetune.measure.session import Session
 from servetune.measure.simulated import SimSession
 from servetune.results.schema import TelemetrySeries
-from servetune.slo import parse_slo
 from servetune.status import TrialStatus
 from servetune.telemetry.contention import contention
 from servetune.telemetry.sampler import summarize
-from servetune.tune import executors
-from servetune.tune.capacity import concurrency_lattice
 from servetune.tune.hostfit import threads_for_host
-from servetune.tune.objective import Objective
 from servetune.tune.space import parse_space
-from servetune.tune.trial import SearchSettings, TrialResult
+from servetune.tune.trial import TrialResult
 from servetune.tune.tuner import Tuner, TuneSettings
-from servetune.workload.spec import parse_workload
+from sim_as_real import SimAsReal, hybrid_settings, serve_real_with
 from synthetic_runs import synthetic_run
 
 # Samples of a real run (2026-12-07, this 2-core host): llama-server at its default
@@ -133,73 +127,23 @@ class _HeldReal(SimBackend):
         return out, res
 
 
-class _IdleReal(SimBackend):
-    """The same "real" engine on a host with every core free."""
-
-    name = "real"
-
-
-def _as_real(monkeypatch, fake: type[SimBackend]) -> None:
-    real = executors.make_backend
-
-    def make(spec: BackendSpec):
-        return fake(replace(spec, kind="sim")) if spec.kind == "real" else real(spec)
-
-    monkeypatch.setattr(executors, "make_backend", make)
-
-
 @pytest.fixture
 def held_host(monkeypatch):
-    _as_real(monkeypatch, _HeldReal)
-    executors._BACKENDS.clear()
-    yield
-    executors._BACKENDS.clear()
+    yield from serve_real_with(monkeypatch, _HeldReal)
 
 
 @pytest.fixture
 def idle_host(monkeypatch):
-    _as_real(monkeypatch, _IdleReal)
-    executors._BACKENDS.clear()
-    yield
-    executors._BACKENDS.clear()
+    yield from serve_real_with(monkeypatch, SimAsReal)
 
 
 def _settings(tmp_path: Path, name: str) -> TuneSettings:
-    workload = parse_workload(
-        {
-            "name": "held",
-            "count": 8,
-            "input_tokens": {"dist": "fixed", "value": 256},
-            "output_tokens": {"dist": "fixed", "value": 64},
-            "arrival": {"kind": "closed", "concurrency": 1},
-        }
-    )
-    common = dict(
-        engine="llamacpp",
-        model="llama-3.1-8b",
-        hardware="h100-sxm",  # a GPU: the simulator's step time does not see threads
-        workload=workload.model_dump(mode="json"),
-        slo=parse_slo({"ttft_ms": {"p95": 20000}}).model_dump(mode="json", exclude_none=True),
-        per_user=2,
-    )
+    # h100-sxm: the simulator's step time does not see threads (a CPU host's would)
     space = parse_space(
         {"engine": "llamacpp", "knobs": {"parallel_slots": [1, 2, 4], "threads": [1, 2]}}
     )
-    return TuneSettings(
-        space=space,
-        mode="hybrid",
-        objective=Objective("goodput"),
-        search=SearchSettings("concurrency", concurrency_lattice(4), max_probes=3),
-        sim=BackendSpec(kind="sim", **common),
-        real=BackendSpec(kind="real", **common),
-        strategy="grid",
-        top_k=2,
-        finalists=0,
-        repeats=0,
-        db=str(tmp_path / f"{name}.db"),
-        edge=False,
-        verbose=False,
-    )
+    return hybrid_settings(tmp_path, name, space, ttft_p95_ms=20000, max_load=4, max_probes=3,
+                           top_k=2, finalists=0, repeats=0)  # fmt: skip
 
 
 def test_the_tuner_fits_threads_to_a_busy_host_right_after_the_baseline(

@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from servetune.measure import BackendSpec
-from servetune.measure.backends import SimBackend
-from servetune.slo import parse_slo
-from servetune.tune import executors, timeplan
-from servetune.tune.capacity import concurrency_lattice
-from servetune.tune.objective import Objective
+from servetune.tune import timeplan
 from servetune.tune.space import parse_space
-from servetune.tune.trial import SearchSettings
 from servetune.tune.tuner import Tuner, TuneSettings
-from servetune.workload.spec import parse_workload
+from sim_as_real import SimAsReal, hybrid_settings, serve_real_with
 
 
 def test_shares_split_what_is_left_after_the_reserve() -> None:
@@ -37,61 +31,16 @@ def test_shares_split_what_is_left_after_the_reserve() -> None:
     assert "1 load point: the budget was spent before its turn" in spent and "0s" not in spent
 
 
-class _SimAsReal(SimBackend):
-    """The simulator under a real backend's name: its points are fast and deterministic."""
-
-    name = "real"
-
-
 def _settings(tmp_path: Path, budget_s: float | None) -> TuneSettings:
-    workload = parse_workload(
-        {
-            "name": "plan",
-            "count": 8,
-            "input_tokens": {"dist": "fixed", "value": 256},
-            "output_tokens": {"dist": "fixed", "value": 64},
-            "arrival": {"kind": "closed", "concurrency": 1},
-        }
-    )
-    common = dict(
-        engine="vllm",
-        model="llama-3.1-8b",
-        hardware="h100-sxm",
-        workload=workload.model_dump(mode="json"),
-        slo=parse_slo({"ttft_ms": {"p95": 400}}).model_dump(mode="json", exclude_none=True),
-        per_user=2,
-    )
     space = parse_space({"engine": "vllm", "knobs": {"max_num_seqs": [2, 4, 8, 16, 32]}})
-    return TuneSettings(
-        space=space,
-        mode="hybrid",
-        objective=Objective("goodput"),
-        search=SearchSettings("concurrency", concurrency_lattice(32), max_probes=6),
-        sim=BackendSpec(kind="sim", **common),
-        # no model file: the calibration cannot run and the simulator ranks uncalibrated
-        real=BackendSpec(kind="real", **common),
-        strategy="grid",
-        top_k=3,
-        finalists=1,
-        repeats=2,
-        db=str(tmp_path / f"{budget_s}.db"),
-        time_budget_s=budget_s,
-        edge=False,
-        verbose=False,
-    )
+    return hybrid_settings(tmp_path, f"plan-{budget_s}", space, ttft_p95_ms=400, max_load=32,
+                           max_probes=6, top_k=3, finalists=1, repeats=2,
+                           time_budget_s=budget_s)  # fmt: skip
 
 
 @pytest.fixture
 def sim_as_real(monkeypatch):
-    real = executors.make_backend
-
-    def make(spec: BackendSpec):
-        return _SimAsReal(replace(spec, kind="sim")) if spec.kind == "real" else real(spec)
-
-    monkeypatch.setattr(executors, "make_backend", make)
-    executors._BACKENDS.clear()
-    yield
-    executors._BACKENDS.clear()
+    yield from serve_real_with(monkeypatch, SimAsReal)
 
 
 def test_a_skipped_step_says_the_time_left_or_how_far_the_budget_is_overrun() -> None:
