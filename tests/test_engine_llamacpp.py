@@ -56,16 +56,22 @@ def test_bench_names_the_engine_from_its_metrics(
     llamacpp_server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without --engine, bench read llama.cpp's /metrics under raw names: no canonical
-    series for diagnose, which then named vLLM's knobs for this server."""
+    series for diagnose, which then named vLLM's knobs for this server. Without
+    --tokenizer, its 64-word prompts are ~64 of Gemma 3's tokens (plus the chat
+    template's ~24); synthetic words ("w3484") made them ~300."""
     assert server_engine(llamacpp_server.url) == "llamacpp"
     out = tmp_path / "run.json"
-    args = ["--concurrency", "1", "--count", "2", "--output-len", "4", "--no-store"]
+    args = ["--concurrency", "1", "--count", "2", "--input-len", "64", "--output-len", "4",
+            "--no-store"]  # fmt: skip
     code, _, err = run_cli(capsys, "bench", "--url", llamacpp_server.url, *args, "-o", str(out))
     assert code == 0, err
     assert "engine: llamacpp, named by its /metrics" in err
     res = load_result(out)
     assert res.target.engine == "llamacpp"
     assert res.server is not None and res.server.series("requests_running")
+    served = [r.usage_prompt_tokens for r in res.records]
+    assert all(r.prompt_tokens == 64 for r in res.records)
+    assert all(s is not None and 64 <= s <= 100 for s in served), served
 
 
 def test_effective_settings_from_props_and_slots(llamacpp_server) -> None:

@@ -231,7 +231,8 @@ def bench(
     def ready(_: Any) -> None:
         if tokenizer is None:
             err.print(
-                "[yellow]note:[/] no --tokenizer: prompt lengths use whitespace words, not tokens"
+                "[yellow]note:[/] no --tokenizer: prompts are common English words counted "
+                "one token each (most tokenizers agree; --tokenizer server counts exactly)"
             )
         if engine in ADAPTERS and not exports_metrics(engine):
             err.print(f"[yellow]note:[/] {engine} exports no /metrics: every figure is client-side")
