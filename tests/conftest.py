@@ -67,6 +67,17 @@ def _private_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("SERVETUNE_DB", f"sqlite:///{db}")
 
 
+@pytest.fixture(autouse=True)
+def _idle_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's host check (`tune.hostfit.check_host`) sees an idle host unless a test
+    says otherwise: what other tests run beside it must not change what a study does."""
+    import os
+
+    monkeypatch.setattr(
+        "servetune.tune.hostfit.others_now", lambda seconds=2.0: (os.cpu_count() or 2, 0.0)
+    )
+
+
 @pytest.fixture
 def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty store's path, which the CLI under test reads (SERVETUNE_DB), and tables

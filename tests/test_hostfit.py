@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,18 @@ from servetune.diagnose.evidence import Evidence
 from servetune.diagnose.rules import diagnose
 from servetune.engines.config import EngineConfig
 from servetune.measure.backends import SimBackend
-from servetune.measure.result import PointResult, signals
+from servetune.measure.result import Infeasible, PointResult, signals
 from servetune.measure.session import Session
 from servetune.measure.simulated import SimSession
 from servetune.results.schema import TelemetrySeries
+from servetune.slo import HostRule
 from servetune.status import TrialStatus
+from servetune.store import RunMeta, Store
 from servetune.telemetry.contention import contention
 from servetune.telemetry.sampler import summarize
-from servetune.tune.hostfit import threads_for_host
+from servetune.tune import calibration as cal
+from servetune.tune import executors
+from servetune.tune.hostfit import check_host, early_threads, threads_for_host
 from servetune.tune.space import parse_space
 from servetune.tune.trial import TrialResult
 from servetune.tune.tuner import Tuner, TuneSettings
@@ -176,3 +181,72 @@ def test_an_idle_host_verifies_as_before(tmp_path: Path, idle_host) -> None:
     # the baseline, then the simulator's picks at the baseline's threads (blind to them)
     assert real[0].config.get("threads") is None
     assert real[1].config.get("threads") is None and real[1].config != real[0].config
+
+
+# --- before the study: the host check ---------------------------------------------------
+
+
+def _busy(seconds: float) -> tuple[int, float]:
+    return 2, 1.0  # one of two cores held by another process
+
+
+def test_the_threads_checked_before_any_engine_runs_fit_the_cores_others_leave() -> None:
+    space = parse_space({"engine": "llamacpp", "knobs": {"threads": [1, 2, 4]}})
+    assert early_threads(space, 2, 1.0) == 1
+    assert early_threads(space, 8, 3.4) == 4  # round(8 - 3.4) = 5 free: the largest within
+    assert early_threads(space, 2, 0.3) is None  # the others hold under half a core
+    pinned = parse_space({"engine": "llamacpp", "baseline": {"threads": 1},
+                          "knobs": {"threads": [1, 2]}})  # fmt: skip
+    assert early_threads(pinned, 2, 1.0) is None  # the baseline already fits
+    fixed = parse_space({"engine": "llamacpp", "knobs": {"parallel_slots": [1, 2]}})
+    assert early_threads(fixed, 2, 1.0) is None
+
+
+def test_the_host_check_keeps_the_fit_only_when_clearly_faster(
+    tmp_path: Path, held_host, monkeypatch
+) -> None:
+    settings = _settings(tmp_path, "check")
+    kept: list[RunMeta] = []
+    got = check_host(settings.real, settings.space, say=lambda m: None,
+                     keep=lambda res, meta: kept.append(meta), sample=_busy)  # fmt: skip
+    assert got is not None and got.threads == 1 and got.kept
+    assert got.fit_req_s > 5 * got.base_req_s  # the held baseline is 20x slower
+    assert [m.engine_config for m in kept] == [{"engine": "llamacpp"},
+                                               {"engine": "llamacpp", "threads": 1}]  # fmt: skip
+    assert {m.study for m in kept} == {"host-check-llamacpp"}
+    assert "other processes held 1.0 of 2 cores" in got.line()
+    # an idle host's sample: nothing measured
+    assert check_host(settings.real, settings.space, say=print, sample=lambda s: (2, 0.1)) is None
+    # a host that only looks busy (the fit is no faster): not kept
+    monkeypatch.setattr(
+        executors, "make_backend", lambda spec: SimAsReal(replace(spec, kind="sim"))
+    )
+    executors._BACKENDS.clear()
+    same = check_host(settings.real, settings.space, say=lambda m: None, sample=_busy)
+    assert same is not None and not same.kept and "not 25% faster" in same.line()
+
+
+def test_a_busy_host_fits_the_threads_before_the_slo_probe_and_the_calibration(
+    tmp_path: Path, held_host, monkeypatch
+) -> None:
+    monkeypatch.setattr("servetune.tune.hostfit.others_now", _busy)
+    settings = _settings(tmp_path, "early")
+    settings.host_slo = HostRule(ttft_x=4, tpot_x=3)
+    calibrated: list[EngineConfig] = []
+
+    def calibrate_first(real, sim, cfg, **kw):
+        calibrated.append(cfg)
+        raise Infeasible("launch", "no model file here")  # the simulator stays on roofline
+
+    monkeypatch.setattr(cal, "calibrate_first", calibrate_first)
+    out = Tuner(settings).run()
+    assert out.host_check is not None and out.host_check.kept
+    assert settings.work_base().threads == 1 and calibrated == [settings.work_base()]
+    # the SLO is what the host gives at the threads that fit it, not at the starved default
+    assert out.host_slo is not None and "threads=1" in out.host_slo.config
+    real = sorted(out.ranked, key=lambda t: t.started_unix_s)
+    assert real[0].config.get("threads") is None  # the trials still measure the baseline
+    assert out.winner is not None and out.winner.config.get("threads") == 1
+    assert any(n.startswith("host check: other processes held 1.0 of 2 cores") for n in out.notes)
+    with Store.open(settings.db) as st:
+        assert len(st.list_runs(study="host-check-llamacpp")) == 2

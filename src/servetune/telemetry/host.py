@@ -173,6 +173,19 @@ class HostSource:
         self._procs.clear()
 
 
+def others_now(seconds: float = 2.0) -> tuple[int, float]:
+    """(the host's cores, the cores' worth other processes kept busy over `seconds`):
+    the host as it is before an engine starts. This process and its children are not
+    "others" (`HostSource`'s client)."""
+    src = HostSource()
+    src.read()
+    time.sleep(seconds)
+    got = src.read()
+    cores = int(got.get("host_cpu_cores", os.cpu_count() or 1))
+    busy = got.get("host_cpu_busy", 0.0) * cores
+    return cores, max(0.0, busy - got.get("client_cpu_cores", 0.0))
+
+
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
 
 

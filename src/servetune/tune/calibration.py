@@ -496,7 +496,7 @@ def calibrate_first(
     cache: CalibrationCache,
     force: bool,
     say: Say,
-    store_run: Callable[[RunResult, CalibrationKey], None] | None = None,
+    store_run: Callable[[RunResult, RunMeta], None] | None = None,
 ) -> Calibration:
     """The cached calibration for this engine, model file and host when it still
     predicts this study's baseline measured now (the sweep's first block, `check_cached`),
@@ -535,7 +535,7 @@ def calibrate_first(
         measured.append(res)
         save_run(res, runs_dir)  # kept before any fitting: nothing measured is lost
         if store_run is not None:
-            store_run(res, key)
+            store_run(res, calibration_meta(res, key))
 
     runs, version = run_sweep(real, baseline, cases, say=say, keep=keep, stop=stop)
     if checked and entry is not None:
@@ -603,11 +603,11 @@ def for_hybrid(
         cal = calibrate_first(
             real,
             sim,
-            settings.space.baseline_config(),
+            settings.work_base(),  # the baseline, at a busy host's fitted threads
             cache=CalibrationCache(settings.calibration_dir),
             force=settings.recalibrate,
             say=say,
-            store_run=store_writer(store, say) if store is not None else None,
+            store_run=store_writer(store, say, "calibration") if store is not None else None,
         )
     except (Infeasible, InputError) as exc:
         why = exc.reason if isinstance(exc, Infeasible) else exc.one_line()
@@ -630,30 +630,35 @@ def given_profile_note(path: str, say: Say, *, hybrid: bool = False) -> str:
     return note
 
 
-def store_writer(store: Store, say: Say) -> Callable[[RunResult, CalibrationKey], None]:
-    """Each sweep run into the experiment store too, as a study of its own
-    (`calibration-<engine>-<digest>`, tag `calibration`); a store that fails is said once
-    and left alone (the runs are kept as files regardless)."""
+def calibration_meta(res: RunResult, key: CalibrationKey) -> RunMeta:
+    """A sweep run's record: a study of its own (`calibration-<engine>-<digest>`, tag
+    `calibration`)."""
+    return RunMeta(
+        backend="real",
+        study=f"calibration-{key.engine}-{key.digest}",
+        study_kind="calibration",
+        tags=["calibration"],
+        model=key.model_file,
+        engine_config=res.target.config or None,
+        hardware=host_info(),
+        software={"engine": key.engine, "engine_version": key.engine_version},
+    )
+
+
+def store_writer(store: Store, say: Say, what: str) -> Callable[[RunResult, RunMeta], None]:
+    """Runs measured before a study's trials (the calibration sweep, the host check) into
+    the experiment store too, each with the record its caller gives; a store that fails is
+    said once (`what` names the runs) and left alone: the study goes on."""
     failed: list[str] = []
 
-    def write(res: RunResult, key: CalibrationKey) -> None:
+    def write(res: RunResult, meta: RunMeta) -> None:
         if failed:
             return
-        meta = RunMeta(
-            backend="real",
-            study=f"calibration-{key.engine}-{key.digest}",
-            study_kind="calibration",
-            tags=["calibration"],
-            model=key.model_file,
-            engine_config=res.target.config or None,
-            hardware=host_info(),
-            software={"engine": key.engine, "engine_version": key.engine_version},
-        )
         try:
             store.save_result(res, meta)
         except Exception as exc:  # noqa: BLE001 - storing comes second to measuring
             failed.append(str(exc))
-            say(f"calibration: runs not stored ({str(exc).splitlines()[0][:120]})")
+            say(f"{what}: runs not stored ({str(exc).splitlines()[0][:120]})")
 
     return write
 
@@ -664,6 +669,7 @@ __all__ = [
     "CalibrationCache",
     "CalibrationKey",
     "calibrate_first",
+    "calibration_meta",
     "check_cached",
     "file_identity",
     "fit",

@@ -22,10 +22,10 @@ from servetune.slo import HostRule, parse_slo
 from servetune.status import RunStatus, TrialStatus
 from servetune.store import Store
 from servetune.tune import simvsreal, timeplan
-from servetune.tune.calibration import Calibration, for_hybrid
+from servetune.tune.calibration import Calibration, for_hybrid, store_writer
 from servetune.tune.executors import TrialTask, backend_for, make_executor, recorder_for
 from servetune.tune.explain import explain, explain_shortfall
-from servetune.tune.hostfit import contention_of, threads_for_host
+from servetune.tune.hostfit import HostCheck, check_host, contention_of, threads_for_host
 from servetune.tune.hostslo import HostSLO, probe_host, slowed_since
 from servetune.tune.objective import Objective, gpus_of
 from servetune.tune.oomedge import OOMEdge, find_edge, step_back
@@ -80,6 +80,23 @@ class TuneSettings:
     # and whether to calibrate again even if the cached one still holds (tune.calibration)
     calibration_dir: str | None = None
     recalibrate: bool = False
+    # the threads the host check fitted to a busy host (`tune.hostfit.check_host`)
+    host_threads: int | None = None
+
+    def work_base(self) -> EngineConfig:
+        """What the measurements before the trials run (the calibration sweep, the SLO
+        probe): the baseline, at the threads fitted to a busy host when the host check
+        kept them. The trials still measure the baseline itself."""
+        base = self.space.baseline_config()
+        return base.with_(threads=self.host_threads) if self.host_threads else base
+
+    def checks_host(self) -> bool:
+        """Whether the host check can change what runs before the trials: a real engine
+        calibrated here (hybrid, no profile given) or probed for the SLO."""
+        if self.real is None or self.mode == "sim" or self.host_threads:
+            return False
+        calibrates = self.mode == "hybrid" and not (self.sim and self.sim.profile)
+        return calibrates or self.host_slo is not None
 
     def fingerprint_parts(self) -> dict[str, Any]:
         return {
@@ -98,6 +115,7 @@ class TuneSettings:
             "budget": self.budget,
             "seed": self.seed,
             **({"host_slo": self.host_slo.model_dump()} if self.host_slo else {}),
+            **({"host_threads": self.host_threads} if self.host_threads else {}),
         }
 
 
@@ -113,6 +131,7 @@ PART_NAMES = {
     "seed": "--seed",
     "objective": "--objective",
     "host_slo": "the host-derived SLO",
+    "host_threads": "the threads the host check fitted to a busy host",
 }
 
 
@@ -157,6 +176,7 @@ class TuneOutcome:
     slo_met: bool = True  # False: `winner` is the best effort, the closest to the SLO
     shortfall: Shortfall | None = None  # the best effort's distance to the SLO
     calibration: Calibration | None = None  # hybrid: the profile the simulator ranked with
+    host_check: HostCheck | None = None  # a busy host's check before the study
 
     def to_json(self, full: bool = False) -> dict[str, Any]:
         def t(x: TrialResult | None) -> dict[str, Any] | None:
@@ -189,6 +209,7 @@ class TuneOutcome:
             "notes": self.notes,
             "counts": self.counts,
             "calibration": self.calibration.to_json() if self.calibration else None,
+            "host_check": self.host_check.to_json() if self.host_check else None,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
@@ -203,6 +224,13 @@ class Tuner:
             )
         self.store = Store.open(settings.db)
         self.db = settings.db or self.store.url
+        # a busy host: the threads that fit it, checked first (tune.hostfit)
+        self.host_check = None
+        if settings.checks_host():
+            write = store_writer(self.store, self.say, "host check")
+            self.host_check = check_host(settings.real, settings.space, say=self.say, keep=write)
+            if self.host_check is not None and self.host_check.kept:
+                settings.host_threads = self.host_check.threads
         # hybrid: the simulator is calibrated on the real engine before anything ranks,
         # and the study is named with the profile it ranks with (tune.calibration)
         self.calibration, calibration_note = for_hybrid(settings, self.store, self.say)
@@ -223,6 +251,8 @@ class Tuner:
         self.executor = make_executor(settings.executor, settings.address, settings.num_cpus)
         self.trials: dict[tuple[str, str], TrialResult] = {}  # (backend, key) -> result
         self.notes: list[str] = [calibration_note] if calibration_note else []
+        if self.host_check is not None:
+            self.notes.append(self.host_check.line())
         self.blind: list[str] = []  # knobs the simulator does not model (hybrid)
         self.untimed_s = 0.0  # seconds outside the trials' time budget (the SLO probe)
 
@@ -386,15 +416,17 @@ class Tuner:
         keep = {k: getattr(base, k) for k in blind}
         tops = diverse_top(sim_ranked, self.s.top_k, config_key(base))
         out = [self._verify(base, 1 + len(tops))]
-        fit = threads_for_host(out[0], self.s.space)
+        fit = self.s.host_threads or threads_for_host(out[0], self.s.space)
         if fit is not None:
             t = self._verify(base.with_(threads=fit), 1 + len(tops))
             out.append(t)
             kept = beats(t, out[0])
             if kept:
                 keep["threads"] = fit
+            seen = contention_of(out[0])
+            why = f"{seen} in the baseline's run" if seen else "fitted by the host check"
             self.notes.append(
-                f"host: {contention_of(out[0])} in the baseline's run: threads={fit} "
+                f"host: {why}: threads={fit} "
                 f"(the cores left free) measured next, {self.s.objective.show(t.score)} "
                 f"against the baseline's {self.s.objective.show(out[0].score)}: "
                 + ("kept for the simulator's picks" if kept else "not kept")
@@ -563,6 +595,7 @@ class Tuner:
     def run(self) -> TuneOutcome:
         s = self.s
         out = TuneOutcome(self.study, self.store.where, s.mode, s.objective, self.knobs)
+        out.host_check = self.host_check
         try:
             self.derive_slo(out)
             rank_spec = s.real if s.mode == "real" else s.sim
@@ -628,9 +661,10 @@ class Tuner:
         spec = s.real or s.sim
         assert spec is not None
         if s.host_slo is not None:
-            cfg = s.space.baseline_config()
+            cfg = s.work_base()
+            who = "the baseline" if cfg == s.space.baseline_config() else self.label(cfg)
             self.say(
-                f"[{self.elapsed():6.1f}s] deriving the SLO from this host: the baseline "
+                f"[{self.elapsed():6.1f}s] deriving the SLO from this host: {who} "
                 "serves the workload one request at a time (the idle probe)"
             )
             t0 = time.monotonic()
@@ -713,11 +747,11 @@ class Tuner:
     def _sim_vs_real(self, sim: list[TrialResult], real: list[TrialResult]) -> list[dict[str, Any]]:
         """Each verified config against the simulator at the same load (`tune.simvsreal`),
         said a line each. Configs that moved a knob the simulator does not model from the
-        baseline's value (the value its profile was fitted at: threads=1 beside a busy
-        core ran 50x faster than that profile) are left out: their error is the knob's
-        effect, and it would mark a sound profile stale."""
+        value its profile was fitted at (`TuneSettings.work_base`: threads=1 beside a busy
+        core ran 50x faster than a profile fitted at the default) are left out: their
+        error is the knob's effect, and it would mark a sound profile stale."""
         assert self.s.sim is not None
-        base = self.s.space.baseline_config()
+        base = self.s.work_base()
         real = [t for t in real if all(t.config.get(k) == getattr(base, k) for k in self.blind)]
         backend, recorder = backend_for(self.s.sim), recorder_for(self.db, self.study, "sim")
 
@@ -739,7 +773,7 @@ class Tuner:
         noise floor (the real engine against itself: the baseline against its calibration
         sweep, the finalists against their repetitions; `tune.simvsreal`), said in one
         line; then the calibration is judged on them (`tune.calibration`)."""
-        base = self.s.space.baseline_config()
+        base = self.s.work_base()  # the config the calibration swept
         floor = simvsreal.repeat_rows(real)
         if self.calibration is not None:
             trial = next((t for t in real if t.key == config_key(base)), None)
