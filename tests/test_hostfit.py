@@ -244,9 +244,16 @@ def test_a_busy_host_fits_the_threads_before_the_slo_probe_and_the_calibration(
     assert settings.work_base().threads == 1 and calibrated == [settings.work_base()]
     # the SLO is what the host gives at the threads that fit it, not at the starved default
     assert out.host_slo is not None and "threads=1" in out.host_slo.config
-    real = sorted(out.ranked, key=lambda t: t.started_unix_s)
-    assert real[0].config.get("threads") is None  # the trials still measure the baseline
+    # the fit first, the simulator's picks with it, the baseline last (still measured: the
+    # reference), so its slow points cannot spend the picks' share of the budget
+    real = sorted((t for t in out.ranked if t.backend == "real"), key=lambda t: t.started_unix_s)
+    threads = [t.config.get("threads") for t in real]
+    last = threads.index(None)  # then the blind phase's other values, time allowing
+    assert last >= 2 and set(threads[:last]) == {1}
+    assert real[0].config == {**real[last].config, "threads": 1}
     assert out.winner is not None and out.winner.config.get("threads") == 1
+    note = next(n for n in out.notes if n.startswith("host: threads=1, fitted by the host check"))
+    assert "the baseline measured last" in note
     assert any(n.startswith("host check: other processes held 1.0 of 2 cores") for n in out.notes)
     with Store.open(settings.db) as st:
         assert len(st.list_runs(study="host-check-llamacpp")) == 2

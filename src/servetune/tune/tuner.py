@@ -408,38 +408,58 @@ class Tuner:
         """Hybrid: the baseline and the simulator's top k on the real engine, each within
         its share of the time budget (`tune.timeplan`), so every one of them is measured.
         On a host whose other processes held cores the baseline's threads wanted, the
-        threads that fit are measured next, and kept for the picks when they win."""
+        threads that fit are measured next, and kept for the picks when they win. When the
+        host check fitted them before the study, they are measured first and the baseline
+        last: its slow points (~100 s for one beside the main job's hog) would otherwise
+        spend the budget the picks' load searches need."""
         assert self.s.real is not None
         base = self.s.space.baseline_config()
         blind = self.blind = sim_blind_knobs(sim_ranked, self.knobs)
         # What the simulator cannot see stays at the baseline's value until measured.
         keep = {k: getattr(base, k) for k in blind}
         tops = diverse_top(sim_ranked, self.s.top_k, config_key(base))
-        out = [self._verify(base, 1 + len(tops))]
-        fit = self.s.host_threads or threads_for_host(out[0], self.s.space)
+        fitted = self.s.host_threads
+        last = 1 if fitted else 0  # the baseline, measured last
+        out = [self._verify(self.s.work_base(), 1 + len(tops) + last)]
+        fit = None if fitted else threads_for_host(out[0], self.s.space)
         if fit is not None:
             t = self._verify(base.with_(threads=fit), 1 + len(tops))
             out.append(t)
             kept = beats(t, out[0])
             if kept:
                 keep["threads"] = fit
-            seen = contention_of(out[0])
-            why = f"{seen} in the baseline's run" if seen else "fitted by the host check"
             self.notes.append(
-                f"host: {why}: threads={fit} "
-                f"(the cores left free) measured next, {self.s.objective.show(t.score)} "
-                f"against the baseline's {self.s.objective.show(out[0].score)}: "
+                f"host: {contention_of(out[0])} in the baseline's run: threads={fit} "
+                f"(the cores left free) measured next, {self._shown(t)} against the "
+                f"baseline's {self._shown(out[0])}: "
                 + ("kept for the simulator's picks" if kept else "not kept")
             )
+        if fitted:
+            keep["threads"] = fitted
         done = {t.key for t in out}
         picks: list[EngineConfig] = []
         for t in tops:
             cfg = t.cfg.with_(**keep) if keep else t.cfg
             if config_key(cfg) not in done | {config_key(c) for c in picks}:
                 picks.append(cfg)
-        out.extend(self._verify(cfg, len(picks) - i) for i, cfg in enumerate(picks))
+        out.extend(self._verify(cfg, len(picks) - i + last) for i, cfg in enumerate(picks))
+        if fitted:
+            b = self._verify(base, 1)
+            out.append(b)
+            self.notes.append(
+                f"host: threads={fitted}, fitted by the host check, measured first "
+                f"({self._shown(out[0])}) and kept for the simulator's picks; the baseline "
+                f"measured last: {self._shown(b)}"
+                + (" (it beat the fit in the trials)" if beats(b, out[0]) else "")
+            )
         out.extend(self.blind_phase(sim_ranked, out))
         return out
+
+    def _shown(self, t: TrialResult) -> str:
+        """A trial's score, or why it has none (`no load point met the SLO`)."""
+        if t.status == TrialStatus.OK and t.score is not None:
+            return self.s.objective.show(t.score)
+        return t.reason[:120] or str(t.status)
 
     def _verify(self, cfg: EngineConfig, left: int) -> TrialResult:
         """One config on the real engine within its share of the time left (`left`
