@@ -228,6 +228,7 @@ def test_a_tune_report_opens_with_the_verdict_and_the_tuning_charts(tmp_path: Pa
     assert rows["how sure"] == "3 repetitions: 2.1 req/s/GPU (95% CI 1.9 .. 2.3), 3/3 met the SLO"
     assert rows["sim vs real"].startswith("simulator +10% on req/s per GPU")
     assert v.command == "vllm serve m --max-num-seqs 8"
+    assert "host" not in rows  # an idle host's study: no host check to tell
     bars = capacity(data).fig.data[0]  # winner first, its interval as whiskers
     assert list(bars.y) == ["max_num_seqs=8", "max_num_seqs=default", "max_num_seqs=4"]
     assert list(bars.error_x.array)[0] == pytest.approx(0.2)
@@ -238,6 +239,19 @@ def test_a_tune_report_opens_with_the_verdict_and_the_tuning_charts(tmp_path: Pa
     bind = binding(data).fig.data[0]
     assert all("P95 TTFT 1,200 ms > 800 (n=" in t for t in bind.text)
     assert list(bind.x) == [1.5, 1.5, 1.5]
+
+
+def test_a_busy_hosts_study_says_what_its_host_check_found(tmp_path: Path) -> None:
+    from servetune.tune.hostfit import HostCheck
+
+    check = HostCheck(cores=2, others=1.0, threads=1, base_req_s=0.099, fit_req_s=1.53)
+    with _store(tmp_path) as store:
+        summary = _hybrid_study(store)
+        store.update_study_meta("hy", {"summary": {**summary, "host_check": check.to_json()}})
+        data = load_report_data(store, ["hy"])
+    rows = dict(verdict(data).rows)
+    assert rows["host"].startswith("host check: other processes held 1.0 of 2 cores")
+    assert "the baseline 0.099 req/s, threads=1 (the cores left free) 1.53 req/s" in rows["host"]
 
 
 def test_cli_tables_carry_the_sample_size(

@@ -68,6 +68,8 @@ def tune_verdict(data: ReportData) -> Verdict:
     elif b is not None:
         rows.append(("vs baseline", "the baseline itself won: no knob in the space beat it"))
     rows.append(("how sure", _sureness(w, s, m)))
+    if host := (s.get("host_check") or {}).get("text"):
+        rows.append(("host", host))  # a busy host: what the study ran at, and why
     at = _capacity_point(w) if m.searches_capacity else w.best
     if at is not None:
         evidence = steady.evidence_text(at.signals) or (
