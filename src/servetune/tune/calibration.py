@@ -524,7 +524,9 @@ def calibrate_first(
             return checked[-1].holds
 
     else:
-        say(f"calibration: {why}: a short sweep on the real engine at the baseline "
+        n = baseline.threads
+        at = "the baseline" if n is None else f"the baseline, threads={n}"
+        say(f"calibration: {why}: a short sweep on the real engine at {at} "
             f"({names}; {SWEEP_SAMPLES} runs each)")  # fmt: skip
     t0 = time.monotonic()
     profile_path, runs_dir = cache.new_paths(key)
