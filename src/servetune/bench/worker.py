@@ -83,7 +83,7 @@ class Worker:
         self._lags_ms: list[float] = []
 
     # --- starting requests -------------------------------------------------------------
-    def _start(self, item: Item, queued_since_ns: int | None = None) -> None:
+    def _start(self, item: Item, queued_since_ns: int | None = None, fresh: bool = False) -> None:
         index, payload, sched, cancel_after = item
         cfg = self.cfg
         st = RequestState(
@@ -101,7 +101,7 @@ class Worker:
             st.queue_ns = now - queued_since_ns
         self.in_flight.add(st)
         self.sent += 1
-        conn = self.pool.get_idle()
+        conn = None if fresh else self.pool.get_idle()
         if conn is not None:
             st.sent(conn, conn.send(payload, st))
         else:
@@ -136,10 +136,12 @@ class Worker:
             and not conn.got_bytes
             and st.index not in self._retried
         ):
-            # A reused keep-alive connection the server had closed: retry once, fresh.
+            # A reused keep-alive connection the server had closed: retry once, on a new
+            # connection (another idle one may be as stale: the server that dropped one
+            # often dropped them all, and a retry on it was recorded as a reset).
             self._retried.add(st.index)
             self.sent -= 1
-            self._start(self._items_by_index[st.index])
+            self._start(self._items_by_index[st.index], fresh=True)
             return
         self.out.append(self._record(st))
         if self.cfg.flush_s <= 0:  # in-process: the breaker sees every record at once

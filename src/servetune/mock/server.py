@@ -57,6 +57,9 @@ class MockConfig:
     reasoning_tokens: int = 0  # the first N tokens arrive as `reasoning_content`
     usage: bool = True  # honour stream_options.include_usage
     close_after_response: bool = False  # llama.cpp-like: Connection: close
+    # A server that drops a keep-alive connection after this many answers without saying
+    # so (a keep-alive timeout or count): the next request on it finds only EOF.
+    answers_per_connection: int | None = None
     faults: dict[str, float] = field(default_factory=dict)
     fault_after_chunks: int = 3
     slow_headers_s: float = 2.0
@@ -168,6 +171,7 @@ class _MockProtocol(asyncio.Protocol):
         self.buf = b""
         self.stream: _Stream | None = None
         self.closed = False
+        self.answered = 0  # requests routed on this connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.t = transport  # type: ignore[assignment]
@@ -215,6 +219,11 @@ class _MockProtocol(asyncio.Protocol):
 
     def _route(self, method: str, path: str, body: bytes) -> None:
         path = path.split("?", 1)[0]
+        limit = self.srv.cfg.answers_per_connection
+        if limit is not None and self.answered >= limit:
+            self.t.close()  # type: ignore[union-attr]
+            return
+        self.answered += 1
         if path == "/metrics":
             data = self.srv.stats.prometheus()
             self.t.write(  # type: ignore[union-attr]
