@@ -120,7 +120,7 @@ class HostCheck:
         }
 
 
-def check_meta(res: RunResult, cfg: EngineConfig, engine: str) -> RunMeta:
+def check_meta(cfg: EngineConfig, engine: str) -> RunMeta:
     """A host check's run: a study of its own (`host-check-<engine>`, tag `host-check`)."""
     return RunMeta(
         backend="real",
@@ -170,7 +170,7 @@ def check_host(
             say(f"host check: not run ({exc.reason}): the study runs at the baseline's threads")
             return None
         if keep is not None:
-            keep(res, check_meta(res, cfg, real.engine))
+            keep(res, check_meta(cfg, real.engine))
         rates.append(point.req_s)
     got = HostCheck(cores, others, fit, rates[0], rates[1])
     say(got.line())
