@@ -174,13 +174,28 @@ def test_the_tuner_fits_threads_to_a_busy_host_right_after_the_baseline(
     assert out.sim_vs_real and all("threads=1" not in r["label"] for r in out.sim_vs_real)
 
 
+def _picks_said(said: list[str]) -> str:
+    """The line after the simulator's ranking: what it sends to the real engine."""
+    return next(m for m in said if "simulator ranked" in m)
+
+
 def test_an_idle_host_verifies_as_before(tmp_path: Path, idle_host) -> None:
-    out = Tuner(_settings(tmp_path, "idle")).run()
+    said: list[str] = []
+    out = Tuner(_settings(tmp_path, "idle"), said.append).run()
     real = sorted(out.ranked, key=lambda t: t.started_unix_s)
     assert not any(n.startswith("host: ") for n in out.notes)
     # the baseline, then the simulator's picks at the baseline's threads (blind to them)
     assert real[0].config.get("threads") is None
     assert real[1].config.get("threads") is None and real[1].config != real[0].config
+    # the line names the picks in what the simulator models, as they are measured, and says
+    # where the knob it cannot see stands (a label with threads in it would read predicted)
+    line = _picks_said(said)
+    picks = line.split("its picks for the real engine: ")[1]
+    assert f"parallel_slots={real[1].config['parallel_slots']} " in picks
+    assert "threads=" not in picks.split(" (it does not model")[0]
+    assert picks.endswith("(it does not model threads: measured at the baseline's values, then "
+                          "one change at a time)")  # fmt: skip
+    assert "(the baseline: rank " in line
 
 
 # --- before the study: the host check ---------------------------------------------------
@@ -239,8 +254,10 @@ def test_a_busy_host_fits_the_threads_before_the_slo_probe_and_the_calibration(
         raise Infeasible("launch", "no model file here")  # the simulator stays on roofline
 
     monkeypatch.setattr(cal, "calibrate_first", calibrate_first)
-    out = Tuner(settings).run()
+    said: list[str] = []
+    out = Tuner(settings, said.append).run()
     assert out.host_check is not None and out.host_check.kept
+    assert "measured at threads=1 (the host check's) and the rest at" in _picks_said(said)
     assert settings.work_base().threads == 1 and calibrated == [settings.work_base()]
     # the SLO is what the host gives at the threads that fit it, not at the starved default
     assert out.host_slo is not None and "threads=1" in out.host_slo.config

@@ -414,10 +414,10 @@ class Tuner:
         spend the budget the picks' load searches need."""
         assert self.s.real is not None
         base = self.s.space.baseline_config()
-        blind = self.blind = sim_blind_knobs(sim_ranked, self.knobs)
+        blind, tops = self.sim_picks(sim_ranked)
+        self.blind = blind
         # What the simulator cannot see stays at the baseline's value until measured.
         keep = {k: getattr(base, k) for k in blind}
-        tops = diverse_top(sim_ranked, self.s.top_k, config_key(base))
         fitted = self.s.host_threads
         last = 1 if fitted else 0  # the baseline, measured last
         out = [self._verify(self.s.work_base(), 1 + len(tops) + last)]
@@ -454,6 +454,52 @@ class Tuner:
             )
         out.extend(self.blind_phase(sim_ranked, out))
         return out
+
+    def sim_picks(self, ranked: list[TrialResult]) -> tuple[list[str], list[TrialResult]]:
+        """The knobs the simulator does not model, and its picks for the real engine: its
+        top `top_k` one per level of score, the baseline left out (it is measured anyway)."""
+        base = config_key(self.s.space.baseline_config())
+        return sim_blind_knobs(ranked, self.knobs), diverse_top(ranked, self.s.top_k, base)
+
+    def _picks_line(self, ranked: list[TrialResult]) -> str:
+        """What the simulator's ranking sends to the real engine, in the knobs it models: a
+        knob it cannot see would read as predicted when it is not (on a busy host the
+        default threads' baseline ranked first at the speed of the threads the profile was
+        fitted at), and configs that differ only in such knobs would read as a tie of two."""
+        blind, picks = self.sim_picks(ranked)
+        seen = [k for k in self.knobs if k not in blind]
+        base = next(
+            (t for t in ranked if t.key == config_key(self.s.space.baseline_config())), None
+        )
+        met = any(t.status == TrialStatus.OK for t in ranked)
+
+        def shown(t: TrialResult) -> str:
+            if met:
+                return (
+                    self.s.objective.show(t.score) if t.score is not None else "no load met the SLO"
+                )
+            m = merit(t)
+            return "nothing measured" if m is None else f"worst check {-m:.2f}x its target"
+
+        line = f"simulator ranked {len(ranked)} configs"
+        if base is not None:
+            line += f" (the baseline: rank {ranked.index(base) + 1}, {shown(base)})"
+        line += "; " if met else "; none meets the SLO; "
+        line += "its picks for the real engine: " if met else "closest, for the real engine: "
+        # configs alike in what it models are measured as one (the verify phase sets the
+        # rest to the baseline's values), and one alike with the baseline is the baseline
+        labels = {config_label(self.s.space.baseline_config(), seen): ""}
+        for t in picks:
+            labels.setdefault(config_label(t.cfg, seen), shown(t))
+        line += "; ".join(f"{k} {v}" for k, v in list(labels.items())[1:]) or "none"
+        if blind:
+            fitted = self.s.host_threads if "threads" in blind else None
+            at = f"threads={fitted} (the host check's) and the rest at " if fitted else ""
+            line += (
+                f" (it does not model {', '.join(blind)}: measured at {at}the baseline's "
+                "values, then one change at a time)"
+            )
+        return line
 
     def _shown(self, t: TrialResult) -> str:
         """A trial's score, or why it has none (`no load point met the SLO`)."""
@@ -623,17 +669,7 @@ class Tuner:
             first = rank(self.search_phase(rank_spec))
             if s.mode == "hybrid":
                 out.sim_ranked = first
-                top = [t for t in first if t.status == TrialStatus.OK][:3]
-                shown = "; ".join(f"{t.label} {s.objective.show(t.score)}" for t in top)
-                if not top:
-                    near = diverse_top(first, 3, "")
-                    shown = "none meets the SLO; closest: " + "; ".join(
-                        f"{t.label} (worst check {-(merit(t) or 0.0):.2f}x its target)"
-                        for t in near
-                    )
-                self.say(
-                    f"[{self.elapsed():6.1f}s] simulator ranked {len(first)} configs; top: {shown}"
-                )
+                self.say(f"[{self.elapsed():6.1f}s] {self._picks_line(first)}")
                 verified = rank(self.verify_phase(first))
                 out.ranked = verified
                 out.sim_vs_real = self._sim_vs_real(first, verified)
