@@ -37,6 +37,22 @@ def test_regions_only_move_forward_and_edge_cases() -> None:
     assert sweet_spot([1, 2, 4, 8], [10, 20, 21, 20]) == (1, "last point before over-saturation")
 
 
+def test_a_plateau_that_more_load_climbs_past_is_not_over_saturation() -> None:
+    # llama.cpp with 4 slots beside a busy core (the main job, 2026-12-07): the 2-user step
+    # adds 10%, the 4-user one 38%, the 8-user one 2%. The plateau was not the ceiling:
+    # the 4-user point is saturated (still growing), and it is the sweet spot, not 1 user.
+    x = [1, 2, 4, 8]
+    assert classify_regions(x, [1.43, 1.58, 2.18, 2.23]) == [LINEAR, OVER, SATURATION, OVER]
+    assert sweet_spot(x, [1.43, 1.58, 2.18, 2.23]) == (2, "start of the saturation region")
+    # growth past the best only at a flat rate against it stays over-saturated (4x the
+    # users for 1.4x the throughput: elasticity 0.13 from the 1-user point), as does a
+    # tick above a flat line
+    assert classify_regions(x, [2.89, 2.77, 4.06, 4.10])[1:] == [OVER, OVER, OVER]
+    assert classify_regions(x, [10, 20, 21, 21.5])[2:] == [OVER, OVER]
+    # and the way back leads to saturation, never to linear
+    assert classify_regions(x, [10, 10.2, 40, 41]) == [LINEAR, OVER, SATURATION, OVER]
+
+
 def test_pareto_front() -> None:
     x = [10, 20, 30, 25, 5]
     y = [900, 700, 300, 250, 950]
