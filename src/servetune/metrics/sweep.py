@@ -57,7 +57,7 @@ def _grows_past_best(x: Sequence[float], y: Sequence[float], i: int) -> bool:
     """Point i's throughput is above every earlier point's, and its elasticity against the
     best of them is a saturation rate or more (not a noisy tick above a flat line)."""
     best = max(range(i), key=lambda j: y[j])
-    if y[i] <= y[best] or not y[best] or not x[best]:
+    if y[i] <= y[best] or not y[best] or not x[best] or x[i] == x[best]:
         return False
     return ((y[i] - y[best]) / y[best]) / ((x[i] - x[best]) / x[best]) >= FLAT_MAX
 
