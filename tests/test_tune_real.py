@@ -23,6 +23,7 @@ import pytest
 from servetune.cli.tune_cmd import write_report
 from servetune.engines.testmodel import LLAMACPP_TEST_CONFIG
 from servetune.measure import BackendSpec
+from servetune.paths import cache_root
 from servetune.slo import parse_slo
 from servetune.status import RunStatus, TrialStatus
 from servetune.store import Store
@@ -165,12 +166,28 @@ def test_kv_that_cannot_be_allocated_is_infeasible_and_the_study_goes_on(
     assert tag is not None and tag.failure is not None and tag.failure.kind == "oom"
 
 
+def _private_cache(tmp: Path) -> Path:
+    """servetune's cache for one `servetune tune` run: the session's installed engines, the
+    model files and the host's measurement shared from the user's cache, the rest (the
+    calibration profiles above all, engine logs, detached state) its own. A hybrid study
+    calibrates into the cache, and the main job read a profile this suite had fitted on a
+    host it kept busy: reused within its stated 19%, it then missed P50 TPOT by 40%. Nor
+    may a profile the user's own runs left decide which path this test takes."""
+    real, private = cache_root(), tmp / "cache"
+    private.mkdir()
+    for name in ("engines", "models", "hardware-local.json"):
+        if (real / name).exists():
+            (private / name).symlink_to(real / name)
+    return private
+
+
 def _tune(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     """`servetune tune` as a user runs it, bounded: a hung engine fails the test."""
+    env = {**os.environ, "SERVETUNE_CACHE": str(_private_cache(tmp))}
     return subprocess.run(
         [sys.executable, "-m", "servetune.cli.app", "tune", "--db", str(tmp / "main.db"),
          "-o", str(tmp / "main.html"), *args],
-        capture_output=True, text=True, cwd=tmp, timeout=600,
+        capture_output=True, text=True, cwd=tmp, timeout=600, env=env,
     )  # fmt: skip
 
 
@@ -219,6 +236,8 @@ def test_main_job_preset_ends_with_a_recommendation(llamacpp_install, gemma_gguf
     assert len(concluded) == 1 and concluded[0].tune.key == w["key"]
     assert concluded[0].conclusion == ("keep" if summary["slo_met"] else "next")
     assert (tmp_path / "main.html").exists()
+    # calibrated into the run's own cache, not the user's
+    assert list((tmp_path / "cache" / "calibration").glob("llamacpp-*.profile.json"))
 
 
 def test_real_engine_slo_nothing_meets_is_a_best_effort(llamacpp_install, gemma_gguf, tmp_path):
