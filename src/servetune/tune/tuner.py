@@ -414,8 +414,9 @@ class Tuner:
         spend the budget the picks' load searches need."""
         assert self.s.real is not None
         base = self.s.space.baseline_config()
-        blind, tops = self.sim_picks(sim_ranked)
-        self.blind = blind
+        blind = self.blind = sim_blind_knobs(sim_ranked, self.knobs)
+        tops = diverse_top(sim_ranked, self.s.top_k, config_key(base))
+        self.say(f"[{self.elapsed():6.1f}s] {self._picks_line(sim_ranked, blind, tops)}")
         # What the simulator cannot see stays at the baseline's value until measured.
         keep = {k: getattr(base, k) for k in blind}
         fitted = self.s.host_threads
@@ -455,22 +456,17 @@ class Tuner:
         out.extend(self.blind_phase(sim_ranked, out))
         return out
 
-    def sim_picks(self, ranked: list[TrialResult]) -> tuple[list[str], list[TrialResult]]:
-        """The knobs the simulator does not model, and its picks for the real engine: its
-        top `top_k` one per level of score, the baseline left out (it is measured anyway)."""
-        base = config_key(self.s.space.baseline_config())
-        return sim_blind_knobs(ranked, self.knobs), diverse_top(ranked, self.s.top_k, base)
-
-    def _picks_line(self, ranked: list[TrialResult]) -> str:
-        """What the simulator's ranking sends to the real engine, in the knobs it models: a
-        knob it cannot see would read as predicted when it is not (on a busy host the
-        default threads' baseline ranked first at the speed of the threads the profile was
-        fitted at), and configs that differ only in such knobs would read as a tie of two."""
-        blind, picks = self.sim_picks(ranked)
+    def _picks_line(
+        self, ranked: list[TrialResult], blind: list[str], picks: list[TrialResult]
+    ) -> str:
+        """What the simulator's ranking sends to the real engine (`picks`: its top configs,
+        the baseline left out), in the knobs it models: a knob it cannot see (`blind`)
+        would read as predicted when it is not (on a busy host the default threads'
+        baseline ranked first at the speed of the threads the profile was fitted at), and
+        configs that differ only in such knobs would read as a tie of two."""
         seen = [k for k in self.knobs if k not in blind]
-        base = next(
-            (t for t in ranked if t.key == config_key(self.s.space.baseline_config())), None
-        )
+        base_cfg = self.s.space.baseline_config()
+        base = next((t for t in ranked if t.key == config_key(base_cfg)), None)
         met = any(t.status == TrialStatus.OK for t in ranked)
 
         def shown(t: TrialResult) -> str:
@@ -488,7 +484,7 @@ class Tuner:
         line += "its picks for the real engine: " if met else "closest, for the real engine: "
         # configs alike in what it models are measured as one (the verify phase sets the
         # rest to the baseline's values), and one alike with the baseline is the baseline
-        labels = {config_label(self.s.space.baseline_config(), seen): ""}
+        labels = {config_label(base_cfg, seen): ""}
         for t in picks:
             labels.setdefault(config_label(t.cfg, seen), shown(t))
         line += "; ".join(f"{k} {v}" for k, v in list(labels.items())[1:]) or "none"
@@ -669,7 +665,6 @@ class Tuner:
             first = rank(self.search_phase(rank_spec))
             if s.mode == "hybrid":
                 out.sim_ranked = first
-                self.say(f"[{self.elapsed():6.1f}s] {self._picks_line(first)}")
                 verified = rank(self.verify_phase(first))
                 out.ranked = verified
                 out.sim_vs_real = self._sim_vs_real(first, verified)
