@@ -74,8 +74,12 @@ def test_the_cli_explanation_of_a_cost_study_says_cheaper() -> None:
     base = ranked[-1]
     lines = explain(ranked[0], ranked, base, Objective("cost", 2.0), ["max_num_seqs"])
     assert lines[0].startswith("best cost per 1M tokens: $0.0885/1M tok at a capacity of 38.1")
-    assert lines[1].startswith("runner-up max_num_seqs=64: $0.131/1M tok (32% cheaper);")
-    assert lines[2].startswith("vs the baseline (max_num_seqs=8): $0.804/1M tok (89% cheaper);")
+    assert lines[1].startswith(
+        "runner-up max_num_seqs=64: $0.131/1M tok (the winner: 32% cheaper);"
+    )
+    assert lines[2].startswith(
+        "vs the baseline (max_num_seqs=8): $0.804/1M tok (the winner: 89% cheaper);"
+    )
     assert "+89%" not in " ".join(lines) and "+32%" not in " ".join(lines)
 
 
@@ -86,7 +90,7 @@ def test_a_repeated_cost_winner_is_compared_in_dollars() -> None:
     ranked[0].ci = {"n": 3, "mean": 0.09, "low": 0.085, "high": 0.095, "passed": 3}
     lines = explain(ranked[0], ranked, ranked[-1], Objective("cost", 2.0), ["max_num_seqs"])
     assert lines[0].endswith("; its 3 repetitions: $0.09/1M tok (95% CI 0.085 .. 0.095)")
-    assert "$0.804/1M tok (89% cheaper on the winner's repetitions)" in lines[2], lines[2]
+    assert "$0.804/1M tok (the winner: 89% cheaper on its repetitions)" in lines[2], lines[2]
 
 
 def test_the_latency_explanation_names_the_workloads_load_not_a_capacity() -> None:
@@ -95,7 +99,7 @@ def test_the_latency_explanation_names_the_workloads_load_not_a_capacity() -> No
     assert lines[0] == (
         "best P95 TTFT: P95 TTFT 70 ms at the workload's own load, 1 req/s (no capacity search)"
     )
-    assert "P95 TTFT 86 ms (18% lower P95 TTFT)" in lines[1], lines[1]
+    assert "P95 TTFT 86 ms (the winner: 18% lower P95 TTFT)" in lines[1], lines[1]
     assert not any("capacity is a lower bound" in line for line in lines), lines
 
 

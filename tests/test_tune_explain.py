@@ -68,19 +68,42 @@ def test_margins_come_from_the_repetitions_and_say_when_noise_holds_them() -> No
     assert lines[0].endswith("; its 3 repetitions: 0.163 req/s/GPU (95% CI 0.091 .. 0.235)")
     ru, vs = lines[1], lines[2]
     assert ru.startswith(
-        "runner-up baseline: 0.167 req/s/GPU (2% less goodput per GPU on the winner's repetitions;"
+        "runner-up baseline: 0.167 req/s/GPU "
+        "(the winner: 2% less goodput per GPU on its repetitions;"
     )
     assert "within this host's noise at 95%, not a proven difference" in ru
-    assert vs.startswith("vs the baseline (baseline): 0.167 req/s/GPU (2% less goodput per GPU")
+    assert vs.startswith("vs the baseline (baseline): 0.167 req/s/GPU (the winner: 2% less goodput")
     assert "+83%" not in " ".join(lines)
     # below the interval: the margin stands, with no doubt said
     lines = explain(win, [win, low], base, Objective(), ["parallel_slots"])
-    assert lines[1].startswith("runner-up slots8: 0.05 req/s/GPU (226% more goodput per GPU on")
+    assert lines[1].startswith(
+        "runner-up slots8: 0.05 req/s/GPU (the winner: 226% more goodput per GPU on"
+    )
     assert "proven" not in lines[1]
     # no repetitions (the simulator's ranking): the trials' scores, as before
     win.ci = None
     lines = explain(win, [win, base], base, Objective(), ["parallel_slots"])
-    assert "(84% more goodput per GPU); differs in parallel_slots" in lines[1], lines[1]
+    assert "(the winner: 84% more goodput per GPU); differs in parallel_slots" in lines[1], lines[1]
+
+
+def test_a_baseline_that_won_within_the_noise_says_so() -> None:
+    """The idle main job: the baseline won, its repetitions 3.83 req/s/GPU (CI 1.32 ..
+    6.35), the runner-up's repetitions inside that: "no knob beat it" holds only as far
+    as this host's noise does, and the line says so; a runner-up far below it does not."""
+    from servetune.tune.explain import explain
+    from servetune.tune.objective import Objective
+
+    base = _ranked(4.59, {"n": 3, "mean": 3.83, "low": 1.32, "high": 6.35, "passed": 2},
+                   "baseline", {"parallel_slots": None})  # fmt: skip
+    close = _ranked(4.56, {"n": 3, "mean": 4.1, "low": 3.2, "high": 5.0, "passed": 3},
+                    "slots4", {"parallel_slots": 4})  # fmt: skip
+    far = _ranked(0.5, {"n": 3, "mean": 0.5, "low": 0.4, "high": 0.6, "passed": 3},
+                  "threads1", {"parallel_slots": 4})  # fmt: skip
+    won = "the baseline itself won: no knob in the space beat it"
+    lines = explain(base, [base, close, far], base, Objective(), ["parallel_slots"])
+    assert f"{won}, though not by more than this host's noise over the runner-up" in lines
+    lines = explain(base, [base, far], base, Objective(), ["parallel_slots"])
+    assert won in lines and not any("noise over the runner-up" in x for x in lines)
 
 
 def test_a_lower_is_better_objective_reads_its_repetitions_with_the_scores_sign() -> None:
@@ -93,11 +116,11 @@ def test_a_lower_is_better_objective_reads_its_repetitions_with_the_scores_sign(
     win = _ranked(-280.0, {"n": 3, "mean": 300.0, "low": 250.0, "high": 350.0, "passed": 3},
                   "w", {})  # fmt: skip
     assert margin(win, _ranked(-330.0, None, "b", {}), latency).startswith(
-        "9% lower P95 TTFT on the"
+        "the winner: 9% lower P95 TTFT on its"
     )
     assert "not a proven" in margin(win, _ranked(-330.0, None, "b", {}), latency)
     far = margin(win, _ranked(-500.0, None, "b", {}), latency)
-    assert far == "40% lower P95 TTFT on the winner's repetitions", far
+    assert far == "the winner: 40% lower P95 TTFT on its repetitions", far
 
 
 def test_two_repeated_configs_are_compared_by_welchs_test() -> None:
@@ -122,9 +145,11 @@ def test_two_repeated_configs_are_compared_by_welchs_test() -> None:
     assert differ(mean_ci([1.0]), mean_ci([2.0])) and not differ(mean_ci([1.0]), mean_ci([1.0]))
     b = _ranked(0.121, ci(base), "baseline", {})
     said = margin(_ranked(0.16, ci(noisy), "w", {}), b, Objective())
-    assert said.startswith("38% more goodput per GPU on both configs' repetitions; within"), said
+    assert said.startswith(
+        "the winner: 38% more goodput per GPU on both configs' repetitions; within"
+    ), said
     said = margin(_ranked(0.3, ci(tight), "w", {}), b, Objective())
-    assert said == "114% more goodput per GPU on both configs' repetitions", said
+    assert said == "the winner: 114% more goodput per GPU on both configs' repetitions", said
 
 
 def test_the_headline_names_the_load_of_its_score_when_it_is_not_the_capacity() -> None:

@@ -86,3 +86,21 @@ def test_the_baseline_is_repeated_beside_the_finalists(tmp_path: Path, sim_as_re
     assert out.winner in repeated
     none = Tuner(replace(_settings(tmp_path, 0.5), finalists=0, repeats=0)).run()
     assert not any(t.ci for t in none.ranked)
+
+
+def test_a_baseline_ranked_first_is_repeated_beside_the_best_other(
+    tmp_path: Path, sim_as_real
+) -> None:
+    """The baseline ranked first and one finalist asked for: the best other config takes
+    the baseline's reserved place, so "keep the default" rests on repetitions of both (the
+    idle main job's baseline won on a trial 1% above the runner-up's, then its own
+    repetitions' mean fell 16% below that trial, with the runner-up never re-run)."""
+    knobs = {"max_num_seqs": [2, 4, 8, 16, 32]}
+    space = parse_space({"engine": "vllm", "baseline": {"max_num_seqs": 32}, "knobs": knobs})
+    out = Tuner(replace(_settings(tmp_path, None), space=space)).run()
+    assert out.baseline is not None and out.ranked[0].key == out.baseline.key
+    repeated = [t for t in out.ranked if t.ci is not None]
+    assert repeated == out.ranked[:2]  # the baseline and the runner-up, no third
+    assert all(t.ci["n"] == 2 and len(t.reps) == 2 for t in repeated)  # type: ignore[index]
+    said = "\n".join(out.explanation)
+    assert "on both configs' repetitions" in said, said

@@ -205,7 +205,10 @@ def explain(
         else:
             out.append(f"the baseline ({baseline.label}) {baseline.reason or baseline.status}")
     elif baseline is not None:
-        out.append("the baseline itself won: no knob in the space beat it")
+        line = "the baseline itself won: no knob in the space beat it"
+        if others and within_noise(winner, others[0], objective):
+            line += ", though not by more than this host's noise over the runner-up"
+        out.append(line)
     if objective.searches_capacity:
         out.append("binding SLO " + binding_slo(winner))
     else:
@@ -241,25 +244,33 @@ def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str
     a trial at 0.307 req/s/GPU, its three repetitions 0.163, 95% CI 0.091 .. 0.235, against
     a baseline trial at 0.167). When the difference is not significant at 95% (Welch's
     t-test, `stats.differ`; against one trial: that trial inside the winner's interval)
-    the line says so instead of a bare percentage."""
+    the line says so instead of a bare percentage. The line names its subject, the winner:
+    it sits in the other config's parentheses, where a bare "16% less goodput per GPU"
+    read as the other's shortfall when it was the winner's."""
     a, b = _figure(winner, objective), _figure(other, objective)
     if a is None or b is None:
         return "n/a"
-    text = objective.margin(a, b)
+    text = "the winner: " + objective.margin(a, b)
     if not winner.ci:
         return text
-    if other.ci:
-        text += " on both configs' repetitions"
-        theirs = interval_of(other.ci)
-    else:  # one trial: a point, and Welch's test is then the one-sample t-test
-        text += " on the winner's repetitions"
-        theirs = Interval(1, b, b, b)
-    if not differ(interval_of(winner.ci), theirs):
+    text += " on both configs' repetitions" if other.ci else " on its repetitions"
+    if within_noise(winner, other, objective):
         text += (
             "; within this host's noise at 95%, not a proven difference "
             "(a quieter host or more repetitions would settle it)"
         )
     return text
+
+
+def within_noise(winner: TrialResult, other: TrialResult, objective: Objective) -> bool:
+    """The winner's repetitions do not tell it from `other` at 95%: Welch's test against
+    the other's repetitions, or against its one trial as a point (the one-sample t-test).
+    False when the winner was not re-run: one trial each has no noise estimate."""
+    b = _figure(other, objective)
+    if not winner.ci or b is None:
+        return False
+    theirs = interval_of(other.ci) if other.ci else Interval(1, b, b, b)
+    return not differ(interval_of(winner.ci), theirs)
 
 
 def explain_shortfall(t: TrialResult, sf: Shortfall, runner_up: TrialResult | None) -> list[str]:

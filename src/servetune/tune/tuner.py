@@ -387,8 +387,9 @@ class Tuner:
         """Time kept back for the finalists' repetitions (a must: the interval)."""
         if self.s.mode == "sim":
             return 0.0
-        # the baseline is re-run beside the finalists (`finalists_of`); kept for it even
-        # when it turns out a finalist itself or misses the SLO: the reserve is a bound
+        # the baseline is re-run beside the finalists, or the best other config when the
+        # baseline is the only one (`finalists_of`); kept even when it misses the SLO: the
+        # reserve is a bound
         finalists = self.s.finalists + 1 if self.s.finalists > 0 else 0
         return timeplan.reserve_s(finalists, self.s.repeats, self._point_s())
 
@@ -552,12 +553,19 @@ class Tuner:
         the claim a user acts on, and one trial of each says little on a busy host (beside
         a one-core hog the main job's winner had a trial at 0.307 req/s/GPU and repetitions
         at 0.163, the baseline one trial at 0.167); with both repeated, the winner is the
-        better mean, which may be the baseline itself."""
+        better mean, which may be the baseline itself. When the baseline is the only
+        finalist, the best other config takes the baseline's reserved place: "keep the
+        default" is a claim too (the idle main job, one finalist: the baseline won on a
+        trial 1% above the runner-up's, its repetitions' mean 16% below that trial)."""
         ok = [t for t in ranked if t.status == TrialStatus.OK and t.best]
         chosen = ok[: self.s.finalists]
         base = config_key(self.s.space.baseline_config())
-        if chosen and all(t.key != base for t in chosen):
+        if not chosen:
+            return chosen
+        if all(t.key != base for t in chosen):
             chosen += [t for t in ok if t.key == base]
+        elif all(t.key == base for t in chosen):
+            chosen += [t for t in ok if t.key != base][:1]
         return chosen
 
     def finalist_phase(self, ranked: list[TrialResult]) -> None:
