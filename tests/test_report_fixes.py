@@ -231,6 +231,22 @@ def test_a_capacity_never_broken_is_a_lower_bound() -> None:
     assert rows["vs baseline"].startswith("at most "), rows["vs baseline"]
 
 
+def test_a_baseline_that_won_within_the_noise_says_so_in_the_verdict() -> None:
+    """The report's verdict words a baseline's win as the CLI does (`explain.baseline_won`):
+    repetitions that cannot tell it from the runner-up's at 95% carry the caveat."""
+    base = _trial("b", 8, [1, 2, 4], 8)
+    other = _trial("a", 64, [1, 2, 4], 8)
+    base.ci = {"n": 3, "mean": 2.0, "low": 1.0, "high": 3.0, "passed": 3}
+    other.ci = {"n": 3, "mean": 1.8, "low": 1.2, "high": 2.4, "passed": 3}
+    data = _tune_report([base, other, base])  # the winner, the runner-up, the baseline
+    said = dict(verdict(data).rows)["vs baseline"]
+    assert said.startswith("the baseline itself won: no knob in the space beat it"), said
+    assert said.endswith("though not by more than this host's noise over the runner-up"), said
+    other.ci = {"n": 3, "mean": 0.5, "low": 0.4, "high": 0.6, "passed": 3}
+    said = dict(verdict(_tune_report([base, other, base])).rows)["vs baseline"]
+    assert "noise" not in said, said
+
+
 # 7. output tok/s binned by chunk arrival, the last bin by its real width ----------------
 
 

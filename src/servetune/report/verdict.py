@@ -13,8 +13,10 @@ from servetune.measure import steady
 from servetune.measure.result import PointResult
 from servetune.metrics.pct import pct_text
 from servetune.report.data import ReportData, RunData, closed_loop
-from servetune.report.tuning import metric, name, unit
+from servetune.report.tuning import metric, name, trials, unit
 from servetune.slo import SLO_METRICS
+from servetune.status import TrialStatus
+from servetune.tune.explain import baseline_won
 from servetune.tune.objective import ObjectiveMetric
 from servetune.tune.trial import TrialResult
 
@@ -66,7 +68,8 @@ def tune_verdict(data: ReportData) -> Verdict:
             )
         )
     elif b is not None:
-        rows.append(("vs baseline", "the baseline itself won: no knob in the space beat it"))
+        others = [t for t in trials(data) if t.key != w.key and t.status == TrialStatus.OK]
+        rows.append(("vs baseline", baseline_won(w, others, m)))
     rows.append(("how sure", _sureness(w, s, m)))
     if host := (s.get("host_check") or {}).get("text"):
         rows.append(("host", host))  # a busy host: what the study ran at, and why

@@ -11,7 +11,7 @@ from servetune.measure import steady
 from servetune.measure.result import PointResult
 from servetune.metrics.pct import QUANTILES, sample_note
 from servetune.status import RunStatus, TrialStatus
-from servetune.tune.objective import Objective
+from servetune.tune.objective import Objective, ObjectiveMetric
 from servetune.tune.shortfall import Shortfall, shortfall
 from servetune.tune.space import fmt_value
 from servetune.tune.stats import Interval, differ, interval_of
@@ -205,10 +205,7 @@ def explain(
         else:
             out.append(f"the baseline ({baseline.label}) {baseline.reason or baseline.status}")
     elif baseline is not None:
-        line = "the baseline itself won: no knob in the space beat it"
-        if others and within_noise(winner, others[0], objective):
-            line += ", though not by more than this host's noise over the runner-up"
-        out.append(line)
+        out.append(baseline_won(winner, others, objective))
     if objective.searches_capacity:
         out.append("binding SLO " + binding_slo(winner))
     else:
@@ -226,7 +223,7 @@ def explain(
     return out
 
 
-def _figure(t: TrialResult, objective: Objective) -> float | None:
+def _figure(t: TrialResult, objective: ObjectiveMetric) -> float | None:
     """A config's figure for a margin, in the metric's own units ($, ms, req/s/GPU): the
     mean of its repetitions where it was re-run, else its trial's score (one measurement)."""
     return t.ci["mean"] if t.ci else objective.value(t.score)
@@ -262,7 +259,16 @@ def margin(winner: TrialResult, other: TrialResult, objective: Objective) -> str
     return text
 
 
-def within_noise(winner: TrialResult, other: TrialResult, objective: Objective) -> bool:
+def baseline_won(winner: TrialResult, others: list[TrialResult], objective: ObjectiveMetric) -> str:
+    """The line for a baseline that won (the CLI's explanation and the report's verdict):
+    with the caveat where its repetitions cannot tell it from the runner-up, `others[0]`."""
+    line = "the baseline itself won: no knob in the space beat it"
+    if others and within_noise(winner, others[0], objective):
+        line += ", though not by more than this host's noise over the runner-up"
+    return line
+
+
+def within_noise(winner: TrialResult, other: TrialResult, objective: ObjectiveMetric) -> bool:
     """The winner's repetitions do not tell it from `other` at 95%: Welch's test against
     the other's repetitions, or against its one trial as a point (the one-sample t-test).
     False when the winner was not re-run: one trial each has no noise estimate."""
