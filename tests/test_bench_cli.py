@@ -54,6 +54,18 @@ def test_bench_sweep_writes_results_csv_and_json(tmp_path: Path) -> None:
     assert res.server is not None and "mock:requests_total" in res.server.deltas
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert len(rows) == 60 and float(rows[0]["ttft_ms"]) > 0
+    # -o r.json named no file of the sweep: it says what it became, and a command given
+    # r.json names the point files instead of a bare "no such file"
+    said = f"wrote 2 result files, one per point: r-rate40.json, r-rate80.json in {tmp_path}"
+    assert said in out.stderr, out.stderr
+    for args in (["diagnose", "r.json"], ["calibrate", "r.json", "-m", "llama-3.1-8b",
+                                          "-g", "h100-sxm", "-o", "p.json"]):  # fmt: skip
+        bad = subprocess.run([sys.executable, "-m", "servetune.cli.app", *args], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert "a sweep writes one file per point, here r-rate40.json, r-rate80.json" in (
+            bad.stderr
+        ), bad.stderr
 
 
 def test_bench_input_and_output_len_fix_the_default_workloads_lengths(tmp_path: Path) -> None:

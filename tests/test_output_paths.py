@@ -150,3 +150,26 @@ def test_a_place_that_refuses_the_write_is_one_line_not_a_traceback(tmp_path: Pa
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert len(lines) == 1 and lines[0].startswith("error: --output: "), out.stderr
+
+
+def test_a_missing_sweep_base_names_its_point_files(tmp_path: Path) -> None:
+    """`-o run.json` on a sweep writes run-<label>.json per point (`point_file`); a later
+    command given run.json hears where they are, by kind then load, and nothing else that
+    shares the stem (notes, record logs) passes for one."""
+    from servetune.outfile import missing_file_fix, point_file, point_files_of
+
+    base = tmp_path / "run.json"
+    for label in ("conc16", "conc4", "rate0.5"):
+        point_file(base, label, True).write_text("{}")
+    (tmp_path / "run-notes.json").write_text("{}")
+    (tmp_path / "run-conc4.records.jsonl").write_text("")
+    assert [p.name for p in point_files_of(base)] == [
+        "run-conc4.json", "run-conc16.json", "run-rate0.5.json"
+    ]  # fmt: skip
+    assert missing_file_fix(base, "check the path") == (
+        f"a sweep writes one file per point, here {tmp_path}/run-conc4.json, "
+        f"{tmp_path}/run-conc16.json, {tmp_path}/run-rate0.5.json"
+    )
+    assert missing_file_fix(tmp_path / "other.json", "check the path") == "check the path"
+    assert missing_file_fix(tmp_path / "no" / "run.json", "check the path") == "check the path"
+    assert point_file(base, "conc4", False) == base  # one point: the name given

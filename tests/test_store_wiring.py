@@ -171,7 +171,7 @@ def test_simulate_stores_sim_runs_that_compare_with_bench(
     with Store.open("runs.db", create=False) as store:
         runs = store.list_runs(study="sim-vs-real")
         assert [r.backend for r in runs] == ["sim", "sim"] and {r.rate for r in runs} == {5, 10}
-        sim = store.get(json.loads((tmp_path / "s-0.json").read_text())["id"])
+        sim = store.get(json.loads((tmp_path / "s-rate5.json").read_text())["id"])
         assert sim.rate == 5 and sim.n_records == 40 and sim.tags == ["sim"]
         assert sim.meta["hardware"]["simulated"] is True and sim.gpu_count == 1
         assert sim.engine_config["max_num_seqs"] == 8

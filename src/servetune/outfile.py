@@ -3,7 +3,9 @@ command, so each treats a symlink, a pipe or a read-only place the same way."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -43,3 +45,40 @@ def _discard(tmp: Path, special: bool) -> None:
     if not special:
         with suppress(OSError):  # the place refused the write in the first place
             tmp.unlink(missing_ok=True)
+
+
+def point_file(base: Path, label: str, many: bool, suffix: str = ".json") -> Path:
+    """A point's file: `base` itself for a single point; `<stem>-<label><suffix>` beside
+    it for each point of a sweep (the base's own suffix when it has one)."""
+    return base if not many else base.with_name(f"{base.stem}-{label}{base.suffix or suffix}")
+
+
+def point_files_of(base: Path) -> list[Path]:
+    """The files a sweep given `-o base` wrote, one per point: `point_file`'s names for
+    the labels `measure.loads.sweep_points` gives (`rate4`, `conc8`), sorted by name."""
+    suffix = base.suffix or ".json"
+    named = re.compile(re.escape(base.stem) + r"-(rate|conc)([0-9.e+-]+)" + re.escape(suffix))
+    try:
+        found = [(named.fullmatch(p.name), p) for p in base.parent.iterdir() if p.is_file()]
+    except (OSError, ValueError):  # no such folder, an unreadable one
+        return []
+    points = [(m.group(1), _number(m.group(2)), p) for m, p in found if m]
+    return [p for *_, p in sorted(points)]  # rates, then users, each by load
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.inf
+
+
+def missing_file_fix(path: Path | str, fix: str) -> str:
+    """The fix for a file that does not exist: where a sweep's point files stand for it
+    (`bench --concurrency 1,4 -o run.json` writes run-conc1.json and run-conc4.json, not
+    run.json, and the next command given run.json said only "no such file"), else `fix`."""
+    points = point_files_of(Path(path))
+    if not points:
+        return fix
+    names = ", ".join(str(p) for p in points[:4]) + (", ..." if len(points) > 4 else "")
+    return f"a sweep writes one file per point, here {names}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.errors import InputError
+from servetune.outfile import missing_file_fix
 
 # Values a document may hold once its aliases are expanded. A workload's empirical
 # histogram or a preset is thousands at most; the bound only stops expansion bombs.
@@ -88,7 +89,10 @@ def read_text(path: str | Path, field: str) -> str:
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise InputError(field, f"cannot read {p}: {exc.strerror}", "check the path") from exc
+        fix = "check the path"
+        if isinstance(exc, FileNotFoundError):
+            fix = missing_file_fix(p, fix)
+        raise InputError(field, f"cannot read {p}: {exc.strerror}", fix) from exc
     except ValueError as exc:  # e.g. a NUL byte in the path itself
         raise InputError(field, f"cannot read {p}: {exc}", "check the path") from None
     try:

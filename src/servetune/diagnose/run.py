@@ -12,6 +12,7 @@ from typing import Any
 from servetune.diagnose.evidence import Evidence, from_result, from_window
 from servetune.diagnose.rules import Finding, diagnose
 from servetune.errors import InputError
+from servetune.outfile import missing_file_fix
 from servetune.results.schema import RunResult
 
 MAX_WINDOW_S = 86_400  # a day: longer is a monitor's job (servetune monitor), not a window
@@ -75,7 +76,8 @@ def load_run(ref: str, db: str | None = None) -> tuple[RunResult, str]:
     if kind == "dir":
         raise InputError("RUN", f"{ref} is a folder", "give a result file or a run id")
     if "/" in ref or ref.endswith(".json"):  # a path, not a run id: say the file is missing
-        raise InputError("RUN", f"no such file: {ref}", "give a result file or a run id")
+        fix = missing_file_fix(ref, "give a result file or a run id")
+        raise InputError("RUN", f"no such file: {ref}", fix)
     from servetune.store import Store
 
     with Store.open(db, create=False) as store:

@@ -29,7 +29,8 @@ from servetune.measure.result import Infeasible, PointResult, signals
 from servetune.measure.session import NO_SINKS, Interrupted, Point, Session, Sinks
 from servetune.measure.simulated import SimSession
 from servetune.measure.steady import SteadyRule, apply_steady_state
-from servetune.measure.sweep import Hooks, ResultFiles, StoreSettings, point_file, sweep
+from servetune.measure.sweep import Hooks, ResultFiles, StoreSettings, sweep
+from servetune.outfile import point_file
 
 __all__ = [
     "DEFAULT_WORKLOAD",

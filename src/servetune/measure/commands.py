@@ -172,9 +172,10 @@ class SimulateSettings:
 
 
 def run_simulate(s: SimulateSettings, hooks: Hooks | None = None) -> list[RunResult]:
-    """Simulate every load point (see `sweep`). A sweep's points are numbered (their
-    files are `<output>-0.json`, ...); a replay without --rate, --concurrency or --count
-    sends the bench run's own requests."""
+    """Simulate every load point (see `sweep`). A sweep's points are named as bench's are
+    (their files `<output>-rate5.json`, `<output>-conc8.json`: a simulated run's file beside
+    the bench run it predicts reads as its twin); a replay without --rate, --concurrency or
+    --count sends the bench run's own requests."""
 
     m = get_model(s.model)
     hw = get_hardware(s.gpu, s.hardware_file)
@@ -184,7 +185,7 @@ def run_simulate(s: SimulateSettings, hooks: Hooks | None = None) -> list[RunRes
     session.setup  # noqa: B018 - fail fast, one line, before any work
     hooks = hooks or Hooks()
     spec, fixed = _sim_workload(s, hooks.say)
-    points = [replace(p, label=str(i)) for i, p in enumerate(sweep_points(spec, s.loads))]
+    points = sweep_points(spec, s.loads)
     if fixed is not None and _own_requests(s):
         points = [replace(points[0], requests=fixed)]
     hooks.ready(session)

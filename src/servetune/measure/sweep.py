@@ -14,18 +14,13 @@ from typing import Any, Protocol
 
 from servetune.measure.session import Interrupted, Point, Session, Sinks
 from servetune.metrics.table import write_csv
+from servetune.outfile import point_file
 from servetune.results.files import check_replaceable, write_result
 from servetune.results.schema import RunResult
 from servetune.status import RunStatus
 from servetune.store import RunMeta
 from servetune.store.db import store_file
 from servetune.store.writer import ResultStore
-
-
-def point_file(base: Path, label: str, many: bool, suffix: str = ".json") -> Path:
-    """A point's file: `base` itself for a single point; `<stem>-<label><suffix>` beside
-    it for each point of a sweep (the base's own suffix when it has one)."""
-    return base if not many else base.with_name(f"{base.stem}-{label}{base.suffix or suffix}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +97,7 @@ def sweep(
     check_files(files, [p.label for p in points], store)  # before anything is measured
     writer = _open_store(store, many, files, hooks.say) if store is not None else None
     results: list[RunResult] = []
+    written: list[Path] = []
     try:
         for point in points:
             out = files.output_for(point.label, many)
@@ -121,15 +117,28 @@ def sweep(
             results.append(res)
             if out is not None:
                 write_result(res, out, files.save_text)
+                written.append(out)
             hooks.point(point, res)
             if res.status != RunStatus.COMPLETED:
                 break
+        if many and written:  # -o run.json named none of them: say what it became
+            hooks.say(f"wrote {len(written)} result files, one per point: " + _names(written))
     finally:
         if files.csv and results:
             write_csv(results, files.csv)
         if writer is not None:
             writer.close(sys.exc_info()[1])  # the error or Ctrl-C under way, if any
     return results
+
+
+def _names(paths: list[Path]) -> str:
+    """`run-conc1.json, run-conc4.json in /tmp/x`: the names, their folder once (none for
+    the working folder)."""
+    folders = {p.parent for p in paths}
+    if len(folders) > 1:
+        return ", ".join(str(p) for p in paths)
+    folder = folders.pop()
+    return ", ".join(p.name for p in paths) + ("" if folder == Path() else f" in {folder}")
 
 
 def records_file(out: Path) -> Path:
