@@ -55,7 +55,8 @@ def point_file(base: Path, label: str, many: bool, suffix: str = ".json") -> Pat
 
 def point_files_of(base: Path) -> list[Path]:
     """The files a sweep given `-o base` wrote, one per point: `point_file`'s names for
-    the labels `measure.loads.sweep_points` gives (`rate4`, `conc8`), sorted by name."""
+    the labels `measure.loads.sweep_points` gives (`rate4`, `conc8`), users before rates,
+    each by load (conc4 before conc16)."""
     suffix = base.suffix or ".json"
     named = re.compile(re.escape(base.stem) + r"-(rate|conc)([0-9.e+-]+)" + re.escape(suffix))
     try:
@@ -63,7 +64,7 @@ def point_files_of(base: Path) -> list[Path]:
     except (OSError, ValueError):  # no such folder, an unreadable one
         return []
     points = [(m.group(1), _number(m.group(2)), p) for m, p in found if m]
-    return [p for *_, p in sorted(points)]  # rates, then users, each by load
+    return [p for *_, p in sorted(points)]
 
 
 def _number(text: str) -> float:
