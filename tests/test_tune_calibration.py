@@ -114,6 +114,29 @@ def test_the_median_error_decides_staleness() -> None:
     assert judge([0.2, 0.24], 0.6)[1] is None
     med, stale = judge([0.3, -0.3], 0.6)
     assert stale is not None and "the 25% target (the profile states 60%)" in stale
+    # the idle main job: 7% against a stated 6%, while the finalists' trials sat 13% off
+    # their own repetitions: nothing to blame the profile for; beyond that floor, stale
+    assert judge([0.07, -0.05, 0.10], 0.06, noise=0.13) == (pytest.approx(0.07), None)
+    assert judge([0.07, -0.05, 0.10], 0.06)[1] is not None  # no floor measured
+    assert "stated error 6%" in (judge([0.2, 0.25], 0.06, noise=0.13)[1] or "")
+
+
+def test_the_check_line_says_when_the_hosts_noise_kept_the_profile(tmp_path) -> None:
+    """Kept within the stated error, kept within the study's own noise (said so, with
+    the floor), or marked stale: three lines a user can tell apart."""
+    entry = _entry(stated_error=0.06)
+    c = cal.Calibration(KEY, entry, CalibrationCache(tmp_path), reused=True, why="")
+    said: list[str] = []
+    c.verify([0.05, -0.04], said.append, noise=0.13)
+    assert said[-1].endswith("within 6%: kept"), said[-1]
+    c.verify([0.12, -0.11], said.append, noise=0.13)
+    assert said[-1].endswith(
+        "above 6% but within this host's noise, 13% (the finalists against their own "
+        "repetitions): kept"
+    ), said[-1]
+    assert c.check is not None and c.check["noise"] == 0.13 and c.entry.stale is None
+    c.verify([0.2, -0.3], said.append, noise=0.13)
+    assert "marked stale" in said[-1] and c.entry.stale is not None
 
 
 def test_the_least_disturbed_sample_is_the_fastest() -> None:

@@ -160,6 +160,12 @@ def throughput_errors(table: list[dict[str, Any]]) -> list[float]:
     return [r["req_s_error"] for r in table if r.get("req_s_error") is not None]
 
 
+def throughput_floor(floor: list[compare.Row]) -> float | None:
+    """The floor rows' median |req/s error| as a fraction (None: no row has one)."""
+    med = compare.medians_over(floor, ("req_s",)).get("req_s") if floor else None
+    return None if med is None else med / 100.0
+
+
 def _pct(e: float | None) -> str:
     return "n/a" if e is None else f"{e:+.0%}"
 

@@ -833,14 +833,17 @@ class Tuner:
         sweep, the finalists against their repetitions; `tune.simvsreal`), said in one
         line; then the calibration is judged on them (`tune.calibration`)."""
         base = self.s.work_base()  # the config the calibration swept
-        floor = simvsreal.repeat_rows(real)
+        repeats = simvsreal.repeat_rows(real)
+        floor = list(repeats)
         if self.calibration is not None:
             trial = next((t for t in real if t.key == config_key(base)), None)
             floor += simvsreal.floor_rows(self.calibration.sweep_runs(base), trial)
         judged = simvsreal.verdicts(rows, floor)
         self.say(f"[{self.elapsed():6.1f}s] {simvsreal.verdict_line(judged)}")
         if self.calibration is not None:
-            self.calibration.verify(simvsreal.throughput_errors(rows), self.say, judged)
+            noise = simvsreal.throughput_floor(repeats)  # this study's own, no drift in it
+            errors = simvsreal.throughput_errors(rows)
+            self.calibration.verify(errors, self.say, judged, noise)
         return judged
 
     def _conclude(self, w: TrialResult, out: TuneOutcome) -> None:
