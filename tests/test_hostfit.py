@@ -125,8 +125,8 @@ class _HeldReal(SimBackend):
             )
         yield SimSession(self.model, hw, cfg, profile=self.profile, slo=self.slo)
 
-    def probe(self, session: Session, kind: str, load: float):  # type: ignore[override]
-        out, res = super().probe(session, kind, load)
+    def probe(self, session: Session, kind: str, load: float, *, search: bool = False):  # type: ignore[override]
+        out, res = super().probe(session, kind, load, search=search)
         if session.cfg.threads != 1:  # type: ignore[attr-defined]
             out.signals |= {"free_cores": 1, "contention": "other processes held 1.0 of 2 cores"}
         return out, res

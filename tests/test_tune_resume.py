@@ -97,11 +97,11 @@ class CountingReal(SimBackend):
         self.probes = 0
         self.stop_after = stop_after
 
-    def probe(self, session, kind: str, load: float):  # type: ignore[override]
+    def probe(self, session, kind: str, load: float, *, search: bool = False):  # type: ignore[override]
         if self.stop_after is not None and self.probes >= self.stop_after:
             raise KeyboardInterrupt
         self.probes += 1
-        return super().probe(session, kind, load)
+        return super().probe(session, kind, load, search=search)
 
 
 def _settings(tmp_path: Path, spec: BackendSpec) -> TuneSettings:

@@ -38,6 +38,7 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"
     INTERRUPTED = "interrupted"  # stopped by the user (Ctrl-C) or a study's stop
     CIRCUIT_BREAKER = "circuit_breaker"  # stopped early: too many errors in a row
+    SLO_MISSED = "slo_missed"  # stopped early: its SLO miss was decided (a tuner's probe)
     FAILED = "failed"  # could not measure (engine would not start or died)
     INCOMPLETE = "incomplete"  # the writer died before finishing (store only)
 

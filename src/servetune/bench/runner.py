@@ -37,6 +37,7 @@ from servetune.metrics.compute import (
     compute_metrics,
     request_latencies_ms,
 )
+from servetune.metrics.decided import decided_miss
 from servetune.metrics.turns import apply_turn_slo
 from servetune.procfs import usable_cores
 from servetune.results.files import RecordLog
@@ -88,6 +89,9 @@ class BenchOptions:
     breaker_error_rate: float | None = 0.5
     breaker_window: int = 50
     breaker_min_requests: int = 20
+    # stop a point once its SLO miss is decided (`metrics.decided`): a tuner's probe asks
+    # pass or fail, and a point that already failed only spends the study's time
+    stop_when_missed: bool = False
     drain_s: float | None = None
     records_path: Path | None = None
     metrics_fetch: Fetch | None = None
@@ -222,7 +226,14 @@ class Collector:
     """Receives record batches from workers: logs and stores them, feeds the breaker
     and progress."""
 
-    def __init__(self, requests: list[Request], opts: BenchOptions, total: int, label: str) -> None:
+    def __init__(
+        self,
+        requests: list[Request],
+        opts: BenchOptions,
+        total: int,
+        label: str,
+        early: tuple[SLO, int] | None = None,
+    ) -> None:
         self.by_index = {r.index: r for r in requests}
         self.pool = len(requests)
         self.opts = opts
@@ -234,6 +245,12 @@ class Collector:
         self.recent_tpot_ms: deque[float] = deque(maxlen=2000)
         self.errors = 0
         self.tripped: str | None = None
+        # `early`: the SLO and the most requests the run sends, to stop once its miss is
+        # decided (`metrics.decided`); what that needs is kept whole, not windowed
+        self.early = early
+        self.missed = False  # the run stopped because its SLO miss was decided
+        self.ended = 0
+        self.latencies: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
         self.total = total
         self.label = label
         self.t0_ns = time.monotonic_ns()
@@ -255,13 +272,19 @@ class Collector:
             self.records.append(rec)
             if rec.status in (RequestStatus.OK, RequestStatus.ERROR):
                 self.recent.append(rec.status == RequestStatus.ERROR)
+            if rec.status != RequestStatus.ABORTED:
+                self.ended += 1
             if rec.status == RequestStatus.ERROR:
                 self.errors += 1
             elif rec.status == RequestStatus.OK and rec.chunk_ns:
-                ttft, tpot, _ = request_latencies_ms(rec)  # the metric contract's own
+                ttft, tpot, e2e = request_latencies_ms(rec)  # the metric contract's own
                 self.recent_ttft_ms.append(ttft)
                 if tpot is not None:
                     self.recent_tpot_ms.append(tpot)
+                if self.early is not None:
+                    for k, v in (("ttft_ms", ttft), ("tpot_ms", tpot), ("e2e_ms", e2e)):
+                        if v is not None:
+                            self.latencies[k].append(v)
         if self.stored is not None:
             self.stored.write(batch)
         lim = self.opts.breaker_error_rate
@@ -275,6 +298,11 @@ class Collector:
                 f"circuit breaker: {sum(self.recent)}/{len(self.recent)} of the latest requests "
                 f"failed (> {lim:.0%})"
             )
+        if self.early is not None and self.tripped is None:
+            slo, planned = self.early
+            why = decided_miss(slo, planned, self.ended, self.latencies, self.errors)
+            if why is not None:
+                self.tripped, self.missed = f"the SLO is already missed: {why}", True
         self.tick()
 
     def tick(self, force: bool = False) -> None:
@@ -431,6 +459,18 @@ def unreachable_cause(records: list[RequestRecord]) -> str | None:
     return None
 
 
+def _early(spec: WorkloadSpec, opts: BenchOptions, slo: SLO | None) -> tuple[SLO, int] | None:
+    """What stopping once the SLO miss is decided needs: the SLO and the most requests the
+    point sends. Only where the records alone bound the outcome: a streamed run of a set
+    count (a run sized by its duration has no bound) that measures every request it sends
+    (a warm-up or cool-down leaves some out) and no multi-turn sessions."""
+    if not opts.stop_when_missed or slo is None or not spec.stream or spec.sessions is not None:
+        return None
+    if spec.count is None or spec.warmup_s or spec.cooldown_s:
+        return None
+    return slo, spec.count
+
+
 def run_point(
     spec: WorkloadSpec,
     requests: list[Request],
@@ -447,7 +487,7 @@ def run_point(
         n_workers = opts.workers or auto_workers(spec)
         cfgs = split_configs(spec, items, opts, n_workers)
         total = spec.count or len(items) if (spec.count or spec.arrival.open_loop) else 0
-    col = Collector(requests, opts, total, label)
+    col = Collector(requests, opts, total, label, _early(spec, opts, slo))
     started_unix = time.time()
     created = datetime.now(timezone.utc)
     run_id = f"bench-{created:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
@@ -556,6 +596,8 @@ def run_point(
         status = RunStatus.INTERRUPTED
     elif unreachable:
         status = RunStatus.FAILED
+    elif col.missed:
+        status = RunStatus.SLO_MISSED
     elif col.tripped:
         status = RunStatus.CIRCUIT_BREAKER
     result = RunResult(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from servetune.engines import install
@@ -49,7 +49,9 @@ class Backend(Protocol):
 
     def session(self, cfg: EngineConfig) -> contextlib.AbstractContextManager[Session]: ...
 
-    def probe(self, session: Session, kind: str, load: float) -> tuple[PointResult, RunResult]: ...
+    def probe(
+        self, session: Session, kind: str, load: float, *, search: bool = False
+    ) -> tuple[PointResult, RunResult]: ...
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,15 @@ class _Probes:
         self.slo: SLO = parse_slo(spec.slo)
         self.steady: SteadyRule = spec.steady or default_rule(spec.kind)
 
-    def probe(self, session: Session, kind: str, load: float) -> tuple[PointResult, RunResult]:
+    def probe(
+        self, session: Session, kind: str, load: float, *, search: bool = False
+    ) -> tuple[PointResult, RunResult]:
         """Measure the study's workload at `load` (`kind`: concurrency or rate); an
-        open-loop point that does not reach steady state fails (`measure.steady`)."""
+        open-loop point that does not reach steady state fails (`measure.steady`). A
+        capacity search's point (`search`) asks only pass or fail: it stops once its SLO
+        miss is decided (`metrics.decided`); repetitions and sweeps measure whole."""
         point = probe_point(self.workload, kind, load, self.spec.per_user, self.steady)
+        point = replace(point, stop_when_missed=search)
         try:
             res = session.measure(point, Sinks(live=self.live) if self.live else NO_SINKS)
         finally:

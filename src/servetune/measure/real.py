@@ -77,7 +77,12 @@ class ServerSession:
         # turns' max_tokens and context cap in it (bench.runner.session_worker)
         tok = self.opts.tokenizer or self.tokenizer
         opts = replace(
-            self.opts, records_path=sinks.records, progress=sinks.live, store=store, tokenizer=tok
+            self.opts,
+            records_path=sinks.records,
+            progress=sinks.live,
+            store=store,
+            tokenizer=tok,
+            stop_when_missed=point.stop_when_missed,
         )
         try:
             res = run_point(point.spec, requests, opts, self.slo, point.label)

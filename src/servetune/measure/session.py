@@ -27,6 +27,7 @@ class Point:
     label: str
     spec: WorkloadSpec
     requests: list[Request] | None = None
+    stop_when_missed: bool = False  # a probe: stop once its SLO miss is decided
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,11 @@ RecordStatus = Literal[
 ]
 # What a finished RunResult can say; `running`/`incomplete` exist only in the store.
 ResultStatus = Literal[
-    RunStatus.COMPLETED, RunStatus.INTERRUPTED, RunStatus.CIRCUIT_BREAKER, RunStatus.FAILED
+    RunStatus.COMPLETED,
+    RunStatus.INTERRUPTED,
+    RunStatus.CIRCUIT_BREAKER,
+    RunStatus.SLO_MISSED,
+    RunStatus.FAILED,
 ]
 
 # Error classes (docs/bench.md). Timeouts follow seed 003 §10's split.

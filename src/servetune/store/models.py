@@ -83,7 +83,7 @@ class Run(Base):
     seq: Mapped[int | None] = mapped_column(Integer, index=True)
     updated_utc: Mapped[str] = mapped_column(String(32))  # heartbeat while running
     backend: Mapped[str] = mapped_column(String(8))
-    # running | completed | interrupted | circuit_breaker | failed | incomplete
+    # running | completed | interrupted | circuit_breaker | slo_missed | failed | incomplete
     status: Mapped[str] = mapped_column(String(20), index=True)
     stop_reason: Mapped[str | None] = mapped_column(Text)
     writer: Mapped[str | None] = mapped_column(String(200))  # host:pid:start of the writer

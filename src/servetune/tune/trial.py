@@ -21,7 +21,7 @@ from servetune.measure.backends import Backend
 from servetune.measure.result import Infeasible, PointResult
 from servetune.metrics.pct import sample_note
 from servetune.results.schema import RunResult
-from servetune.status import TrialStatus
+from servetune.status import RunStatus, TrialStatus
 from servetune.tune.capacity import Lattice, Probe, search_capacity
 from servetune.tune.objective import Objective
 from servetune.tune.space import config_key
@@ -347,7 +347,7 @@ def _measure(
         pid, lazy.backend, lazy.cfg, sess.launch_command, (kind, load, phase, rep)
     )
     try:
-        point, res = lazy.backend.probe(sess, kind, load)
+        point, res = lazy.backend.probe(sess, kind, load, search=phase == "probe")
     except Infeasible as exc:
         recorder.fail_point(run_id, exc)
         raise
@@ -366,6 +366,8 @@ def _measure(
             if point.passed
             else "miss " + ",".join(f"{c['metric']}.{c['stat']}" for c in point.missed()[:2])
         )
+        if res.status == RunStatus.SLO_MISSED:
+            mark += f"; stopped after {res.metrics.completed + res.metrics.failed} requests"
         ttft = point.ttft_p95_ms
         tpot = point.tpot_p95_ms
         n = res.metrics.ttft_ms.count
