@@ -16,9 +16,12 @@ from servetune.metrics.stats import summarize
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.slo import parse_slo
 from servetune.status import RunStatus
+from servetune.tune.space import parse_space
+from servetune.tune.tuner import Tuner
 from servetune.workload.materialize import materialize
 from servetune.workload.spec import parse_workload
 from servetune.workload.tokenizer import WordTokenizer
+from sim_as_real import SimAsReal, hybrid_settings, serve_real_with
 
 STATS = ("p50", "p90", "p95", "p99", "mean", "max")
 ms = st.floats(min_value=0.0, max_value=1e5, allow_nan=False)
@@ -94,11 +97,6 @@ def test_a_probe_that_can_still_pass_runs_whole() -> None:
 def test_the_tuner_stops_early_in_its_capacity_search_only(tmp_path, monkeypatch) -> None:
     """The search's points ask pass or fail and may stop at a decided miss; the
     finalists' repetitions (their goodput is the interval) are measured whole."""
-    from sim_as_real import SimAsReal, hybrid_settings, serve_real_with
-
-    from servetune.tune.space import parse_space
-    from servetune.tune.tuner import Tuner
-
     asked: list[tuple[str, bool]] = []
 
     class Recording(SimAsReal):
@@ -118,3 +116,32 @@ def test_the_tuner_stops_early_in_its_capacity_search_only(tmp_path, monkeypatch
     reps = sum(len(t.reps) for t in out.ranked)
     assert reps >= 2 and sum(not s for _, s in asked) == reps, asked
     assert sum(s for _, s in asked) == sum(len(t.points) for t in out.ranked), asked
+
+
+def test_a_stopped_point_is_left_out_of_the_trials_sweet_spot(tmp_path, monkeypatch) -> None:
+    """A probe stopped at its decided miss measured part of a closed loop's rounds: its
+    output tok/s (here a tenth of the whole run's) is no throughput of its load, and the
+    winner's regions and sweet spot are read from the points measured whole."""
+
+    class Stopping(SimAsReal):
+        def probe(self, session, kind, load, *, search=False):  # type: ignore[override]
+            point, res = super().probe(session, kind, load, search=search)
+            if search and not point.passed:
+                point.status = RunStatus.SLO_MISSED
+                point.output_tok_s /= 10
+            return point, res
+
+    fixture = serve_real_with(monkeypatch, Stopping)
+    next(fixture)
+    try:
+        space = parse_space({"engine": "vllm", "knobs": {"max_num_seqs": [8, 32]}})
+        out = Tuner(hybrid_settings(tmp_path, "stop", space, ttft_p95_ms=400, max_load=64,
+                                    max_probes=8, top_k=1, finalists=0,
+                                    repeats=0)).run()  # fmt: skip
+    finally:
+        next(fixture, None)
+    w = out.winner
+    assert w is not None and w.sweet_spot is not None
+    stopped = {p.load for p in w.points if p.status == RunStatus.SLO_MISSED}
+    assert stopped and not stopped & set(w.sweet_spot["loads"]), (stopped, w.sweet_spot)
+    assert set(w.sweet_spot["loads"]) == {p.load for p in w.points} - stopped

@@ -136,3 +136,22 @@ def test_open_loop_runs_alone_have_no_sweet_spot(tmp_path: Path) -> None:
         data = load_report_data(store, ["o"])
     chart = sweet_spot(data)
     assert chart.fig is None and "closed-loop sweep" in chart.note
+
+
+def test_a_run_stopped_at_its_decided_miss_is_no_point_of_the_curve(tmp_path: Path) -> None:
+    """A tuner probe that stopped once its SLO miss was decided (`slo_missed`) measured a
+    part of a closed loop's rounds: the report's sweet spot leaves it out, as the tuner's
+    analysis does, instead of reading its low throughput as over-saturation."""
+    from servetune.status import RunStatus
+
+    with Store.open(str(tmp_path / "r.db")) as store:
+        sweep = synthetic_sweep(USERS, config=CFG)
+        for r, m in sweep:
+            if r.load.concurrency == 128:
+                r.status, r.stop_reason = RunStatus.SLO_MISSED, "the SLO is already missed"
+                r.metrics.output_tok_s /= 10  # two answers of a loop of 128
+            store.save_result(r, m, study="b")
+        data = load_report_data(store, ["b"])
+    found = report_sweet_spot(data)
+    assert found is not None and 128.0 not in found.spot.loads
+    assert list(found.spot.loads) == [float(c) for c in USERS[:-1]]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.report.data import ReportData, RunData, closed_loop
+from servetune.status import RunStatus
 from servetune.tune.sweetspot import SweetSpot, analyse
 
 MIN_POINTS = 3  # metrics.sweep.sweet_spot's minimum
@@ -28,10 +29,14 @@ class SeriesSweetSpot:
 
 def closed_curve(members: Sequence[RunData]) -> dict[float, RunData]:
     """One closed-loop run per concurrency, the first stored (a tune study's search run;
-    repetitions left out, as on the latency chart), in load order."""
+    repetitions left out, as on the latency chart), in load order. A run stopped at its
+    decided SLO miss is no point of the curve: its throughput is that of a part of its
+    rounds (the tuner leaves it out of its analysis too)."""
     out: dict[float, RunData] = {}
     for r in members:
         users = r.info.concurrency
+        if r.info.status == RunStatus.SLO_MISSED:
+            continue
         if closed_loop(r.info) and users is not None and users > 0:  # a log axis
             out.setdefault(float(users), r)
     return dict(sorted(out.items()))
