@@ -5,6 +5,8 @@ ask, runs whole."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -145,3 +147,28 @@ def test_a_stopped_point_is_left_out_of_the_trials_sweet_spot(tmp_path, monkeypa
     stopped = {p.load for p in w.points if p.status == RunStatus.SLO_MISSED}
     assert stopped and not stopped & set(w.sweet_spot["loads"]), (stopped, w.sweet_spot)
     assert set(w.sweet_spot["loads"]) == {p.load for p in w.points} - stopped
+
+
+def test_sim_vs_real_never_compares_at_a_stopped_point() -> None:
+    """A verified config that met the SLO nowhere is compared at its highest load measured
+    whole, and the floor against the calibration sweep skips a baseline point stopped
+    early: both would read part of a loop's rounds as the engine's figures."""
+    from servetune.measure.result import PointResult
+    from servetune.status import TrialStatus
+    from servetune.tune.simvsreal import compared_point, floor_rows
+    from servetune.tune.trial import TrialResult
+    from synthetic_runs import synthetic_run
+
+    whole = PointResult("concurrency", 1.0, False, req_s=0.4, completed=6)
+    stopped = PointResult("concurrency", 4.0, False, req_s=0.1, completed=1,
+                          status=RunStatus.SLO_MISSED)  # fmt: skip
+    trial = TrialResult("k", {}, "base", "real", TrialStatus.NO_SLO, points=[whole, stopped])
+    assert compared_point(trial) is whole
+    trial.points = [stopped]  # every point stopped early: still one to compare at
+    assert compared_point(trial) is stopped
+    run, _ = synthetic_run(8, config=None, seed=3)
+    run.workload = {**run.workload, "name": "cal-c4", "arrival": {"kind": "closed",
+                                                                  "concurrency": 4}}  # fmt: skip
+    assert floor_rows([run], trial) == []
+    trial.points = [replace(stopped, status=RunStatus.COMPLETED, passed=True)]
+    assert [r.name for r in floor_rows([run], trial)] == ["cal-c4 vs baseline at 4"]

@@ -3,6 +3,7 @@ measured at all (`Infeasible`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -145,3 +146,11 @@ def signals(res: RunResult) -> dict[str, Any]:
             out |= {"free_cores": held.free_cores, "contention": held.describe()}
     out["max_in_flight"] = res.metrics.max_in_flight
     return out
+
+
+def whole_points(points: Iterable[PointResult]) -> list[PointResult]:
+    """The points measured whole: not a probe stopped at its decided SLO miss, whose
+    figures are those of part of its rounds (`metrics.decided`): its throughput is no
+    rate of its load (a loop of 6 users stopped after 2 answers read 0.43 req/s where 4
+    users served 2.3)."""
+    return [p for p in points if p.status != RunStatus.SLO_MISSED]

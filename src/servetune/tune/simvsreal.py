@@ -31,7 +31,7 @@ from typing import Any
 
 from servetune.engines.config import EngineConfig
 from servetune.errors import InputError
-from servetune.measure.result import PointResult
+from servetune.measure.result import PointResult, whole_points
 from servetune.measure.session import Point
 from servetune.results.schema import RunResult
 from servetune.sim.calibrate import replay_inputs
@@ -65,10 +65,12 @@ def rel_error(sim: float | None, real: float | None) -> float | None:
 
 
 def compared_point(real: TrialResult) -> PointResult | None:
-    """The real point a verified config is compared at: its best, else its highest load."""
+    """The real point a verified config is compared at: its best, else its highest load
+    measured whole (else its highest: every point stopped early)."""
     if real.best is not None:
         return real.best
-    return max(real.points, key=lambda p: p.load) if real.points else None
+    points = whole_points(real.points) or real.points
+    return max(points, key=lambda p: p.load) if points else None
 
 
 def sim_point_at(sim: TrialResult, kind: str, load: float) -> PointResult | None:
@@ -218,7 +220,7 @@ def floor_rows(sweep: Iterable[RunResult], baseline: TrialResult | None) -> list
     error a perfect simulator would be charged for the host's drift since the sweep."""
     if baseline is None:
         return []
-    at = {p.load: p for p in baseline.points if p.load_kind == "concurrency"}
+    at = {p.load: p for p in whole_points(baseline.points) if p.load_kind == "concurrency"}
     out = []
     for run in sweep:
         users = (run.workload.get("arrival") or {}).get("concurrency")

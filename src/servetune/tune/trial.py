@@ -18,7 +18,7 @@ from typing import Any
 from servetune.engines.config import EngineConfig
 from servetune.measure import steady
 from servetune.measure.backends import Backend
-from servetune.measure.result import Infeasible, PointResult
+from servetune.measure.result import Infeasible, PointResult, whole_points
 from servetune.metrics.pct import sample_note
 from servetune.results.schema import RunResult
 from servetune.status import RunStatus, TrialStatus
@@ -205,10 +205,7 @@ def run_trial(
         else:
             trial.status = TrialStatus.NO_SLO
             trial.reason = "no load point met the SLO"
-        # a point stopped at its decided miss (`metrics.decided`) measured a part of a
-        # closed loop's rounds: its output tok/s is no throughput of its load (the main job
-        # beside a hog: 0.43 req/s over the 2 answers 6 users gave, against 2.3 at 4)
-        whole = [p for p in trial.points if p.status != RunStatus.SLO_MISSED]
+        whole = whole_points(trial.points)  # not a point stopped at its decided miss
         if kind == "concurrency" and len({p.load for p in whole}) >= 3:
             trial.sweet_spot = analyse([(p.load, p.output_tok_s) for p in whole]).to_json()
     _done(trial, t0)
