@@ -89,7 +89,10 @@ def test_a_repeated_cost_winner_is_compared_in_dollars() -> None:
     ranked = _cost_trials()
     ranked[0].ci = {"n": 3, "mean": 0.09, "low": 0.085, "high": 0.095, "passed": 3}
     lines = explain(ranked[0], ranked, ranked[-1], Objective("cost", 2.0), ["max_num_seqs"])
-    assert lines[0].endswith("; its 3 repetitions: $0.09/1M tok (95% CI 0.085 .. 0.095)")
+    assert lines[0].startswith(
+        "best cost per 1M tokens on the finalists' repetitions: $0.09/1M tok over 3 "
+        "(95% CI 0.085 .. 0.095); its search trial: "
+    ), lines[0]
     assert "$0.804/1M tok (the winner: 89% cheaper on its repetitions)" in lines[2], lines[2]
 
 

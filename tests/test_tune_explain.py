@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from servetune.measure.result import PointResult
 from servetune.tune.explain import binding_slo
 from servetune.tune.trial import TrialResult, TrialStatus
@@ -65,7 +67,11 @@ def test_margins_come_from_the_repetitions_and_say_when_noise_holds_them() -> No
     base = _ranked(0.167, None, "baseline", {"parallel_slots": None})
     low = _ranked(0.05, None, "slots8", {"parallel_slots": 8})
     lines = explain(win, [win, base, low], base, Objective(), ["parallel_slots"])
-    assert lines[0].endswith("; its 3 repetitions: 0.163 req/s/GPU (95% CI 0.091 .. 0.235)")
+    assert lines[0] == (  # picked on its repetitions, so they lead; its trial follows
+        "best goodput per GPU on the finalists' repetitions: 0.163 req/s/GPU over 3 "
+        "(95% CI 0.091 .. 0.235); its search trial: 0.307 req/s/GPU at a capacity of at "
+        "least 1 req/s within the SLO"
+    ), lines[0]
     ru, vs = lines[1], lines[2]
     assert ru.startswith(
         "runner-up baseline: 0.167 req/s/GPU "
@@ -191,3 +197,45 @@ def test_the_pools_doubt_is_said_only_where_the_best_point_ran_it_full() -> None
     ]
     t.best.signals["smaller_pool_slo_pass"] = None  # no SLO: the doubt, no verdict
     assert pool_doubt_line(t)[0].endswith("was simulated too")
+
+
+def test_the_ranking_table_shows_the_repeated_means_the_winner_was_picked_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The idle main job: the baseline ranked 5th on its one search trial (3.83 against the
+    first's 4.64 req/s/GPU) and won on repetitions (4.32 against 4.25). The table then
+    showed only the trials, so the winner named below it sat at #5 for no shown reason:
+    the finalists' repeated means and the winner's mark (*) are in the table."""
+    from servetune.cli import tune_cmd
+    from servetune.tune.objective import Objective
+    from servetune.tune.tuner import TuneOutcome
+
+    def ci(mean: float, low: float, high: float, passed: int) -> dict:
+        return {"n": 3, "mean": mean, "low": low, "high": high, "passed": passed, "metric": "g"}
+
+    first = _ranked(4.64, ci(4.25, 2.74, 5.75, 3), "slots4", {"parallel_slots": 4})
+    other = _ranked(4.38, None, "threads2", {"threads": 2})
+    base = _ranked(3.83, ci(4.32, 2.62, 6.02, 2), "baseline", {"parallel_slots": None})
+    out = TuneOutcome("s", "db", "hybrid", Objective(), ["parallel_slots"])
+    out.ranked, out.winner, out.baseline = [first, other, base], base, base
+    tune_cmd.print_outcome(out)
+    rows = {line[1:].split()[1]: line for line in capsys.readouterr().out.splitlines()
+            if line[:4].replace("*", "").strip().isdigit()}  # fmt: skip
+    assert rows["slots4"].startswith("   1") and "4.25 req/s/GPU 3/3" in rows["slots4"]
+    assert rows["baseline"].startswith("*  3") and "4.32 req/s/GPU 2/3" in rows["baseline"]
+    assert rows["threads2"].split()[-4] == "-"  # run once: no repeated mean
+
+
+def test_a_table_without_repetitions_has_no_repeated_column(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from servetune.cli import tune_cmd
+    from servetune.tune.objective import Objective
+    from servetune.tune.tuner import TuneOutcome
+
+    out = TuneOutcome("s", "db", "sim", Objective(), ["parallel_slots"])
+    win = _ranked(2.0, None, "slots4", {"parallel_slots": 4})
+    out.ranked, out.winner = [win], win
+    tune_cmd.print_outcome(out)
+    said = capsys.readouterr().out
+    assert "repeated" not in said and "*  1  slots4" in said

@@ -392,6 +392,15 @@ def _p95(v: float | None, n: int | None) -> str:
     return pct_cell("p95", v, n, ",.0f")
 
 
+def repeated(t: Any, obj: Any) -> str:
+    """A finalist's `repeated` cell: its repetitions' mean in the objective's own unit
+    (the figure the winner is picked on, `selection.pick_winner`) and how many of them
+    met the SLO; `-` for a config run once."""
+    if not t.ci:
+        return "-"
+    return f"{obj.text(t.ci['mean'])} {t.ci['passed']}/{t.ci['n']}"
+
+
 def print_outcome(out: Any) -> None:
     from servetune.status import TrialStatus
     from servetune.tune.shortfall import shortfall
@@ -402,9 +411,11 @@ def print_outcome(out: Any) -> None:
         print(out.host_slo.text())
     print(f"\n== ranking ({out.mode}; {out.counts.get('trials', 0)} trials, {out.elapsed_s:.0f} s)")
     width = max([len(t.label) for t in out.ranked[:12]] + [6])
+    reps = any(t.ci for t in out.ranked[:12])
     print(
-        f"{'#':>3}  {'config':{width}s} {'status':10s} {'capacity':>8s} {obj.label:>20s} "
-        f"{'n':>6s} {'P95 TTFT':>11s} {'P95 TPOT':>11s}"
+        f"{'#':>4}  {'config':{width}s} {'status':10s} {'capacity':>8s} {obj.label:>20s} "
+        + (f"{'repeated':>24s} " if reps else "")
+        + f"{'n':>6s} {'P95 TTFT':>11s} {'P95 TPOT':>11s}"
     )
     for i, t in enumerate(out.ranked[:12], 1):
         sf = shortfall(t) if t.best is None else None
@@ -412,9 +423,12 @@ def print_outcome(out: Any) -> None:
         cap_t = obj.capacity_of(t)  # none for latency: its one load is the workload's own
         cap = "-" if cap_t is None else f"{'>=' if t.capacity_is_lower_bound else ''}{cap_t:.3g}"
         n = b.completed if b else None
+        mark = "*" if w is not None and t.key == w.key and out.slo_met else ""
         print(
-            f"{i:>3}  {t.label:{width}s} {t.status:10s} {cap:>8s} {obj.show(t.score):>20s} "
-            f"{_ms(n):>6s} {_p95(b.ttft_p95_ms if b else None, n):>11s} "
+            f"{mark:1s}{i:>3}  {t.label:{width}s} {t.status:10s} {cap:>8s} "
+            f"{obj.show(t.score):>20s} "
+            + (f"{repeated(t, obj):>24s} " if reps else "")
+            + f"{_ms(n):>6s} {_p95(b.ttft_p95_ms if b else None, n):>11s} "
             f"{_p95(b.tpot_p95_ms if b else None, n):>11s}"
         )
         if t.status in (TrialStatus.INFEASIBLE, TrialStatus.SKIPPED) and t.reason:
@@ -423,6 +437,12 @@ def print_outcome(out: Any) -> None:
         print(f"     ... {len(out.ranked) - 12} more in the study")
     if any(t.capacity_is_lower_bound and obj.capacity_of(t) for t in out.ranked[:12]):
         print("     >=: no load tried missed the SLO (the capacity is a lower bound)")
+    if reps:
+        print(
+            "     repeated: the finalists' mean over their repetitions at their best load, "
+            "and how many met the SLO;\n     the ranking is one search trial each, the "
+            "winner (*) the best repeated mean"
+        )
     if w is None:
         return
     if not out.slo_met:  # a result, not an error: what to run, and how far it missed

@@ -164,7 +164,7 @@ def explain(
     out: list[str] = []
     score = winner.score
     others = [t for t in ranked if t.key != winner.key and t.status == TrialStatus.OK]
-    line = f"best {objective.label}: {objective.show(score)}"
+    line = objective.show(score)
     capacity = objective.capacity_of(winner)
     if capacity is not None:
         unit = winner.best.unit if winner.best else "req/s"
@@ -182,12 +182,15 @@ def explain(
         line += f" ({evidence})" if evidence else ""
     elif not objective.searches_capacity and winner.best:
         line += f" at the workload's own load, {_load(winner.best)} (no capacity search)"
-    if winner.ci:
+    if winner.ci:  # picked on its repetitions (`selection.pick_winner`): they lead
         ci = winner.ci  # the metric's own units, as the finalist line prints them
-        line += (
-            f"; its {ci['n']} repetitions: {objective.text(_figure(winner, objective))} "
-            f"(95% CI {ci['low']:.3g} .. {ci['high']:.3g})"
+        line = (
+            f"best {objective.label} on the finalists' repetitions: "
+            f"{objective.text(_figure(winner, objective))} over {ci['n']} "
+            f"(95% CI {ci['low']:.3g} .. {ci['high']:.3g}); its search trial: {line}"
         )
+    else:
+        line = f"best {objective.label}: {line}"
     out.append(line)
     if others and score is not None and others[0].score is not None:
         ru = others[0]
