@@ -90,6 +90,24 @@ def test_a_probe_stops_once_its_miss_is_decided_and_says_why() -> None:
     assert whole.status == RunStatus.COMPLETED and whole.metrics.completed == 12
 
 
+def test_a_stopped_points_line_shows_no_throughput() -> None:
+    """Its req/s is part of a closed loop's rounds, not its load's throughput: the verbose
+    line leaves it out and says how many requests it stopped after."""
+    from servetune.measure.result import PointResult
+    from servetune.tune.trial import point_line
+
+    stopped = _probe(ttft_ms=60.0, target_ms=5.0, stop=True)
+    line = point_line("cfg", "probe", "concurrency", 1.0, PointResult.from_run(
+        stopped, "concurrency", 1.0), stopped)  # fmt: skip
+    done = stopped.metrics.completed + stopped.metrics.failed
+    assert line.startswith("    cfg probe concurrency=1: P95 TTFT "), line
+    assert "req/s" not in line and f"[miss ttft_ms.p95; stopped after {done} requests]" in line
+    whole = _probe(ttft_ms=5.0, target_ms=5_000.0, stop=True)
+    line = point_line("cfg", "probe", "concurrency", 1.0, PointResult.from_run(
+        whole, "concurrency", 1.0), whole)  # fmt: skip
+    assert " req/s, goodput " in line and line.endswith("[pass]"), line
+
+
 def test_a_probe_that_can_still_pass_runs_whole() -> None:
     res = _probe(ttft_ms=5.0, target_ms=5_000.0, stop=True)
     assert res.status == RunStatus.COMPLETED and res.metrics.completed == 12
