@@ -70,6 +70,19 @@ def test_closed_loop_with_spare_workers_measures_every_request() -> None:
     assert res.client.workers == 1 and res.metrics.max_in_flight == 1
 
 
+def test_the_drain_limit_counts_from_the_last_send_not_the_first() -> None:
+    """A closed loop sends as answers come back: a drain limit counted from its start cut
+    `--count 20 --total-timeout 0.5` (each answer ~46 ms) after 10, the other 10 never
+    sent, the run `completed`. Counted from the end of sending, all 20 run."""
+    spec = spec_of({"kind": "closed", "concurrency": 1}, 20)
+    with mock_in_thread(MockConfig(ttft_ms=30, itl_ms=5)) as srv:
+        opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1, keep_text=False,
+                            drain_s=0.3)  # fmt: skip
+        res = run_point(spec, materialize(spec, WordTokenizer()), opts)
+    assert res.metrics.completed == 20 and len(res.records) == 20, res.metrics.completed
+    assert res.duration_s > 0.3  # the loop outlived the limit: it was not counted from its start
+
+
 # --- 2. --max-concurrency with several workers -------------------------------------------
 
 

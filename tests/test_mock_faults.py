@@ -46,8 +46,8 @@ def run(
         if opts.pop("scrape", False):
             # 30 s: a scrape stalled past the 2 s default reads as "nothing scraped"
             opts["metrics_fetch"] = http_fetcher(url, timeout_s=30.0)
-        # A closed loop's whole run must end within drain_s (aborted past it): 60 s, not
-        # the seconds a stalled run can eat.
+        # The stragglers after the last send are aborted past drain_s: 60 s, not the
+        # seconds a stalled request can eat.
         o = BenchOptions(url=url, timeouts=timeouts, workers=1, drain_s=60.0, **opts)
         o.breaker_error_rate = opts.get("breaker_error_rate")
         res = run_point(spec, materialize(spec, WordTokenizer()), o)

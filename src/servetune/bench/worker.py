@@ -76,6 +76,7 @@ class Worker:
         self.sent = 0
         self.issuing = True
         self.stop_reason: str | None = None
+        self._sending_over_ns: int | None = None  # when the last request was issued
         self._next = 0
         self._retried: set[int] = set()
         self._idle: asyncio.Event | None = None
@@ -186,16 +187,24 @@ class Worker:
         """Next request of a closed loop, or None when the run is over."""
         cfg = self.cfg
         if cfg.max_requests is not None and self.sent >= cfg.max_requests:
-            return None
+            return self._sending_over()
         if cfg.duration_s is not None and _now_ns() >= self.anchor_ns + cfg.duration_s * 1e9:
-            return None
+            return self._sending_over()
         if self._next >= len(cfg.items):
             if cfg.duration_s is None:
-                return None
+                return self._sending_over()
             self._next = 0  # duration-bound: cycle through the pool
         item = cfg.items[self._next]
         self._next += 1
         return item
+
+    def _sending_over(self) -> None:
+        """Mark the end of sending: the drain limit counts from here (`run`), and the run
+        loop wakes to start counting it."""
+        if self._sending_over_ns is None:
+            self._sending_over_ns = _now_ns()
+            if self._idle is not None:
+                self._idle.set()
 
     # --- the run -----------------------------------------------------------------------
     async def _pace(self) -> None:
@@ -268,18 +277,24 @@ class Worker:
                     self._start(item)
             else:
                 await self._pace()
-            # Sending is over (or was stopped): wait for the stragglers, then abort them.
-            deadline = _now_ns() + int(self.cfg.drain_s * 1e9)
-            while (self.in_flight or self.waiting) and _now_ns() < deadline:
+                self._sending_over()
+            # Wait for the stragglers, then abort them. The drain limit counts from the end
+            # of sending: a closed loop sends as answers come back, so from its start it
+            # cut a 20-request loop at `--total-timeout 0.5` after 10, the other 10
+            # never sent and nothing said (each request has its own timeouts meanwhile).
+            drain_ns = int(self.cfg.drain_s * 1e9)
+            while self.in_flight or self.waiting:
+                over = self._sending_over_ns
+                left = None if over is None else (over + drain_ns - _now_ns()) / 1e9
+                if left is not None and left <= 0:
+                    break
                 self._idle.clear()
                 if not self.in_flight and self.waiting:
                     item, since = self.waiting.popleft()
                     self._start(item, since)
                     continue
                 try:
-                    await asyncio.wait_for(
-                        self._idle.wait(), max(0.0, (deadline - _now_ns()) / 1e9)
-                    )
+                    await asyncio.wait_for(self._idle.wait(), left)
                 except (TimeoutError, asyncio.TimeoutError):
                     break
             if self.in_flight:
