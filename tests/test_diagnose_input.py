@@ -31,3 +31,37 @@ def test_a_ref_too_long_for_a_path_is_looked_up_as_a_run_id(
     db = str(tmp_path / "s.db")
     code, _, err = run_cli(capsys, "diagnose", "x" * 4000, "--db", db)
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("http://[::1", "--url: 'http://[::1' is not a valid URL (Invalid IPv6 URL)"),
+        ("http://127.0.0.1:abc", "--url: the port in 'http://127.0.0.1:abc' is not a number"),
+        ("http://127.0.0.1:99999", "is out of range (1-65535"),
+    ],
+)
+def test_a_bad_url_gets_benchs_one_line_check(
+    capsys: pytest.CaptureFixture[str], url: str, needle: str
+) -> None:
+    """diagnose read the URL with httpx first: an IPv6 host left open and a port of letters
+    were httpx tracebacks. Each command that takes a server's URL now checks it alike
+    (`bench.reach.check_url`); bench and calibrate gave the first one a traceback too."""
+    for command in (["diagnose", "--url", url, "--window", "1"], ["bench", "--url", url]):
+        code, _, err = run_cli(capsys, *command)
+        _one_line(code, err, needle)
+
+
+def test_an_unreadable_telemetry_url_is_refused_before_the_window(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Sampled, an exporter nobody answers at only counts errors: the window read as a
+    quiet GPU, `no symptom found`, exit 0."""
+    from servetune.mock.server import MockConfig, mock_in_thread
+
+    dead = "http://127.0.0.1:9/metrics"
+    with mock_in_thread(MockConfig()) as srv:
+        url = f"127.0.0.1:{srv.port}"  # no scheme: taken as bench takes it
+        code, _, err = run_cli(capsys, "diagnose", "--url", url, "--window", "1",
+                               "--telemetry-url", dead)  # fmt: skip
+    _one_line(code, err, "--telemetry-url: cannot read http://127.0.0.1:9/metrics (ConnectError)")

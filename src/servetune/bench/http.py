@@ -35,11 +35,16 @@ class ResponseHandler(Protocol):
     def on_fail(self, kind: str, detail: str, now_ns: int) -> None: ...
 
 
+def with_scheme(url: str) -> str:
+    """`url` with `http://` in front when it names none (`127.0.0.1:8000`)."""
+    return url if "://" in url else f"http://{url}"
+
+
 class Target:
     """Where requests go: scheme/host/port parsed once."""
 
     def __init__(self, url: str) -> None:
-        u = urlsplit(url if "://" in url else f"http://{url}")
+        u = urlsplit(with_scheme(url))
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {url}")
         self.url = url

@@ -14,7 +14,7 @@ import re
 import ssl
 from urllib.parse import urlsplit
 
-from servetune.bench.http import Pool, Target, connect_cause, where
+from servetune.bench.http import Pool, Target, connect_cause, where, with_scheme
 from servetune.errors import InputError
 
 # The route every OpenAI-compatible server answers (vLLM, llama.cpp, SGLang, TGI's
@@ -25,9 +25,17 @@ _HOST = re.compile(r"^[A-Za-z0-9._:-]+$")  # a name, IPv4, or IPv6 (brackets str
 
 
 def check_url(url: str, flag: str = "--url") -> Target:
-    """The server's address, checked: http or https, a host, a port in 1-65535."""
+    """The server's address, checked: http or https, a host, a port in 1-65535. One check
+    for every command that takes a server's URL (bench, calibrate, diagnose, accept)."""
     eg = "e.g. http://127.0.0.1:8000"
-    u = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        u = urlsplit(with_scheme(url))
+    except ValueError as exc:  # 'http://[::1': an IPv6 host left open
+        raise InputError(
+            flag,
+            f"{url!r} is not a valid URL ({exc})",
+            "give http(s)://HOST[:PORT], an IPv6 host in brackets: http://[::1]:8000",
+        ) from None
     if u.scheme not in ("http", "https"):
         raise InputError(
             flag, f"scheme {u.scheme!r} in {url!r} is not served", f"use http:// or https://, {eg}"
@@ -36,7 +44,10 @@ def check_url(url: str, flag: str = "--url") -> Target:
         raise InputError(flag, f"{url!r} has no valid host name", eg)
     try:
         port = u.port
-    except ValueError:
+    except ValueError:  # not digits ('abc', '8000 '); digits past 65535 say "out of range"
+        digits = u.netloc.rpartition(":")[2]
+        if not digits.isdigit():
+            raise InputError(flag, f"the port in {url!r} is not a number", eg) from None
         port = -1
     if port is not None and not 1 <= port <= 65535:
         raise InputError(flag, f"the port in {url!r} is out of range", f"1-65535, {eg}")

@@ -106,6 +106,13 @@ def watch(
         raise InputError(
             "--window", f"{window_s:g} s", f"give a window of 1 to {MAX_WINDOW_S} seconds"
         )
+    from servetune.bench.http import with_scheme
+    from servetune.bench.reach import check_url
+
+    check_url(url)  # one check, bench's: scheme, host, port, an IPv6 host in brackets
+    url = with_scheme(url)  # `127.0.0.1:8000`, as bench takes it
+    if telemetry_url is not None:
+        _check_telemetry(telemetry_url)
     if engine is not None:
         _check_engine(engine)
     else:  # named by its own /metrics names, as bench does
@@ -129,6 +136,27 @@ def watch(
     telemetry = tel.sampler.stop(anchor) if tel is not None else None
     ev = from_window(url, series, telemetry, engine)
     return Diagnosis(ev, diagnose(ev))
+
+
+def _check_telemetry(url: str) -> None:
+    """A `--telemetry-url` the window cannot read is the user's to fix before the wait:
+    sampled, its failures are counted and never break a run, so an unreachable exporter
+    read as a quiet GPU (`no symptom found`)."""
+    from servetune.telemetry import telemetry_options
+    from servetune.telemetry.prom import PromSource
+
+    telemetry_options(True, url)  # http(s) only
+    source = PromSource(url, timeout_s=5.0)
+    try:
+        source.read()
+    except Exception as exc:  # refused, unresolvable, 404, not Prometheus text
+        raise InputError(
+            "--telemetry-url",
+            f"cannot read {url} ({type(exc).__name__})",
+            "give a DCGM exporter's /metrics, e.g. http://gpu-node:9400/metrics, or drop it",
+        ) from None
+    finally:
+        source.close()
 
 
 def _check_engine(engine: str) -> None:
