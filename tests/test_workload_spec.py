@@ -585,3 +585,15 @@ def test_with_lengths_fixes_every_class_and_keeps_the_rest() -> None:
         with pytest.raises(InputError) as e:
             with_lengths(parse_workload(two), *args)
         assert e.value.one_line().startswith(says)
+
+
+@pytest.mark.parametrize("content", [b"garbage", b"", b'{"a":1}', b"\xff\xfe{"])
+def test_a_file_that_is_no_tokenizer_is_one_line(tmp_path: Path, content: bytes) -> None:
+    """`tokenizers` raises a bare Exception for a file it cannot read (bench printed its
+    traceback): one line naming --tokenizer and the file."""
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(content)
+    with pytest.raises(InputError) as e:
+        HFTokenizer(tmp_path)
+    assert e.value.field == "--tokenizer" and str(path) in e.value.problem
+    assert "\n" not in e.value.one_line()

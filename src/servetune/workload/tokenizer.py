@@ -73,7 +73,14 @@ class HFTokenizer:
             raise InputError(
                 "--tokenizer", f"no tokenizer.json at {path}", "give a file or HF model dir"
             )
-        self._tok = _Tok.from_file(str(p))
+        try:
+            self._tok = _Tok.from_file(str(p))
+        except Exception as exc:  # the Rust side raises a bare Exception: not JSON, not UTF-8
+            raise InputError(
+                "--tokenizer",
+                f"{p} is not a tokenizer.json the `tokenizers` package reads ({exc})",
+                "give the tokenizer.json of a Hugging Face model, or its folder",
+            ) from None
         self.name = f"hf:{p}"
 
     def encode(self, text: str) -> list[int]:
