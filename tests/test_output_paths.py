@@ -60,6 +60,29 @@ CASES = {
         ["tune", "--backend", "sim", "--trials", "1", "--report", "{dir}"],
         "--report",
     ),  # fmt: skip
+    # /proc passes every check root's access() makes and takes no new file: refused up
+    # front, where it failed at the write (calibrate lost its sweep's first run)
+    "bench -o /proc": (["bench", "--url", DEAD, "-o", "{proc}", "--no-store"], "--output"),
+    "report --images /proc": (
+        ["report", "last", "-o", "r.html", "--images", "{proc}"],
+        "--images",
+    ),  # fmt: skip
+    "calibrate --runs-dir /proc": (
+        [
+            "calibrate",
+            "-m",
+            "llama-3.1-8b",
+            "-g",
+            "cpu-host",
+            "-o",
+            "p.json",
+            "--url",
+            DEAD,
+            "--runs-dir",
+            "{proc}",
+        ],
+        "--runs-dir",
+    ),  # fmt: skip
     "simulate --trace": (
         ["simulate", "--count", "4", "--no-store", "--trace", "{missing}"],
         "--trace",
@@ -75,6 +98,7 @@ def test_a_bad_output_path_is_refused_before_anything_runs(case: str, tmp_path: 
         "dir": str(tmp_path / "a-folder"),
         "file": str(tmp_path / "a-file.txt"),
         "missing": str(tmp_path / "no-such-folder" / "x.json"),
+        "proc": "/proc/servetune-test",
     }
     line, flag = CASES[case]
     args = [a.format(**paths) for a in line]
@@ -173,3 +197,22 @@ def test_a_missing_sweep_base_names_its_point_files(tmp_path: Path) -> None:
     assert missing_file_fix(tmp_path / "other.json", "check the path") == "check the path"
     assert missing_file_fix(tmp_path / "no" / "run.json", "check the path") == "check the path"
     assert point_file(base, "conc4", False) == base  # one point: the name given
+
+
+def test_a_sweep_points_record_log_is_checked_before_the_first_point(tmp_path: Path) -> None:
+    """`<stem>-conc2.records.jsonl` (the log flushed beside the second point's result) a
+    folder: the sweep measured its first point, then stopped at the second with an
+    IsADirectoryError traceback. Refused before any point now."""
+    from servetune.mock.server import MockConfig, mock_in_thread
+
+    (tmp_path / "o-conc2.records.jsonl").mkdir()
+    with mock_in_thread(MockConfig()) as srv:
+        out = _cli("bench", "--url", f"http://127.0.0.1:{srv.port}", "--concurrency", "1,2",
+                   "--count", "2", "--tokenizer", "word", "--no-telemetry", "--no-store",
+                   "-o", str(tmp_path / "o.json"), cwd=tmp_path)  # fmt: skip
+        sent = srv.stats.requests
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    log = tmp_path / "o-conc2.records.jsonl"
+    assert lines[-1] == f"error: --output: {log} is a folder (give a file name)", lines
+    assert sent == 0 and not list(tmp_path.glob("o-conc1*")), sent

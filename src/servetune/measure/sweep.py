@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from servetune.measure.session import Interrupted, Point, Session, Sinks
 from servetune.metrics.table import write_csv
 from servetune.outfile import point_file
-from servetune.results.files import check_replaceable, write_result
+from servetune.results.files import check_replaceable, check_writable, write_result
 from servetune.results.schema import RunResult
 from servetune.status import RunStatus
 from servetune.store import RunMeta
@@ -162,6 +162,7 @@ def check_files(files: ResultFiles, labels: Sequence[str], store: StoreSettings 
     for path, flag, kind in wanted:
         if path is not None:
             check_replaceable(path, db_file, flag, kind)
+            check_writable(path, flag)  # a record log's name a folder holds, /proc/x
 
 
 def _open_store(

@@ -14,7 +14,7 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from servetune.errors import InputError, from_validation_error
-from servetune.outfile import replaced
+from servetune.outfile import probe_writable, replaced
 from servetune.results.schema import RunResult
 from servetune.yamlfile import read_text
 
@@ -75,6 +75,7 @@ def check_writable(path: Path, field: str) -> None:
         return  # a pipe or a device: written in place (`outfile.replaced`)
     if not os.access(target.parent, os.W_OK | os.X_OK):  # the file is renamed into it
         raise InputError(field, f"folder {target.parent} is not writable", "give another path")
+    probe_writable(path, field)  # what root's access() cannot tell: /proc, read-only mounts
 
 
 def sqlite_file(store: Any) -> str | None:
@@ -172,6 +173,9 @@ def check_folder(path: Path, field: str) -> None:
         raise InputError(field, f"{path} is a file, not a folder", "give a folder name")
     if not path.parent.is_dir():
         raise InputError(field, f"folder {path.parent} does not exist", "create it first")
+    # the folder takes files, or its parent takes the folder: /proc/x passed the checks
+    # above, and `calibrate --runs-dir /proc/x` lost the sweep's first measured run
+    probe_writable((path if path.is_dir() else path.parent) / ".servetune-probe", field, path)
 
 
 def check_outputs(files: dict[str, Path | str | None], folders: dict[str, Path | None]) -> None:
