@@ -358,3 +358,18 @@ def test_the_tuners_fit_leaves_out_a_sweep_run_of_nothing_but_errors(
     assert "calibration: cal-c2 left out: 0 of 12 requests ok" in said, said
     with pytest.raises(InputError, match="calibration: no run served a streamed request"):
         first()
+
+
+def test_an_unknown_gpu_is_not_sent_to_a_flag_calibrate_lacks(tmp_path: Path) -> None:
+    """calibrate has no --hardware-file (its profile names hardware the simulator looks
+    up by name), so its unknown-accelerator fix names the catalog, not that flag."""
+    for gpu, fix in (("h100sxm", "did you mean h100-sxm"), ("nosuch", "known: a10, ")):
+        out = subprocess.run(
+            [sys.executable, "-m", "servetune.cli.app", "calibrate", "-m", "llama-3.1-8b",
+             "-g", gpu, "-o", str(tmp_path / "p.json"), "--url", "http://127.0.0.1:9"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 2 and fix in out.stderr, out.stderr
+        assert "--hardware-file" not in out.stderr and "Traceback" not in out.stderr
+    with pytest.raises(InputError, match="Or describe it in a --hardware-file"):
+        get_hardware("nosuch")  # plan, simulate, tune have the flag

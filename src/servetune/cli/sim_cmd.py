@@ -240,7 +240,7 @@ def calibrate(
     keep_in = runs_dir or output.with_name(output.stem + "-runs")
     # before the sweep or the fit: neither is lost to a bad path
     check_outputs({"--output": output}, {"--runs-dir": keep_in if url else None})
-    m, hw = get_model(model), get_hardware(gpu)
+    m, hw = get_model(model), get_hardware(gpu, file_hint=False)
     adapter(engine)  # an unknown engine is refused in one line, not fitted under its name
     if sets:  # the engine's start-up rules, before a sweep or a fit (as simulate checks)
         check_model_config(parse_sets(engine, sets, device=hw.kind), m, device=hw.kind)

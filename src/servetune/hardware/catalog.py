@@ -67,8 +67,12 @@ def hardware_aliases(extra_file: str | Path | None = None) -> dict[str, str]:
     return dict(_catalog(extra_file).aliases)
 
 
-def get_hardware(name: str, extra_file: str | Path | None = None) -> HardwareSpec:
-    """The spec for `name` (case-insensitive, aliases allowed); user entries take precedence."""
+def get_hardware(
+    name: str, extra_file: str | Path | None = None, *, file_hint: bool = True
+) -> HardwareSpec:
+    """The spec for `name` (case-insensitive, aliases allowed); user entries take precedence.
+    `file_hint=False`: the command has no --hardware-file, so an unknown name's fix does not
+    send the user to one (calibrate's profile names hardware the simulator looks up)."""
     if name is None or not str(name).strip():
         raise InputError(_NAME_FIELD, "no accelerator given", "pass a name such as h100-sxm")
     catalog = _catalog(extra_file)
@@ -84,11 +88,11 @@ def get_hardware(name: str, extra_file: str | Path | None = None) -> HardwareSpe
         hint = "did you mean " + ", ".join(suggestions) + "?"
     else:
         hint = "known: " + ", ".join(sorted(catalog.entries)) + "."
-    raise InputError(
-        _NAME_FIELD,
-        f"unknown accelerator {str(name)!r}",
-        f"{hint} Or describe it in a --hardware-file (YAML/JSON, same fields as the catalog)",
-    )
+    if file_hint:
+        fix = f"{hint} Or describe it in a --hardware-file (YAML/JSON, same fields as the catalog)"
+    else:
+        fix = f"{hint} `servetune gpus` lists them all" if suggestions else hint.rstrip(".")
+    raise InputError(_NAME_FIELD, f"unknown accelerator {str(name)!r}", fix)
 
 
 @lru_cache(maxsize=1)
