@@ -92,8 +92,12 @@ def test_hand_described_deployment_needs_the_measured_limits() -> None:
         from_description("vllm", queue_target=2)
     # llama.cpp has no KV gauge: the queue alone is enough
     assert from_description("llamacpp", queue_target=2).kv_threshold is None
-    with pytest.raises(InputError, match="unknown engine"):
+    with pytest.raises(InputError, match="unknown engine") as e:
         from_description("vlm", queue_target=2, kv_threshold=0.8)
+    assert e.value.field == "--engine" and e.value.fix == "did you mean vllm?"  # not trtllm
+    with pytest.raises(InputError) as e:  # the choices are the engines it can scale
+        from_description("foo", queue_target=2)
+    assert e.value.fix == "one of vllm, sglang, tgi, llamacpp, onnx", e.value.fix
     with pytest.raises(InputError, match="--scale-out-for"):
         Deployment(engine="vllm", queue_target=1, kv_threshold=0.8, scale_out_for="2 min")
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from servetune.engines.registry import ADAPTERS, adapter
-from servetune.errors import InputError
+from servetune.errors import InputError, closest
 from servetune.monitor import coverage
 from servetune.monitor.promql import kv_usage
 from servetune.slo import SLO, parse_slo
@@ -68,8 +68,8 @@ class Deployment:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        adapter(self.engine)  # an unknown engine is an InputError naming the choices
-        check_scalable(self.engine)  # before the KV check, whose fix names the queue
+        check_scalable(self.engine)  # unknown or unscalable, before the KV check (its fix
+        # names the queue)
         check_names(self.name, self.namespace, self.job)
         check_prometheus_url(self.prometheus_url)
         check_limits(self.queue_target, self.kv_threshold)
@@ -174,8 +174,15 @@ def check_scalable(engine: str, flag: str = "--engine") -> None:
     """An engine with no pending-requests gauge gives the autoscalers nothing to scale on:
     KEDA's triggers would be empty (its schema refuses them) and no scale-out rule fires.
     Named here, before a file is written or a limit asked for."""
+    ok = scalable_engines()
+    if engine not in ADAPTERS:  # the engines it can scale, not every engine servetune knows
+        near = closest(engine, ok)
+        raise InputError(
+            flag,
+            f"unknown engine {engine!r}",
+            f"did you mean {', '.join(near)}?" if near else f"one of {', '.join(ok)}",
+        )
     if "requests_waiting" not in adapter(engine).METRICS:
-        ok = scalable_engines()
         raise InputError(
             flag,
             f"{engine} exports no /metrics servetune can scale on (no pending-requests gauge)",
@@ -411,11 +418,9 @@ def from_study(study: str, db: str | None = None, **kw: Any) -> Deployment:
 def from_description(engine: str, **kw: Any) -> Deployment:
     """A deployment described by hand: the limits must be given (no defaults stand in for
     a measurement)."""
-    try:  # a misspelt engine first: which limits must be given depends on it
-        adapter(engine)
-    except InputError as e:
-        raise InputError("--engine", e.problem, e.fix) from None
-    check_scalable(engine)  # before asking for limits no rule could use
+    # a misspelt engine first (which limits must be given depends on it), named among
+    # the engines it can scale, before asking for limits no rule could use
+    check_scalable(engine)
     if kw.get("queue_target") is None:
         raise InputError(
             "--queue-target",
