@@ -228,6 +228,25 @@ ROWS = [
     ("runs show ''", ["runs", "show", ""], "'ref': an empty value names nothing"),
     ("runs delete '' -y", ["runs", "delete", "", "-y"], "'refs': an empty value names nothing"),
     ("runs tag last ''", ["runs", "tag", "last", ""], "'tags': an empty value names nothing"),
+    ("report ','", ["report", ","], "RUNS: an empty value names nothing"),  # `$A,$B` unset
+    # a tag is one word (`store.models.check_tag`): `x,y` stored whole showed as two tags
+    # that no `--tag x` found; `simulate --tag ''` stored an empty one
+    (
+        "runs tag last 'x,y'",
+        ["runs", "tag", "last", "x,y"],
+        "TAGS: 'x,y' holds a comma or a blank (one word per tag, each its own: x y)",
+    ),
+    ("runs tag last 'a b'", ["runs", "tag", "last", "a b"], "TAGS: 'a b' holds a comma"),
+    (
+        "simulate --tag ''",
+        ["simulate", "--count", "2", "--tag", ""],
+        "--tag: an empty tag names nothing",
+    ),
+    (
+        "bench --tag 'x,'",
+        ["bench", "--url", "http://127.0.0.1:9", "--tag", "x,"],
+        "--tag: 'x,' holds a comma or a blank (give x)",
+    ),
     # a path given to diagnose is a path: a missing file is said so, not "no run or study"
     ("diagnose missing file", ["diagnose", "/nonexistent/r.json"], "RUN: no such file: /nonex"),
 ]

@@ -107,13 +107,14 @@ def store_settings(
 
 
 def check_names(study: str | None, tags: list[str]) -> None:
-    """`--study` and `--tag` longer than the store keeps, refused before anything is
-    measured (the store would refuse them at the first run, and store nothing)."""
-    from servetune.store.models import RunTag, Study, check_length
+    """`--study` longer than the store keeps and a `--tag` that is not one word of a length
+    it keeps (`store.models.check_tag`), refused before anything is measured (the store
+    would refuse a long one at the first run, and store nothing)."""
+    from servetune.store.models import Study, check_length, check_tag
 
     check_length("--study", study, Study.name)
     for t in tags:
-        check_length("--tag", t, RunTag.tag)
+        check_tag("--tag", t)
 
 
 def bench(

@@ -36,7 +36,8 @@ def report(
     from servetune.results.files import check_outputs
     from servetune.store import Store
 
-    if any(not r.strip() for r in refs):  # an unset shell variable names no run
+    # an unset shell variable names no run, nor `$A,$B` with both unset (`,`)
+    if any(not r.replace(",", "").strip() for r in refs):
         raise InputError("RUNS", "an empty value names nothing", "give a run id, study or A,B,C")
     check_outputs({"--output": output}, {"--images": images})
     with Store.open(db, create=False) as store:

@@ -392,6 +392,11 @@ def tag(
     db: str | None = _DB,
 ) -> None:
     """Add or remove tags (e.g. baseline, candidate, prod)."""
+    from servetune.store.models import check_tag
+
+    if not remove:  # a tag stored with a comma or a blank could be removed, never added
+        for t in tags:
+            check_tag("TAGS", t)
     with _open(db) as store:
         ids = store.resolve([ref], allow_empty=False)
         changed = store.tag(ids, add=() if remove else tags, remove=tags if remove else ())

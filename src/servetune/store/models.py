@@ -10,6 +10,7 @@ once however many sweep points share them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,25 @@ def check_length(field: str, value: object, column: Any) -> None:
             f"{shown!r} is {len(value)} characters; the store keeps at most {limit}",
             "shorten it",
         )
+
+
+def check_tag(field: str, tag: str) -> None:
+    """A tag is one word: not empty (an unset shell variable), no comma (`report A,B` and
+    `runs list` split and join on commas: `x,y` stored as one tag showed as two and no
+    `--tag x` found it), no blank (`a b` read as two words), and as long as the store
+    keeps (`check_length`). Every command that tags checks this one rule."""
+    if not tag.strip():
+        raise InputError(field, "an empty tag names nothing", "give a word such as baseline")
+    if "," in tag or any(c.isspace() for c in tag):
+        parts = [p for p in re.split(r"[,\s]+", tag) if p]
+        raise InputError(
+            field,
+            f"{tag!r} holds a comma or a blank",
+            f"one word per tag, each its own: {' '.join(parts)}"
+            if len(parts) > 1
+            else f"give {parts[0]}",
+        )
+    check_length(field, tag, RunTag.tag)
 
 
 def check_row(row: Base, names: Mapping[str, str] | None = None) -> None:
