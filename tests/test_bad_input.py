@@ -359,3 +359,16 @@ def test_the_engine_release_is_fixed_for_a_study_never_searched() -> None:
     with pytest.raises(InputError, match="a release such as 0.15.1") as e:
         parse_space({"knobs": {"max_num_seqs": [16]}, "fixed": {"engine_version": "latest"}})
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "command", [["accept"], ["diagnose"], ["monitor", "export"], ["quality"], ["report"],
+                ["bench"], ["simulate"], ["calibrate"]],  # fmt: skip
+)
+def test_every_store_flag_says_the_variable_it_honours(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """One --db option (`cli.bench_cmd.DB_OPTION`): accept's own said ./servetune.db and
+    read $SERVETUNE_DB."""
+    code, out, _ = run_cli(capsys, *command, "--help")
+    assert code == 0 and "$SERVETUNE_DB" in " ".join(out.split()), out

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from servetune.cli.bench_cmd import DB_OPTION
 from servetune.errors import InputError
 from servetune.outfile import replaced
 
@@ -64,7 +65,7 @@ def accept(
     gpu: bool = typer.Option(False, "--gpu", help="The deployment serves on GPUs."),
     requests: int = typer.Option(120, "--requests", min=4, help="Requests per stability stage."),
     quick: bool = typer.Option(False, "--quick", help="Small probes (minutes -> ~1 min)."),
-    db: str = typer.Option(None, "--db", help="Experiment store (default ./servetune.db)."),
+    db: str | None = DB_OPTION,
     study: str = typer.Option(None, "--study", help="Name of the accept study its runs go in."),
     output: Path = typer.Option(None, "-o", "--output", help="Write the checklist JSON here."),
     html_out: Path = typer.Option(None, "--html", help="Write the HTML page here."),

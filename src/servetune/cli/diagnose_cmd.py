@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from servetune.cli.bench_cmd import DB_OPTION
 from servetune.errors import InputError
 
 
@@ -30,9 +31,7 @@ def diagnose(
         None, "--telemetry-url", help="With --url: a DCGM exporter or other /metrics to read."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
-    db: str | None = typer.Option(
-        None, "--db", help="File path or SQLAlchemy URL (default $SERVETUNE_DB, ./servetune.db)."
-    ),
+    db: str | None = DB_OPTION,
 ) -> None:
     """Print the findings, worst first, each with its trigger and ordered actions."""
     import json

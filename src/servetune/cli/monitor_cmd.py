@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from servetune.cli.bench_cmd import DB_OPTION
 from servetune.errors import InputError
 
 monitor_app = typer.Typer(help="Monitoring and autoscaling for a tuned deployment.")
@@ -58,9 +59,7 @@ def export_cmd(
         "--prometheus-url",
         help="The Prometheus KEDA queries: http(s)://HOST[:PORT].",
     ),
-    db: str | None = typer.Option(
-        None, "--db", help="File path or SQLAlchemy URL (default $SERVETUNE_DB, ./servetune.db)."
-    ),
+    db: str | None = DB_OPTION,
 ) -> None:
     """Write prometheus-rules.yaml, grafana-dashboard.json, keda-scaledobject.yaml, hpa.yaml."""
     from pathlib import Path

@@ -7,6 +7,7 @@ import json
 
 import typer
 
+from servetune.cli.bench_cmd import DB_OPTION
 from servetune.errors import InputError
 
 
@@ -37,9 +38,7 @@ def quality(
     tasks: int | None = typer.Option(None, "--tasks", min=0, help="Use the first N tasks."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=2, help="Tokens scored per passage."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    db: str | None = typer.Option(
-        None, "--db", help="File path or SQLAlchemy URL (default $SERVETUNE_DB, ./servetune.db)."
-    ),
+    db: str | None = DB_OPTION,
 ) -> None:
     """Score both endpoints on the corpus, print the figures with their noise bounds and
     the verdict, and store them in --candidate-run's quality field."""

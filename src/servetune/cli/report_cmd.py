@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from servetune.cli.bench_cmd import DB_OPTION
 from servetune.errors import InputError
 
 
@@ -27,9 +28,7 @@ def report(
     image_format: str | None = typer.Option(
         None, "--image-format", help="png (default), svg or png,svg; with --images."
     ),
-    db: str | None = typer.Option(
-        None, "--db", help="File path or SQLAlchemy URL (default $SERVETUNE_DB, ./servetune.db)."
-    ),
+    db: str | None = DB_OPTION,
 ) -> None:
     """Write the report and say what was drawn and what was not (and why)."""
     from servetune.report import build_report
