@@ -362,8 +362,17 @@ def test_the_engine_release_is_fixed_for_a_study_never_searched() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [["accept"], ["diagnose"], ["monitor", "export"], ["quality"], ["report"],
-                ["bench"], ["simulate"], ["calibrate"]],  # fmt: skip
+    "command",
+    [
+        ["accept"],
+        ["diagnose"],
+        ["monitor", "export"],
+        ["quality"],
+        ["report"],
+        ["bench"],
+        ["simulate"],
+        ["calibrate"],
+    ],  # fmt: skip
 )
 def test_every_store_flag_says_the_variable_it_honours(
     capsys: pytest.CaptureFixture[str], command: list[str]
