@@ -74,7 +74,7 @@ def parse_sets(
         except ValueError:
             data[key] = raw
     if extra:
-        data["extra_args"] = split_extra(extra)
+        data["extra_args"] = split_extra(extra, engine)
     try:
         cfg = EngineConfig.model_validate(data)
     except Exception as exc:  # pydantic.ValidationError

@@ -119,7 +119,7 @@ def plan(
         overhead=overhead,
         hardware_file=hardware_file,
         engine=engine,
-        extra=split_extra(extra) if extra else (),
+        extra=split_extra(extra, engine) if extra else (),
         from_flags=True,
     )
     result = run_plan(args)

@@ -16,13 +16,27 @@ if TYPE_CHECKING:
     from servetune.engines.config import EngineConfig
 
 
-def split_extra(extra: str) -> tuple[str, ...]:
+def split_extra(extra: str, engine: str | None = None) -> tuple[str, ...]:
     """`--extra`'s text as shell words; an unclosed quote is a one-line error, not
-    shlex's ValueError traceback."""
+    shlex's ValueError traceback. For an engine whose CLI is checked in as data
+    (`flagcheck.CHECKED`: SGLang, TGI, TensorRT-LLM, ...), the words are checked against
+    it: `plan --engine sglang --extra '--bogus 1'` printed a launch command SGLang would
+    refuse, and `simulate` ran it."""
     try:
-        return tuple(shlex.split(extra))
+        words = tuple(shlex.split(extra))
     except ValueError as exc:
         raise InputError("--extra", f"cannot split {extra!r}: {exc}", "close the quote") from None
+    from servetune.engines import flagcheck
+
+    if engine in flagcheck.CHECKED:
+        cli = flagcheck.load(engine)
+        problems = flagcheck.check_argv(cli, words)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise InputError(
+                "--extra", problems[0] + more, f"see {engine} {cli.version}'s own --help"
+            )
+    return words
 
 
 def extra_given(args: tuple[str, ...], name: str) -> bool:
