@@ -115,6 +115,15 @@ ROWS = [
     ("space 1..1e12 step 1", [*TUNE, "--space", "{huge_space}"], "space.knobs.max_num_seqs: "),
     ("tune --trials 0", [*TUNE, "--trials", "0"], "--trials: "),
     ("simulate --gpus 0", [*SIM, "-w", "{ok}", "--gpus", "0"], "--gpus: "),
+    # one bound for plan, simulate and tune (`plan.service.check_gpus`): plan printed
+    # `--data-parallel-size 1000000000`
+    (
+        "plan --gpus 1e9",
+        ["plan", "--gpus", "1000000000"],
+        "--gpus: 1,000,000,000 is not allowed (give 1 to 100,000 GPUs)",
+    ),
+    ("simulate --gpus 1e9", [*SIM, "--gpus", "1000000000"], "give 1 to 100,000 GPUs"),
+    ("tune --gpus 1e9", [*TUNE, "--gpus", "1000000000"], "give 1 to 100,000 GPUs"),
     ("block_size 7", [*SIM, "-w", "{ok}", "--set", "block_size=7"], "block_size: "),
     ("tp 3", [*SIM, "-w", "{ok}", "--set", "tensor_parallel_size=3"], "tensor_parallel_size: "),
     ("--rate inf", [*SIM, "-w", "{ok}", "--rate", "inf"], "--rate: "),

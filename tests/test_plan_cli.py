@@ -89,10 +89,13 @@ def test_launch_notes_reach_the_plan_output() -> None:
 
 
 def test_a_huge_gpu_count_plans_at_once() -> None:
-    """Pipeline stages are tried up to one layer each, not up to --gpus (which hung)."""
-    out = run_plan("--gpus", "99999999999")
+    """Pipeline stages are tried up to one layer each, not up to --gpus (which hung); past
+    any deployment's size (`plan.service.MAX_GPUS`) the count is a typo, refused."""
+    out = run_plan("--gpus", "100000")
     assert out.returncode == 0, out.stderr
     assert "FITS" in out.stdout
+    out = run_plan("--gpus", "99999999999")
+    assert out.returncode == 2 and "give 1 to 100,000 GPUs" in out.stderr, out.stderr
 
 
 def test_json_contract() -> None:

@@ -183,3 +183,19 @@ def test_a_plan_that_does_not_fit_reports_no_concurrency(
     assert all(o["max_concurrency"] is None for o in data["parallelism"] if not o["fits"])
     code, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-70b", "--quant", "fp8", "--json")
     assert code == 2 and json.loads(out)["max_concurrency"] is None
+
+
+def test_the_simulator_refuses_tp_beyond_one_node_as_plan_does() -> None:
+    """`simulate --set tensor_parallel_size=16` on an 8-GPU H100 node was simulated with
+    NVLink all-reduces across 16 GPUs (TPOT 2.8 ms); plan refused it. One rule for both
+    (`plan.service.check_tp_within_node`), said in the simulator's knobs."""
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import setup
+
+    model, hw = get_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    with pytest.raises(InputError) as e:
+        setup(model, hw, EngineConfig(tensor_parallel_size=16))
+    assert e.value.field == "--set tensor_parallel_size" and "8 GPUs in one" in e.value.problem
+    assert "tensor_parallel_size=8 pipeline_parallel_size=2" in (e.value.fix or "")
+    assert setup(model, hw, EngineConfig(tensor_parallel_size=8, pipeline_parallel_size=2))

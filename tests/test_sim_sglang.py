@@ -392,8 +392,11 @@ def test_cli_plans_and_simulates_sglang(capsys, tmp_path):
     assert code == 2 and "--extra: the vllm simulator reads no extra flags" in err
     # a flag SGLang does not have, or a value it would refuse, is refused against its
     # checked-in CLI: the plan printed it in a launch command, the simulator ignored it
-    for args, why in (("--bogus 1", "--bogus: no such flag in sglang"),
-                      ("--schedule-conservativeness abc", "--schedule-conservativeness: wants float")):  # fmt: skip
+    refused = [
+        ("--bogus 1", "--bogus: no such flag in sglang"),
+        ("--schedule-conservativeness x", "--schedule-conservativeness: wants float"),
+    ]
+    for args, why in refused:
         for command in (sim, oss):
             code, _, err = run_cli(capsys, *command, "--engine", "sglang", "--extra", args)
             assert code == 2 and f"error: --extra: {why}" in err, err

@@ -117,8 +117,9 @@ def simulate(
     check_ranges({"--count": count, "--duration": duration})
     if replay is not None and workload is not None:  # the replay's requests would win unseen
         raise InputError("--replay", "replays a bench run's own requests", "drop --workload")
-    if gpus < 1:
-        raise InputError("--gpus", f"{gpus} is not allowed", "give the GPUs of one replica, >= 1")
+    from servetune.plan.service import check_gpus
+
+    check_gpus(gpus)
     check_outputs({"--output": output, "--trace": trace_path}, {})  # before the run
     if extra and engine != "sglang":  # only SGLang's model reads flags without a knob
         raise InputError(

@@ -178,8 +178,10 @@ def build_settings(o: dict[str, Any]) -> Any:
         name = "vllm-gpu" if what_if else "llamacpp-cpu"
     pre = load_preset(name)
     opts = tune_options(pre.tune, o)
-    if o["gpus"] is not None and o["gpus"] < 1:
-        raise InputError("--gpus", f"{o['gpus']} is not allowed", "give the GPUs of one replica")
+    if o["gpus"] is not None:
+        from servetune.plan.service import check_gpus
+
+        check_gpus(o["gpus"])
     if o["db"] is not None and not o["db"].strip():
         raise InputError("--db", "is empty", "give a file path or URL")
     mode = o["backend"] or pre.backend

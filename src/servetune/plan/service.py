@@ -136,6 +136,17 @@ def _positive(name: str, value: float | None) -> None:
         raise InputError(_flag(name), f"must be a finite number > 0 (got {value})")
 
 
+# More GPUs than any one deployment holds (the largest training clusters hold ~100k): a
+# typo (`--gpus 1000000000` planned `--data-parallel-size 1000000000`), not a plan.
+MAX_GPUS = 100_000
+
+
+def check_gpus(gpus: int, flag: str = "--gpus") -> None:
+    """`gpus` of one deployment: 1 to MAX_GPUS (plan's --gpus, simulate's)."""
+    if not 1 <= gpus <= MAX_GPUS:
+        raise InputError(flag, f"{gpus:,} is not allowed", f"give 1 to {MAX_GPUS:,} GPUs")
+
+
 def parse_overheads(items: list[str]) -> Overheads:
     """`name=GiB` pairs -> Overheads, naming the bad item on error."""
     values: dict[str, float] = {}
@@ -180,6 +191,7 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
         "gpu_memory_utilization",
     ):
         _positive(name, getattr(args, name))
+    check_gpus(args.gpus)
     for name in ("model", "gpu", "quant", "kv_dtype", "scenario", "engine", "dtype"):
         if getattr(args, name, None) is not None and not str(getattr(args, name)).strip():
             # an unset shell variable: never silently "none" or the default
@@ -294,21 +306,30 @@ def check_engine_device(engine: str, hardware: HardwareSpec) -> None:
         )
 
 
-def check_tp_within_node(tp: int | None, pp: int, model: ModelSpec, hw: HardwareSpec) -> None:
+def check_tp_within_node(
+    tp: int | None, pp: int, model: ModelSpec, hw: HardwareSpec, *, knobs: bool = False
+) -> None:
     """Tensor parallelism stays within one node (seed 003 §6: its all-reduce runs on every
     layer, over NVLink/PCIe, not the network); more GPUs than a node holds are pipeline
-    stages. Refused rather than priced as if the node were larger."""
+    stages. Refused rather than priced as if the node were larger: `plan`'s --tp, and the
+    simulator's knobs (`knobs`: `--set tensor_parallel_size=16` on an 8-GPU H100 node was
+    simulated at NVLink speed)."""
     node = hw.devices_per_node
     if tp is None or tp <= node:
         return
     sizes = tp_candidates(model, hw, node) or [1]
     best = sizes[-1]
     stages = math.ceil(tp * pp / best)
+    if knobs:
+        flag = "--set tensor_parallel_size"
+        use = f"tensor_parallel_size={best} pipeline_parallel_size={stages}"
+    else:
+        flag, use = "--tp", f"--tp {best} --pp {stages}"
     raise InputError(
-        "--tp",
+        flag,
         f"{tp} is more than the {node} GPUs in one {hw.name} node (tensor parallelism "
         "runs within a node)",
-        f"use --tp {best} --pp {stages} for {best * stages} GPUs (pipeline stages span nodes)",
+        f"use {use} for {best * stages} GPUs (pipeline stages span nodes)",
     )
 
 

@@ -182,6 +182,11 @@ def setup(
         raise InputError("extra_args", f"{token} is the {name} knob's flag", fix)
     # what the engine refuses at start-up (block size, TP vs heads, FP8 below compute
     # capability 8.0, as `plan` refuses it) is not simulated
+    if hw.kind == "gpu":  # a CPU host's "node" is itself: its TP is the engine's rule
+        from servetune.plan.service import check_tp_within_node
+
+        tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+        check_tp_within_node(tp, pp, model, hw, knobs=True)  # first, as plan checks
     check_model_config(cfg, model, device=hw.kind)
     check_dtype_runs_on(cfg.dtype, hw, "--set dtype")  # an explicit bfloat16 below cc 8.0
     check_runs_on(
