@@ -597,3 +597,27 @@ def test_a_file_that_is_no_tokenizer_is_one_line(tmp_path: Path, content: bytes)
         HFTokenizer(tmp_path)
     assert e.value.field == "--tokenizer" and str(path) in e.value.problem
     assert "\n" not in e.value.one_line()
+
+
+@pytest.mark.parametrize(
+    ("parse", "data", "field", "fix"),
+    [
+        ("slo", {"ttft_ms": {"p42": 100}}, "slo.ttft_ms.p42",
+         "known: p50, p90, p95, p99, mean, max"),
+        ("slo", {"ttfts_ms": {"p99": 100}}, "slo.ttfts_ms", "did you mean ttft_ms"),
+        ("workload", {**BASE, "streem": True}, "workload.streem", "did you mean stream"),
+        ("workload", {**BASE, "arrival": {"kind": "poisson", "rate": 1, "rat": 3}},
+         "workload.arrival.rat", "did you mean rate?"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_names_the_keys_its_place_has(
+    parse: str, data: dict, field: str, fix: str
+) -> None:
+    """Pydantic said "Extra inputs are not permitted" (a `p42` target, a misspelt key):
+    the keys that place takes, or the close ones (`errors.known_keys`)."""
+    from servetune.slo import parse_slo
+
+    with pytest.raises(InputError) as e:
+        (parse_slo if parse == "slo" else parse_workload)(data)
+    assert e.value.field == field and e.value.problem.startswith("unknown key "), e.value
+    assert fix in (e.value.fix or ""), e.value.fix

@@ -48,6 +48,7 @@ def from_validation_error(
     prefix: str = "",
     flags: Mapping[str, str] | None = None,
     data: Any = _NOT_GIVEN,
+    model: Any = None,
 ) -> InputError:
     """Turn a pydantic ValidationError into a one-line InputError naming the field: the
     first error's location under `prefix`, or the command-line flag `flags` maps that
@@ -55,7 +56,8 @@ def from_validation_error(
     validated `data`, the location is the path the user wrote (`written_path`). Pydantic's
     own framing (error counts, type codes, URLs) is dropped, and the value shown is cut
     short: a YAML alias can make it megabytes. A missing field names the keys beside it
-    that the model has no field for (`fixed` given `mean` instead of `value`)."""
+    that the model has no field for (`fixed` given `mean` instead of `value`); given the
+    `model` validated, an unknown key names the keys its place has (`known_keys`)."""
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return InputError(prefix or "input", str(exc).splitlines()[0])
@@ -72,9 +74,50 @@ def from_validation_error(
     msg = _ENUM_REPR.sub(r"\1", msg)  # allowed values as the user writes them
     if first.get("type") == "missing":
         return _missing(field, first, every)
+    if first.get("type") == "extra_forbidden" and model is not None:
+        known = known_keys(model, tuple(first.get("loc", ()))[:-1])
+        if known:  # `p42` under ttft_ms: the keys that are there, not pydantic's words
+            name = str(tuple(first.get("loc", ("key",)))[-1])
+            near = closest(name, known)
+            fix = f"did you mean {', '.join(near)}?" if near else f"known: {', '.join(known)}"
+            return InputError(field, f"unknown key {name!r}", fix)
     value = first.get("input")
     shown = "" if value is None or isinstance(value, dict) else f" (got {_short(value)})"
     return InputError(field, f"{msg}{shown}")
+
+
+def known_keys(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the model found at `loc` under `model` (a pydantic model class),
+    following each field's type through Optional and lists; [] when the path leaves the
+    models (a dict, a union of several models)."""
+    from pydantic import BaseModel
+
+    node = model
+    for part in loc:
+        field = node.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            if isinstance(part, int):
+                continue  # a list's index: the item's model is already `node`
+            return []
+        inner = [a for a in _type_args(field.annotation) if _is_model(a, BaseModel)]
+        if len(inner) != 1:
+            return []
+        node = inner[0]
+    return list(node.model_fields)
+
+
+def _type_args(tp: Any) -> list[Any]:
+    """`tp` and, through Optional/Union/list, the types inside it."""
+    from typing import get_args
+
+    out = [tp]
+    for arg in get_args(tp):
+        out += _type_args(arg)
+    return out
+
+
+def _is_model(tp: Any, base: type) -> bool:
+    return isinstance(tp, type) and issubclass(tp, base)
 
 
 def _missing(field: str, first: Mapping[str, Any], every: list[Any]) -> InputError:

@@ -112,7 +112,7 @@ def parse_slo(data: Any, source: str = "slo") -> SLO:
     try:
         return SLO.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, source) from None
+        raise from_validation_error(exc, source, model=SLO) from None
 
 
 def load_slo(path: str | Path) -> SLO:

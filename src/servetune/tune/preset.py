@@ -84,7 +84,7 @@ def load_preset(name_or_path: str) -> Preset:
     try:
         return Preset.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, "preset") from None
+        raise from_validation_error(exc, "preset", model=Preset) from None
 
 
 def resolve_model_path(path: str | None) -> str | None:

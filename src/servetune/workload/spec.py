@@ -474,7 +474,7 @@ def parse_workload(
     try:
         spec = WorkloadSpec.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, "workload", data=data) from None
+        raise from_validation_error(exc, "workload", data=data, model=WorkloadSpec) from None
     if base_dir is None:
         return spec
     # A workload file: its dataset and trace are read (every line checked) now, before a
