@@ -238,6 +238,12 @@ ROWS = [
     ("runs delete '' -y", ["runs", "delete", "", "-y"], "'refs': an empty value names nothing"),
     ("runs tag last ''", ["runs", "tag", "last", ""], "'tags': an empty value names nothing"),
     ("report ','", ["report", ","], "RUNS: an empty value names nothing"),  # `$A,$B` unset
+    # a window no run can be in, and a flag the format would ignore
+    (
+        "runs export -f json --records",
+        ["runs", "export", "-f", "json", "--records", "-o", "x.json"],
+        "--records: applies to csv and parquet",
+    ),
     # a tag is one word (`store.models.check_tag`): `x,y` stored whole showed as two tags
     # that no `--tag x` found; `simulate --tag ''` stored an empty one
     (
@@ -390,3 +396,19 @@ def test_every_store_flag_says_the_variable_it_honours(
     read $SERVETUNE_DB."""
     code, out, _ = run_cli(capsys, *command, "--help")
     assert code == 0 and "$SERVETUNE_DB" in " ".join(out.split()), out
+
+
+def test_a_window_no_run_can_be_in_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--since` after `--until` listed 0 runs and said nothing: a swap, named."""
+    db = str(tmp_path / "st.db")
+    code, _, err = run_cli(capsys, "simulate", "--count", "2", "--db", db)
+    assert code == 0, err
+    window = ["--since", "2030-01-01", "--until", "2020-01-01", "--db", db]
+    code, _, err = run_cli(capsys, "runs", "list", *window)
+    assert code == 2 and err.strip() == (
+        "error: --until: 2020-01-01 is before --since 2030-01-01 (swap the two)"
+    ), err
+    code, out, _ = run_cli(capsys, "runs", "list", "--since", "2020-01-01", "--db", db)
+    assert code == 0 and "1 run" in out, out

@@ -449,6 +449,10 @@ def export(
 
     check_outputs({"--output": output}, {})
     _one_of("--format", fmt_, list(FORMATS))
+    if records and fmt_ == "json":  # the JSON export holds every record already
+        raise InputError(
+            "--records", "applies to csv and parquet", "drop it: the json export holds them all"
+        )
     with _open(db) as store:
         # never over the store itself, a record log or another program's file
         check_replaceable(output, sqlite_file(store), "--output", fmt_)

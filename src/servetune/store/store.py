@@ -454,10 +454,14 @@ class Store:
             )
         if tag:
             q = q.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
-        if since:
-            q = q.where(Run.created_utc >= utc_text(since, "--since"))
-        if until:
-            q = q.where(Run.created_utc <= day_end(until, "--until"))
+        lo = utc_text(since, "--since") if since else None
+        hi = day_end(until, "--until") if until else None
+        if lo is not None and hi is not None and lo > hi:  # no run can be in it: a swap
+            raise InputError("--until", f"{until} is before --since {since}", "swap the two")
+        if lo is not None:
+            q = q.where(Run.created_utc >= lo)
+        if hi is not None:
+            q = q.where(Run.created_utc <= hi)
         if backend:
             q = q.where(Run.backend == backend)
         if status:  # a `running` row whose writer is gone reads `incomplete` (liveness)
