@@ -102,6 +102,12 @@ def test_accept_refuses_a_missing_autoscaling_file_or_model_path(capsys, base, t
     (tmp_path / "bad.yaml").write_text("a: [\n")
     code, _, err = run_cli(capsys, *base, "--autoscaling", str(tmp_path / "bad.yaml"))
     _one_line(code, err, "--autoscaling")
+    # YAML, but no autoscaler (a word, a list, empty): refused before the live checks
+    for text in ("garbage\n", "[1, 2]\n", "", "---\nkind: HorizontalPodAutoscaler\n---\n- x\n"):
+        (tmp_path / "word.yaml").write_text(text)
+        code, _, err = run_cli(capsys, *base, "--autoscaling", str(tmp_path / "word.yaml"))
+        _one_line(code, err, "--autoscaling")
+        assert "holds no mapping" in err, err
     code, _, err = run_cli(capsys, *base, "--model-path", str(tmp_path / "no-weights"))
     _one_line(code, err, "--model-path")
     assert "does not exist" in err

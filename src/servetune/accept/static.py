@@ -334,10 +334,19 @@ def autoscaling_docs(path: Path) -> list[Any]:
 
     text = read_text(path, "--autoscaling")
     try:
-        return [d for d in yaml.safe_load_all(text) if d]
+        docs = [d for d in yaml.safe_load_all(text) if d]
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0]
         raise InputError("--autoscaling", f"{path} is not valid YAML", first) from None
+    if not docs or not all(isinstance(d, dict) for d in docs):
+        # a word or a list is YAML too: it passed, and the verdict came after the live
+        # checks as "names no scaling metric", for a file that is no autoscaler at all
+        raise InputError(
+            "--autoscaling",
+            f"{path} holds no mapping: an HPA, a KEDA ScaledObject or a rules file is one",
+            "give the autoscaler's manifest (YAML or JSON)",
+        )
+    return docs
 
 
 def _metric_names(node: Any, parent: str | None = None) -> Iterable[str]:
