@@ -41,28 +41,33 @@ def replaced(path: Path | str, field: str = "--output") -> Iterator[Path]:
         raise
 
 
-def probe_writable(path: Path | str, field: str = "--output", named: Path | str = "") -> None:
+def probe_writable(path: Path | str, field: str = "--output") -> None:
     """Create and remove the file `replaced` would write first, before anything is
     measured: a folder the OS refuses new files in (/proc, a read-only mount) passes
     every permission check a root user makes, and its refusal came only at the write,
-    after the run (a traceback where the write was not `replaced`'s, the run lost).
-    `named`: the path the user gave, when `path` is a probe inside it."""
+    after the run (a traceback where the write was not `replaced`'s, the run lost)."""
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_file():
         return  # a pipe or a device: written in place
-    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    reason = refused_in(target.parent, f"{target.name}.tmp{os.getpid()}")
+    if reason is not None:
+        where = f"folder {target.parent} takes no new file ({reason})"
+        raise InputError(field, f"cannot write {path}: {where}", "give a path in a writable folder")
+
+
+def refused_in(folder: Path, name: str) -> str | None:
+    """Why `folder` refuses a new file `name` (the OS's words), made and removed at once;
+    None when it takes it."""
+    tmp = folder / name
     try:
         os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
-        return  # a temp of ours already there: the folder takes files
+        return None  # one of ours already there: the folder takes files
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        where = f"folder {target.parent} takes no new file ({reason})"
-        raise InputError(
-            field, f"cannot write {named or path}: {where}", "give a path in a writable folder"
-        ) from None
+        return exc.strerror or str(exc)
     with suppress(OSError):
         tmp.unlink()
+    return None
 
 
 def _discard(tmp: Path, special: bool) -> None:

@@ -14,7 +14,7 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from servetune.errors import InputError, from_validation_error
-from servetune.outfile import probe_writable, replaced
+from servetune.outfile import probe_writable, refused_in, replaced
 from servetune.results.schema import RunResult
 from servetune.yamlfile import read_text
 
@@ -175,7 +175,13 @@ def check_folder(path: Path, field: str) -> None:
         raise InputError(field, f"folder {path.parent} does not exist", "create it first")
     # the folder takes files, or its parent takes the folder: /proc/x passed the checks
     # above, and `calibrate --runs-dir /proc/x` lost the sweep's first measured run
-    probe_writable((path if path.is_dir() else path.parent) / ".servetune-probe", field, path)
+    where = path if path.is_dir() else path.parent
+    reason = refused_in(where, f".servetune-probe{os.getpid()}")
+    if reason is not None:
+        problem = (
+            f"cannot write in folder {path}" if where == path else (f"cannot create folder {path}")
+        )
+        raise InputError(field, f"{problem} ({reason})", "give a folder you can write")
 
 
 def check_outputs(files: dict[str, Path | str | None], folders: dict[str, Path | None]) -> None:
