@@ -203,6 +203,10 @@ ROWS = [
         "--set quantization: vllm has no flag for it: vLLM has no 'q4_k_m' weight format",
     ),
     ("tune --seed -1", [*TUNE, "--seed", "-1"], "--seed: "),
+    # numpy's and optuna's seeds are 32-bit; 1e308 req/s overflowed the rate lattice:
+    # both were tracebacks
+    ("tune --seed 2**32", [*TUNE, "--seed", "4294967296"], "--seed: Input should be less"),
+    ("tune --max-load 1e308", [*TUNE, "--max-load", "1e308"], "--max-load: Input should be"),
     ("tune --gpus 0", [*TUNE, "--gpus", "0"], "--gpus: "),
     ("tune --gpus 3", [*TUNE, "--gpus", "3"], "--gpus: 3 does not divide"),
     (

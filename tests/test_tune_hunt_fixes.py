@@ -302,9 +302,17 @@ def _cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
         (["-o", "r.json"], "error: --report: r.json exists and is not an HTML report"),
         (["-o", "x.db-wal"], "error: --report: x.db-wal is the store's database"),
         (["--executor", "ray", "--ray-cpus", "0"], "error: --ray-cpus: 0 runs no trial"),
+        # named where it was given: the preset's key, not a --strategy nobody typed
+        (["--preset", "p.yaml"], "error: preset.tune.strategy: unknown strategy 'nope'"),
+        (["--strategy", "nope"], "error: --strategy: unknown strategy 'nope'"),
     ],
 )
 def test_the_cli_refuses_before_the_study(tmp_path: Path, args: list[str], needle: str) -> None:
+    import yaml
+
+    preset = yaml.safe_load((Path(__file__).parents[1] / "examples/tune/vllm-gpu.yaml").read_text())
+    preset["tune"] = {**preset.get("tune", {}), "strategy": "nope"}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(preset))
     (tmp_path / "empty.yaml").write_text("ttft_ms: {}\n")
     (tmp_path / "r.json").write_text('{"not": "html"}\n')
     p = _cli(tmp_path, *args)

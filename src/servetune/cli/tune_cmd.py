@@ -166,7 +166,6 @@ def build_settings(o: dict[str, Any]) -> Any:
     from servetune.tune.objective import Objective
     from servetune.tune.preset import load_plan, load_preset, resolve_model_path
     from servetune.tune.space import load_space, parse_space
-    from servetune.tune.strategies import STRATEGIES
     from servetune.tune.trial import SearchSettings
     from servetune.tune.tuner import MODES, TuneSettings
     from servetune.workload.spec import load_workload, parse_workload, with_lengths
@@ -201,8 +200,6 @@ def build_settings(o: dict[str, Any]) -> Any:
     strat = opts.strategy
     if strat == "auto":
         strat = "grid" if len(sp.valid_points()) <= 24 else "bayes"
-    if strat not in STRATEGIES and strat != "oat":
-        raise InputError("--strategy", f"unknown strategy {strat!r}", ", ".join(STRATEGIES))
     kind, lattice, fixed = load_plan(opts, wl)
     model = o["model"] or pre.model
     hardware = o["gpu"] or pre.hardware

@@ -9,7 +9,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from servetune.engines.testmodel import gemma_gguf
 from servetune.errors import InputError, from_validation_error, refuse_bool
@@ -29,14 +36,16 @@ class TuneOptions(BaseModel):
 
     strategy: str = "auto"
     trials: int | None = Field(None, ge=1)
-    seed: int = Field(0, ge=0, description="numpy seeds are non-negative.")
+    # numpy's and optuna's seeds are 32-bit: above it a traceback from the strategy
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="numpy seeds: 0 to 2**32 - 1.")
     objective: Literal["goodput", "cost", "latency"] = "goodput"
     gpu_hour_usd: float | None = Field(None, gt=0)
     top_k: int = Field(3, ge=1)
     finalists: int = Field(2, ge=0)
     repeats: int = Field(3, ge=0)
     load: Literal["concurrency", "rate"] | None = None
-    max_load: float | None = Field(None, gt=0)
+    # at most a workload's own rate bound (1e9 req/s): 1e308 overflowed the rate lattice
+    max_load: float | None = Field(None, gt=0, le=1e9)
     max_probes: int = Field(12, ge=1)
     per_user: int = Field(4, ge=1)
     time_budget_s: float | None = Field(None, gt=0)
@@ -47,6 +56,17 @@ class TuneOptions(BaseModel):
     @classmethod
     def _no_bool(cls, data: Any) -> Any:
         return refuse_bool(cls.model_fields, data)  # `trials: true` is not 1
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        """Checked here, so the line names where it was given: `--strategy`, or the
+        preset's `preset.tune.strategy` (the CLI's own check named --strategy for both)."""
+        from servetune.tune.strategies import STRATEGIES
+
+        if v not in ("auto", "oat", *STRATEGIES):
+            raise ValueError(f"unknown strategy {v!r} (one of auto, {', '.join(STRATEGIES)})")
+        return v
 
 
 class Preset(BaseModel):
