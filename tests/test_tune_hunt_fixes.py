@@ -305,6 +305,8 @@ def _cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
         # named where it was given: the preset's key, not a --strategy nobody typed
         (["--preset", "p.yaml"], "error: preset.tune.strategy: unknown strategy 'nope'"),
         (["--strategy", "nope"], "error: --strategy: unknown strategy 'nope'"),
+        # two engines in one preset: its space's was ignored, unsaid
+        (["--preset", "two.yaml"], "error: preset.space.engine: 'sglang' is not the preset's"),
     ],
 )
 def test_the_cli_refuses_before_the_study(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -313,6 +315,9 @@ def test_the_cli_refuses_before_the_study(tmp_path: Path, args: list[str], needl
     preset = yaml.safe_load((Path(__file__).parents[1] / "examples/tune/vllm-gpu.yaml").read_text())
     preset["tune"] = {**preset.get("tune", {}), "strategy": "nope"}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(preset))
+    del preset["tune"]["strategy"]
+    preset["space"] = {**preset["space"], "engine": "sglang"}
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(preset))
     (tmp_path / "empty.yaml").write_text("ttft_ms: {}\n")
     (tmp_path / "r.json").write_text('{"not": "html"}\n')
     p = _cli(tmp_path, *args)

@@ -85,6 +85,19 @@ class Preset(BaseModel):
     slo_from_host: HostRule | None = None
     tune: TuneOptions = Field(default_factory=TuneOptions)
 
+    @model_validator(mode="after")
+    def _one_engine(self) -> Preset:
+        """`engine` and `space.engine` name one engine: two that differ were settled one
+        way here (the space's ignored) and the other way for a --space file, unsaid."""
+        named = self.space.get("engine") if isinstance(self.space, dict) else None
+        if named is not None and named != self.engine:
+            raise InputError(
+                "preset.space.engine",
+                f"{named!r} is not the preset's engine {self.engine!r}",
+                "name one engine: make them equal, or drop space.engine",
+            )
+        return self
+
 
 def load_preset(name_or_path: str) -> Preset:
     """A built-in preset by name, or a preset YAML file; every problem one line."""
