@@ -305,6 +305,7 @@ def _cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
         # named where it was given: the preset's key, not a --strategy nobody typed
         (["--preset", "p.yaml"], "error: preset.tune.strategy: unknown strategy 'nope'"),
         (["--strategy", "nope"], "error: --strategy: unknown strategy 'nope'"),
+        (["--repeats", "0"], "error: --repeats: only the real engine's phases read it"),
         # two engines in one preset: its space's was ignored, unsaid
         (["--preset", "two.yaml"], "error: preset.space.engine: 'sglang' is not the preset's"),
     ],

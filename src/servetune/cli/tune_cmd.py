@@ -329,7 +329,7 @@ def check_unread(o: dict[str, Any], opts: Any, mode: str) -> None:
     fingerprint)."""
     if mode == "sim":
         for key, flag in _REAL_ONLY.items():
-            if o[key]:
+            if o[key] is not None and o[key] is not False:  # given, 0 too (`--repeats 0`)
                 raise InputError(
                     flag, "only the real engine's phases read it", "drop it under --backend sim"
                 )
