@@ -60,6 +60,11 @@ CASES = {
         ["tune", "--backend", "sim", "--trials", "1", "--report", "{dir}"],
         "--report",
     ),  # fmt: skip
+    # a file where the path wants a folder: "folder a-file.txt does not exist" read wrong
+    "tune --report under a file": (
+        ["tune", "--backend", "sim", "--trials", "1", "--report", "{under_file}"],
+        "--report",
+    ),
     # /proc passes every check root's access() makes and takes no new file: refused up
     # front, where it failed at the write (calibrate lost its sweep's first run)
     "bench -o /proc": (["bench", "--url", DEAD, "-o", "{proc}", "--no-store"], "--output"),
@@ -99,6 +104,7 @@ def test_a_bad_output_path_is_refused_before_anything_runs(case: str, tmp_path: 
         "file": str(tmp_path / "a-file.txt"),
         "missing": str(tmp_path / "no-such-folder" / "x.json"),
         "proc": "/proc/servetune-test",
+        "under_file": str(tmp_path / "a-file.txt" / "r.html"),
     }
     line, flag = CASES[case]
     args = [a.format(**paths) for a in line]
@@ -216,3 +222,15 @@ def test_a_sweep_points_record_log_is_checked_before_the_first_point(tmp_path: P
     log = tmp_path / "o-conc2.records.jsonl"
     assert lines[-1] == f"error: --output: {log} is a folder (give a file name)", lines
     assert sent == 0 and not list(tmp_path.glob("o-conc1*")), sent
+
+
+def test_a_file_where_a_folder_should_be_is_named_a_file(tmp_path: Path) -> None:
+    """`-o ok.html/x.html` with ok.html a file read "folder ok.html does not exist"."""
+    from servetune.errors import InputError
+    from servetune.results.files import check_folder, check_writable
+
+    (tmp_path / "ok.html").write_text("x")
+    for check in (check_writable, check_folder):
+        with pytest.raises(InputError) as e:
+            check(tmp_path / "ok.html" / "x", "--report")
+        assert e.value.problem == f"{tmp_path / 'ok.html'} is a file, not a folder", e.value

@@ -68,8 +68,7 @@ def check_writable(path: Path, field: str) -> None:
     is a folder itself: a result computed and then lost to a typo costs the whole run."""
     if path.is_dir():
         raise InputError(field, f"{path} is a folder", "give a file name")
-    if not path.parent.is_dir():
-        raise InputError(field, f"folder {path.parent} does not exist", "create it first")
+    _check_parent(path, field)
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_file():
         return  # a pipe or a device: written in place (`outfile.replaced`)
@@ -165,14 +164,23 @@ def check_replaceable(
         )
 
 
+def _check_parent(path: Path, field: str) -> None:
+    """The folder `path` goes in exists and is one (a file there read "folder ... does
+    not exist")."""
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise InputError(field, f"{parent} is a file, not a folder", "give a path in a folder")
+    if not parent.is_dir():
+        raise InputError(field, f"folder {parent} does not exist", "create it first")
+
+
 def check_folder(path: Path, field: str) -> None:
     """The same check for an output folder: an existing file there, or a missing parent
     (a typo would otherwise create folders far from where the user looks), is refused
     before anything runs; the folder itself is made when written."""
     if path.exists() and not path.is_dir():
         raise InputError(field, f"{path} is a file, not a folder", "give a folder name")
-    if not path.parent.is_dir():
-        raise InputError(field, f"folder {path.parent} does not exist", "create it first")
+    _check_parent(path, field)
     # the folder takes files, or its parent takes the folder: /proc/x passed the checks
     # above, and `calibrate --runs-dir /proc/x` lost the sweep's first measured run
     where = path if path.is_dir() else path.parent
