@@ -228,3 +228,14 @@ def test_detach_ps_stop_leave_no_orphan(llamacpp_install, gemma_gguf, tmp_path, 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
     assert not _cwd_under(cache)  # nothing was left for the clean-up to kill
+
+
+@pytest.mark.untimed
+def test_the_adapters_aliases_are_the_engines_own(llamacpp_install) -> None:
+    """`llamacpp.ALIASES` (an --extra `--parallel` repeats the emitted `-np`) lists only
+    spellings llama-server's own --help gives on one option's line."""
+    from engine_help import missing_aliases
+    from servetune.engines.llamacpp import ALIASES
+
+    argv = [*llamacpp_install.prefix, "--help"]
+    assert missing_aliases(ALIASES, argv, dict(os.environ)) == []

@@ -112,3 +112,15 @@ def test_kv_space_that_cannot_be_allocated_quotes_the_engine_log(
     assert e.kind == "oom"
     assert "less than requested memory for kv" in str(e)
     assert e.log_tail and e.log_path is not None and "full log:" in e.one_line()
+
+
+@pytest.mark.untimed
+def test_the_adapters_aliases_are_the_engines_own(vllm_install, tmp_path: Path) -> None:
+    """`vllm.ALIASES` (an --extra `-tp` repeats the emitted `--tensor-parallel-size`)
+    lists only spellings vLLM's own --help=all gives on one option's line."""
+    from engine_help import missing_aliases
+    from servetune.engines.vllm import ALIASES, MODULE
+
+    argv = [*vllm_install.prefix, "-m", MODULE, "--help=all"]
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path), "TMPDIR": str(tmp_path)}
+    assert missing_aliases(ALIASES, argv, env) == []

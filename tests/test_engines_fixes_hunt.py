@@ -377,6 +377,33 @@ def test_extra_errors_are_one_line_exit_2(
     assert code == 2 and expect in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize(
+    ("engine", "args", "repeated"),
+    [  # another spelling of an emitted flag is the same option given twice
+        ("llamacpp", ["--extra", "--model other"], "--model repeats -m"),
+        ("llamacpp", ["--set", "parallel_slots=8", "--extra", "--parallel 4"], "--parallel"),
+        ("llamacpp", ["--set", "n_gpu_layers=9", "--extra", "--n-gpu-layers=4"], "-ngl"),
+        ("vllm", ["--set", "tensor_parallel_size=2", "--extra", "-tp 4"], "-tp repeats"),
+        ("vllm", ["--set", "quantization=fp8", "--extra", "-q awq"], "-q repeats"),
+    ],
+)
+def test_an_alias_of_an_emitted_flag_is_a_repeat(
+    capsys: pytest.CaptureFixture[str], engine: str, args: list[str], repeated: str
+) -> None:
+    """`-np 8` and an --extra `--parallel 4` reached llama-server together (the engine
+    keeps one; servetune recorded the other): each adapter's `ALIASES`, from the engine's
+    own --help, makes them one option."""
+    code, _, err = run_cli(capsys, "engine", "command", engine, "-m", "m.gguf", *args)
+    assert code == 2 and repeated in err and "already on the command" in err, err
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
+def test_an_alias_of_a_flag_not_emitted_passes_through(engine: str) -> None:
+    flag = {"llamacpp": "--parallel", "vllm": "-tp"}[engine]
+    argv = launch_command(engine, EngineConfig(engine=engine, extra_args=(flag, "2")), "m").argv
+    assert argv[-2:] == [flag, "2"]
+
+
 def test_a_model_name_too_long_for_a_path_is_not_a_path(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -241,7 +241,11 @@ def make_model(
 
 @engine_app.command("command")
 def command(
-    engine: str = typer.Argument(..., help="vllm, sglang, tgi, trtllm, llamacpp or all."),
+    engine: str = typer.Argument(
+        ...,
+        help="vllm, sglang, tgi, trtllm, llamacpp, mlx, transformers, onnx, or all (the "
+        "first five: the planner's engines).",
+    ),
     model: str = typer.Option(..., "--model", "-m", help="HF id or path (.gguf for llama.cpp)."),
     sets: list[str] = typer.Option([], "--set", help=_SET_HELP),
     extra: str | None = typer.Option(None, "--extra", help=_EXTRA_HELP),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -120,9 +120,12 @@ class Adapter(Protocol):
 class FlagBuilder:
     """Collects argv/env/unsupported while an adapter walks the canonical knobs."""
 
-    def __init__(self, cfg: EngineConfig, argv: list[str]) -> None:
+    def __init__(
+        self, cfg: EngineConfig, argv: list[str], aliases: Mapping[str, str] | None = None
+    ) -> None:
         self.cfg = cfg
         self.argv = argv
+        self.aliases = aliases or {}  # another spelling of a flag -> the one emitted
         self.env: dict[str, str] = {}
         self.unset_env: list[str] = []
         self.unsupported: list[str] = []
@@ -189,9 +192,14 @@ class FlagBuilder:
         the one `max_num_seqs` emitted, `--enable-prefix-caching` beside its `--no-` form):
         the engine's parser keeps one of the two, so the config servetune records would
         not be the one served."""
-        emitted = {flag_key(a): a for a in self.argv if is_flag(a)}
+
+        def key(token: str) -> str:  # `-np`, `--parallel`: one option (`aliases`)
+            name = flag_key(token)
+            return self.aliases.get(name, name)
+
+        emitted = {key(a): a for a in self.argv if is_flag(a)}
         for token in extra:
-            flag = emitted.get(flag_key(token)) if is_flag(token) else None
+            flag = emitted.get(key(token)) if is_flag(token) else None
             if flag is None:
                 continue
             knob = self.knobs.get(flag)

@@ -28,6 +28,15 @@ health_path = "/health"
 
 _KV_TYPE = {"fp16": "f16", "bf16": "bf16", "int8": "q8_0"}
 _GGUF = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"}
+# The other spellings of the flags the command emits, as llama-server's own --help lists
+# them (b11434: `-np, --parallel N`, `-ngl, --gpu-layers, --n-gpu-layers N`, ...): an
+# --extra `--parallel 4` beside the emitted `-np 8` is one option given twice.
+ALIASES = {
+    "--model": "-m", "--ctx-size": "-c", "--parallel": "-np", "--batch-size": "-b",
+    "--ubatch-size": "-ub", "--threads": "-t", "--gpu-layers": "-ngl",
+    "--n-gpu-layers": "-ngl", "--cache-type-k": "-ctk", "--cache-type-v": "-ctv",
+    "-kvu": "--kv-unified", "-no-kvu": "--kv-unified",
+}  # fmt: skip
 
 METRICS: dict[str, str] = {
     "requests_running": "llamacpp:requests_processing",
@@ -64,7 +73,7 @@ def build(
     sizes -c from a plan when the config does not give kv_cache_tokens."""
     port = default_port if port is None else port
     exe = list(prefix) if prefix else ["llama-server"]
-    b = FlagBuilder(cfg, [*exe, "-m", model, "--host", host, "--port", str(port)])
+    b = FlagBuilder(cfg, [*exe, "-m", model, "--host", host, "--port", str(port)], ALIASES)
     if not model.endswith(".gguf"):
         b.notes.append("model: llama.cpp loads GGUF files; convert with convert_hf_to_gguf.py")
 

@@ -30,7 +30,9 @@ def adapter(engine: str) -> ModuleType:
         return ADAPTERS[engine]
     except KeyError:
         near = closest(engine, ADAPTERS)
-        hint = f"did you mean {', '.join(near)}?" if near else f"one of {', '.join(ENGINES)}"
+        # every engine it has an adapter for (mlx, transformers and onnx were left out,
+        # and they run)
+        hint = f"did you mean {', '.join(near)}?" if near else f"one of {', '.join(ADAPTERS)}"
         raise InputError("engine", f"unknown engine {engine!r}", hint) from None
 
 

@@ -39,6 +39,13 @@ CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _KV_DTYPE = {"fp8": "fp8", "fp16": "float16", "bf16": "bfloat16", "int8": "int8_per_token_head"}
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "mxfp4": "mxfp4"}
 _GGUF = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"}
+# The short spellings of the flags the command emits, as vLLM's own --help=all lists them
+# (0.32.0: `--tensor-parallel-size TENSOR_PARALLEL_SIZE, -tp ...`): an --extra `-tp 4`
+# beside the emitted `--tensor-parallel-size 2` is one option given twice.
+ALIASES = {
+    "-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size", "-q": "--quantization",
+}  # fmt: skip
 
 # Canonical metric -> vLLM sample name (prometheus text); histograms by family name.
 METRICS: dict[str, str] = {
@@ -113,7 +120,8 @@ def build(
     is not needed: --gpu-memory-utilization is the plan's own input."""
     port = default_port if port is None else port
     py = list(prefix) if prefix else ["python"]
-    b = FlagBuilder(cfg, [*py, "-m", MODULE, "--model", model, "--host", host, "--port", str(port)])
+    argv = [*py, "-m", MODULE, "--model", model, "--host", host, "--port", str(port)]
+    b = FlagBuilder(cfg, argv, ALIASES)
 
     b.map({"dtype": "--dtype"})
     if cfg.quantization in _QUANT:
