@@ -56,6 +56,32 @@ def test_a_tier_given_twice_counts_its_runs_once(
     assert data["gpu"]["all"]["runs"] == 1
 
 
+def test_a_run_the_simulated_engine_serves_no_request_of_is_refused_not_minus_100(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A row whose prompts no context holds (10,000,000 tokens): every simulated request
+    refused, its 0 ms read as a -100% error and pulled the medians; now counted refused."""
+    import csv
+    import io
+
+    text = (resources.files("servetune") / pub.PACKAGED).read_text("utf-8")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    row = {**rows[0], "isl": "10000000"}
+    out_csv = io.StringIO()
+    w = csv.DictWriter(out_csv, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerow(row)
+    one = tmp_path / "huge.csv"
+    one.write_text(out_csv.getvalue())
+    args = ("--published-file", str(one), "--tier", "gpu", "--jobs", "1")
+    code, out, err = run_cli(capsys, "validate", "--published", *args, "--json")
+    assert code == 0, err
+    data = json.loads(out)["gpu"]
+    assert data["all"]["refused"] == 1, data["all"]
+    (run,) = data["runs"]
+    assert run["tpot_err_pct"] is None and "completed no request" in run["refused"], run
+
+
 def test_a_bad_saved_run_names_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"x": 1}')
     code, _, err = run_cli(capsys, "validate", "--runs", str(tmp_path))

@@ -228,6 +228,7 @@ def _published(
                         "sim_tpot_ms": e.sim_tpot_ms,
                         "ttft_err_pct": e.ttft_err,
                         "tpot_err_pct": e.tpot_err,
+                        "refused": e.refused or None,  # the simulator's reason, if it did
                     }
                     for e in errs
                 ],

@@ -297,6 +297,10 @@ def replay(run: PublishedRun, tier: str) -> Replay:
     except InputError as e:  # the real engine ran: a refusal is a miss, shown apart
         return Replay(refused=str(e))
     m = res.metrics
+    if not m.completed:  # every request refused (longer than the context): no figure to
+        # compare, where 0 ms read as a -100% error and pulled every median down
+        why = ", ".join(f"{k} {v}" for k, v in sorted(m.errors_by_class.items())) or "none"
+        return Replay(refused=f"the simulated engine completed no request (errors: {why})")
     return Replay(
         m.ttft_ms.mean or 0.0,
         m.ttft_ms.p50 or 0.0,
