@@ -303,7 +303,9 @@ def mock_server(
     output_tokens: int | None = typer.Option(
         None, "--output-tokens", help="Own answer length; a smaller max_tokens stops it."
     ),
-    fault: list[str] = typer.Option([], "--fault", help="name=probability, e.g. http_500=0.1"),
+    fault: list[str] = typer.Option(
+        [], "--fault", help="name=probability, e.g. http_500=0.1; a bare name: every request."
+    ),
     close_after_response: bool = typer.Option(False, "--close-after-response"),
     buffer_stream: bool = typer.Option(
         False, "--buffer-stream", help="Send all chunks at the end (a buffering server)."
