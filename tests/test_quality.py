@@ -119,11 +119,23 @@ def test_builtin_corpus_names_its_sources() -> None:
     assert c.limit(3, 2).passages == c.passages[:3]
 
 
-def test_bad_corpus_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("passages:\n  - text: no id here\n", "(no 'id')"),
+        ("passages:\n  - abc\n", "(an entry is no mapping)"),
+        # an empty file leaked "'NoneType' object has no attribute 'get'"; `foo: 1` read as
+        # a corpus of 0 passages
+        ("", "holds no mapping of passages and tasks"),
+        ("foo: 1\n", "unknown key 'foo'"),
+    ],
+)
+def test_bad_corpus_is_one_line(tmp_path: Path, text: str, problem: str) -> None:
     bad = tmp_path / "c.yaml"
-    bad.write_text("passages:\n  - text: no id here\n")
-    with pytest.raises(InputError, match="--corpus"):
+    bad.write_text(text)
+    with pytest.raises(InputError, match="--corpus") as e:
         load_corpus(bad)
+    assert problem in e.value.problem and "NoneType" not in e.value.one_line(), e.value
 
 
 def test_random_weights_are_refused(llama_test_model: Path, gemma_gguf: Path) -> None:
@@ -203,6 +215,9 @@ def test_runs_at_other_loads_are_refused_before_any_scoring(
     code, _, err = run_cli(capsys, "quality", *urls, *runs)
     assert code == 2 and err.count("\n") == 1, err
     assert "--candidate-run: measured at c=2, the baseline run at c=1" in err
+    itself = ("--baseline-run", "bench-c2", "--candidate-run", "bench-c2", "--db", db)
+    code, _, err = run_cli(capsys, "quality", *urls, *itself)  # one build against itself
+    assert code == 2 and "--candidate-run: is the baseline run itself (bench-c2)" in err, err
     same = ("--baseline-run", "bench-c2", "--candidate-run", "bench-c2b", "--db", db)
     code, _, err = run_cli(capsys, "quality", *urls, *same)
     assert code == 2 and "unreachable" in err  # comparable runs: on to the endpoints

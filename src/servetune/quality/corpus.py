@@ -46,6 +46,14 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
     """The built-in corpus, or a user's file of the same shape (`--corpus`)."""
     p = Path(path) if path else builtin_path()
     data = load_yaml(p, "--corpus")
+    fix = f"see {builtin_path().name} in the package for the shape"
+    if not isinstance(data, dict):  # an empty file, a list, a word
+        raise InputError("--corpus", f"{p} holds no mapping of passages and tasks", fix)
+    stray = sorted(str(k) for k in data if k not in ("passages", "tasks"))
+    if stray:  # `foo: 1` read as a corpus of no passages
+        raise InputError(
+            "--corpus", f"{p}: unknown key {stray[0]!r}", "give passages: and tasks: only"
+        )
     try:
         passages = tuple(
             Passage(str(d["id"]), str(d.get("source", "")), _text(p, "passage", d, "text"))
@@ -56,10 +64,11 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
             for d in data.get("tasks") or []
         )
     except (KeyError, TypeError, AttributeError) as exc:
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else "an entry is no mapping"
         raise InputError(
             "--corpus",
-            f"{p}: every passage needs id and text, every task id, prompt and answer ({exc})",
-            f"see {builtin_path().name} in the package for the shape",
+            f"{p}: every passage needs id and text, every task id, prompt and answer ({what})",
+            fix,
         ) from None
     empty = next((d.id for d in passages if not d.text.strip()), None)
     if empty is not None:

@@ -41,6 +41,10 @@ def check_comparable(store: Store, baseline: str, candidate: str) -> None:
     concurrency shows +90% throughput that is the load's, not the build's."""
     b = store.get(resolve_one(store, baseline, "--baseline-run"))
     c = store.get(resolve_one(store, candidate, "--candidate-run"))
+    if b.id == c.id:  # one build against itself: +0%, "no gain", whatever the builds are
+        raise InputError(
+            "--candidate-run", f"is the baseline run itself ({b.id})", "bench the candidate build"
+        )
     if b.load_label() != c.load_label():
         raise InputError(
             "--candidate-run",
