@@ -208,12 +208,27 @@ def test_unknown_id_names_the_recorded_ones(fake_engines) -> None:
     assert both.returncode == 2 and "not both" in both.stderr
 
 
-def test_corrupt_state_file_is_one_line_exit_2() -> None:
+_ROW = {"id": "vllm-ab12", "engine": "vllm", "model": "m", "url": "http://127.0.0.1:8000",
+        "pid": 1, "start_ticks": 1, "started_at": 1.0, "log": "x.log",
+        "pids": [[1, 1]]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        # JSON, but a hand-edited field of another type: TypeError / ValueError tracebacks
+        json.dumps([{**_ROW, "started_at": "yesterday"}]),
+        json.dumps([{**_ROW, "pids": [[1]]}]),
+        json.dumps([{**_ROW, "pid": "1"}]),
+    ],
+)
+def test_corrupt_state_file_is_one_line_exit_2(text: str) -> None:
     path = detached.state_file()
     path.parent.mkdir(parents=True)
-    path.write_text("{not json")
+    path.write_text(text)
     out = run_cli("ps")
-    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
     assert str(path) in out.stderr and "delete the file" in out.stderr
 
 

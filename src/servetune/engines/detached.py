@@ -78,13 +78,29 @@ def _read(path: Path) -> list[Detached]:
         return []
     try:
         rows = json.loads(text or "[]")
-        return [Detached(**{**r, "pids": tuple(map(tuple, r.get("pids", ())))}) for r in rows]
+        return [_row(r) for r in rows]
     except (ValueError, TypeError) as exc:
         raise InputError(
             str(path),
             f"unreadable detached-engine state ({exc})",
             "delete the file; engines it listed keep running (find them with ps -ef)",
         ) from None
+
+
+_TYPES = {"id": str, "engine": str, "model": str, "url": str, "log": str, "pid": int,
+          "start_ticks": int, "started_at": (int, float)}  # fmt: skip
+
+
+def _row(r: dict) -> Detached:
+    """One recorded engine, its fields of the types `engine ps` and `stop` compute with
+    (a hand-edited `started_at: "x"` was a TypeError traceback in the uptime's sum)."""
+    for name, kind in _TYPES.items():
+        if name in r and (isinstance(r[name], bool) or not isinstance(r[name], kind)):
+            raise TypeError(f"{name} {r[name]!r} is not a {getattr(kind, '__name__', 'number')}")
+    pids = tuple(tuple(p) for p in r.get("pids", ()))
+    if not all(len(p) == 2 and all(isinstance(x, int) for x in p) for p in pids):
+        raise TypeError(f"pids {r.get('pids')!r} are not [pid, start ticks] pairs")
+    return Detached(**{**r, "pids": pids})
 
 
 def _write(path: Path, entries: list[Detached]) -> None:
