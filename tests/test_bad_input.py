@@ -355,6 +355,12 @@ def test_ranges_are_counted_before_they_are_made() -> None:
         parse_space({"knobs": {"max_num_seqs": {"min": 1, "max": "1e12", "step": 1}}})
     with pytest.raises(InputError, match="min > 0"):  # 0 x 2 x 2 ... never reaches max
         parse_space({"knobs": {"max_num_seqs": {"min": 0, "max": 64, "mult": 2}}})
+    # a key a range has not, named (it read "needs min, max and mult" beside all three)
+    with pytest.raises(InputError) as e:
+        parse_space({"knobs": {"max_num_seqs": {"min": 8, "max": 64, "mul": 2}}})
+    assert e.value.one_line() == (
+        "space.knobs.max_num_seqs.mul: a range has no such key (did you mean mult?)"
+    )
     space = parse_space({"knobs": {"max_num_seqs": {"min": 8, "max": 128, "mult": 2},
                                    "gpu_memory_utilization": {"min": 0.8, "max": 0.95,
                                                               "step": 0.05}}})  # fmt: skip

@@ -256,8 +256,12 @@ def _values(name: str, spec: Any) -> tuple[Any, ...]:
             raise InputError(where, f"{nested!r} is not one value", "list the values flat")
         out = list(dict.fromkeys(spec))  # duplicates dropped, order kept
     elif isinstance(spec, dict):
-        extra = set(spec) - {"min", "max", "mult", "step"}
-        if extra or "min" not in spec or "max" not in spec:
+        extra = sorted(str(k) for k in set(spec) - {"min", "max", "mult", "step"})
+        if extra:  # named: "needs min, max and mult" read wrong beside all three
+            near = closest(extra[0], ["min", "max", "mult", "step"])
+            hint = f"did you mean {', '.join(near)}?" if near else "min, max and mult or step"
+            raise InputError(f"{where}.{extra[0]}", "a range has no such key", hint)
+        if "min" not in spec or "max" not in spec:
             raise InputError(where, "a range needs min, max and mult or step", "or give a list")
         mult, step = spec.get("mult"), spec.get("step")
         if (mult is None) == (step is None):
