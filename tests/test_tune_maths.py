@@ -170,6 +170,18 @@ def test_random_and_bayes_never_repeat_and_respect_the_budget() -> None:
         assert len(asked) == 5
 
 
+def test_one_at_a_time_runs_its_budget_beside_the_baseline_as_the_others_do() -> None:
+    """`--trials 1` ran the baseline alone under one-at-a-time (its start counted in the
+    budget) and the baseline and one more under grid, random and bayes."""
+    from servetune.tune.strategies import make_strategy
+
+    space = parse_space({"knobs": {"max_num_seqs": [8, 16, 32, 64], "block_size": [16, 32]}})
+    start = {"max_num_seqs": 8, "block_size": 16}
+    oat = make_strategy("one-at-a-time", space, 2, 0, start)
+    asked = _drive(oat, lambda p: float(p["max_num_seqs"]))
+    assert asked[0] == start and len(asked) == 1 + 2, asked
+
+
 def _fcfs_run(rate: float, service_rate: float, seconds: float, warmup_s: float):
     """A single FCFS server with a fixed service time, fed at a fixed rate: the queue is
     flat when service_rate > rate and grows at (rate - service_rate) otherwise. Returns

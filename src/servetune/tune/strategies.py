@@ -92,7 +92,10 @@ class OneAtATime(Strategy):
         min_gain: float = 0.02,
         max_sweeps: int = 2,
     ) -> None:
-        super().__init__(space, budget, seed)
+        # `start` (the baseline, trial 1 under every strategy) is not one of the budget's
+        # trials: counted in, `--trials 1` ran the baseline alone, where grid, random
+        # and bayes ran it and one more
+        super().__init__(space, None if budget is None else budget + 1, seed)
         self.current = dict(start)
         self.min_gain = min_gain
         self.max_sweeps = max_sweeps
