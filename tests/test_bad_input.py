@@ -242,6 +242,12 @@ ROWS = [
     ("runs delete '' -y", ["runs", "delete", "", "-y"], "'refs': an empty value names nothing"),
     ("runs tag last ''", ["runs", "tag", "last", ""], "'tags': an empty value names nothing"),
     ("report ','", ["report", ","], "RUNS: an empty value names nothing"),  # `$A,$B` unset
+    # a knob set twice: the last one won, unsaid (`max-num-seqs` is max_num_seqs)
+    (
+        "simulate --set twice",
+        [*SIM, "--set", "max_num_seqs=8", "--set", "max-num-seqs=16"],
+        "--set max_num_seqs: given twice (give each knob once)",
+    ),
     # a window no run can be in, and a flag the format would ignore
     (
         "runs export -f json --records",

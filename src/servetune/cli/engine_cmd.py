@@ -69,6 +69,8 @@ def parse_sets(
             near = closest(key, knobs)
             hint = f"did you mean {', '.join(near)}?" if near else f"knobs: {', '.join(knobs)}"
             raise InputError("--set", f"unknown knob {key!r}", hint)
+        if key in data:  # the last one won, unsaid
+            raise InputError(f"--set {key}", "given twice", "give each knob once")
         try:
             data[key] = json.loads(raw)
         except ValueError:
