@@ -26,7 +26,7 @@ _HOST = re.compile(r"^[A-Za-z0-9._:-]+$")  # a name, IPv4, or IPv6 (brackets str
 
 def check_url(url: str, flag: str = "--url") -> Target:
     """The server's address, checked: http or https, a host, a port in 1-65535. One check
-    for every command that takes a server's URL (bench, calibrate, diagnose, accept)."""
+    for bench, calibrate and diagnose (accept reads its own through httpx, one line too)."""
     eg = "e.g. http://127.0.0.1:8000"
     try:
         u = urlsplit(with_scheme(url))

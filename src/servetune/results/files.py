@@ -186,9 +186,7 @@ def check_folder(path: Path, field: str) -> None:
     where = path if path.is_dir() else path.parent
     reason = refused_in(where, f".servetune-probe{os.getpid()}")
     if reason is not None:
-        problem = (
-            f"cannot write in folder {path}" if where == path else (f"cannot create folder {path}")
-        )
+        problem = f"cannot {'write in' if where == path else 'create'} folder {path}"
         raise InputError(field, f"{problem} ({reason})", "give a folder you can write")
 
 
