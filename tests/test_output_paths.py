@@ -23,6 +23,8 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+CALIBRATE = ["calibrate", "-m", "llama-3.1-8b", "-g", "cpu-host", "-o", "p.json", "--url", DEAD]
+
 # case: (command line, the flag its one-line error names)
 CASES = {
     "accept --html": (["accept", "--url", DEAD, "--engine", "vllm", "--html", "{dir}"], "--html"),
@@ -33,22 +35,7 @@ CASES = {
         ["calibrate", "-m", "llama-3.1-8b", "-g", "cpu-host", "-o", "{dir}", "--url", DEAD],
         "--output",
     ),  # fmt: skip
-    "calibrate --runs-dir": (
-        [
-            "calibrate",
-            "-m",
-            "llama-3.1-8b",
-            "-g",
-            "cpu-host",
-            "-o",
-            "p.json",
-            "--url",
-            DEAD,
-            "--runs-dir",
-            "{file}",
-        ],
-        "--runs-dir",
-    ),  # fmt: skip
+    "calibrate --runs-dir": ([*CALIBRATE, "--runs-dir", "{file}"], "--runs-dir"),
     "validate --profile-out": (
         ["validate", "--runs", "{dir}", "--profile-out", "{missing}"],
         "--profile-out",
@@ -72,22 +59,7 @@ CASES = {
         ["report", "last", "-o", "r.html", "--images", "{proc}"],
         "--images",
     ),  # fmt: skip
-    "calibrate --runs-dir /proc": (
-        [
-            "calibrate",
-            "-m",
-            "llama-3.1-8b",
-            "-g",
-            "cpu-host",
-            "-o",
-            "p.json",
-            "--url",
-            DEAD,
-            "--runs-dir",
-            "{proc}",
-        ],
-        "--runs-dir",
-    ),  # fmt: skip
+    "calibrate --runs-dir /proc": ([*CALIBRATE, "--runs-dir", "{proc}"], "--runs-dir"),
     "simulate --trace": (
         ["simulate", "--count", "4", "--no-store", "--trace", "{missing}"],
         "--trace",
