@@ -199,3 +199,20 @@ def test_the_simulator_refuses_tp_beyond_one_node_as_plan_does() -> None:
     assert e.value.field == "--set tensor_parallel_size" and "8 GPUs in one" in e.value.problem
     assert "tensor_parallel_size=8 pipeline_parallel_size=2" in (e.value.fix or "")
     assert setup(model, hw, EngineConfig(tensor_parallel_size=8, pipeline_parallel_size=2))
+
+
+def test_the_simulators_head_split_error_offers_sizes_within_a_node() -> None:
+    """`simulate --gpus 3` on an H100 was answered "use one of 1, 2, 4, 8, 16": vLLM's rule
+    alone, where 16 is past the 8-GPU node (and refused next). Plan's answer, in one."""
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+    from servetune.sim.engine import setup
+
+    with pytest.raises(InputError) as e:
+        setup(
+            get_model("llama-3.1-8b"),
+            get_hardware("h100-sxm"),
+            EngineConfig(tensor_parallel_size=3),
+        )
+    assert e.value.field == "tensor_parallel_size"
+    assert e.value.fix == "use one of 1, 2, 4, 8 (TP stays within one node)", e.value.fix
