@@ -413,6 +413,14 @@ def test_a_model_name_too_long_for_a_path_is_not_a_path(
 
 
 @pytest.mark.parametrize("cmd", ["launch", "command"])
+@pytest.mark.parametrize("host", ["", " ", "127.0.0.1 "])
+def test_a_blank_host_is_refused(capsys: pytest.CaptureFixture[str], cmd: str, host: str) -> None:
+    """`--host "$H"` with H unset printed (and launched) `--host ''`."""
+    code, _, err = run_cli(capsys, "engine", cmd, "llamacpp", "-m", "m.gguf", "--host", host)
+    assert code == 2 and err.startswith("error: --host: ") and "is no address" in err, err
+
+
+@pytest.mark.parametrize("cmd", ["launch", "command"])
 @pytest.mark.parametrize("model", ["", "  ", "."])
 def test_an_empty_model_is_refused_before_the_engine_starts(
     capsys: pytest.CaptureFixture[str], cmd: str, model: str

@@ -261,7 +261,7 @@ def command(
 
     if device not in ("gpu", "cpu"):
         raise InputError("--device", f"unknown device {device!r}", "gpu or cpu")
-    model = _model_arg(model)
+    model, host = _model_arg(model), _host_arg(host)
     names = list(ENGINES) if engine == "all" else [engine]
     for name in names:
         cfg = parse_sets(name, sets, extra, lacking_ok=True)
@@ -302,6 +302,14 @@ def _model_arg(model: str) -> str:
     return model
 
 
+def _host_arg(host: str) -> str:
+    """`--host` as given, refused when blank or holding a blank: `--host "$H"` with H unset
+    printed and launched `--host ''`, which each engine reads its own way."""
+    if not host.strip() or any(c.isspace() for c in host):
+        raise InputError("--host", f"{host!r} is no address", "e.g. 127.0.0.1 or 0.0.0.0")
+    return host
+
+
 def _exists(path: Path, *, file: bool = False) -> bool:
     """Whether `path` (a file, with `file`) is here. A model named by something too long
     for the file system (ENAMETOOLONG), e.g. a hub id, is just not a local path: Path.exists
@@ -338,7 +346,7 @@ def launch_cmd(
     from servetune.engines import detached
     from servetune.engines.process import default_device, launch
 
-    model = _model_arg(model)
+    model, host = _model_arg(model), _host_arg(host)
     cfg = parse_sets(engine, sets, extra, device=default_device())
     generated = Path(model) / "servetune_spec.json"
     if engine == "vllm" and _exists(generated):
