@@ -51,6 +51,22 @@ def test_the_shedder_refuses_an_upstream_it_cannot_honour(capsys, upstream: str,
     assert why in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("args", "flag", "why"),
+    [  # one engine listed twice took twice the traffic; a per-key cap the front's binds
+        # first never binds
+        (["--upstream", "http://127.0.0.1:18102", "--upstream", "http://127.0.0.1:18102/v1",
+          "--max-in-flight", "2"], "--upstream", "is given twice"),
+        (["--upstream", "http://127.0.0.1:18102", "--max-in-flight", "2", "--per-key", "3"],
+         "--per-key", "3 is above --max-in-flight 2: it never binds"),
+    ],
+)  # fmt: skip
+def test_the_shedder_refuses_limits_that_cannot_hold(capsys, args, flag: str, why: str):
+    code, _, err = run_cli(capsys, "accept-shedder", *args, "--port", str(_free_port()))
+    _one_line(code, err, flag)
+    assert why in err, err
+
+
 @pytest.mark.timeout(60)
 def test_the_shedder_names_port_when_it_is_in_use_or_out_of_range(capsys):
     up = "http://127.0.0.1:18102/v1"

@@ -323,7 +323,17 @@ def shedder_in_thread(
 ) -> Iterator[tuple[str, Shedder]]:
     """Run a shedder on its own event loop in a daemon thread; yields (its URL, it)."""
     ups = [upstreams] if isinstance(upstreams, str) else list(upstreams)
-    sh = Shedder([upstream_address(u) for u in ups], max_in_flight, per_key, max_tokens)
+    addresses = [upstream_address(u) for u in ups]
+    twice = next((u for u, a in zip(ups, addresses, strict=True) if addresses.count(a) > 1), None)
+    if twice is not None:  # one engine listed twice took twice the share of the traffic
+        raise InputError("--upstream", f"{twice!r} is given twice", "give each engine once")
+    if per_key is not None and per_key > max_in_flight:  # the front's cap binds first
+        raise InputError(
+            "--per-key",
+            f"{per_key} is above --max-in-flight {max_in_flight}: it never binds",
+            f"give at most {max_in_flight}",
+        )
+    sh = Shedder(addresses, max_in_flight, per_key, max_tokens)
     sock = listen(port)
 
     async def start() -> asyncio.Server:
