@@ -94,7 +94,7 @@ def test_tp_must_split_query_and_kv_heads_as_vllm_does() -> None:
         setup(get_model("qwen2.5-7b"), h200, EngineConfig(tensor_parallel_size=7))
     assert err.value.field == "tensor_parallel_size"
     assert "neither divides the model's 4 KV heads" in err.value.problem
-    assert err.value.fix == "use one of 1, 2, 4"
+    assert err.value.fix == "use one of 1, 2, 4 (TP stays within one node)"  # plan's words
 
 
 def test_tp_replicates_kv_heads_beyond_their_count() -> None:
