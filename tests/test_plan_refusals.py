@@ -188,7 +188,7 @@ def test_a_plan_that_does_not_fit_reports_no_concurrency(
 def test_the_simulator_refuses_tp_beyond_one_node_as_plan_does() -> None:
     """`simulate --set tensor_parallel_size=16` on an 8-GPU H100 node was simulated with
     NVLink all-reduces across 16 GPUs (TPOT 2.8 ms); plan refused it. One rule for both
-    (`plan.service.check_tp_within_node`), said in the simulator's knobs."""
+    (`plan.planner.check_tp_within_node`), said in the simulator's knobs."""
     from servetune.hardware import get_hardware
     from servetune.model import get_model
     from servetune.sim.engine import setup

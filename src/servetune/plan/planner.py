@@ -336,6 +336,40 @@ def tp_candidates(model: ModelSpec, hw: HardwareSpec, gpus: int) -> list[int]:
     return [t for t in range(1, limit + 1) if tp_splits_heads(t, heads, kv)]
 
 
+def node_tp_fix(model: ModelSpec, hw: HardwareSpec) -> str:
+    """The fix for a TP that splits no heads (`plan`'s and the simulator's): the sizes that
+    do within one node, where vLLM's rule alone offered 16 on an 8-GPU node."""
+    sizes = tp_candidates(model, hw, hw.devices_per_node)
+    return f"use one of {', '.join(map(str, sizes))} (TP stays within one node)"
+
+
+def check_tp_within_node(
+    tp: int | None, pp: int, model: ModelSpec, hw: HardwareSpec, *, knobs: bool = False
+) -> None:
+    """Tensor parallelism stays within one node (seed 003 §6: its all-reduce runs on every
+    layer, over NVLink/PCIe, not the network); more GPUs than a node holds are pipeline
+    stages. Refused rather than priced as if the node were larger: `plan`'s --tp, and the
+    simulator's knobs (`knobs`: `--set tensor_parallel_size=16` on an 8-GPU H100 node was
+    simulated at NVLink speed)."""
+    node = hw.devices_per_node
+    if tp is None or tp <= node:
+        return
+    sizes = tp_candidates(model, hw, node) or [1]
+    best = sizes[-1]
+    stages = math.ceil(tp * pp / best)
+    if knobs:
+        flag = "--set tensor_parallel_size"
+        use = f"tensor_parallel_size={best} pipeline_parallel_size={stages}"
+    else:
+        flag, use = "--tp", f"--tp {best} --pp {stages}"
+    raise InputError(
+        flag,
+        f"{tp} is more than the {node} GPUs in one {hw.name} node (tensor parallelism "
+        "runs within a node)",
+        f"use {use} for {best * stages} GPUs (pipeline stages span nodes)",
+    )
+
+
 def parallel_options(req: PlanRequest) -> list[ParallelOption]:
     """Every TP within a node, and PP stages on the largest of them when that is not
     enough (across nodes, or within one when the heads allow no larger TP), with its

@@ -26,10 +26,11 @@ from servetune.plan.planner import (
     Evaluation,
     Plan,
     PlanRequest,
+    check_tp_within_node,
     make_plan,
+    node_tp_fix,
     resolve_max_model_len,
     scenario_config,
-    tp_candidates,
 )
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
 from servetune.plan.quant import (
@@ -119,15 +120,13 @@ _KNOB_FLAGS = {
 }
 
 
-def _as_flag(exc: InputError, tp_sizes: list[int] | None = None) -> InputError:
+def _as_flag(exc: InputError, tp_fix: str | None = None) -> InputError:
     """An engine rule's error on a knob, under the `plan` flag that sets it. A TP size
-    refused for the model's heads is answered with `tp_sizes`, the sizes that split them
-    within one node (`planner.tp_candidates`), not every size the engine accepts."""
+    refused for the model's heads is answered with `tp_fix` (`planner.node_tp_fix`: the
+    sizes that split them within one node), not every size the engine accepts."""
     if exc.field not in EngineConfig.model_fields:
         return exc
-    fix = exc.fix
-    if exc.field == "tensor_parallel_size" and tp_sizes:
-        fix = f"use one of {', '.join(map(str, tp_sizes))} (TP stays within one node)"
+    fix = tp_fix if exc.field == "tensor_parallel_size" and tp_fix else exc.fix
     return InputError(_flag(_KNOB_FLAGS.get(exc.field, exc.field)), exc.problem, fix)
 
 
@@ -241,8 +240,7 @@ def build_request(args: PlanArgs) -> tuple[PlanRequest, Scenario | None]:
     try:  # the engine's start-up rules (TP divides the heads, block size), as flags
         check_model_config(config, model, device=rule_device)
     except InputError as exc:
-        node_tps = tp_candidates(model, hardware, hardware.devices_per_node)
-        raise _as_flag(exc, node_tps) from None
+        raise _as_flag(exc, node_tp_fix(model, hardware)) from None
     knob = knob_in_extra(config, rule_device)
     if knob is not None:  # the plan sizes the knob: the flag would change the engine only
         name = _KNOB_FLAGS.get(knob[1], knob[1])
@@ -304,33 +302,6 @@ def check_engine_device(engine: str, hardware: HardwareSpec) -> None:
             f"servetune plans SGLang's GPU server only, and {hardware.name} is a CPU host",
             "give a GPU with --gpu, or use --engine vllm (its CPU backend)",
         )
-
-
-def check_tp_within_node(
-    tp: int | None, pp: int, model: ModelSpec, hw: HardwareSpec, *, knobs: bool = False
-) -> None:
-    """Tensor parallelism stays within one node (seed 003 §6: its all-reduce runs on every
-    layer, over NVLink/PCIe, not the network); more GPUs than a node holds are pipeline
-    stages. Refused rather than priced as if the node were larger: `plan`'s --tp, and the
-    simulator's knobs (`knobs`: `--set tensor_parallel_size=16` on an 8-GPU H100 node was
-    simulated at NVLink speed)."""
-    node = hw.devices_per_node
-    if tp is None or tp <= node:
-        return
-    sizes = tp_candidates(model, hw, node) or [1]
-    best = sizes[-1]
-    stages = math.ceil(tp * pp / best)
-    if knobs:
-        flag = "--set tensor_parallel_size"
-        use = f"tensor_parallel_size={best} pipeline_parallel_size={stages}"
-    else:
-        flag, use = "--tp", f"--tp {best} --pp {stages}"
-    raise InputError(
-        flag,
-        f"{tp} is more than the {node} GPUs in one {hw.name} node (tensor parallelism "
-        "runs within a node)",
-        f"use {use} for {best * stages} GPUs (pipeline stages span nodes)",
-    )
 
 
 # Formats servetune sizes that are weight quantizations (the rest are --dtype's).

@@ -183,21 +183,18 @@ def setup(
     # what the engine refuses at start-up (block size, TP vs heads, FP8 below compute
     # capability 8.0, as `plan` refuses it) is not simulated
     if hw.kind == "gpu":  # a CPU host's "node" is itself: its TP is the engine's rule
-        from servetune.plan.service import check_tp_within_node
+        from servetune.plan.planner import check_tp_within_node
 
         tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
         check_tp_within_node(tp, pp, model, hw, knobs=True)  # first, as plan checks
     try:
         check_model_config(cfg, model, device=hw.kind)
-    except InputError as exc:  # a TP that splits no heads: the sizes that do within a node,
-        # as plan answers (vLLM's rule alone offered 16 on an 8-GPU node)
+    except InputError as exc:  # a TP that splits no heads: plan's answer
         if exc.field != "tensor_parallel_size" or hw.kind != "gpu":
             raise
-        from servetune.plan.planner import tp_candidates
+        from servetune.plan.planner import node_tp_fix
 
-        sizes = ", ".join(map(str, tp_candidates(model, hw, hw.devices_per_node)))
-        fix = f"use one of {sizes} (TP stays within one node)"
-        raise InputError(exc.field, exc.problem, fix) from None
+        raise InputError(exc.field, exc.problem, node_tp_fix(model, hw)) from None
     check_dtype_runs_on(cfg.dtype, hw, "--set dtype")  # an explicit bfloat16 below cc 8.0
     check_runs_on(
         weight_format(cfg.dtype, cfg.quantization, model),
