@@ -214,6 +214,33 @@ ROWS = [
         [*TUNE[:3], "--model", "minimax-m2.5", "--gpu", "h200", "-q", "--gpus", "3"],
         "--gpus: 3 neither divides the model's 8 KV heads nor is a multiple of them",
     ),
+    # --gpus sets TP: its refusals name --gpus with plan's sizes (`check_gpus_as_tp`); the
+    # simulator had named `--set tensor_parallel_size`, tune offered 16 on an 8-GPU node,
+    # and `simulate --engine llamacpp --gpus 2` ran as if llama.cpp split tensors
+    ("simulate --gpus 3", [*SIM, "-w", "{ok}", "--gpus", "3"], "--gpus: 3 does not divide"),
+    (
+        "tune --gpus 3, node sizes",
+        [*TUNE[:3], "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "-q", "--gpus", "3"],
+        "heads (use one of 1, 2, 4, 8 (TP stays within one node))",
+    ),
+    (
+        "simulate --gpus 16",
+        [*SIM, "-w", "{ok}", "--gpus", "16"],
+        "--gpus: 16 is more than the 8 GPUs in one h100-sxm node (tensor parallelism runs "
+        "within a node) (use --set tensor_parallel_size=8 --set pipeline_parallel_size=2 for "
+        "16 GPUs",
+    ),
+    ("tune --gpus 16", [*TUNE, "--gpus", "16"], "use a --space fixing tensor_parallel_size: 8"),
+    (
+        "simulate llamacpp --gpus 2",
+        [*SIM, "-w", "{ok}", "--engine", "llamacpp", "--gpus", "2"],
+        "--gpus: 2 sets tensor parallelism, which llamacpp has no flag for",
+    ),
+    (
+        "tune llamacpp --gpus 2",
+        ["tune", "--backend", "sim", "-q", "--gpus", "2"],
+        "--gpus: 2 sets tensor parallelism, which llamacpp has no flag for",
+    ),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     (
         "plan --tp 3, 8 KV heads",

@@ -127,9 +127,15 @@ def simulate(
         )
     from servetune.hardware import get_hardware
 
+    hw = get_hardware(gpu, hardware_file)
     # the device's own rules (vLLM CPU's block sizes) name the fix the run would need
-    cfg = parse_sets(engine, sets, extra, device=get_hardware(gpu, hardware_file).kind)
+    cfg = parse_sets(engine, sets, extra, device=hw.kind)
     if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
+        from servetune.model import get_model
+        from servetune.plan.planner import check_gpus_as_tp
+
+        split = "--set tensor_parallel_size={tp} --set pipeline_parallel_size={pp}"
+        check_gpus_as_tp(gpus, engine, get_model(model), hw, split)
         cfg = cfg.with_(tensor_parallel_size=gpus)
     settings = SimulateSettings(
         config=cfg,

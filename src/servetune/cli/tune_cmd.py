@@ -192,7 +192,18 @@ def build_settings(o: dict[str, Any]) -> Any:
     sp = load_space(o["space"]) if o["space"] else parse_space(pre.space, engine)
     if o["engine"] and sp.engine != engine:
         raise InputError("--engine", f"the space is for {sp.engine}, not {engine}")
-    if o["gpus"] and o["gpus"] > 1:
+    from servetune.hardware import get_hardware
+    from servetune.model import get_model
+
+    model = o["model"] or pre.model
+    hardware = o["gpu"] or pre.hardware
+    model_spec = get_model(model)  # fail fast on names (one line) before anything runs
+    hw = get_hardware(hardware, o["hardware_file"])
+    if o["gpus"] and o["gpus"] > 1:  # every trial would be refused: say it before any runs
+        from servetune.plan.planner import check_gpus_as_tp
+
+        split = "a --space fixing tensor_parallel_size: {tp} and pipeline_parallel_size: {pp}"
+        check_gpus_as_tp(o["gpus"], sp.engine, model_spec, hw, split)
         sp = parse_space({**sp.to_json(), "fixed": {**sp.fixed, "tensor_parallel_size": o["gpus"]}})
     wl = load_workload(o["workload"]) if o["workload"] else parse_workload(pre.workload)
     wl = with_lengths(wl, o["input_len"], o["output_len"])
@@ -201,8 +212,6 @@ def build_settings(o: dict[str, Any]) -> Any:
     if strat == "auto":
         strat = "grid" if len(sp.valid_points()) <= 24 else "bayes"
     kind, lattice, fixed = load_plan(opts, wl)
-    model = o["model"] or pre.model
-    hardware = o["gpu"] or pre.hardware
     common = dict(
         engine=sp.engine,
         model=model,
@@ -214,22 +223,7 @@ def build_settings(o: dict[str, Any]) -> Any:
         request_timeout_s=opts.request_timeout_s,
         launch_timeout_s=opts.launch_timeout_s,
     )
-    # Fail fast on names (one line) before anything runs.
-    from servetune.hardware import get_hardware
-    from servetune.model import get_model
-
-    model_spec = get_model(model)
-    get_hardware(hardware, o["hardware_file"])
     check_servable(wl, sp, model_spec)
-    if o["gpus"] and o["gpus"] > 1:  # every trial would be refused: say it before any runs
-        from servetune.engines.rules import check_tensor_parallel
-
-        try:
-            check_tensor_parallel(
-                sp.baseline_config(), model_spec.num_attention_heads, model_spec.num_kv_heads
-            )
-        except InputError as exc:
-            raise InputError("--gpus", exc.problem, exc.fix) from None
     sim = real = None
     if mode in ("sim", "hybrid"):
         sim = BackendSpec(

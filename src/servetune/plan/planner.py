@@ -12,7 +12,12 @@ import math
 from pydantic import BaseModel, Field
 
 from servetune.engines.config import EngineConfig
-from servetune.engines.rules import check_batch_limits, tp_splits_heads
+from servetune.engines.rules import (
+    TP_ENGINES,
+    check_batch_limits,
+    check_tensor_parallel,
+    tp_splits_heads,
+)
 from servetune.errors import InputError
 from servetune.hardware.spec import HardwareSpec
 from servetune.model.spec import ModelSpec
@@ -368,6 +373,38 @@ def check_tp_within_node(
         "runs within a node)",
         f"use {use} for {best * stages} GPUs (pipeline stages span nodes)",
     )
+
+
+def check_gpus_as_tp(
+    gpus: int, engine: str, model: ModelSpec, hw: HardwareSpec, split: str
+) -> None:
+    """`--gpus` N taken as one replica's tensor parallelism (simulate, tune): refused naming
+    --gpus, not the knob it set, where the engine has no TP, the node cannot hold it
+    (`check_tp_within_node`) or it splits no heads (`check_tensor_parallel`, with plan's
+    sizes). `split` says how the command gives TP and PP apart; `{tp}`, `{pp}` filled.
+    (simulate --engine llamacpp --gpus 2 had run as if llama.cpp split tensors.)"""
+    if gpus <= 1:
+        return
+    if engine not in TP_ENGINES:
+        raise InputError(
+            "--gpus",
+            f"{gpus} sets tensor parallelism, which {engine} has no flag for",
+            "drop --gpus: one replica per GPU, `plan --gpus N` sizes the replicas",
+        )
+    try:
+        if hw.kind == "gpu":  # a CPU host's "node" is itself: its TP is the engine's rule
+            check_tp_within_node(gpus, 1, model, hw)
+        cfg = EngineConfig(engine=engine, tensor_parallel_size=gpus)  # type: ignore[arg-type]
+        check_tensor_parallel(cfg, model.num_attention_heads, model.num_kv_heads)
+    except InputError as exc:
+        if exc.field == "--tp":  # more than a node: TP within it, PP stages across
+            tp = (tp_candidates(model, hw, hw.devices_per_node) or [1])[-1]
+            pp = math.ceil(gpus / tp)
+            use = split.format(tp=tp, pp=pp)
+            fix = f"use {use} for {tp * pp} GPUs (pipeline stages span nodes); --gpus sets TP alone"
+            raise InputError("--gpus", exc.problem, fix) from None
+        sizes = node_tp_fix(model, hw) if hw.kind == "gpu" else exc.fix
+        raise InputError("--gpus", exc.problem, sizes) from None
 
 
 def parallel_options(req: PlanRequest) -> list[ParallelOption]:
