@@ -241,6 +241,35 @@ ROWS = [
         ["tune", "--backend", "sim", "-q", "--gpus", "2"],
         "--gpus: 2 sets tensor parallelism, which llamacpp has no flag for",
     ),
+    # a file given to another kind's flag is named for what it is (`filekinds.check_kind`);
+    # it had read "unknown key 'ttft_ms' (known: name, seed, ...)", the keys it lacks
+    (
+        "SLO as --workload",
+        [*SIM, "-w", str(EXAMPLES / "slo.yaml")],
+        "workload: this reads as an SLO file, not a workload (keys: error_rate, "
+        "kv_cache_usage_max, tpot_ms, ttft_ms) (give it with --slo)",
+    ),
+    (
+        "workload as --slo",
+        [*SIM, "-w", "{ok}", "--slo", str(EXAMPLES / "workloads" / "chat.yaml")],
+        "slo: this reads as a workload file, not an SLO (keys: api, arrival, count, "
+        "input_tokens, ...) (give it with --workload)",
+    ),
+    (
+        "workload as --preset",
+        ["tune", "--preset", str(EXAMPLES / "workloads" / "chat.yaml")],
+        "--preset: this reads as a workload file, not a tune preset",
+    ),
+    (
+        "preset as --workload",
+        [*SIM, "-w", str(EXAMPLES / "tune" / "vllm-gpu.yaml")],
+        "workload: this reads as a tune preset file, not a workload",
+    ),
+    (
+        "SLO as --space",
+        [*TUNE, "--space", str(EXAMPLES / "slo.yaml")],
+        "space: this reads as an SLO file, not a search space",
+    ),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     (
         "plan --tp 3, 8 KV heads",

@@ -112,6 +112,9 @@ def parse_slo(data: Any, source: str = "slo") -> SLO:
     try:
         return SLO.model_validate(data)
     except ValidationError as exc:
+        from servetune.filekinds import check_kind
+
+        check_kind(data, "SLO", source)
         raise from_validation_error(exc, source, model=SLO) from None
 
 

@@ -117,6 +117,9 @@ def load_preset(name_or_path: str) -> Preset:
     try:
         return Preset.model_validate(data)
     except ValidationError as exc:
+        from servetune.filekinds import check_kind
+
+        check_kind(data, "tune preset", "--preset")
         raise from_validation_error(exc, "preset", model=Preset) from None
 
 

@@ -143,6 +143,9 @@ def fmt_value(v: Any) -> str:
 # --- parsing --------------------------------------------------------------------------
 
 
+SPACE_KEYS = ("engine", "knobs", "fixed", "baseline", "constraints")  # a space file's top level
+
+
 def load_space(path: str | Path) -> SearchSpace:
     data = load_yaml(path, "--space")
     if isinstance(data, dict) and "space" in data and "knobs" not in data:
@@ -156,12 +159,13 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
         raise InputError("space", "the space is empty", "give knobs: {max_num_seqs: [8, 16, 32]}")
     if not isinstance(data, dict):
         raise InputError("space", "must be a mapping with `knobs:`", "see docs/tune.md")
-    unknown = set(data) - {"engine", "knobs", "fixed", "baseline", "constraints"}
+    unknown = set(data) - set(SPACE_KEYS)
     if unknown:
+        from servetune.filekinds import check_kind
+
+        check_kind(data, "search space", "space")
         raise InputError(
-            "space",
-            f"unknown key {sorted(unknown)[0]!r}",
-            "keys: engine, knobs, fixed, baseline, constraints",
+            "space", f"unknown key {sorted(unknown)[0]!r}", f"keys: {', '.join(SPACE_KEYS)}"
         )
     eng = engine or data.get("engine") or "vllm"
     if eng not in ADAPTERS:  # every engine servetune can launch (mlx, transformers too)

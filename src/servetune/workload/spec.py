@@ -244,6 +244,10 @@ class PrefixGroups(StrictModel):
     tokens: int = Field(ge=1, le=MAX_TOKENS)
 
 
+# a workload's top-level keys that stand for its one sub-workload (`WorkloadSpec._shorthand`)
+SHORTHAND_KEYS = ("input_tokens", "output_tokens", "dataset", "prefix", "priority")
+
+
 class SubWorkload(StrictModel):
     """One class of traffic. Weighted mixes model long/short blends (seed 003 §14 stage 6)."""
 
@@ -372,7 +376,7 @@ class WorkloadSpec(StrictModel):
         """Top-level input_tokens/output_tokens/dataset/prefix/priority = one sub-workload."""
         if not isinstance(data, dict):
             return data
-        keys = ("input_tokens", "output_tokens", "dataset", "prefix", "priority")
+        keys = SHORTHAND_KEYS
         if any(k in data for k in keys):
             if data.get("mix"):
                 raise ValueError("give either `mix` or top-level input_tokens/dataset, not both")
@@ -462,6 +466,7 @@ def parse_workload(
 ) -> WorkloadSpec:
     if not isinstance(data, dict):
         raise InputError("workload", "must be a mapping of fields", "see docs/bench.md")
+    given = data  # as written: the placeholders below are no key of the user's
     if sized and data.get("count") is None and data.get("duration_s") is None:
         data = {**data, "count": 1}  # a placeholder every point's with_load() replaces
     if swept:  # placeholders that every sweep point's with_load() replaces
@@ -474,6 +479,9 @@ def parse_workload(
     try:
         spec = WorkloadSpec.model_validate(data)
     except ValidationError as exc:
+        from servetune.filekinds import check_kind
+
+        check_kind(given, "workload", "workload")
         raise from_validation_error(exc, "workload", data=data, model=WorkloadSpec) from None
     if base_dir is None:
         return spec
