@@ -272,3 +272,27 @@ def test_an_open_loops_cap_is_never_exceeded(cap: int):
     w = spec(arrival={"kind": "poisson", "rate": 20, "concurrency": cap}, count=60)
     res, _ = simulate(M, HW, EngineConfig(max_model_len=8192), w)
     assert res.metrics.completed == 60 and res.metrics.max_in_flight == cap
+
+
+@pytest.mark.parametrize("name", ["mistral-7b-v0.1", "gemma-2-9b"])
+def test_a_sliding_window_pool_holds_only_the_bytes_its_sequences_take(name):
+    """Sequences under the window hold every layer's KV: the simulator keeps at most the
+    sequences plan counts for that context (`window_pool`); it had counted blocks at
+    max_model_len's average cost and held ~584 of mistral-7b-v0.1's 1,280-token sequences
+    in a pool whose bytes hold 361."""
+    model = get_model(name)
+    cfg = EngineConfig(max_num_seqs=1024)
+    wl = {"input_tokens": 1024, "output_tokens": 256, "count": 700}
+    res, _ = simulate(model, HW, cfg, spec(**wl, arrival={"kind": "closed", "concurrency": 700}))
+    ev = evaluate(model, HW, cfg)
+    seqs = evaluate(model, HW, cfg, avg_context=1280).max_concurrency
+    held = res.target.sim.max_kv_blocks_used // (1280 // cfg.block_size)
+    assert res.target.kv_blocks < ev.kv_blocks - 1  # recounted: fewer blocks
+    assert held <= seqs and res.target.sim.preemptions > 0
+    assert res.target.kv_capacity_tokens == res.target.kv_blocks * cfg.block_size
+
+
+def test_a_full_attention_pool_is_the_planners_whatever_the_lengths():
+    cfg = EngineConfig(max_model_len=8192)
+    res, _ = simulate(M, HW, cfg, spec(input_tokens=64, output_tokens=8, count=20))
+    assert res.target.kv_blocks == evaluate(M, HW, cfg).kv_blocks - 1

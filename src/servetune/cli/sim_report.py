@@ -35,7 +35,7 @@ def sim_header(session: SimSession) -> list[str]:
         f"simulate {session.model.name} on {session.hw.name} [{session.cfg.engine}], "
         f"step times: {tier}",
         *note,
-        capacity_note(su),
+        capacity_note(su, session.model),
     ]
 
 

@@ -322,6 +322,44 @@ def run_expected_error(
     return expected_error_note(tier, band_users(engine, arrival.kind, arrival.concurrency))
 
 
+def window_pool(
+    su: SimSetup, model: ModelSpec, cfg: EngineConfig, cols: RequestColumns
+) -> SimSetup:
+    """A sliding-window model's paged pool in blocks at this workload's KV cost per token.
+
+    The planner counts blocks at max_model_len's average cost (its window layers hold at
+    most `sliding_window` tokens of a sequence: vLLM's "GPU KV cache size" is that
+    concurrency x max_model_len, v1/core/kv_cache_utils.py), and the scheduler charges a
+    block per `block_size` tokens of every sequence; a shorter sequence, whose every layer
+    holds every token, was charged a fraction of its bytes: mistral-7b-v0.1 (window 4,096
+    of 32,768) ran ~584 sequences of 1,280 tokens in a pool whose bytes hold 361. vLLM's
+    pool is bytes, and a window layer's blocks outside its window are freed; the charge
+    under which the workload's requests' blocks sum to their bytes at full length is the
+    token-weighted cost sum(bytes(L_i)) / sum(L_i) (`plan.kv.kv_bytes_for_sequence`). An
+    aggregate: a mix of short and long requests is charged one rate."""
+    ev, sc = su.evaluation, su.sched
+    if sc.mode != "paged" or ev is None or not len(cols):
+        return su
+    if not (model.sliding_window and model.sliding_window_layers):
+        return su
+    from dataclasses import replace
+
+    from servetune.plan.kv import kv_bytes_for_sequence, pool_blocks
+
+    full = np.minimum(cols.prompt_tokens + np.maximum(cols.output_tokens, 0), sc.max_model_len)
+    lengths, counts = np.unique(np.maximum(full, 1), return_counts=True)
+    tp, pp, dtype = cfg.tensor_parallel_size, cfg.pipeline_parallel_size, ev.budget.kv_dtype_bytes
+    total = sum(
+        kv_bytes_for_sequence(model, dtype, int(n), tp, pp) * int(c)
+        for n, c in zip(lengths, counts, strict=True)
+    )
+    rate = total / float((lengths * counts).sum())
+    blocks = pool_blocks(ev.budget.kv_pool_bytes, sc.block_size, rate) - 1  # the null block
+    if blocks >= sc.kv_blocks:  # never more than the planner's (kv_cache_tokens' cap kept)
+        return su
+    return replace(su, sched=replace(sc, kv_blocks=max(blocks, 0)))
+
+
 def check_fits_capped(setup_: SimSetup, cols: RequestColumns) -> None:
     """A capped max_model_len (`start_length`) still has to hold the workload's longest
     request (prompt + output); otherwise no vLLM on this config serves it: refuse."""
@@ -553,6 +591,7 @@ def simulate(
     else:
         cols = RequestColumns.from_requests(requests)
     check_fits_capped(su, cols)
+    su = window_pool(su, model, cfg, cols)
     lap("materialize")
     if spec.sessions is not None:
         plan = plan_sessions(spec, tokenizer)
@@ -626,8 +665,9 @@ def simulate(
     return result, sched
 
 
-def capacity_note(setup_: SimSetup) -> str:
-    """One line on what the pool holds, for the CLI."""
+def capacity_note(setup_: SimSetup, model: ModelSpec | None = None) -> str:
+    """One line on what the pool holds, for the CLI; a sliding-window `model`'s paged pool
+    says each point recounts it (`window_pool`)."""
     sc = setup_.sched
     if sc.mode == "radix":
         window = setup_.evaluation.budget.kv_window_pool_tokens
@@ -638,9 +678,17 @@ def capacity_note(setup_: SimSetup) -> str:
             )
         return radix_note(sc)
     if sc.mode == "paged":
+        windows = model is not None and model.sliding_window and model.sliding_window_layers
+        recount = (
+            f" (at max_model_len's KV cost; each point's pool is counted at its requests' "
+            f"lengths: a sequence under the {model.sliding_window:,}-token window holds every "
+            "layer's KV)"
+            if windows and model is not None
+            else ""
+        )
         return (
             f"KV pool {sc.kv_blocks:,} blocks x {sc.block_size} = "
-            f"{sc.kv_blocks * sc.block_size:,} tokens; max_num_seqs {sc.max_num_seqs}, "
+            f"{sc.kv_blocks * sc.block_size:,} tokens{recount}; max_num_seqs {sc.max_num_seqs}, "
             f"max_num_batched_tokens {sc.max_num_batched_tokens}"
         )
     ctx = "shared" if sc.kv_unified else "per slot"
