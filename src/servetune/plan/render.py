@@ -136,9 +136,10 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
 
     bd = plan.bounds
     bt = Table(title="Roofline bounds (lower bounds, no queueing)", title_justify="left")
-    bt.add_column("batch", justify="right")
+    dp = ev.config.data_parallel_size  # the ceiling is every replica's, the batch one's
+    bt.add_column("batch" if dp == 1 else "batch / replica", justify="right")
     bt.add_column("decode step ms", justify="right")
-    bt.add_column("output tok/s ceiling", justify="right")
+    bt.add_column("output tok/s ceiling" + ("" if dp == 1 else f", {dp} replicas"), justify="right")
     for p in bd.throughput_curve:
         bt.add_row(str(int(p["batch"])), f"{p['step_ms']:.2f}", f"{p['output_tok_s']:,.0f}")
     console.print(bt)
