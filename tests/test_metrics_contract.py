@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servetune.metrics import (
+    cap_note,
     client_warnings,
     compute_metrics,
     measurement_window,
@@ -290,6 +291,32 @@ def test_send_lag_queue_and_client_warnings() -> None:
     warns = client_warnings(m, open_loop=True, cpu_util=0.95, lag_p99_limit_ms=1.0)
     assert any("send lag" in w for w in warns) and any("CPU" in w for w in warns)
     assert client_warnings(m, open_loop=False, cpu_util=0.1) == []
+
+
+def test_the_wait_on_the_users_cap_is_no_client_bottleneck() -> None:
+    """An open loop at 100 req/s under a --max-concurrency cap that lets 70 req/s through:
+    each send waits on the cap (queue_ns), and none is late otherwise. The send lag had
+    counted that wait (P99 ~420 ms) and the shortfall read as a CLIENT BOTTLENECK; the
+    shortfall is the cap's, and `cap_note` says so."""
+    rs = []
+    for i in range(100):
+        sched, send = i * 10, i * 1000 / 70  # scheduled every 10 ms, sent every ~14.3
+        rs.append(
+            rec(send, [send + 20], index=i, scheduled_ns=int(sched * MS),
+                queue_ns=int((send - sched) * MS))
+        )  # fmt: skip
+    m = compute_metrics(rs)
+    assert m.send_lag_ms.max == pytest.approx(0.0, abs=1e-6)
+    assert m.queue_ms.p99 is not None and m.queue_ms.p99 > 400
+    assert client_warnings(m, open_loop=True, cpu_util=0.1) == []
+    note = cap_note(m, Load(kind="poisson", rate=100.0, concurrency=2))
+    assert note is not None and note.startswith("the --max-concurrency 2 cap held sends back")
+    assert cap_note(m, Load(kind="closed", concurrency=2)) is None
+    # the same sends, late with no cap to wait on: the client's own lag, flagged
+    late = compute_metrics([r.model_copy(update={"queue_ns": 0}) for r in rs])
+    warns = client_warnings(late, open_loop=True, cpu_util=0.1)
+    assert any("send lag" in w for w in warns) and any("sent" in w for w in warns)
+    assert cap_note(late, Load(kind="poisson", rate=100.0)) is None
 
 
 def test_max_in_flight_and_empty() -> None:

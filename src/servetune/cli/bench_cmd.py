@@ -184,7 +184,13 @@ def bench(
     from servetune.cli.engine_cmd import parse_sets
     from servetune.engines.registry import ADAPTERS, exports_metrics
     from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
-    from servetune.metrics import schedule_note, token_count_note, tpot_note, window_note
+    from servetune.metrics import (
+        cap_note,
+        schedule_note,
+        token_count_note,
+        tpot_note,
+        window_note,
+    )
     from servetune.results.files import check_outputs
     from servetune.status import RunStatus
     from servetune.telemetry import telemetry_options
@@ -246,7 +252,8 @@ def bench(
         # usage against whitespace words (no --tokenizer) differs on every real output
         tokens = token_count_note(res.metrics) if tokenizer is not None else None
         m = res.metrics
-        for note in (window_note(m), schedule_note(m, res.load), tokens, tpot_note(m)):
+        notes = (window_note(m), schedule_note(m, res.load), cap_note(m, res.load), tokens)
+        for note in (*notes, tpot_note(m)):
             if note is not None:
                 err.print(f"[yellow]note ({p.label}):[/] {note}", highlight=False)
 

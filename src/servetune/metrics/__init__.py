@@ -1,6 +1,7 @@
 """Pure metric functions over raw request records (the contract: docs/metrics.md)."""
 
 from servetune.metrics.compute import (
+    cap_note,
     client_warnings,
     compute_metrics,
     measurement_window,
@@ -12,6 +13,7 @@ from servetune.metrics.compute import (
 from servetune.metrics.stats import ks_exponential, summarize
 
 __all__ = [
+    "cap_note",
     "client_warnings",
     "compute_metrics",
     "ks_exponential",

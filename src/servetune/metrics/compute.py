@@ -428,7 +428,9 @@ def compute_metrics(
     fe = ok & (c.first_event != 0)
     first_event = (c.first_event[fe] - c.send[fe]) / NS_PER_MS
     lag_sel = measured & c.scheduled_has
-    lag = (c.send[lag_sel] - c.scheduled[lag_sel]) / NS_PER_MS
+    # the client's own lateness: the wait on the user's --max-concurrency cap (queue) is
+    # the load asked for, not a slow client (it had read as a CLIENT BOTTLENECK)
+    lag = (c.send[lag_sel] - c.scheduled[lag_sel] - c.queue[lag_sel]) / NS_PER_MS
 
     has_chunks = c.n_chunks > 0
     # Completions are counted by when they finish (steady-state throughput), whatever
@@ -698,6 +700,26 @@ def tpot_note(m: Metrics) -> str | None:
     )
 
 
+def _sent_short(m: Metrics) -> bool:
+    """Fewer than 98% of the offered requests sent. A sessions run's sent counts every
+    turn and its offered its sessions: not comparable (its first turns' send lag is)."""
+    offered = m.offered_req_s if m.offered_unit == "req/s" else None
+    return bool(offered and m.sent_req_s < 0.98 * offered)
+
+
+def cap_note(m: Metrics, load: Load) -> str | None:
+    """An open loop whose sends waited on the user's --max-concurrency cap and fell short of
+    the schedule: the load the cap let through, said as the cap's (it had read as a CLIENT
+    BOTTLENECK, the send lag counting the wait on the cap)."""
+    if load.kind in (None, "closed") or not m.queue_ms.max or not _sent_short(m):
+        return None
+    return (
+        f"the --max-concurrency {load.concurrency} cap held sends back: sent "
+        f"{m.sent_req_s:.3g} of {m.offered_req_s:.3g} req/s offered (client queue P99 "
+        f"{m.queue_ms.p99:,.0f} ms); every figure is at the load it let through"
+    )
+
+
 def client_warnings(
     m: Metrics, *, open_loop: bool, cpu_util: float, lag_p99_limit_ms: float = 10.0
 ) -> list[str]:
@@ -706,10 +728,7 @@ def client_warnings(
     out = []
     if open_loop and m.send_lag_ms.p99 is not None and m.send_lag_ms.p99 > lag_p99_limit_ms:
         out.append(f"send lag P99 {m.send_lag_ms.p99:.1f} ms > {lag_p99_limit_ms:g} ms")
-    # sent counts every turn of a sessions run, offered its sessions: not comparable
-    # (the send lag of its first turns, above, is the check there)
-    offered = m.offered_req_s if m.offered_unit == "req/s" else None
-    if open_loop and offered and m.sent_req_s < 0.98 * offered:
+    if open_loop and _sent_short(m) and not m.queue_ms.max:  # a cap's wait: `cap_note`
         out.append(f"sent {m.sent_req_s:.1f} req/s < 98% of offered {m.offered_req_s:.1f} req/s")
     if cpu_util > 0.9:
         out.append(f"client CPU {cpu_util:.0%} of its cores")
