@@ -92,6 +92,21 @@ def test_server_closing_after_each_response(tmp_path: Path) -> None:
     assert "run" in json.loads(lines[0]) and len(lines) == 11  # header + every record, flushed
 
 
+@pytest.mark.parametrize("save_text", [False, True])
+def test_the_record_log_holds_the_answers_text_only_with_save_text(
+    tmp_path: Path, save_text: bool
+) -> None:
+    """The crash log is what `runs import` stores: without --save-text it had held every
+    answer (kept in memory to count tokens), which the -o file and the store leave out."""
+    log = tmp_path / "r.records.jsonl"
+    res = bench(MockConfig(), count=4, records_path=log, save_text=save_text)
+    assert res.metrics.completed == 4
+    texts = [json.loads(line).get("output_text") for line in log.read_text().splitlines()[1:]]
+    assert len(texts) == 4
+    assert all(t for t in texts) if save_text else texts == [None] * 4
+    assert all(r.tokenizer_completion_tokens == 12 for r in res.records)  # still counted
+
+
 class _Sink:
     def __init__(self) -> None:
         self.status = 0

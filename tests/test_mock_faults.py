@@ -10,6 +10,7 @@ import pytest
 from servetune.bench.client import Timeouts
 from servetune.bench.runner import BenchOptions, run_point
 from servetune.bench.server_metrics import http_fetcher
+from servetune.metrics import resent_note
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.status import RequestStatus, RunStatus
 from servetune.workload.materialize import materialize
@@ -168,3 +169,11 @@ def test_a_request_retried_after_a_dropped_keep_alive_connection_gets_a_new_one(
         res = run_point(spec, materialize(spec, WordTokenizer()), o)
     assert [r.error for r in res.records] == [None] * 8
     assert all(r.status == RequestStatus.OK for r in res.records)
+    # each retry is said (a server dropping requests reads the same as a stale keep-alive):
+    # it had said nothing, and the mock dropping 30% of requests read 0% errors
+    by_index = sorted(res.records, key=lambda r: r.index)
+    assert [r.resent for r in by_index] == [False] * 4 + [True] * 4
+    assert all(r.connect_ns > 0 for r in by_index[4:])  # the retry's new connection
+    note = resent_note(res.records)
+    assert note is not None and note.startswith("4 of 8 requests were sent again")
+    assert resent_note(by_index[:4]) is None

@@ -237,7 +237,7 @@ class Collector:
         self.by_index = {r.index: r for r in requests}
         self.pool = len(requests)
         self.opts = opts
-        self.log = RecordLog(opts.records_path)
+        self.log = RecordLog(opts.records_path, opts.save_text)
         self.stored: RecordStream | None = None
         self.records: list[RequestRecord] = []
         self.recent: deque[bool] = deque(maxlen=opts.breaker_window)

@@ -84,7 +84,15 @@ class Worker:
         self._lags_ms: list[float] = []
 
     # --- starting requests -------------------------------------------------------------
-    def _start(self, item: Item, queued_since_ns: int | None = None, fresh: bool = False) -> None:
+    def _start(
+        self,
+        item: Item,
+        queued_since_ns: int | None = None,
+        fresh: bool = False,
+        first: RequestState | None = None,
+    ) -> None:
+        """Send `item`: on an idle connection unless `fresh`; `first`, the attempt it sends
+        again, whose send and queue times it keeps (the time lost counts)."""
         index, payload, sched, cancel_after = item
         cfg = self.cfg
         st = RequestState(
@@ -100,6 +108,8 @@ class Worker:
         st.send_ns = now
         if queued_since_ns is not None:
             st.queue_ns = now - queued_since_ns
+        if first is not None:
+            st.send_ns, st.queue_ns = first.send_ns, first.queue_ns
         self.in_flight.add(st)
         self.sent += 1
         conn = None if fresh else self.pool.get_idle()
@@ -139,10 +149,12 @@ class Worker:
         ):
             # A reused keep-alive connection the server had closed: retry once, on a new
             # connection (another idle one may be as stale: the server that dropped one
-            # often dropped them all, and a retry on it was recorded as a reset).
+            # often dropped them all, and a retry on it was recorded as a reset). A server
+            # that read the request and hung up reads the same, so the record says it was
+            # sent again (`resent`) and its times count from the first send.
             self._retried.add(st.index)
             self.sent -= 1
-            self._start(self._items_by_index[st.index], fresh=True)
+            self._start(self._items_by_index[st.index], fresh=True, first=st)
             return
         self.out.append(self._record(st))
         if self.cfg.flush_s <= 0:  # in-process: the breaker sees every record at once
@@ -181,6 +193,7 @@ class Worker:
             "usage_completion_tokens": st.usage_completion,
             "server_timings": st.timings,
             "output_text": "".join(st.texts) if st.texts is not None else None,
+            "resent": st.index in self._retried,
         }
 
     def _take(self) -> Item | None:

@@ -186,6 +186,7 @@ def bench(
     from servetune.measure import BenchSettings, Hooks, ResultFiles, SweepLoads, run_bench
     from servetune.metrics import (
         cap_note,
+        resent_note,
         schedule_note,
         token_count_note,
         tpot_note,
@@ -253,7 +254,7 @@ def bench(
         tokens = token_count_note(res.metrics) if tokenizer is not None else None
         m = res.metrics
         notes = (window_note(m), schedule_note(m, res.load), cap_note(m, res.load), tokens)
-        for note in (*notes, tpot_note(m)):
+        for note in (*notes, tpot_note(m), resent_note(res.records)):
             if note is not None:
                 err.print(f"[yellow]note ({p.label}):[/] {note}", highlight=False)
 

@@ -720,6 +720,20 @@ def cap_note(m: Metrics, load: Load) -> str | None:
     )
 
 
+def resent_note(records: Sequence[RequestRecord]) -> str | None:
+    """Requests sent again after the server closed their reused connection unanswered
+    (`RequestRecord.resent`): a stale keep-alive, or a server dropping requests, which
+    the retry would otherwise hide from the error rate."""
+    n = sum(1 for r in records if r.resent)
+    if not n:
+        return None
+    return (
+        f"{n} of {len(records)} requests were sent again on a new connection: the server "
+        "closed their reused one without answering (a stale keep-alive; a server dropping "
+        "requests reads the same); their times count from the first send"
+    )
+
+
 def client_warnings(
     m: Metrics, *, open_loop: bool, cpu_util: float, lag_p99_limit_ms: float = 10.0
 ) -> list[str]:

@@ -28,8 +28,11 @@ class RecordLog:
     as one run. The sweep refuses, before it measures, a path that holds anything but an
     earlier record log (`check_replaceable`)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, save_text: bool = False) -> None:
         self.path = path
+        # the answers' text only when the run keeps it (--save-text), as its -o file and
+        # the store do: the log had held every answer, and `runs import` stored them
+        self.save_text = save_text
         self._fh: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +47,8 @@ class RecordLog:
         if self._fh is None:
             return
         for rec in batch:
+            if not self.save_text and rec.get("output_text") is not None:
+                rec = {**rec, "output_text": None}
             self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
         self._fh.flush()
 

@@ -92,6 +92,11 @@ class RequestRecord(BaseModel):
     tokenizer_completion_tokens: int | None = None
     server_timings: dict[str, float] | None = None
     output_text: str | None = None
+    resent: bool = Field(
+        False,
+        description="Sent again once on a new connection: the server closed its reused "
+        "keep-alive connection without a byte of answer (times count from the first send).",
+    )
 
     @property
     def output_tokens(self) -> int:
