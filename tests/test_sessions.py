@@ -327,3 +327,29 @@ def test_bench_open_loop_sessions_start_on_schedule() -> None:
         assert firsts[s.index].scheduled_ns == int(s.start_s * 1e9)
         assert firsts[s.index].send_ns >= firsts[s.index].scheduled_ns
     assert all(r.scheduled_ns is None for r in res.records if r.sub != "turn0")
+
+
+def test_a_session_a_failed_turn_ended_is_counted_not_dropped() -> None:
+    """A failed turn ends its session: the session is still counted, the failure shows by
+    turn, and its shortened span is no session duration. Only answered turns had counted:
+    12 sessions with 3 broken on turn 0 read as 9, and a session cut short as a short one."""
+    from servetune.status import RequestStatus
+
+    recs = sorted(sim(chat(count=4, users=2)).records, key=lambda r: (r.prefix_group, r.sub))
+    whole = session_metrics(recs)
+    assert whole is not None and whole.sessions == 4 and whole.broken_sessions == 0
+    s0 = recs[0].prefix_group
+    kept = []
+    for r in recs:  # session s0: turn 2 failed, turn 3 never sent
+        if r.prefix_group == s0 and r.sub == "turn3":
+            continue
+        if r.prefix_group == s0 and r.sub == "turn2":
+            r = r.model_copy(update={"status": RequestStatus.ERROR, "error": "http_5xx",
+                                     "chunk_ns": [], "chunk_tokens": []})  # fmt: skip
+        kept.append(r)
+    m = session_metrics(kept)
+    assert m is not None
+    assert (m.sessions, m.broken_sessions, m.failed_turns, m.turns) == (4, 1, 1, 14)
+    assert (m.by_turn[2].requests, m.by_turn[2].failed) == (3, 1)
+    assert m.by_turn[3].requests == 3 and m.followup.failed == 1 and m.first.failed == 0
+    assert m.session_duration_s.count == 3  # the broken one is no duration

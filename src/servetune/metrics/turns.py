@@ -52,14 +52,17 @@ def in_class(sub: str, turns: str) -> bool:
 
 
 class TurnLatency(BaseModel):
-    requests: int = 0
+    requests: int = 0  # answered: the latencies are theirs
+    failed: int = 0  # the turn's requests that failed (no latency)
     ttft_ms: Dist = Field(default_factory=Dist)
     tpot_ms: Dist = Field(default_factory=Dist)
 
 
 class SessionMetrics(BaseModel):
-    sessions: int
-    turns: int
+    sessions: int  # started (any turn sent)
+    turns: int  # answered
+    broken_sessions: int = Field(0, description="Sessions a failed turn ended early.")
+    failed_turns: int = 0
     first: TurnLatency
     followup: TurnLatency
     by_turn: dict[int, TurnLatency]
@@ -76,7 +79,12 @@ class SessionMetrics(BaseModel):
         return None if self.cached_tokens is None else self.prompt_tokens - self.cached_tokens
 
 
-def _latency(recs: Sequence[RequestRecord]) -> TurnLatency:
+def _session(r: RequestRecord) -> int:
+    """The session a turn's record belongs to (`prefix_group`; -1: none named)."""
+    return r.prefix_group if r.prefix_group is not None else -1
+
+
+def _latency(recs: Sequence[RequestRecord], failed: int = 0) -> TurnLatency:
     ttft, tpot = [], []
     for r in recs:
         a, b, _ = request_latencies_ms(r)
@@ -84,7 +92,9 @@ def _latency(recs: Sequence[RequestRecord]) -> TurnLatency:
             ttft.append(a)
         if b is not None:
             tpot.append(b)
-    return TurnLatency(requests=len(recs), ttft_ms=summarize(ttft), tpot_ms=summarize(tpot))
+    return TurnLatency(
+        requests=len(recs), failed=failed, ttft_ms=summarize(ttft), tpot_ms=summarize(tpot)
+    )
 
 
 def allowed_reuse(
@@ -109,22 +119,32 @@ def session_metrics(
     `block_tokens`: the engine's cache granularity (vLLM's block size; 1 for llama.cpp).
     `system_prompts`: session -> (system prompt group, tokens), from the plan
     (`SessionPlan.system_prompts`); without it shared system prompts are not counted."""
-    ok = [r for r in records if r.status == RequestStatus.OK and turn_index(r.sub) is not None]
+    turns = [r for r in records if turn_index(r.sub) is not None]
+    ok = [r for r in turns if r.status == RequestStatus.OK]
     if not ok:
         return None
+    # a failed turn ends its session early: counted, and its session kept out of the
+    # durations (they had counted only answered turns: 12 sessions with 3 broken read as
+    # 9, and a broken session as a short one)
+    failed = [r for r in turns if r.status == RequestStatus.ERROR]
+    broken = {_session(r) for r in failed}
     by_session: dict[int, list[RequestRecord]] = defaultdict(list)
     by_turn: dict[int, list[RequestRecord]] = defaultdict(list)
     for r in ok:
         j = turn_index(r.sub)
         assert j is not None
-        by_session[r.prefix_group if r.prefix_group is not None else -1].append(r)
+        by_session[_session(r)].append(r)
         by_turn[j].append(r)
+    failed_by_turn: dict[int, int] = defaultdict(int)
+    for r in failed:
+        failed_by_turn[turn_index(r.sub) or 0] += 1
     durations, resent, allowed = [], 0, 0
     systems = system_prompts or {}
     for s, recs in by_session.items():
         sys_tokens = systems.get(s, (-1, 0))[1]
         recs.sort(key=lambda r: turn_index(r.sub) or 0)
-        durations.append((max(r.end_ns for r in recs) - recs[0].send_ns) / 1e9)
+        if s not in broken:
+            durations.append((max(r.end_ns for r in recs) - recs[0].send_ns) / 1e9)
         for prev, cur in zip(recs, recs[1:], strict=False):
             if turn_index(cur.sub) == (turn_index(prev.sub) or 0) + 1:
                 resent += allowed_reuse(prev, cur, 1, sys_tokens)
@@ -132,12 +152,18 @@ def session_metrics(
     allowed += _system_reuse([r for r in ok if r.sub == "turn0"], system_prompts, block_tokens)
     prompt = sum(r.input_tokens for r in ok)
     cached, measured = _engine_cache(ok, server_deltas)
+    later = [r for j, rs in by_turn.items() if j > 0 for r in rs]
     return SessionMetrics(
-        sessions=len(by_session),
+        sessions=len({_session(r) for r in turns}),
         turns=len(ok),
-        first=_latency(by_turn.get(0, [])),
-        followup=_latency([r for j, rs in by_turn.items() if j > 0 for r in rs]),
-        by_turn={j: _latency(by_turn[j]) for j in sorted(by_turn)},
+        broken_sessions=len(broken),
+        failed_turns=len(failed),
+        first=_latency(by_turn.get(0, []), failed_by_turn.get(0, 0)),
+        followup=_latency(later, sum(n for j, n in failed_by_turn.items() if j > 0)),
+        by_turn={
+            j: _latency(by_turn.get(j, []), failed_by_turn.get(j, 0))
+            for j in sorted({*by_turn, *failed_by_turn})
+        },
         session_duration_s=summarize(np.asarray(durations)),
         prompt_tokens=prompt,
         resent_tokens=resent,
@@ -237,8 +263,13 @@ def session_line(res: RunResult) -> str | None:
         return "/".join("-" if v is None else f"{v:,.0f}" for v in (d.p50, d.p95))
 
     hit = "-" if m.measured_hit_rate is None else f"{m.measured_hit_rate:.0%}"
+    broke = (
+        f" ({m.broken_sessions} ended early by {m.failed_turns} failed turns)"
+        if m.broken_sessions
+        else ""
+    )
     return (
-        f"{m.sessions} sessions: TTFT p50/p95 first {ms(m.first.ttft_ms)} ms, "
+        f"{m.sessions} sessions{broke}: TTFT p50/p95 first {ms(m.first.ttft_ms)} ms, "
         f"follow-up {ms(m.followup.ttft_ms)} ms; prefix-cache hit rate {hit} "
         f"(the workload allows {m.allowed_hit_rate:.0%}); {m.resent_tokens:,} tokens re-sent"
     )
