@@ -35,6 +35,7 @@ from servetune.accept.shedder import cap_tokens, shedder_in_thread
 from servetune.engines.config import EngineConfig
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.slo import parse_slo
+from servetune.status import RequestStatus
 from servetune.store import Store
 from servetune.workload.spec import parse_workload
 
@@ -218,6 +219,28 @@ def test_a_cold_start_the_starved_client_made_is_unchecked_not_failed(tmp_path: 
     assert starved.status == Status.UNCHECKED and "client gets a core" in (starved.fix or "")
     assert starved.values["ratio"] > probes.COLD_RATIO and starved.runs
     assert punctual.status == Status.FAIL and "warm the instance up" in (punctual.fix or "")
+
+
+def test_the_warm_up_counts_answered_requests_only(tmp_path: Path, monkeypatch):
+    """Two of six requests truncated after their first chunks: four answered, fewer than
+    the check needs, and the line says 4, not 6 (a record with chunks had counted as
+    completed, its TTFT in the cold-start ratio)."""
+    db = f"sqlite:///{tmp_path / 's.db'}"
+
+    def cut(real):
+        def measure(*a, **k):
+            res = real(*a, **k)
+            for r in sorted(res.records, key=lambda r: r.send_ns)[:2]:
+                r.status, r.error = RequestStatus.ERROR, "truncated_stream"
+            return res
+
+        return measure
+
+    with mock_in_thread(MockConfig(ttft_ms=5, itl_ms=1)) as srv:
+        p = Prober(_dep(f"http://127.0.0.1:{srv.port}"), db=db, study="t", say=lambda m: None)
+        monkeypatch.setattr(p, "measure", cut(p.measure))
+        res = probes.warm_up(p, p.dep.workload, TINY)
+    assert res.status == Status.FAIL and "only 4/6 requests completed" in " ".join(res.evidence)
 
 
 def test_a_failing_time_within_the_clients_lag_is_not_the_deployments():

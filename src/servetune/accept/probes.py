@@ -81,7 +81,9 @@ def warm_up(p: Prober, spec: WorkloadSpec, sizes: Sizes) -> Finding:
     NCCL and typical requests done before traffic)."""
     n = max(sizes.warm_requests, 6)
     res = p.measure("warmup", spec.with_load(concurrency=1, count=n))
-    ttft = [t for r in sorted(res.records, key=lambda r: r.send_ns) if (t := _ttft_ms(r))]
+    # answered requests only: a truncated, reset or stalled one streamed chunks too (it
+    # had counted as completed, and its TTFT in the cold-start ratio)
+    ttft = [t for r in sorted(_ok(res), key=lambda r: r.send_ns) if (t := _ttft_ms(r))]
     if len(ttft) < 6:
         return failed(
             "the deployment must answer plain requests", f"only {len(ttft)}/{n} requests completed"
