@@ -271,6 +271,13 @@ def test_cli_tables_carry_the_sample_size(
     lines = [ln for ln in con.export_text().splitlines() if "conc 2" in ln]
     assert "~max" in lines[0] and "~max" not in lines[1]
     assert str(small.metrics.ttft_ms.count) in lines[0].split()
+    # not streamed: no TTFT, and n is the E2E figures' (it read 0)
+    e2e_only = small.model_copy(deep=True)
+    e2e_only.metrics.ttft_ms = type(e2e_only.metrics.ttft_ms)()
+    con = Console(width=250, record=True)
+    con.print(summary_table([e2e_only]))
+    row = next(ln for ln in con.export_text().splitlines() if "conc 2" in ln).split("│")
+    assert row[5].strip() == str(small.metrics.e2e_ms.count) != "0"
 
     db = tmp_path / "r.db"
     with Store.open(str(db)) as store:

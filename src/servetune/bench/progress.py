@@ -59,7 +59,8 @@ def summary_table(results: list[RunResult]) -> Table:
             f"{m.completed}/{m.failed}",
             f"{m.req_s:.2f}",
             f"{m.output_tok_s:.1f}",
-            str(m.ttft_ms.count),
+            # not streamed, no TTFT: the n of the E2E figures (it read 0 beside them)
+            str(m.ttft_ms.count or m.e2e_ms.count),
             _ms(m.ttft_ms.p50),
             _p99(m.ttft_ms),
             _ms(m.tpot_ms.p50),
