@@ -406,3 +406,40 @@ def test_simulate_refuses_the_activation_dtype_vllm_refuses(
                            "--set", "dtype=bfloat16")  # fmt: skip
     assert code == 2 and err.startswith("error: --set dtype: bfloat16 needs")
     assert err.rstrip().endswith("(use --set dtype=float16)"), err
+
+
+def test_no_fix_is_offered_that_the_planned_engine_has_no_flag_for() -> None:
+    """llama.cpp has no FP8 weights, no FP8 KV cache type, no TP and no utilization
+    fraction: none is offered (each was, priced as if it ran); vLLM keeps them."""
+    llama, _ = build_request(
+        PlanArgs(model="llama-3.2-1b", gpu="h100-sxm", engine="llamacpp", from_flags=True)
+    )
+    knobs = {k for f in make_plan(llama).fixes for k in f.change}
+    assert knobs and not knobs & {
+        "quantization", "kv_cache_dtype", "tensor_parallel_size", "gpu_memory_utilization"
+    }  # fmt: skip
+    vllm, _ = build_request(PlanArgs(model="llama-3.2-1b", gpu="h100-sxm", from_flags=True))
+    knobs = {k for f in make_plan(vllm).fixes for k in f.change}
+    assert {"quantization", "kv_cache_dtype", "tensor_parallel_size"} <= knobs
+
+
+def test_the_recommendation_says_which_engine_the_plan_is_sized_for() -> None:
+    """`--engine llamacpp` on a GPU: the recommendation (vLLM) no longer reads as the plan's
+    engine, and the plan says it used vLLM's memory model."""
+    asked = run_plan(PlanArgs(model="llama-3.2-1b", gpu="h100-sxm", engine="llamacpp"))
+    assert asked.engine == "vllm"
+    assert "sized for --engine llamacpp with vLLM's memory model" in asked.engine_reason
+    same = run_plan(PlanArgs(model="llama-3.2-1b", gpu="h100-sxm"))
+    assert "sized for" not in same.engine_reason
+
+
+def test_a_broken_headroom_is_fixed_at_the_verdicts_utilization() -> None:
+    """0.99 on an A10 leaves less than the CUDA context: the verdict says "at most 0.97",
+    and the fix offers 0.97 (it offered 0.94, 0.05 below the fraction in force)."""
+    req, _ = build_request(
+        PlanArgs(model="llama-3.2-3b", gpu="a10", gpu_memory_utilization=0.99, from_flags=True)
+    )
+    plan = make_plan(req)
+    assert plan.evaluation.breaking_term == "gpu_memory_utilization"
+    assert "at most 0.97" in plan.evaluation.verdict
+    assert plan.fixes[0].change == {"gpu_memory_utilization": 0.97}

@@ -468,6 +468,16 @@ def _lower(
     return [(action, {knob: new})] if new < current else []
 
 
+def _engine_takes(cfg: EngineConfig, hw: HardwareSpec, change: dict[str, object]) -> bool:
+    """Whether the engine has a flag for every knob of `change` (its adapter's launch
+    command, as `simulate --set` checks): llama.cpp was offered FP8 weights, an FP8 KV
+    cache, --enforce-eager and TP 2, each priced as if it ran."""
+    from servetune.engines.registry import launch_command
+
+    spec = launch_command(cfg.engine, cfg, "model", device="gpu" if hw.kind == "gpu" else "cpu")
+    return all(spec.why_unsupported(k) is None for k in change)
+
+
 def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
     """Seed 003 §13's OOM handling order, each step evaluated on the same maths. A "lower"
     step that would not lower its knob is left out. With an explicit KV pool
@@ -486,8 +496,8 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
             )
     elif b.memory_fraction is not None:
         util = round(max(b.memory_fraction - 0.05, 0.05), 2)
-        if base.breaking_term == "gpu_memory_utilization":
-            util = min(util, utilization_limit(b))
+        if base.breaking_term == "gpu_memory_utilization":  # the verdict's "at most" value:
+            util = utilization_limit(b)  # the most KV the headroom allows (it offered 0.94)
         if util > 0:
             steps += _lower(
                 "lower gpu_memory_utilization", "gpu_memory_utilization", b.memory_fraction, util
@@ -529,6 +539,7 @@ def oom_fixes(req: PlanRequest, base: Evaluation) -> list[Fix]:
     if bigger:
         steps.append(("raise TP / add GPUs", {"tensor_parallel_size": bigger[0]}))
     fixes = []
+    steps = [(a, c) for a, c in steps if _engine_takes(cfg.with_(**c), req.hardware, c)]
     for i, (action, change) in enumerate(steps, start=1):
         given = None if req.given_knobs is None else req.given_knobs | set(change)
         try:

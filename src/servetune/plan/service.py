@@ -522,6 +522,10 @@ def run_plan(args: PlanArgs) -> PlanResult:
         raise _as_flag(exc) from None
     default_scenario = scenario or get_scenario("chat")
     engine, reason = recommend_engine(req.hardware, default_scenario)
+    if args.engine != engine:  # the plan above is the asked engine's, not the recommended
+        own = args.engine in ("vllm", "sglang")  # the engines whose pool the planner sizes
+        how = "" if own else " with vLLM's memory model: its own is not modelled"
+        reason += f" (the plan above is sized for --engine {args.engine}{how})"
     cfg = plan.evaluation.config
     device = "cpu" if req.hardware.kind == "cpu" else "gpu"
     launch: dict[str, Any] = {}
