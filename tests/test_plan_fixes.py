@@ -443,3 +443,15 @@ def test_a_broken_headroom_is_fixed_at_the_verdicts_utilization() -> None:
     assert plan.evaluation.breaking_term == "gpu_memory_utilization"
     assert "at most 0.97" in plan.evaluation.verdict
     assert plan.fixes[0].change == {"gpu_memory_utilization": 0.97}
+
+
+def test_the_llamacpp_line_names_the_gguf_nearest_the_planned_weights() -> None:
+    """An FP8 checkpoint (DeepSeek-V3, 8 x H200) had been named a BF16 GGUF, twice the
+    weights the plan sized: Q8_0 now, and a note says the pool is FP8's."""
+    res = run_plan(PlanArgs(model="deepseek-v3", gpu="h200", gpus=8))
+    line = res.launch["llamacpp"]
+    assert "DeepSeek-V3-Q8_0.gguf" in line.argv and not any("BF16" in a for a in line.argv)
+    assert any(n.startswith("weights: llama.cpp loads GGUF, Q8_0") for n in line.notes)
+    plain = run_plan(PlanArgs(model="llama-3.1-8b", gpu="h100-sxm")).launch["llamacpp"]
+    assert any(a.endswith("-BF16.gguf") for a in plain.argv)
+    assert not any(n.startswith("weights:") for n in plain.notes)

@@ -34,6 +34,7 @@ from servetune.plan.planner import (
 )
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
 from servetune.plan.quant import (
+    WEIGHT_FORMATS,
     check_dtype_runs_on,
     check_runs_on,
     format_source,
@@ -496,8 +497,26 @@ def gguf_reference(given: str, weight_format: str) -> str:
     if weight_format in (*GGUF_TYPES, "mxfp4"):
         kind = weight_format.upper()
     else:
-        kind = {"fp16": "F16", "fp32": "F32"}.get(weight_format, "BF16")
+        kind = _GGUF_NEAREST.get(weight_format, "BF16")
     return f"{stem}-{kind}.gguf"
+
+
+# the GGUF type nearest a non-GGUF weight format's size: an FP8 checkpoint had been named
+# a BF16 GGUF, twice the weights the plan sized (DeepSeek-V3 on 8 H200s)
+_GGUF_NEAREST = {"fp16": "F16", "fp32": "F32", "fp8": "Q8_0", "int8": "Q8_0",
+                 "awq": "Q4_K_M", "gptq": "Q4_K_M"}  # fmt: skip
+
+
+def gguf_note(weight_format: str) -> str | None:
+    """What the llama.cpp line's GGUF differs by from the format the plan sized."""
+    kind = _GGUF_NEAREST.get(weight_format)
+    if kind is None or weight_format in ("fp16", "fp32"):
+        return None
+    return (
+        f"weights: llama.cpp loads GGUF, {kind} is the type nearest {weight_format} "
+        f"({WEIGHT_FORMATS[kind.lower()].body_bits:g} bits a weight against "
+        f"{WEIGHT_FORMATS[weight_format].body_bits:g}): the pool above is {weight_format}'s"
+    )
 
 
 def planned_pool(ev: Evaluation) -> PlannedPool:
@@ -536,7 +555,10 @@ def run_plan(args: PlanArgs) -> PlanResult:
         plain = cfg.with_(extra_args=())  # the extra flags are SGLang's (checked above)
         launch = launch_commands(plain, ref, device=device, pool=pool)
         gguf = gguf_reference(args.model, plan.evaluation.budget.weight_format)
-        launch["llamacpp"] = launch_command("llamacpp", plain, gguf, device=device, pool=pool)
+        spec = launch_command("llamacpp", plain, gguf, device=device, pool=pool)
+        if note := gguf_note(plan.evaluation.budget.weight_format):
+            spec = replace(spec, notes=[*spec.notes, note])
+        launch["llamacpp"] = spec
         if cfg.extra_args:
             launch["sglang"] = launch_command("sglang", cfg, ref, device=device, pool=pool)
         if "sglang" in launch and req.given_knobs is not None:
