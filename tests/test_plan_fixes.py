@@ -455,3 +455,14 @@ def test_the_llamacpp_line_names_the_gguf_nearest_the_planned_weights() -> None:
     plain = run_plan(PlanArgs(model="llama-3.1-8b", gpu="h100-sxm")).launch["llamacpp"]
     assert any(a.endswith("-BF16.gguf") for a in plain.argv)
     assert not any(n.startswith("weights:") for n in plain.notes)
+
+
+def test_the_layout_given_is_a_row_of_the_parallelism_table() -> None:
+    """--tp 1 --pp 2 on 2 GPUs: PP rows were built on the largest TP only, so the plan's
+    own layout was in no row."""
+    req, _ = build_request(
+        PlanArgs(model="llama-3.1-8b", gpu="h100-sxm", gpus=2, tp=1, pp=2, from_flags=True)
+    )
+    rows = {(o.tp, o.pp): o for o in make_plan(req).parallelism}
+    assert (1, 2) in rows and rows[(1, 2)].dp == 1 and rows[(1, 2)].fits
+    assert {(1, 1), (2, 1)} <= set(rows)

@@ -410,32 +410,38 @@ def check_gpus_as_tp(
 def parallel_options(req: PlanRequest) -> list[ParallelOption]:
     """Every TP within a node, and PP stages on the largest of them when that is not
     enough (across nodes, or within one when the heads allow no larger TP), with its
-    per-GPU memory, capacity and TP communication cost."""
+    per-GPU memory, capacity and TP communication cost. The layout the user gave (--tp,
+    --pp) is a row too: `--tp 1 --pp 2` was in none, and no row was marked chosen."""
     model, hw = req.model, req.hardware
     options = []
     sizes = tp_candidates(model, hw, req.gpus)
+    layouts = set()
     for tp in sizes:
-        pps = [1]
+        layouts.add((tp, 1))
         if tp == sizes[-1]:  # the largest TP that splits the heads within a node
-            pps += list(range(2, min(req.gpus // tp, model.num_layers) + 1))  # a layer a stage
-        for pp in pps:
-            cfg = req.config.with_(tensor_parallel_size=tp, pipeline_parallel_size=pp)
-            ev = evaluate(model, hw, cfg, req.context, req.overheads, req.given_knobs)
-            ev = request_verdict(ev, req.input_tokens + req.output_tokens)
-            # a token's all-reduces: one stage's, once per stage (`bounds`)
-            comm = roofline.comm_s(model, hw, tp, 1, pp) * pp
-            options.append(
-                ParallelOption(
-                    tp=tp,
-                    pp=pp,
-                    dp=req.gpus // (tp * pp),
-                    weights_per_gpu_gib=ev.budget.weights_bytes / GiB,
-                    kv_capacity_tokens=ev.kv_capacity_tokens,
-                    max_concurrency=ev.max_concurrency if ev.fits else None,
-                    fits=ev.fits,
-                    tp_comm_ms_per_token=comm * 1e3,
-                )
+            top = min(req.gpus // tp, model.num_layers)  # a layer a stage
+            layouts.update((tp, pp) for pp in range(2, top + 1))
+    given = (req.config.tensor_parallel_size, req.config.pipeline_parallel_size)
+    if req.tp_given and given[0] * given[1] <= req.gpus:
+        layouts.add(given)
+    for tp, pp in sorted(layouts):
+        cfg = req.config.with_(tensor_parallel_size=tp, pipeline_parallel_size=pp)
+        ev = evaluate(model, hw, cfg, req.context, req.overheads, req.given_knobs)
+        ev = request_verdict(ev, req.input_tokens + req.output_tokens)
+        # a token's all-reduces: one stage's, once per stage (`bounds`)
+        comm = roofline.comm_s(model, hw, tp, 1, pp) * pp
+        options.append(
+            ParallelOption(
+                tp=tp,
+                pp=pp,
+                dp=req.gpus // (tp * pp),
+                weights_per_gpu_gib=ev.budget.weights_bytes / GiB,
+                kv_capacity_tokens=ev.kv_capacity_tokens,
+                max_concurrency=ev.max_concurrency if ev.fits else None,
+                fits=ev.fits,
+                tp_comm_ms_per_token=comm * 1e3,
             )
+        )
     return options
 
 
