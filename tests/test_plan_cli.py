@@ -219,3 +219,15 @@ def test_hardware_file_adds_a_gpu(tmp_path) -> None:
     assert data["hardware"] == "my-card"
     # 16 GB of bf16 weights read once per token at 1,000 GB/s: ~16 ms at batch 1.
     assert 15.0 <= data["tpot_lower_bound_ms"] <= 17.5
+
+
+def test_a_sliding_window_plan_shows_the_cost_its_blocks_are_counted_at() -> None:
+    """Mistral 7B v0.1 (window 4,096 of 32,768): 231,087 blocks x 16 x the full 131,072 B a
+    token read as 484 GB in a 56 GiB pool; the row beside it gives the 16,384 B a token
+    its blocks are counted at."""
+    out = run_plan("-m", "mistral-7b-v0.1", "-s", "none")
+    assert out.returncode == 0, out.stderr
+    row = next(ln for ln in out.stdout.splitlines() if "(windows capped)" in ln)
+    assert "max_model_len=32,768" in row and "16,384" in row
+    plain = run_plan("-m", "llama-3.1-8b")
+    assert "(windows capped)" not in plain.stdout

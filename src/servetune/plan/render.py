@@ -82,6 +82,13 @@ def render_plan(result: PlanResult, console: Console | None = None) -> None:
     kv.add_column("what")
     kv.add_column("value", justify="right")
     kv.add_row("bytes / token (this GPU, all its layers)", f"{b.kv_bytes_per_token:,}")
+    if b.kv_effective_bytes_per_token < b.kv_bytes_per_token:  # sliding-window layers
+        # what the blocks are counted at (vLLM's "GPU KV cache size" is concurrency at
+        # max_model_len x max_model_len): blocks x the full bytes overran the pool
+        kv.add_row(
+            f"bytes / token at max_model_len={ev.max_model_len:,} (windows capped)",
+            f"{b.kv_effective_bytes_per_token:,.0f}",
+        )
     kv.add_row("KV dtype bytes", str(b.kv_dtype_bytes))
     kv.add_row("block size / blocks", f"{ev.block_tokens} / {ev.kv_blocks:,}")
     if b.kv_window_pool_tokens:  # SGLang's hybrid sliding-window pools (plan.sglang_pool)
