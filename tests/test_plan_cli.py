@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -225,7 +226,10 @@ def test_a_sliding_window_plan_shows_the_cost_its_blocks_are_counted_at() -> Non
     """Mistral 7B v0.1 (window 4,096 of 32,768): 231,087 blocks x 16 x the full 131,072 B a
     token read as 484 GB in a 56 GiB pool; the row beside it gives the 16,384 B a token
     its blocks are counted at."""
-    out = run_plan("-m", "mistral-7b-v0.1", "-s", "none")
+    out = subprocess.run(
+        [sys.executable, "-m", "servetune.cli.app", "plan", "-m", "mistral-7b-v0.1", "-s", "none"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     row = next(ln for ln in out.stdout.splitlines() if "(windows capped)" in ln)
     assert "max_model_len=32,768" in row and "16,384" in row
