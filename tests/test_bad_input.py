@@ -270,6 +270,15 @@ ROWS = [
         [*TUNE, "--space", str(EXAMPLES / "slo.yaml")],
         "space: this reads as an SLO file, not a search space",
     ),
+    # an HTML output named for another format is refused before anything runs: `report -o
+    # r.md` wrote HTML into it, nothing said
+    ("report -o r.md", ["report", "x", "-o", "/tmp/r.md"], "--output: /tmp/r.md: the .md name"),
+    ("tune --report r.json", [*TUNE, "--report", "/tmp/r.json"], "--report: /tmp/r.json: the"),
+    (
+        "accept --html a.md",
+        ["accept", "--url", "http://127.0.0.1:1", "--engine", "vllm", "--html", "/tmp/a.md"],
+        "--html: /tmp/a.md: the .md name says another format than HTML (name it .html)",
+    ),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     (
         "plan --tp 3, 8 KV heads",

@@ -79,7 +79,9 @@ def accept(
     from servetune.store import software_info
 
     ai.check_engine(engine)
-    check_outputs({"--output": output, "--html": html_out}, {})  # before the live checks
+    check_outputs(
+        {"--output": output, "--html": html_out}, {}, html=frozenset({"--html"})
+    )  # before the live checks
     if pools not in (None, "shared", "split"):
         raise InputError("--pools", f"expected shared or split, got {pools!r}")
     if config and from_study:

@@ -195,12 +195,26 @@ def check_folder(path: Path, field: str) -> None:
         raise InputError(field, f"{problem} ({reason})", "give a folder you can write")
 
 
-def check_outputs(files: dict[str, Path | str | None], folders: dict[str, Path | None]) -> None:
+HTML_SUFFIXES = ("", ".html", ".htm")
+
+
+def check_outputs(
+    files: dict[str, Path | str | None],
+    folders: dict[str, Path | None],
+    html: frozenset[str] = frozenset(),
+) -> None:
     """Every output path a command was given, checked before it measures anything
-    (`{flag: path}`; None: not given)."""
+    (`{flag: path}`; None: not given). The flags in `html` write HTML: a name that says
+    another format is refused (`report -o r.md` wrote HTML into it, nothing said)."""
     for field, path in files.items():
-        if path is not None:
-            check_writable(Path(path), field)
+        if path is None:
+            continue
+        check_writable(Path(path), field)
+        suffix = Path(path).suffix
+        if field in html and suffix.lower() not in HTML_SUFFIXES:
+            raise InputError(
+                field, f"{path}: the {suffix} name says another format than HTML", "name it .html"
+            )
     for field, folder in folders.items():
         if folder is not None:
             check_folder(folder, field)
