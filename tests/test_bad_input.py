@@ -271,8 +271,7 @@ ROWS = [
         "space: this reads as an SLO file, not a search space",
     ),
     # an HTML output named for another format is refused before anything runs: `report -o
-    # r.md` wrote HTML into it, nothing said
-    ("report -o r.md", ["report", "x", "-o", "/tmp/r.md"], "--output: /tmp/r.md: the .md name"),
+    # r.md` wrote HTML into it, nothing said (report's: test_report_fixes)
     ("tune --report r.json", [*TUNE, "--report", "/tmp/r.json"], "--report: /tmp/r.json: the"),
     (
         "accept --html a.md",

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from servetune.bench.runner import BenchOptions, run_point
+from servetune.metrics import cap_note
 from servetune.metrics.stats import ks_exponential
 from servetune.mock.server import MockConfig, mock_in_thread
 from servetune.workload.materialize import materialize
@@ -97,8 +98,13 @@ def test_rate_with_cap_queues_visibly() -> None:
     m = res.metrics
     assert srv.stats.max_running <= 2 and m.max_in_flight <= 2
     assert m.queue_ms.max is not None and m.queue_ms.max > 50  # waited on the client cap
-    assert m.send_lag_ms.p99 is not None and m.send_lag_ms.p99 > 50  # and the lag says so
-    assert res.client.bottleneck  # flagged: sent less than offered
+    # the wait is the cap's, not the client's lateness: queue time, not send lag, and the
+    # shortfall a note naming the cap, not a CLIENT BOTTLENECK (a busy host may still flag
+    # the client's CPU or event loop)
+    assert m.send_lag_ms.p99 is not None and m.send_lag_ms.p99 < m.queue_ms.max
+    assert not any(w.startswith("sent ") for w in res.client.warnings)
+    note = cap_note(m, res.load)
+    assert note is not None and note.startswith("the --max-concurrency 2 cap held sends back")
 
 
 def test_two_worker_processes() -> None:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "__init__",
         "errors",
+        "filekinds",
         "units",
         "paths",
         "build",

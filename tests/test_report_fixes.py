@@ -70,6 +70,9 @@ def test_report_refuses_to_write_over_its_database_or_a_non_html_file(
     code, _, err = run_cli(capsys, "report", "s", "--db", "s.db", "-o", "notes.txt")
     _one_line_error(code, err, "--output")
     assert Path("notes.txt").read_text() == "measured by hand\n"
+    code, _, err = run_cli(capsys, "report", "s", "--db", "s.db", "-o", "r.md")
+    _one_line_error(code, err, "--output")  # HTML had been written into r.md
+    assert "the .md name says another format than HTML" in err and not Path("r.md").exists()
     Path("old.html").write_text("\n<!doctype HTML><html><p>an earlier report</p></html>")
     code, _, err = run_cli(capsys, "report", "s", "--db", "s.db", "-o", "old.html")
     assert code == 0, err

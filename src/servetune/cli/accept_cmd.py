@@ -79,9 +79,11 @@ def accept(
     from servetune.store import software_info
 
     ai.check_engine(engine)
-    check_outputs(
-        {"--output": output, "--html": html_out}, {}, html=frozenset({"--html"})
-    )  # before the live checks
+    check_outputs({"--output": output, "--html": html_out}, {})  # before the live checks
+    if html_out is not None:  # an HTML page: not over measured data, nor named .md
+        from servetune.results.files import check_replaceable
+
+        check_replaceable(html_out, None, "--html", "html")
     if pools not in (None, "shared", "split"):
         raise InputError("--pools", f"expected shared or split, got {pools!r}")
     if config and from_study:

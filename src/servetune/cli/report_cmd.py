@@ -38,7 +38,7 @@ def report(
     # an unset shell variable names no run, nor `$A,$B` with both unset (`,`)
     if any(not r.replace(",", "").strip() for r in refs):
         raise InputError("RUNS", "an empty value names nothing", "give a run id, study or A,B,C")
-    check_outputs({"--output": output}, {"--images": images}, html=frozenset({"--output"}))
+    check_outputs({"--output": output}, {"--images": images})
     with Store.open(db, create=False) as store:
         out = build_report(
             store, refs, output, title=title, images=images, image_format=image_format

@@ -84,9 +84,7 @@ def tune(
     from servetune.results.files import check_outputs
     from servetune.tune.tuner import NothingMeasured, Tuner
 
-    check_outputs(
-        {"--report": report}, {}, html=frozenset({"--report"})
-    )  # before the study, not after it
+    check_outputs({"--report": report}, {})  # before the study, not after it
     check_report(report, db)
     settings = build_settings(locals())
     say = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))

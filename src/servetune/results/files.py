@@ -158,14 +158,19 @@ def check_replaceable(
         db = Path(os.path.realpath(db_file))
         if target in {db.with_name(db.name + s) for s in _STORE_FILES}:
             raise InputError(flag, f"{out} is the store's database", "give another file name")
-    if not target.is_file() or not target.stat().st_size:
-        return
-    head = _head(target)
-    if head is None or not looks_like(head):
+    if target.is_file() and target.stat().st_size:
+        head = _head(target)
+        if head is None or not looks_like(head):
+            raise InputError(
+                flag,
+                f"{out} exists and is not {what}",
+                "give a new file name, or remove it first",
+            )
+    suffix = Path(out).suffix
+    if kind == "html" and suffix.lower() not in ("", ".html", ".htm"):
+        # `report -o r.md` wrote HTML into it, nothing said
         raise InputError(
-            flag,
-            f"{out} exists and is not {what}",
-            "give a new file name, or remove it first",
+            flag, f"{out}: the {suffix} name says another format than HTML", "name it .html"
         )
 
 
@@ -195,26 +200,12 @@ def check_folder(path: Path, field: str) -> None:
         raise InputError(field, f"{problem} ({reason})", "give a folder you can write")
 
 
-HTML_SUFFIXES = ("", ".html", ".htm")
-
-
-def check_outputs(
-    files: dict[str, Path | str | None],
-    folders: dict[str, Path | None],
-    html: frozenset[str] = frozenset(),
-) -> None:
+def check_outputs(files: dict[str, Path | str | None], folders: dict[str, Path | None]) -> None:
     """Every output path a command was given, checked before it measures anything
-    (`{flag: path}`; None: not given). The flags in `html` write HTML: a name that says
-    another format is refused (`report -o r.md` wrote HTML into it, nothing said)."""
+    (`{flag: path}`; None: not given)."""
     for field, path in files.items():
-        if path is None:
-            continue
-        check_writable(Path(path), field)
-        suffix = Path(path).suffix
-        if field in html and suffix.lower() not in HTML_SUFFIXES:
-            raise InputError(
-                field, f"{path}: the {suffix} name says another format than HTML", "name it .html"
-            )
+        if path is not None:
+            check_writable(Path(path), field)
     for field, folder in folders.items():
         if folder is not None:
             check_folder(folder, field)

@@ -31,6 +31,7 @@ from typing import Any
 from servetune.engines.config import EngineConfig
 from servetune.engines.registry import ADAPTERS, launch_command
 from servetune.errors import InputError, closest
+from servetune.filekinds import SPACE_KEYS, check_kind
 from servetune.yamlfile import load_yaml
 
 # Knobs that size memory, in seed 003 §13's OOM handling order (first = first to lower).
@@ -143,9 +144,6 @@ def fmt_value(v: Any) -> str:
 # --- parsing --------------------------------------------------------------------------
 
 
-SPACE_KEYS = ("engine", "knobs", "fixed", "baseline", "constraints")  # a space file's top level
-
-
 def load_space(path: str | Path) -> SearchSpace:
     data = load_yaml(path, "--space")
     if isinstance(data, dict) and "space" in data and "knobs" not in data:
@@ -161,8 +159,6 @@ def parse_space(data: Any, engine: str | None = None) -> SearchSpace:
         raise InputError("space", "must be a mapping with `knobs:`", "see docs/tune.md")
     unknown = set(data) - set(SPACE_KEYS)
     if unknown:
-        from servetune.filekinds import check_kind
-
         check_kind(data, "search space", "space")
         raise InputError(
             "space", f"unknown key {sorted(unknown)[0]!r}", f"keys: {', '.join(SPACE_KEYS)}"
