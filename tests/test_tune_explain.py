@@ -239,3 +239,13 @@ def test_a_table_without_repetitions_has_no_repeated_column(
     tune_cmd.print_outcome(out)
     said = capsys.readouterr().out
     assert "repeated" not in said and "*  1  slots4" in said
+
+
+def test_a_check_below_100_ms_keeps_three_figures() -> None:
+    """A P95 TPOT of 7.29 ms against 7 read "7 ms > 7": a miss that looks met."""
+    from servetune.tune.explain import check_text
+
+    text = check_text({"metric": "tpot_ms", "stat": "p95", "value": 7.29, "target": 7.0})
+    assert text == "P95 TPOT 7.29 ms > 7"
+    met = {"metric": "ttft_ms", "stat": "p99", "value": 1234.4, "target": 2000.0, "ok": True}
+    assert check_text(met) == "P99 TTFT 1,234 ms <= 2,000"

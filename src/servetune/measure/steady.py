@@ -48,7 +48,7 @@ from servetune.metrics.compute import (
     record_columns,
     schedule_window,
 )
-from servetune.metrics.pct import QUANTILES, upper_bound_rank
+from servetune.metrics.pct import QUANTILES, fmt_ms, upper_bound_rank
 from servetune.metrics.stats import summarize
 from servetune.results.schema import RunResult, SLOCheck
 from servetune.slo import SLO
@@ -532,7 +532,7 @@ def check_text(c: dict[str, Any]) -> str:
         which = "later" if half == "late" else "earlier"
         return (
             f"steady state: {p.upper()} {metric.upper()} of the window's {which} half "
-            f"{v or 0:,.0f} ms {'<=' if ok else '>'} {t:,.0f}"
+            f"{fmt_ms(v or 0.0)} ms {'<=' if ok else '>'} {fmt_ms(t)}"
         )
     if c.get("stat") == "shortfall":
         got = 1.0 - (v or 0.0)

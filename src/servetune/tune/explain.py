@@ -9,7 +9,7 @@ from typing import Any
 
 from servetune.measure import steady
 from servetune.measure.result import PointResult
-from servetune.metrics.pct import QUANTILES, sample_note
+from servetune.metrics.pct import QUANTILES, fmt_ms, sample_note
 from servetune.status import RunStatus, TrialStatus
 from servetune.tune.objective import Objective, ObjectiveMetric
 from servetune.tune.shortfall import Shortfall, shortfall
@@ -36,8 +36,9 @@ def check_text(c: dict[str, Any]) -> str:
     op = "<=" if c.get("ok") else ">"
     if c.get("metric") in ("error_rate", "kv_cache_usage"):
         return f"{name} {v or 0:.1%} {op} {t:.1%}"
-    shown = "none" if v is None else f"{v:,.0f}"
-    return f"{str(c.get('stat', '')).upper()} {name} {shown} ms {op} {t:,.0f}"
+    # 3 significant figures (`fmt_ms`): whole ms read a 7.29 ms miss as "7 ms > 7"
+    shown = "none" if v is None else fmt_ms(v)
+    return f"{str(c.get('stat', '')).upper()} {name} {shown} ms {op} {fmt_ms(t)}"
 
 
 def check_with_n(c: dict[str, Any], p: PointResult) -> str:
