@@ -523,6 +523,13 @@ def test_simulate_without_a_workload_draws_benchs_default(tmp_path: Path):
     said: list[str] = []
     spec = workload_or_default(None, SweepLoads(), said.append)
     assert spec == parse_workload(DEFAULT_WORKLOAD) and len(said) == 1
+    assert "lognormal prompts of mean 512 tokens and replies of 128, Poisson 1 req/s" in said[0]
+    # the flags that replace its lengths, load and size are what is said (it had
+    # described the defaults under all four)
+    said.clear()
+    loads = SweepLoads(users=(1, 2), count=16, input_len=200, output_len=24)
+    workload_or_default(None, loads, said.append)
+    assert "(prompts of 200 tokens and replies of 24, at the loads given, 16 requests a" in said[0]
 
 
 def test_simulate_input_and_output_len_are_the_fixed_workload(tmp_path: Path):

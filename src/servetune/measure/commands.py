@@ -75,6 +75,26 @@ class BenchSettings:
     api_key: str | None = field(default=None, repr=False)  # never stored
 
 
+def default_said(loads: SweepLoads) -> str:
+    """The default workload as this command line runs it: the flags that replace its
+    lengths, load and size are what is said (it had described the defaults under
+    --input-len 200 --output-len 24 --count 16 --concurrency 1,2,4)."""
+    prompts = (
+        f"prompts of {loads.input_len} tokens"
+        if loads.input_len
+        else "lognormal prompts of mean 512 tokens"
+    )
+    replies = f"replies of {loads.output_len}" if loads.output_len else "replies of 128"
+    load = "at the loads given" if loads.swept else "Poisson 1 req/s"
+    if loads.count is not None:
+        size = f"{loads.count:,} requests a point"
+    elif loads.duration_s is not None:
+        size = f"{loads.duration_s:g} s a point"
+    else:
+        size = "200 requests"
+    return f"{prompts} and {replies}, {load}, {size}"
+
+
 def workload_or_default(
     path: Path | None, loads: SweepLoads, say: Callable[[str], None] | None = None
 ) -> WorkloadSpec:
@@ -85,10 +105,8 @@ def workload_or_default(
         spec = load_workload(path, swept=loads.swept, sized=loads.sized)
     else:
         if say is not None:
-            say(
-                "workload: the built-in default-chat (lognormal prompts of mean 512 tokens and "
-                "replies of 128, Poisson 1 req/s, 200 requests; --workload gives your own)"
-            )
+            said = default_said(loads)
+            say(f"workload: the built-in default-chat ({said}; --workload gives your own)")
         spec = parse_workload(DEFAULT_WORKLOAD, swept=loads.swept, sized=loads.sized)
     return with_lengths(spec, loads.input_len, loads.output_len)
 
