@@ -508,3 +508,25 @@ def test_a_cancellation_probe_that_gave_nothing_up_names_a_busy_host_or_the_outp
     assert not _nothing_given_up(run, stream=True, patience_s=min(took) / 3)[
         1
     ]  # streams: the engine's
+
+
+def test_a_burst_under_a_load_in_users_is_bursty_arrivals(tmp_path: Path):
+    """A tuned load of 4 users: the burst stage runs gamma arrivals at the rate the steady
+    stage achieved; it had run the users as a closed loop (no burst) and passed."""
+    from servetune.workload.materialize import materialize
+    from servetune.workload.tokenizer import WordTokenizer
+
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    with mock_in_thread(MockConfig(ttft_ms=5, itl_ms=1)) as srv:
+        p = Prober(_dep(f"http://127.0.0.1:{srv.port}"), db=db, study="t", say=lambda m: None)
+        spec = p.dep.workload
+        sample = materialize(spec.with_load(concurrency=1, count=20), WordTokenizer())
+        tuned = stability.Load("concurrency", 4)
+        out = stability.run_stage(p, spec, tuned, sample, None, None, TINY)
+    by = {s.name: s for s in out.stages}
+    steady, burst = by["steady"], by["burst"]
+    assert steady.load.kind == "concurrency"
+    assert burst.load.kind == "rate"
+    assert burst.load.value == pytest.approx(steady.run.metrics.req_s)
+    assert burst.run.workload["arrival"]["kind"] == "gamma"
+    assert burst.line.startswith(f"burst at {burst.load.value:.3g} req/s")

@@ -199,6 +199,13 @@ def run_stage(
             f"({p99_output(sample)}): the cap is what bounds them"
         )
     for name, load, pt, opts in plan:
+        if name == "burst" and load.kind == "concurrency":  # a closed loop has no arrivals
+            rate = _achieved(out.stages, base, tuned)
+            if rate is None:
+                out.skipped.append(f"burst not run: no rate was achieved at {base.text()}")
+                continue
+            load = Load("rate", rate)
+            pt = load.apply(spec, n, kind="gamma", burstiness=BURSTINESS)
         res = p.measure(f"stage-{name}", pt, **opts)
         out.stages.append(_judge(name, load, pt, res))
         if res.server is not None:
@@ -213,6 +220,20 @@ def run_stage(
             fault_stage(p, base.apply(spec, fault_requests(base, fault, n)), base, fault)
         )
     return out
+
+
+def _achieved(done: list[StageResult], base: Load, tuned: Load) -> float | None:
+    """The burst stage's mean rate under a load in users: what the steady stage achieved
+    at the base users (else the peak's, scaled to them). The stage had run the users as a
+    closed loop, which sends no burst, and passed as "burst"."""
+    by_name = {s.name: s for s in done}
+    if "steady" in by_name:
+        rate = by_name["steady"].run.metrics.req_s
+    elif "peak" in by_name:
+        rate = by_name["peak"].run.metrics.req_s * base.value / tuned.value
+    else:
+        return None
+    return rate if rate > 0 else None
 
 
 def fault_requests(load: Load, fault: Fault, n: int) -> int:
