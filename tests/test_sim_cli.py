@@ -407,7 +407,14 @@ def test_a_closed_loop_point_quotes_the_expected_error_of_its_own_load_band(tmp_
     assert not band_lines(open_loop)
     assert open_loop.target.sim and open_loop.target.sim.expected_error
     assert " users:" not in open_loop.target.sim.expected_error
-    assert not band_lines(run({"kind": "closed", "concurrency": 64}, engine="sglang"))
+    sglang = run({"kind": "closed", "concurrency": 64}, engine="sglang")
+    assert not band_lines(sglang)
+    # an SGLang prediction quotes SGLang's own published rows, not vLLM's (it quoted 20%)
+    own = expected_errors()["gpu"]["engines"]["sglang"]
+    assert sglang.target.sim is not None and sglang.target.sim.expected_error is not None
+    assert sglang.target.sim.expected_error.startswith(
+        f"expected |error| on published sglang GPU runs: TTFT {own['ttft_pct']}%"
+    )
     # the track record is of GPU runs: a CPU host's prediction quotes none
     spec = parse_workload({**WL, "count": 8, "arrival": {"kind": "closed", "concurrency": 4}})
     cpu, _ = simulate(get_model("llama-3.2-1b"), get_hardware("cpu-host"), EngineConfig(), spec)

@@ -231,6 +231,13 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
             assert got["runs"] == rec["rows"]
             assert abs(got["ttft_med"] - rec["ttft_pct"]) <= 0.5
             assert abs(got["tpot_med"] - rec["tpot_pct"]) <= 0.5
+        # another engine's own rows (what its predictions quote: SGLang's), likewise
+        assert set(recorded["engines"]) == {"sglang"}
+        for engine, rec in recorded["engines"].items():
+            got = figs["by_engine"][engine]
+            assert got["runs"] == rec["rows"]
+            assert abs(got["ttft_med"] - rec["ttft_pct"]) <= 0.5
+            assert abs(got["tpot_med"] - rec["tpot_pct"]) <= 0.5
         # the real forward passes, each with its figures: vLLM's 28 under every tier,
         # servetune's 63 H200 passes (kernels alone) only where the tier prices them apart
         assert len(figs["steps"]) == (91 if tier == "gpu" else 28)
@@ -249,6 +256,8 @@ def test_cli_end_to_end_and_expected_errors_are_current(capsys):
         assert abs(fresh["ttft_bias"] - recorded["ttft_p50_bias"]) <= 0.5
         for band, rec in recorded["bands"].items():
             assert abs(figs["vllm_by_band"][band]["ttft_bias"] - rec["ttft_p50_bias"]) <= 0.5
+        for engine, rec in recorded["engines"].items():
+            assert abs(figs["by_engine"][engine]["ttft_bias"] - rec["ttft_p50_bias"]) <= 0.5
     code, out, _ = run_cli(capsys, "validate", "--published", "--tier", "gpu")
     assert code == 0
     assert "[gpu] all" in out and "[roofline]" not in out and "<=25%" in out

@@ -318,8 +318,9 @@ def run_expected_error(
     if engine == "llamacpp":
         return "expected |error| not known: no published llama.cpp GPU runs to check it on"
     if arrival is None:
-        return expected_error_note(tier)
-    return expected_error_note(tier, band_users(engine, arrival.kind, arrival.concurrency))
+        return expected_error_note(tier, engine=engine)
+    users = band_users(engine, arrival.kind, arrival.concurrency)
+    return expected_error_note(tier, users, engine)
 
 
 def window_pool(
