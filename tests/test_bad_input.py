@@ -278,6 +278,12 @@ ROWS = [
         ["accept", "--url", "http://127.0.0.1:1", "--engine", "vllm", "--html", "/tmp/a.md"],
         "--html: /tmp/a.md: the .md name says another format than HTML (name it .html)",
     ),
+    (
+        "simulate --extra a knob's flag",
+        [*SIM, "-w", "{ok}", "--engine", "sglang", "--extra", "--tp-size 2"],
+        "--extra: --tp-size is the tensor_parallel_size knob's flag (use --set "
+        "tensor_parallel_size=N)",
+    ),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     (
         "plan --tp 3, 8 KV heads",

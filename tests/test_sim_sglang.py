@@ -447,7 +447,8 @@ def test_plan_reads_sglangs_pool_flags_and_refuses_a_knobs_flag(capsys):
     sim = ("simulate", "-m", "gpt-oss-120b", "--engine", "sglang", "--no-store",
            "-w", "examples/workloads/chat.yaml", "--count", "4")  # fmt: skip
     code, _, err = run_cli(capsys, *sim, "--extra", "--context-length 4096")
-    assert code == 2 and "extra_args: --context-length is the max_model_len knob's flag" in err
+    assert code == 2 and "--extra: --context-length is the max_model_len knob's flag" in err
+    assert "(use --set max_model_len=N)" in err  # the flag typed, as plan names it
 
 
 def test_knob_in_extra_names_a_knobs_flag_at_any_spelling():

@@ -322,7 +322,7 @@ def _exists(path: Path, *, file: bool = False) -> bool:
 
 @engine_app.command("launch")
 def launch_cmd(
-    engine: str = typer.Argument(..., help="vllm, sglang, tgi, trtllm or llamacpp."),
+    engine: str = typer.Argument(..., help="One of `servetune engine list`'s engines."),
     model: str = typer.Option(..., "--model", "-m", help="HF id or path (.gguf for llama.cpp)."),
     sets: list[str] = typer.Option([], "--set", help=_SET_HELP),
     extra: str | None = typer.Option(None, "--extra", help=_EXTRA_HELP),

@@ -130,6 +130,12 @@ def simulate(
     hw = get_hardware(gpu, hardware_file)
     # the device's own rules (vLLM CPU's block sizes) name the fix the run would need
     cfg = parse_sets(engine, sets, extra, device=hw.kind)
+    from servetune.engines.extra import knob_in_extra
+
+    if (knob := knob_in_extra(cfg, hw.kind)) is not None:  # named as typed, as plan does
+        raise InputError(
+            "--extra", f"{knob[0]} is the {knob[1]} knob's flag", f"use --set {knob[1]}=N"
+        )
     if gpus > 1 and not any(s.startswith("tensor_parallel_size") for s in sets):
         from servetune.model import get_model
         from servetune.plan.planner import check_gpus_as_tp
