@@ -249,3 +249,17 @@ def test_a_check_below_100_ms_keeps_three_figures() -> None:
     assert text == "P95 TPOT 7.29 ms > 7"
     met = {"metric": "ttft_ms", "stat": "p99", "value": 1234.4, "target": 2000.0, "ok": True}
     assert check_text(met) == "P99 TTFT 1,234 ms <= 2,000"
+
+
+def test_a_knob_a_stored_config_leaves_out_reads_as_its_default_value() -> None:
+    """The baseline's label says gpu_memory_utilization=0.9; the winner's change had read
+    "default -> 0.93" (the stored config leaves defaults out)."""
+    from servetune.tune.explain import differing
+
+    knobs = ["gpu_memory_utilization", "max_num_seqs"]
+    assert differing({"gpu_memory_utilization": 0.93}, {}, knobs) == [
+        "gpu_memory_utilization 0.9 -> 0.93"
+    ]
+    assert differing({"max_num_seqs": 128}, {"max_num_seqs": None}, knobs) == [
+        "max_num_seqs default -> 128"
+    ]  # None: the engine decides, as the tables say

@@ -150,8 +150,18 @@ def _load(p: PointResult) -> str:
 
 
 def differing(a: dict[str, Any], b: dict[str, Any], knobs: list[str]) -> list[str]:
-    names = [k for k in knobs if a.get(k) != b.get(k)]
-    return [f"{k} {fmt_value(b.get(k))} -> {fmt_value(a.get(k))}" for k in names]
+    """`max_num_seqs 64 -> 128`: the knobs `a` changes from `b`. A knob a stored config
+    leaves out is EngineConfig's default, shown as the tables show it (the baseline's
+    0.9 utilization read "default -> 0.93" beside a label saying 0.9)."""
+    from servetune.engines.config import EngineConfig
+
+    base = EngineConfig.model_fields
+
+    def value(cfg: dict[str, Any], k: str) -> Any:
+        return cfg[k] if k in cfg else (base[k].default if k in base else None)
+
+    names = [k for k in knobs if value(a, k) != value(b, k)]
+    return [f"{k} {fmt_value(value(b, k))} -> {fmt_value(value(a, k))}" for k in names]
 
 
 def explain(
