@@ -342,6 +342,18 @@ def test_a_closed_loops_rate_is_over_whole_rounds_whatever_the_count(count: int)
     assert m.measured == count  # the latency samples: every send in the whole window
 
 
+def test_an_open_loop_of_sessions_is_not_cut_to_rounds() -> None:
+    """Sessions arriving on a schedule (first turns scheduled, follow-ups sent as answers
+    come): no users whose rounds to count, so its window stays first to last send."""
+    rs = []
+    for k in range(8):  # a session every 100 ms, 2 turns of 150 ms each
+        t0 = k * 100.0
+        rs.append(rec(t0, [t0 + 75, t0 + 150], index=2 * k, scheduled_ns=int(t0 * MS)))
+        rs.append(rec(t0 + 150, [t0 + 225, t0 + 300], index=2 * k + 1))
+    m = compute_metrics(rs)
+    assert m.window_end_ns == max(r.send_ns for r in rs) and m.window_start_ns == 0
+
+
 def test_max_in_flight_and_empty() -> None:
     rs = [rec(0, [10]), rec(5, [20]), rec(15, [30])]
     assert max_in_flight(rs) == 2

@@ -421,7 +421,9 @@ def compute_metrics(
     c = record_columns(records)  # type: ignore[arg-type]
     start, end, whole_run = _window(c, warmup_s, cooldown_s)
     measured = (c.send >= start) & (c.send <= end)
-    if not whole_run and not bool(c.scheduled_has[measured].all()):  # a closed loop
+    # a closed loop: no request scheduled (an open loop of sessions schedules its first
+    # turns only, and has no users whose rounds to count)
+    if not whole_run and not bool(c.scheduled_has[measured].any()):
         start, end = _whole_rounds(c, start, end, first=warmup_s == 0)  # its rates' window
     window_s = max((end - start) / NS_PER_S, 1e-9)
     # Only an open loop's window is moved: a closed loop sends as its requests finish, so
