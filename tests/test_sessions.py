@@ -136,6 +136,26 @@ def test_datasets_every_turn_sharegpt_and_messages(tmp_path: Path) -> None:
         plan_sessions(parse_workload(wl))
 
 
+def test_content_parts_are_their_text_in_sessions_and_requests(tmp_path: Path) -> None:
+    """An OpenAI content-parts list is its text: a session's turn had sent, and every
+    dataset count had counted, the list's Python repr."""
+    from servetune.workload.materialize import materialize
+
+    parts = [{"type": "text", "text": "one two"}, {"type": "text", "text": "three"}]
+    conv = {"messages": [{"role": "user", "content": parts},
+                         {"role": "assistant", "content": "a b"}]}  # fmt: skip
+    (tmp_path / "c.jsonl").write_text(json.dumps(conv) + "\n")
+    wl = {"count": 1, "arrival": {"kind": "closed", "concurrency": 1},
+          "sessions": {"kind": "chat", "dataset": {"path": str(tmp_path / "c.jsonl")}}}  # fmt: skip
+    plan = plan_sessions(parse_workload(wl), WordTokenizer())
+    assert plan.requests()[0].messages == [{"role": "user", "content": "one two three"}]
+    assert plan.sessions[0].turns[0].new_tokens == 3
+    req = {"count": 1, "arrival": {"kind": "closed", "concurrency": 1},
+           "dataset": {"path": str(tmp_path / "c.jsonl")}, "output_tokens": 4}  # fmt: skip
+    (r,) = materialize(parse_workload(req), WordTokenizer())
+    assert r.prompt_tokens == 3 + 2 and r.messages == conv["messages"]  # sent as given
+
+
 def test_mooncake_trace_requests_chain_into_sessions_by_block_hashes(tmp_path: Path) -> None:
     rows = [  # two users interleaved; each next prompt extends its own previous one
         {"timestamp": 0, "input_length": 1000, "output_length": 50, "hash_ids": [1, 2]},

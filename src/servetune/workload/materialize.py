@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.workload.sources import check_replay_span, read_dataset, trace_rows
+from servetune.workload.sources import check_replay_span, message_text, read_dataset, trace_rows
 from servetune.workload.spec import (
     MAX_TOKENS,
     Empirical,
@@ -400,7 +400,7 @@ def _from_dataset(
         row = rows[int(order[i % len(rows)])]
         messages = row.messages
         if messages:
-            prompt_tokens = sum(len(tok.encode(str(m.get("content", "")))) for m in messages)
+            prompt_tokens = sum(len(tok.encode(message_text(m.get("content")))) for m in messages)
         else:
             prompt_tokens = len(tok.encode(row.prompt or ""))
         if outs is not None:

@@ -22,7 +22,7 @@ from servetune.workload.sessions import (
     Seconds,
     SessionDataset,
 )
-from servetune.workload.sources import conversation_messages, read_trace
+from servetune.workload.sources import conversation_messages, message_text, read_trace
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.tokenizer import Tokenizer, WordTokenizer
 
@@ -204,7 +204,7 @@ def trace_sessions(ds: SessionDataset) -> list[list[Turn]]:
 
 def _pairs(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [
-        (str(a["content"]), str(b["content"]))
+        (message_text(a["content"]), message_text(b["content"]))
         for a, b in zip(messages, messages[1:], strict=False)
         if (a.get("role"), b.get("role")) == ("user", "assistant")
         and a.get("content")

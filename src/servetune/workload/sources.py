@@ -293,6 +293,18 @@ def _sharegpt_rows(data: Any, label: str, path: Path) -> list[TraceRow | Dataset
     return rows
 
 
+def message_text(content: Any) -> str:
+    """A chat message's text: a string as is, an OpenAI content-parts list as its text
+    parts joined (`[{"type": "text", "text": ...}]`; it had been sent and counted as the
+    list's Python repr), anything else as its string."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return " ".join(t for t in parts if isinstance(t, str))
+    return "" if content is None else str(content)
+
+
 def _text(row: dict[str, Any], key: str, at: _At) -> str | None:
     value = row.get(key)
     if value is not None and not isinstance(value, str):
