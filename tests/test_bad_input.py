@@ -284,6 +284,12 @@ ROWS = [
         "--extra: --tp-size is the tensor_parallel_size knob's flag (use --set "
         "tensor_parallel_size=N)",
     ),
+    # a trace run given --duration names the flag (it named the file's duration_s)
+    (
+        "trace --duration",
+        [*SIM, "-w", "{trace_wl}", "--duration", "2"],
+        "--duration: a trace replays its own span (drop it; --count cuts it short)",
+    ),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     (
         "plan --tp 3, 8 KV heads",

@@ -75,6 +75,11 @@ def sweep_points(
         kws = [("point", {})]
     points = []
     for label, kw in kws:
+        if loads.duration_s is not None and spec.arrival.kind == "trace" and "rate" not in kw:
+            # the flag typed, not the file's `duration_s` the check would name
+            raise InputError(
+                "--duration", "a trace replays its own span", "drop it; --count cuts it short"
+            )
         try:
             pspec = spec.with_load(count=loads.count, duration_s=loads.duration_s, **kw)
         except ValidationError as exc:  # a value the command line gave: name its flag
