@@ -222,3 +222,44 @@ def test_modelopt_nvfp4_keeps_its_kv_cache_but_has_no_size_rule() -> None:
     q = spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "l").quantization
     assert q is not None and q.schemes == () and q.kv_cache == "fp8"
     assert "no size rule" in q.summary
+
+
+def test_a_targets_alternation_names_each_alternative() -> None:
+    """llm-compressor spells targets `re:.*mlp.(down|gate|up)_proj$`: the MLP's three
+    projections. Read whole, its `|gate|` was the router and the MLP stayed 16-bit
+    (Llama-3.1-8B W4A16 planned at 13.1 GiB, not 5.3)."""
+    from servetune.model.quantization import tensor_classes
+
+    assert tensor_classes("re:.*mlp.(down|gate|up)_proj$") == {"mlp"}
+    assert tensor_classes("re:.*self_attn.(k|q|o|v)_proj$") == {"attention"}
+    assert tensor_classes("re:.*(self_attn|mlp).*") == {"attention", "mlp"}
+    assert tensor_classes("re:.*mlp.gate$") == {"router"}
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
+    spelled = ["re:.*self_attn.(k|q|o|v)_proj$", "re:.*mlp.(down|gate|up)_proj$"]
+    quant = {"quant_method": "compressed-tensors", "ignore": ["lm_head"],
+             "config_groups": {"g": {"targets": spelled, "weights": weights}}}  # fmt: skip
+    q = spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "q").quantization
+    assert q is not None and set(q.schemes[0].classes) == {"attention", "mlp"}
+
+
+def test_a_checkpoints_own_weight_only_format_runs_at_marlin_speed() -> None:
+    """Llama-3.1-8B shipped as AWQ: the simulator priced its 16-bit body at bf16's GEMMs
+    (TPOT 8.66 ms, as bf16); it now runs as `--set quantization=awq` does."""
+    from servetune.engines.config import EngineConfig
+    from servetune.hardware import get_hardware
+    from servetune.sim.engine import simulate
+    from servetune.workload.spec import parse_workload
+
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    shipped = spec_from_hf_dict(_with_quant("llama-3.1-8b", awq), "awq")
+    wl = parse_workload({"count": 16, "arrival": {"kind": "closed", "concurrency": 8},
+                         "input_tokens": 1000, "output_tokens": 50})  # fmt: skip
+    hw = get_hardware("h100-sxm")
+
+    def tpot(model, cfg):
+        return simulate(model, hw, cfg, wl)[0].metrics.tpot_ms.p50
+
+    own = tpot(shipped, EngineConfig())
+    asked = tpot(get_model("llama-3.1-8b"), EngineConfig(quantization="awq"))
+    bf16 = tpot(get_model("llama-3.1-8b"), EngineConfig())
+    assert own == pytest.approx(asked, rel=0.02) and own < 0.8 * bf16

@@ -54,6 +54,26 @@ _ATTENTION = ("attn", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "qkv"
 _MLP = ("mlp", "feed_forward", "gate_proj", "up_proj", "down_proj")
 
 
+_GROUP = re.compile(r"\(([^()]*)\)")
+
+
+def tensor_classes(module: str) -> set[str]:
+    """The tensor classes a module name or `re:` pattern names, its `(a|b|c)` groups
+    taken one alternative at a time: `re:.*mlp.(down|gate|up)_proj$` (llm-compressor's
+    own spelling) is the MLP's gate_proj, up_proj and down_proj; read whole, its `|gate|`
+    was the router, and W4A16 on Llama-3.1-8B planned the MLP at 16 bits (13.1 GiB, not
+    5.3)."""
+    names, done = [module], []
+    while names and len(done) < 256:  # a pattern's alternatives, expanded (bounded)
+        name = names.pop()
+        m = _GROUP.search(name)
+        if m is None or "|" not in m.group(1):
+            done.append(name if m is None else name[: m.start()] + m.group(1) + name[m.end() :])
+            continue
+        names += [name[: m.start()] + alt + name[m.end() :] for alt in m.group(1).split("|")]
+    return {c for n in done if (c := tensor_class(n)) is not None}
+
+
 def tensor_class(module: str) -> str | None:
     """The tensor class a module name or `re:` pattern from a quantization config names
     (HF module names: `self_attn`, `mlp.experts`, `mlp.shared_experts`, `mlp.gate` or
@@ -109,7 +129,7 @@ def _names(raw: dict[str, Any], key: str, where: str) -> list[str]:
 
 def _keep(classes: tuple[TensorClass, ...], skipped: list[str]) -> tuple[TensorClass, ...]:
     """`classes` minus those an ignore / modules_to_not_convert list names."""
-    gone = {tensor_class(name) for name in skipped}
+    gone = set().union(*(tensor_classes(name) for name in skipped))
     return tuple(c for c in classes if c not in gone)
 
 
@@ -217,7 +237,7 @@ def _ct_scheme(group: dict[str, Any], weights: Any, ignored: list[str], where: s
     if "Linear" in targets:
         covered = _ALL_LINEAR
     else:
-        named = {tensor_class(t) for t in targets if isinstance(t, str)}
+        named = set().union(*(tensor_classes(t) for t in targets if isinstance(t, str)))
         covered = tuple(c for c in _ALL_LINEAR if c in named)
     bits = _positive(weights, ("num_bits",), f"{where}.weights", 8)
     kind = weights.get("type", "int")

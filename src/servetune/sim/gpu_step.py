@@ -394,10 +394,20 @@ def measured_linear(
 MARLIN_TILE_M = 16  # rows of a Marlin tensor-core fragment (m16 mma; IST-DASLab/marlin)
 
 
+def dense_bits(fmt: WeightFormat) -> float:
+    """Bits a weight of the dense GEMMs (attention, MLP): a checkpoint's own scheme keeps
+    them in `class_bits` beside a 16-bit body (`plan.quant.scheme_format`)."""
+    bits = [fmt.class_bits[c] for c in ("attention", "mlp") if c in fmt.class_bits]
+    return min(bits) if bits else fmt.body_bits
+
+
 def weight_only(fmt: WeightFormat) -> bool:
     """Weights stored narrower than the 16-bit activations they multiply (AWQ, GPTQ):
-    dequantised inside the GEMM, so the GEMM streams the narrow weights."""
-    return fmt.compute in ("bf16", "fp16") and fmt.body_bits < 16
+    dequantised inside the GEMM, so the GEMM streams the narrow weights. A checkpoint's
+    own AWQ/GPTQ/W4A16 reads its classes' bits: its 16-bit body had priced it at bf16's
+    measured GEMMs (Llama-3.1-8B AWQ: TPOT 8.66 ms, as bf16; `--set quantization=awq`
+    5.19)."""
+    return fmt.compute in ("bf16", "fp16") and dense_bits(fmt) < 16
 
 
 def gemm_kind(fmt: WeightFormat, table: GemmTable | None) -> str | None:
@@ -534,7 +544,7 @@ def gpu_model(
             sm.note += "; block-scaled FP8 weights at vLLM's block-scaled GEMMs"
     elif table is not None and gemm_dtype is None:
         sm.note += (
-            f"; GEMMs by the formula: {fmt.name}'s {fmt.body_bits:.1f}-bit weights with "
+            f"; GEMMs by the formula: {fmt.name}'s {dense_bits(fmt):.1f}-bit weights with "
             "16-bit activations are not in the measured tables"
         )
     attn = attn_table(hw.name)
