@@ -172,6 +172,41 @@ def test_defaults_head_dim_and_kv_heads() -> None:
     assert (spec.head_dim, spec.num_kv_heads) == (128, 32)
 
 
+@pytest.mark.parametrize(
+    ("name", "drop", "expect"),
+    [
+        # Qwen3Config's head_dim is 128 (5,120 / 64 would be 80)
+        ("qwen3-32b", ("head_dim",), {"head_dim": 128}),
+        # MistralConfig's num_key_value_heads is 8, not the heads
+        ("mistral-7b", ("num_key_value_heads",), {"num_kv_heads": 8}),
+        # Gemma2Config's 4 KV heads (gemma-2-9b's config gives its own 8)
+        ("gemma-2-9b", ("num_key_value_heads",), {"num_kv_heads": 4}),
+    ],
+)
+def test_a_field_a_config_leaves_out_is_its_hf_class_default(name, drop, expect) -> None:
+    """What transformers' config class would fill in, not what servetune would derive."""
+    cfg = _strip(catalog_entry(name))
+    for key in drop:
+        cfg.pop(key, None)
+        cfg.get("text_config", {}).pop(key, None)
+    spec = spec_from_hf_dict(cfg, "c")
+    assert {k: getattr(spec, k) for k in expect} == expect
+
+
+def test_gemma3_4b_it_text_config_as_shipped_reads_the_class_defaults() -> None:
+    """google/gemma-3-4b-it's text_config gives no heads, KV heads nor head_dim: 8, 4 and
+    256 by Gemma3TextConfig (34 x 2 x 4 x 256 x 2 = 139,264 B a token); it was refused,
+    and with the heads added, derived at 348,160 B."""
+    text = {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+            "num_hidden_layers": 34, "sliding_window": 1024,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}  # fmt: skip
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+           "text_config": text, "torch_dtype": "bfloat16"}  # fmt: skip
+    spec = spec_from_hf_dict(cfg, "g")
+    assert (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim) == (8, 4, 256)
+    assert spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 2 == 139_264
+
+
 def test_architecture_only_config() -> None:
     cfg = _strip(catalog_entry("llama-3.1-8b"))
     del cfg["model_type"]

@@ -58,19 +58,29 @@ _QWEN_MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
 _MIXTRAL_KEYS = ("num_local_experts", "num_experts_per_tok")
 _MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 _DEEPSEEK_MOE_KEYS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+# The attention shape Gemma2Config / Gemma3TextConfig default to (transformers):
+# google/gemma-3-4b-it's text_config gives none of it, and read as missing (then
+# derived) its KV cache came out 2.5x.
+_GEMMA_HEADS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256}
 _GEMMA3_DEFAULTS = {
     "vocab_size": 262208,
     "max_position_embeddings": 131072,
     "sliding_window": 4096,
     "sliding_window_pattern": 6,
+    **_GEMMA_HEADS,
 }
 
 _FAMILIES: dict[str, _Family] = {
     "llama": _Family("LlamaForCausalLM"),  # attention_bias / mlp_bias read per config
-    "mistral": _Family("MistralForCausalLM", sliding="all"),
+    # MistralConfig's num_key_value_heads is 8 (not the heads); its sliding_window
+    # default is not taken: v0.2+ configs write `null` to turn it off
+    "mistral": _Family("MistralForCausalLM", sliding="all", defaults={"num_key_value_heads": 8}),
     "mixtral": _Family("MixtralForCausalLM", sliding="all", moe="mixtral", required=_MIXTRAL_KEYS),
     "qwen2": _Family("Qwen2ForCausalLM", Traits(qkv_bias=True), sliding="qwen"),
-    "qwen3": _Family("Qwen3ForCausalLM", Traits(qk_norm=True), sliding="qwen"),
+    # Qwen3Config's head_dim is 128 (Qwen3-32B: 5,120 / 64 would be 80)
+    "qwen3": _Family(
+        "Qwen3ForCausalLM", Traits(qk_norm=True), sliding="qwen", defaults={"head_dim": 128}
+    ),
     "qwen3_moe": _Family(
         "Qwen3MoeForCausalLM",
         Traits(qk_norm=True),
@@ -79,7 +89,13 @@ _FAMILIES: dict[str, _Family] = {
         required=_QWEN_MOE_KEYS,
     ),
     "gemma": _Family("GemmaForCausalLM", tied_default=True),
-    "gemma2": _Family("Gemma2ForCausalLM", _GEMMA_TRAITS, sliding="alternate", tied_default=True),
+    "gemma2": _Family(
+        "Gemma2ForCausalLM",
+        _GEMMA_TRAITS,
+        sliding="alternate",
+        tied_default=True,
+        defaults=_GEMMA_HEADS,
+    ),
     "gemma3_text": _Family(
         "Gemma3ForCausalLM",
         Traits(norms_per_layer=4, qk_norm=True),
