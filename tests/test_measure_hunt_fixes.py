@@ -48,3 +48,28 @@ def test_a_replay_with_a_duration_is_drawn_for_that_duration(tmp_path: Path) -> 
     )
     sends = [r.send_ns for r in timed[0].records]
     assert len(sends) > 60 and 25 < (max(sends) - min(sends)) / 1e9 <= 30  # 4/s for 30 s
+
+
+def test_a_replay_of_a_run_that_ended_at_its_duration_sends_what_it_sent(
+    tmp_path: Path,
+) -> None:
+    """A 1 s closed loop of 2 users sent 148 of its 4,096-request pool and stopped at its
+    duration; the replay kept the duration, ran the closed loop that long at simulated
+    speed and sent 18, after a note saying it sends those 148."""
+    from servetune.measure import Hooks
+
+    w = parse_workload({"duration_s": 60.0, "arrival": {"kind": "closed", "concurrency": 2},
+                        "input_tokens": {"dist": "fixed", "value": 100},
+                        "output_tokens": {"dist": "fixed", "value": 20}})  # fmt: skip
+    cfg = EngineConfig(max_num_seqs=8)
+    base, _ = simulate(
+        get_model("llama-3.1-8b"), get_hardware("h100-sxm"), cfg, w, keep_requests=True
+    )
+    sent = len(base.records)  # a minute at H100 speed
+    cut = base.model_copy(update={"records": base.records[: sent // 3]})  # slower engine
+    path = tmp_path / "b.json"
+    write_result(cut, path)
+    said: list[str] = []
+    res = run_simulate(SimulateSettings(config=cfg, replay=path), Hooks(say=said.append))
+    assert len(res[0].records) == sent // 3
+    assert any(f"the replay sends those {sent // 3}" in s for s in said)

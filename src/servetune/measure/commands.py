@@ -218,6 +218,17 @@ def _own_requests(s: SimulateSettings) -> bool:
     return not s.loads.swept and not s.loads.sized
 
 
+def sized_to(spec: WorkloadSpec, sent: list[Request]) -> WorkloadSpec:
+    """`spec` sized to the requests a run sent: their count, no duration. A run that ended
+    at its --duration kept its `duration_s`, and its replay ran a closed loop for that
+    long at simulated speed: a 1 s bench of 148 requests replayed 18, saying it sent 148.
+    A sessions workload is re-planned from its spec (its turns chain on simulated
+    answers), so it is left as it is."""
+    if spec.sessions is not None:
+        return spec
+    return spec.model_copy(update={"count": len(sent), "duration_s": None})
+
+
 def _sim_workload(
     s: SimulateSettings, say: Callable[[str], None] | None = None
 ) -> tuple[WorkloadSpec, list[Request] | None]:
@@ -237,5 +248,8 @@ def _sim_workload(
             raise InputError("--replay", f"{s.replay} holds no requests", "bench with -o")
         if say is not None and _own_requests(s) and (note := replay_note(base, str(s.replay))):
             say(note)
-        return WorkloadSpec.model_validate(base.workload), sent_requests(base)
+        spec, sent = WorkloadSpec.model_validate(base.workload), sent_requests(base)
+        if _own_requests(s):  # those requests, not the run's --duration again
+            spec = sized_to(spec, sent)
+        return spec, sent
     return workload_or_default(s.workload, s.loads, say), None
