@@ -373,3 +373,26 @@ def test_a_session_a_failed_turn_ended_is_counted_not_dropped() -> None:
     assert (m.by_turn[2].requests, m.by_turn[2].failed) == (3, 1)
     assert m.by_turn[3].requests == 3 and m.followup.failed == 1 and m.first.failed == 0
     assert m.session_duration_s.count == 3  # the broken one is no duration
+
+
+def test_a_duration_that_outlasts_the_planned_sessions_is_said() -> None:
+    """4 users of one-turn chats for 20 s at a 1 ms server: the 512 planned sessions ran
+    out in a second or two and users dropped out one by one, said nowhere."""
+    from servetune.metrics.turns import session_line
+
+    wl = {"duration_s": 20, "arrival": {"kind": "closed", "concurrency": 4},
+          "sessions": {"kind": "chat", "turns": {"dist": "fixed", "value": 1},
+                       "user_tokens": {"dist": "fixed", "value": 10},
+                       "output_tokens": {"dist": "fixed", "value": 4}, "think_time_s": 0}}  # fmt: skip
+    spec = parse_workload(wl)
+    with mock_in_thread(MockConfig(ttft_ms=1, itl_ms=1)) as srv:
+        opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1)
+        res = run_point(spec, materialize(spec, WordTokenizer()), opts)
+    line = session_line(res)
+    assert line is not None and line.startswith("512 sessions")
+    assert "the 512 planned sessions ran out" in line and "s into the 20 s asked" in line
+    whole = parse_workload({**wl, "duration_s": None, "count": 8})
+    with mock_in_thread(MockConfig(ttft_ms=1, itl_ms=1)) as srv:
+        opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1)
+        counted = run_point(whole, materialize(whole, WordTokenizer()), opts)
+    assert "ran out" not in (session_line(counted) or "")

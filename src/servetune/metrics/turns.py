@@ -34,7 +34,7 @@ from servetune.metrics.stats import summarize
 from servetune.results.schema import Dist, Metrics, RequestRecord, RunResult
 from servetune.slo import SLO
 from servetune.status import RequestStatus
-from servetune.workload.session_plan import plan_sessions
+from servetune.workload.session_plan import SESSION_POOL, plan_sessions
 from servetune.workload.spec import WorkloadSpec
 
 TURN_CLASSES = ("first", "followup")
@@ -268,8 +268,30 @@ def session_line(res: RunResult) -> str | None:
         if m.broken_sessions
         else ""
     )
-    return (
+    line = (
         f"{m.sessions} sessions{broke}: TTFT p50/p95 first {ms(m.first.ttft_ms)} ms, "
         f"follow-up {ms(m.followup.ttft_ms)} ms; prefix-cache hit rate {hit} "
         f"(the workload allows {m.allowed_hit_rate:.0%}); {m.resent_tokens:,} tokens re-sent"
+    )
+    return line + (f"; {out}" if (out := ran_out(res, m.sessions)) else "")
+
+
+def ran_out(res: RunResult, sessions: int) -> str | None:
+    """A closed loop of sessions sized by its duration plans SESSION_POOL sessions and
+    does not cycle them, as a request pool does: when they run out before the duration,
+    users drop out one by one and the load is no longer the users asked (256 users for
+    120 s stopped sending at 49 s). Said, with the fix, rather than read as that load."""
+    spec = WorkloadSpec.model_validate(res.workload)
+    if spec.arrival.open_loop or spec.count is not None or not spec.duration_s:
+        return None
+    if sessions < SESSION_POOL or not res.records:
+        return None
+    sends = [r.send_ns for r in res.records]
+    span = (max(sends) - min(sends)) / 1e9
+    if span >= 0.9 * spec.duration_s:
+        return None
+    return (
+        f"the {SESSION_POOL} planned sessions ran out {span:.0f} s into the "
+        f"{spec.duration_s:g} s asked, users dropping out as they did: give the workload a "
+        "`count` of sessions that lasts the duration"
     )
