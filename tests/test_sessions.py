@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from servetune.bench.runner import BenchOptions, run_point
 from servetune.engines.config import EngineConfig
@@ -383,7 +384,8 @@ def test_a_duration_that_outlasts_the_planned_sessions_is_said() -> None:
     wl = {"duration_s": 20, "arrival": {"kind": "closed", "concurrency": 4},
           "sessions": {"kind": "chat", "turns": {"dist": "fixed", "value": 1},
                        "user_tokens": {"dist": "fixed", "value": 10},
-                       "output_tokens": {"dist": "fixed", "value": 4}, "think_time_s": 0}}  # fmt: skip
+                       "output_tokens": {"dist": "fixed", "value": 4},
+                       "think_time_s": 0}}  # fmt: skip
     spec = parse_workload(wl)
     with mock_in_thread(MockConfig(ttft_ms=1, itl_ms=1)) as srv:
         opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1)
@@ -396,3 +398,19 @@ def test_a_duration_that_outlasts_the_planned_sessions_is_said() -> None:
         opts = BenchOptions(url=f"http://127.0.0.1:{srv.port}", workers=1)
         counted = run_point(whole, materialize(whole, WordTokenizer()), opts)
     assert "ran out" not in (session_line(counted) or "")
+
+
+def test_the_allowance_reads_a_cut_from_the_plan() -> None:
+    """The agent-loop example's context cap cuts histories whose next message (tool
+    results) outgrows what was dropped: guessed from lengths, those cuts were missed and
+    the workload "allowed" 67% where the simulator hit, and the plan allows, 63%."""
+    spec = parse_workload(yaml.safe_load((ROOT / "examples" / "agent-loop.yaml").read_text()))
+    spec = spec.with_load(concurrency=4)
+    res = simulate(get_model("llama-3.1-8b"), get_hardware("h100-sxm"), EngineConfig(), spec)[0]
+    m = run_session_metrics(res)
+    assert m is not None and m.measured_hit_rate is not None
+    assert plan_sessions(spec).cuts()  # the cap cut some histories
+    assert m.allowed_hit_rate == pytest.approx(m.measured_hit_rate, abs=0.01)
+    guessed = session_metrics(list(res.records), block_tokens=16,
+                              system_prompts=plan_sessions(spec).system_prompts())  # fmt: skip
+    assert guessed is not None and guessed.allowed_hit_rate > m.allowed_hit_rate + 0.02

@@ -98,12 +98,19 @@ def _latency(recs: Sequence[RequestRecord], failed: int = 0) -> TurnLatency:
 
 
 def allowed_reuse(
-    prev: RequestRecord, cur: RequestRecord, block_tokens: int, system_tokens: int = 0
+    prev: RequestRecord,
+    cur: RequestRecord,
+    block_tokens: int,
+    system_tokens: int = 0,
+    cut: bool | None = None,
 ) -> int:
     """Prompt tokens of `cur` a prefix cache can serve from `prev`, the turn before it;
-    when the history was cut (the prompt no longer extends it), its system prompt only."""
+    when the history was cut, its system prompt only. `cut`: the plan's word (a turn whose
+    `keep_from` moved); None: guessed from the lengths (the prompt no longer extends
+    `prev`), which misses a cut whose new message outgrew what it dropped (an agent's tool
+    results: 67% allowed where 63% was, and measured)."""
     p, q = prev.input_tokens, cur.input_tokens
-    if q < p + prev.output_tokens:
+    if cut if cut is not None else q < p + prev.output_tokens:
         p = system_tokens
     return (min(p, q - 1) // block_tokens) * block_tokens
 
@@ -114,11 +121,14 @@ def session_metrics(
     block_tokens: int = 1,
     server_deltas: dict[str, float] | None = None,
     system_prompts: dict[int, tuple[int, int]] | None = None,
+    cuts: set[tuple[int, int]] | None = None,
 ) -> SessionMetrics | None:
     """The session view of a run's records; None when they are not a session run.
     `block_tokens`: the engine's cache granularity (vLLM's block size; 1 for llama.cpp).
     `system_prompts`: session -> (system prompt group, tokens), from the plan
-    (`SessionPlan.system_prompts`); without it shared system prompts are not counted."""
+    (`SessionPlan.system_prompts`); without it shared system prompts are not counted.
+    `cuts`: (session, turn) pairs whose history a context cap cut, from the plan
+    (`SessionPlan.cuts`); None: guessed from the lengths (`allowed_reuse`)."""
     turns = [r for r in records if turn_index(r.sub) is not None]
     ok = [r for r in turns if r.status == RequestStatus.OK]
     if not ok:
@@ -146,9 +156,11 @@ def session_metrics(
         if s not in broken:
             durations.append((max(r.end_ns for r in recs) - recs[0].send_ns) / 1e9)
         for prev, cur in zip(recs, recs[1:], strict=False):
-            if turn_index(cur.sub) == (turn_index(prev.sub) or 0) + 1:
-                resent += allowed_reuse(prev, cur, 1, sys_tokens)
-                allowed += allowed_reuse(prev, cur, block_tokens, sys_tokens)
+            j = turn_index(cur.sub) or 0
+            if j == (turn_index(prev.sub) or 0) + 1:
+                cut = None if cuts is None else (s, j) in cuts
+                resent += allowed_reuse(prev, cur, 1, sys_tokens, cut)
+                allowed += allowed_reuse(prev, cur, block_tokens, sys_tokens, cut)
     allowed += _system_reuse([r for r in ok if r.sub == "turn0"], system_prompts, block_tokens)
     prompt = sum(r.input_tokens for r in ok)
     cached, measured = _engine_cache(ok, server_deltas)
@@ -238,11 +250,13 @@ def run_session_metrics(res: RunResult) -> SessionMetrics | None:
     engine = res.target.engine or cfg.get("engine")
     reported = res.server.peak("kv_block_tokens") if res.server else None
     block = int(reported or cfg.get("block_size", 16)) if engine == "vllm" else 1
+    plan = plan_sessions(spec)
     return session_metrics(
         res.records,
         block_tokens=block,
         server_deltas=res.server.deltas if res.server else None,
-        system_prompts=plan_sessions(spec).system_prompts(),
+        system_prompts=plan.system_prompts(),
+        cuts=plan.cuts(),
     )
 
 

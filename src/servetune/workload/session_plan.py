@@ -101,6 +101,16 @@ class SessionPlan:
                 )
         return out
 
+    def cuts(self) -> set[tuple[int, int]]:
+        """(session, turn) of each turn whose history a context cap cut (`keep_from`
+        moved): what a prefix cache can serve of it is the system prompt only."""
+        return {
+            (s.index, j)
+            for s in self.sessions
+            for j in range(1, len(s.turns))
+            if s.turns[j].keep_from != s.turns[j - 1].keep_from
+        }
+
     def system_prompts(self) -> dict[int, tuple[int, int]]:
         """session -> (system prompt group, its tokens); group -1: none."""
         return {s.index: (s.system_group, s.system_tokens) for s in self.sessions}
