@@ -11,6 +11,7 @@ from servetune.measure import SimulateSettings, SweepLoads, load_spec, run_simul
 from servetune.measure.steady import SIM_STEADY
 from servetune.model import get_model
 from servetune.results.files import write_result
+from servetune.results.schema import RunResult
 from servetune.sim.engine import simulate
 from servetune.workload.spec import parse_workload
 
@@ -30,21 +31,28 @@ def test_a_closed_loop_point_keeps_the_workloads_duration() -> None:
     assert (spec.duration_s, spec.count) == (None, 40)  # a count: per_user x users at least
 
 
+CFG = EngineConfig(max_num_seqs=8)
+
+
+def _simulated(load: dict) -> RunResult:
+    """A simulated run of 100/20-token requests under `load`, with its requests kept."""
+    lengths = {"input_tokens": {"dist": "fixed", "value": 100},
+               "output_tokens": {"dist": "fixed", "value": 20}}  # fmt: skip
+    w = parse_workload({**load, **lengths})
+    return simulate(
+        get_model("llama-3.1-8b"), get_hardware("h100-sxm"), CFG, w, keep_requests=True
+    )[0]
+
+
 def test_a_replay_with_a_duration_is_drawn_for_that_duration(tmp_path: Path) -> None:
     """`simulate --replay X --duration N` sent X's own 20 requests and ignored N."""
-    w = parse_workload({"count": 20, "arrival": {"kind": "poisson", "rate": 4},
-                        "input_tokens": {"dist": "fixed", "value": 100},
-                        "output_tokens": {"dist": "fixed", "value": 20}})  # fmt: skip
-    cfg = EngineConfig(max_num_seqs=8)
-    base, _ = simulate(
-        get_model("llama-3.1-8b"), get_hardware("h100-sxm"), cfg, w, keep_requests=True
-    )
+    base = _simulated({"count": 20, "arrival": {"kind": "poisson", "rate": 4}})
     path = tmp_path / "b.json"
     write_result(base, path)
-    own = run_simulate(SimulateSettings(config=cfg, replay=path))
+    own = run_simulate(SimulateSettings(config=CFG, replay=path))
     assert len(own[0].records) == 20
     timed = run_simulate(
-        SimulateSettings(config=cfg, replay=path, loads=SweepLoads(duration_s=30.0))
+        SimulateSettings(config=CFG, replay=path, loads=SweepLoads(duration_s=30.0))
     )
     sends = [r.send_ns for r in timed[0].records]
     assert len(sends) > 60 and 25 < (max(sends) - min(sends)) / 1e9 <= 30  # 4/s for 30 s
@@ -58,18 +66,12 @@ def test_a_replay_of_a_run_that_ended_at_its_duration_sends_what_it_sent(
     speed and sent 18, after a note saying it sends those 148."""
     from servetune.measure import Hooks
 
-    w = parse_workload({"duration_s": 60.0, "arrival": {"kind": "closed", "concurrency": 2},
-                        "input_tokens": {"dist": "fixed", "value": 100},
-                        "output_tokens": {"dist": "fixed", "value": 20}})  # fmt: skip
-    cfg = EngineConfig(max_num_seqs=8)
-    base, _ = simulate(
-        get_model("llama-3.1-8b"), get_hardware("h100-sxm"), cfg, w, keep_requests=True
-    )
+    base = _simulated({"duration_s": 60.0, "arrival": {"kind": "closed", "concurrency": 2}})
     sent = len(base.records)  # a minute at H100 speed
     cut = base.model_copy(update={"records": base.records[: sent // 3]})  # slower engine
     path = tmp_path / "b.json"
     write_result(cut, path)
     said: list[str] = []
-    res = run_simulate(SimulateSettings(config=cfg, replay=path), Hooks(say=said.append))
+    res = run_simulate(SimulateSettings(config=CFG, replay=path), Hooks(say=said.append))
     assert len(res[0].records) == sent // 3
     assert any(f"the replay sends those {sent // 3}" in s for s in said)
