@@ -263,3 +263,19 @@ def test_a_checkpoints_own_weight_only_format_runs_at_marlin_speed() -> None:
     asked = tpot(get_model("llama-3.1-8b"), EngineConfig(quantization="awq"))
     bf16 = tpot(get_model("llama-3.1-8b"), EngineConfig())
     assert own == pytest.approx(asked, rel=0.02) and own < 0.8 * bf16
+
+
+def test_a_known_method_whose_variant_has_no_rule_names_the_variant() -> None:
+    """ModelOpt NVFP4 read "'modelopt' has no size rule (known: ..., modelopt, ...)"."""
+    from servetune.plan.quant import checkpoint_format
+
+    quant = {"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}
+    with pytest.raises(InputError) as exc:
+        checkpoint_format(spec_from_hf_dict(_with_quant("llama-3.1-8b", quant), "nv"))
+    assert exc.value.field == "nv: quantization_config.quant_algo"
+    assert exc.value.problem.startswith("modelopt NVFP4 has no size rule")
+    with pytest.raises(InputError) as exc:
+        checkpoint_format(
+            spec_from_hf_dict(_with_quant("llama-3.1-8b", {"quant_method": "hqq"}), "h")
+        )
+    assert exc.value.problem.startswith("'hqq' has no size rule")

@@ -349,9 +349,14 @@ def checkpoint_format(model: ModelSpec) -> WeightFormat:
     q = model.quantization
     if q is None or not q.schemes:
         method = q.method if q else "none"
+        known = supported_methods()
+        # a known method whose variant has no rule (modelopt's NVFP4) names the variant: it
+        # had read "'modelopt' has no size rule (known: ..., modelopt, ...)"
+        what = q.summary.split(" (")[0] if q and method in known else repr(method)
+        field = "quant_algo" if q and method == "modelopt" else "quant_method"
         raise InputError(
-            f"{model.name}: quantization_config.quant_method",
-            f"{method!r} has no size rule in servetune (known: {', '.join(supported_methods())})",
+            f"{model.name}: quantization_config.{field}",
+            f"{what} has no size rule in servetune (known: {', '.join(known)})",
             "plan it with --quant in the nearest format (fp8, int8, awq, gptq, mxfp4, q4_k_m)",
         )
     return _applicable(scheme_format(q.method, q.schemes, q.summary), model)
