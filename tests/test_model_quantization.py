@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from servetune.errors import InputError
@@ -279,3 +281,25 @@ def test_a_known_method_whose_variant_has_no_rule_names_the_variant() -> None:
             spec_from_hf_dict(_with_quant("llama-3.1-8b", {"quant_method": "hqq"}), "h")
         )
     assert exc.value.problem.startswith("'hqq' has no size rule")
+
+
+def test_a_tied_embedding_stays_16_bit_under_a_scheme_that_names_the_lm_head() -> None:
+    """vLLM ties Llama-3.2-1B's LM head to its embedding, which no checkpoint scheme
+    quantizes: a W4A16 `Linear` target (LM head included) planned it at 4 bits, 0.59 GiB
+    against 0.96 with the head ignored. A GGUF still stores it at the head's type."""
+    from servetune.plan.quant import WEIGHT_FORMATS, checkpoint_format, weights_bytes
+
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
+    base = {"quant_method": "compressed-tensors",
+            "config_groups": {"g": {"targets": ["Linear"], "weights": weights}}}  # fmt: skip
+
+    def size(quant: dict) -> float:
+        spec = spec_from_hf_dict(_with_quant("llama-3.2-1b", quant), "t")
+        return weights_bytes(spec, checkpoint_format(spec))
+
+    assert size(base) == pytest.approx(size({**base, "ignore": ["lm_head"]}))
+    # a GGUF stores the tied tensor at the output type: Q4_K_M's Q6_K, not Q4_K
+    tied, q4 = get_model("llama-3.2-1b"), WEIGHT_FORMATS["q4_k_m"]
+    as_embedding = replace(q4, lm_head_bits=q4.embedding_bits)
+    gain = tied.params_embedding * (q4.lm_head_bits - q4.embedding_bits) / 8
+    assert weights_bytes(tied, q4) - weights_bytes(tied, as_embedding) == pytest.approx(gain)

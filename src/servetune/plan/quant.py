@@ -41,6 +41,7 @@ from servetune.model.spec import ModelSpec, QuantScheme
 # a multiple of 256 falls back to a legacy type (llama-quant.cpp): Q2_K/Q3_K -> IQ4_NL
 # (4.5 bpw), Q4_K -> Q5_0 (5.5), Q5_K -> Q5_1 (6.0), Q6_K -> Q8_0 (8.5).
 QK_K = 256
+GGUF_TYPES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k")  # llama.cpp's files
 K_QUANT_FALLBACK_BITS = {"q2_k": 4.5, "q3_k_m": 4.5, "q4_k_m": 5.5, "q5_k_m": 6.0, "q6_k": 8.5}
 
 
@@ -401,11 +402,14 @@ def weights_bytes(model: ModelSpec, fmt: WeightFormat) -> float:
     parameters x bytes per parameter, made exact per tensor class), and the body classes
     a format rates apart (MXFP4 experts, a checkpoint's schemes) at theirs.
 
-    A tied embedding is also the output layer and is stored at the LM head's rate
-    (llama.cpp's rule). GGUF K-quant tensors whose rows are not a multiple of 256 use
-    the fallback type (see K_QUANT_FALLBACK_BITS)."""
+    A tied embedding is also the output layer: in a GGUF file it is stored at the LM
+    head's rate (llama.cpp's rule); vLLM ties the LM head to the embedding, which no
+    checkpoint scheme quantizes (a W4A16 `Linear` target on tied Llama-3.2-1B had planned
+    it at 4 bits: 0.59 GiB, not 0.96). GGUF K-quant tensors whose rows are not a multiple
+    of 256 use the fallback type (see K_QUANT_FALLBACK_BITS)."""
     tied = model.params_lm_head == 0
-    embedding_bits = fmt.lm_head_bits if tied else fmt.embedding_bits
+    gguf = fmt.name in GGUF_TYPES
+    embedding_bits = fmt.lm_head_bits if tied and gguf else fmt.embedding_bits
     head_bits = fmt.lm_head_bits
     body_bits = model.params_body * fmt.body_bits
     for name, bits in fmt.class_bits.items():

@@ -34,6 +34,7 @@ from servetune.plan.planner import (
 )
 from servetune.plan.presets import Scenario, get_scenario, recommend_engine
 from servetune.plan.quant import (
+    GGUF_TYPES,
     WEIGHT_FORMATS,
     check_dtype_runs_on,
     check_runs_on,
@@ -308,7 +309,6 @@ def check_engine_device(engine: str, hardware: HardwareSpec) -> None:
 # Formats servetune sizes that are weight quantizations (the rest are --dtype's).
 _QUANT_FORMATS = get_args(Quantization)
 # llama.cpp's types: an engine loads them from a .gguf file (`gguf_reference`).
-GGUF_TYPES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k")
 
 
 def _missing_flag(
