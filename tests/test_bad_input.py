@@ -290,6 +290,12 @@ ROWS = [
         [*SIM, "-w", "{trace_wl}", "--duration", "2"],
         "--duration: a trace replays its own span (drop it; --count cuts it short)",
     ),
+    (
+        "trace --count above its lines",
+        [*SIM, "-w", "{trace_wl}", "--count", "50"],
+        "--count: 50 is more than the trace's 2 requests (give at most 2: a trace sends its "
+        "own lines, --count cuts them short)",
+    ),
     ("plan --tp 3", ["plan", "--gpus", "3", "--tp", "3"], "--tp: "),
     (
         "plan --tp 3, 8 KV heads",

@@ -73,6 +73,16 @@ def sweep_points(
     kws += [(f"conc{u}", {"concurrency": u}) for u in loads.users]
     if not kws:
         kws = [("point", {})]
+    if loads.count is not None and spec.trace is not None:
+        from servetune.workload.sources import read_trace
+
+        lines = len(read_trace(spec.trace.path))
+        if loads.count > lines:  # it sent the lines and said nothing
+            raise InputError(
+                "--count",
+                f"{loads.count:,} is more than the trace's {lines:,} requests",
+                f"give at most {lines:,}: a trace sends its own lines, --count cuts them short",
+            )
     points = []
     for label, kw in kws:
         if loads.duration_s is not None and spec.arrival.kind == "trace" and "rate" not in kw:
