@@ -349,29 +349,34 @@ def node_tp_fix(model: ModelSpec, hw: HardwareSpec) -> str:
 
 
 def check_tp_within_node(
-    tp: int | None, pp: int, model: ModelSpec, hw: HardwareSpec, *, knobs: bool = False
+    tp: int | None,
+    pp: int,
+    model: ModelSpec,
+    hw: HardwareSpec,
+    *,
+    flag: str = "--tp",
+    split: str = "--tp {tp} --pp {pp}",
+    tail: str = "",
 ) -> None:
     """Tensor parallelism stays within one node (seed 003 §6: its all-reduce runs on every
     layer, over NVLink/PCIe, not the network); more GPUs than a node holds are pipeline
-    stages. Refused rather than priced as if the node were larger: `plan`'s --tp, and the
-    simulator's knobs (`knobs`: `--set tensor_parallel_size=16` on an 8-GPU H100 node was
-    simulated at NVLink speed)."""
+    stages. Refused rather than priced as if the node were larger: `plan`'s --tp, the
+    simulator's knobs (`--set tensor_parallel_size=16` on an 8-GPU H100 node was simulated
+    at NVLink speed) and simulate's and tune's --gpus (`check_gpus_as_tp`), each naming
+    its `flag` and giving the TP x PP split in its own words (`split`, `{tp}` and `{pp}`
+    filled; `tail` added to the fix)."""
     node = hw.devices_per_node
     if tp is None or tp <= node:
         return
     sizes = tp_candidates(model, hw, node) or [1]
     best = sizes[-1]
     stages = math.ceil(tp * pp / best)
-    if knobs:
-        flag = "--set tensor_parallel_size"
-        use = f"tensor_parallel_size={best} pipeline_parallel_size={stages}"
-    else:
-        flag, use = "--tp", f"--tp {best} --pp {stages}"
     raise InputError(
         flag,
         f"{tp} is more than the {node} GPUs in one {hw.name} node (tensor parallelism "
         "runs within a node)",
-        f"use {use} for {best * stages} GPUs (pipeline stages span nodes)",
+        f"use {split.format(tp=best, pp=stages)} for {best * stages} GPUs (pipeline stages "
+        f"span nodes){tail}",
     )
 
 
@@ -391,18 +396,13 @@ def check_gpus_as_tp(
             f"{gpus} sets tensor parallelism, which {engine} has no flag for",
             "drop --gpus: one replica per GPU, `plan --gpus N` sizes the replicas",
         )
+    if hw.kind == "gpu":  # a CPU host's "node" is itself: its TP is the engine's rule
+        tail = "; --gpus sets TP alone"
+        check_tp_within_node(gpus, 1, model, hw, flag="--gpus", split=split, tail=tail)
     try:
-        if hw.kind == "gpu":  # a CPU host's "node" is itself: its TP is the engine's rule
-            check_tp_within_node(gpus, 1, model, hw)
         cfg = EngineConfig(engine=engine, tensor_parallel_size=gpus)  # type: ignore[arg-type]
         check_tensor_parallel(cfg, model.num_attention_heads, model.num_kv_heads)
     except InputError as exc:
-        if exc.field == "--tp":  # more than a node: TP within it, PP stages across
-            tp = (tp_candidates(model, hw, hw.devices_per_node) or [1])[-1]
-            pp = math.ceil(gpus / tp)
-            use = split.format(tp=tp, pp=pp)
-            fix = f"use {use} for {tp * pp} GPUs (pipeline stages span nodes); --gpus sets TP alone"
-            raise InputError("--gpus", exc.problem, fix) from None
         sizes = node_tp_fix(model, hw) if hw.kind == "gpu" else exc.fix
         raise InputError("--gpus", exc.problem, sizes) from None
 

@@ -186,7 +186,8 @@ def setup(
         from servetune.plan.planner import check_tp_within_node
 
         tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
-        check_tp_within_node(tp, pp, model, hw, knobs=True)  # first, as plan checks
+        knobs = "tensor_parallel_size={tp} pipeline_parallel_size={pp}"
+        check_tp_within_node(tp, pp, model, hw, flag="--set tensor_parallel_size", split=knobs)
     try:
         check_model_config(cfg, model, device=hw.kind)
     except InputError as exc:  # a TP that splits no heads: plan's answer
