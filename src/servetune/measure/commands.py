@@ -79,19 +79,21 @@ def default_said(loads: SweepLoads) -> str:
     """The default workload as this command line runs it: the flags that replace its
     lengths, load and size are what is said (it had described the defaults under
     --input-len 200 --output-len 24 --count 16 --concurrency 1,2,4)."""
+    d = DEFAULT_WORKLOAD  # its own figures, read from it
+    ins, outs, arrival = d["input_tokens"], d["output_tokens"], d["arrival"]
     prompts = (
         f"prompts of {loads.input_len} tokens"
         if loads.input_len
-        else "lognormal prompts of mean 512 tokens"
+        else f"{ins['dist']} prompts of mean {ins['mean']} tokens"
     )
-    replies = f"replies of {loads.output_len}" if loads.output_len else "replies of 128"
-    load = "at the loads given" if loads.swept else "Poisson 1 req/s"
+    replies = f"replies of {loads.output_len or outs['mean']}"
+    load = "at the loads given" if loads.swept else f"Poisson {arrival['rate']:g} req/s"
     if loads.count is not None:
         size = f"{loads.count:,} requests a point"
     elif loads.duration_s is not None:
         size = f"{loads.duration_s:g} s a point"
     else:
-        size = "200 requests"
+        size = f"{d['count']} requests"
     return f"{prompts} and {replies}, {load}, {size}"
 
 
