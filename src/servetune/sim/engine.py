@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -344,8 +344,6 @@ def window_pool(
         return su
     if not (model.sliding_window and model.sliding_window_layers):
         return su
-    from dataclasses import replace
-
     from servetune.plan.kv import kv_bytes_for_sequence, pool_blocks
 
     full = np.minimum(cols.prompt_tokens + np.maximum(cols.output_tokens, 0), sc.max_model_len)
@@ -680,14 +678,13 @@ def capacity_note(setup_: SimSetup, model: ModelSpec | None = None) -> str:
             )
         return radix_note(sc)
     if sc.mode == "paged":
-        windows = model is not None and model.sliding_window and model.sliding_window_layers
-        recount = (
-            f" (at max_model_len's KV cost; each point's pool is counted at its requests' "
-            f"lengths: a sequence under the {model.sliding_window:,}-token window holds every "
-            "layer's KV)"
-            if windows and model is not None
-            else ""
-        )
+        recount = ""
+        if model is not None and model.sliding_window and model.sliding_window_layers:
+            recount = (
+                f" (at max_model_len's KV cost; each point's pool is counted at its requests' "
+                f"lengths: a sequence under the {model.sliding_window:,}-token window holds "
+                "every layer's KV)"
+            )
         return (
             f"KV pool {sc.kv_blocks:,} blocks x {sc.block_size} = "
             f"{sc.kv_blocks * sc.block_size:,} tokens{recount}; max_num_seqs {sc.max_num_seqs}, "
